@@ -1,0 +1,367 @@
+"""DLCP's tagging and completion policy: one config object and pure functions on it.
+
+The :class:`Policy` is read by everyone who needs a policy fact: the host agent (which
+priority and drop class a packet gets, when a message is complete), the controller (the
+switch's priority map, drop and ECN thresholds, load-balancing mode) and the reports.
+It is loaded from YAML or JSON by :func:`load_policy` and nowhere else.
+
+Everything here is pure: numpy arrays and a ``Policy`` in, arrays or numbers out; no
+sockets, clocks or global random state, so every rule can be tested on hand-checked
+examples.
+
+Conventions (shared with the P4 program):
+
+* **priority**: ``0..num_priorities-1``, *higher is served first* (BMv2's order). Layers
+  nearest the input get the highest priority, because the next forward pass needs their
+  parameters first (TicTac, P3, ByteScheduler).
+* **drop class**: ``0..num_drop_classes-1``; class 0 is never dropped selectively and also
+  carries control packets and retransmissions; the highest class holds the smallest
+  gradients and is dropped first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+#: v1model's ``standard_metadata.priority`` is 3 bits: at most 8 queues.
+MAX_PRIORITIES = 8
+#: Drop classes the switch distinguishes (one threshold register slot each).
+MAX_DROP_CLASSES = 8
+#: BMv2's ``enq_qdepth`` is 19 bits wide: the largest queue depth a threshold can name.
+MAX_QUEUE_DEPTH = (1 << 19) - 1
+#: Drop class of control packets and retransmissions: never dropped selectively.
+PROTECTED_CLASS = 0
+
+BandStrategy = Callable[[np.ndarray, int], np.ndarray]
+"""Maps per-layer sizes (in input-to-output order) and a band count to a band per layer
+(0 = the band needed first)."""
+
+
+class PolicyError(ValueError):
+    """An invalid policy value; the message names the field, the value and what is allowed."""
+
+
+def _equal_layers(layer_sizes: np.ndarray, bands: int) -> np.ndarray:
+    """Same number of layers in each band (the first layers take the first band)."""
+    n = len(layer_sizes)
+    return (np.arange(n) * bands) // max(n, 1)
+
+
+def _equal_bytes(layer_sizes: np.ndarray, bands: int) -> np.ndarray:
+    """About the same number of bytes in each band: a layer's band is where it starts."""
+    sizes = np.asarray(layer_sizes, dtype=np.float64)
+    total = sizes.sum()
+    if total <= 0:
+        return np.zeros(len(sizes), dtype=np.int64)
+    start = np.concatenate(([0.0], np.cumsum(sizes)[:-1]))
+    return np.minimum((start * bands / total).astype(np.int64), bands - 1)
+
+
+#: Band strategies by name; :func:`register_band_strategy` adds more.
+BAND_STRATEGIES: dict[str, BandStrategy] = {
+    "equal_layers": _equal_layers,
+    "equal_bytes": _equal_bytes,
+}
+
+#: Per-packet magnitude measures by name. L2 is the default because dropping a packet
+#: loses exactly its L2 norm from the gradient.
+MAGNITUDES = ("l2", "maxabs")
+#: How a switch spreads DLCP data packets over an ECMP group.
+LB_MODES = ("round_robin", "random")
+
+
+def register_band_strategy(name: str, fn: BandStrategy) -> None:
+    """Make ``fn`` selectable as ``Policy(band_strategy=name)``.
+
+    Example: ``register_band_strategy("first_only", lambda s, b: np.zeros(len(s), int))``
+    """
+    if not name or not callable(fn):
+        raise ValueError("a band strategy needs a non-empty name and a callable")
+    BAND_STRATEGIES[name] = fn
+
+
+def _check_range(name: str, value: Any, lo: float, hi: float, kind: type = int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise PolicyError(f"policy.{name}: expected {kind.__name__}, got {value!r}")
+    if not lo <= value <= hi:
+        raise PolicyError(f"policy.{name}={value!r} is out of range [{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How DLCP tags, queues, drops and completes gradient messages.
+
+    Frozen: make a changed copy with :func:`dataclasses.replace`, never mutate.
+    """
+
+    num_priorities: int = 8
+    """Priority levels hosts use (1..8). Header priorities are ``0..num_priorities-1``."""
+
+    band_strategy: str = "equal_layers"
+    """How layers are grouped into priority bands: a name in :data:`BAND_STRATEGIES`."""
+
+    num_drop_classes: int = 4
+    """Drop classes per message (1..8). 1 means nothing is droppable."""
+
+    drop_class_shares: tuple[float, ...] | None = None
+    """Share of a message's packets in each class, class 0 first; sums to 1. ``None`` means
+    equal shares (per-message quantiles of packet magnitude)."""
+
+    magnitude: str = "l2"
+    """Per-packet magnitude used for drop classes: ``l2`` (norm) or ``maxabs``."""
+
+    drop_thresholds: tuple[int, ...] = (48, 32, 16)
+    """Queue depth (packets, as BMv2's ``enq_qdepth``) above which a packet of class 1, 2, ...
+    is dropped; one per droppable class (``num_drop_classes - 1`` values), non-increasing so
+    less important classes go first. Class 0 has none: it is never dropped selectively."""
+
+    ecn_threshold: int = 20
+    """Queue depth above which ECN-capable packets are marked CE."""
+
+    loss_bound_push: float = 0.05
+    """p for gradient push: a message completes once >= (1-p) of its elements arrived."""
+
+    loss_bound_pull: float = 0.0
+    """p for parameter pull; 0 makes the pull fully reliable."""
+
+    priority_map: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+    """Switch queue (v1model priority 0..7) for each header priority; ``num_priorities`` values."""
+
+    dscp: tuple[int, ...] = (0, 8, 16, 24, 32, 40, 48, 56)
+    """DSCP written into the IP header per priority, so commodity switches can queue by it."""
+
+    lb_mode: str = "round_robin"
+    """How switches spray DLCP data packets over an ECMP group: ``round_robin`` or ``random``."""
+
+    def __post_init__(self) -> None:
+        # YAML and JSON give lists; store tuples so the policy stays hashable and frozen.
+        for name in ("drop_class_shares", "drop_thresholds", "priority_map", "dscp"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_range("num_priorities", self.num_priorities, 1, MAX_PRIORITIES)
+        if self.band_strategy not in BAND_STRATEGIES:
+            raise PolicyError(
+                f"policy.band_strategy={self.band_strategy!r} is unknown; one of {sorted(BAND_STRATEGIES)}"
+            )
+        _check_range("num_drop_classes", self.num_drop_classes, 1, MAX_DROP_CLASSES)
+        if self.drop_class_shares is not None:
+            shares = self.drop_class_shares
+            if not isinstance(shares, tuple) or len(shares) != self.num_drop_classes:
+                raise PolicyError(
+                    f"policy.drop_class_shares={shares!r} must have num_drop_classes="
+                    f"{self.num_drop_classes} values"
+                )
+            for i, s in enumerate(shares):
+                _check_range(f"drop_class_shares[{i}]", s, 0.0, 1.0, float)
+            if not math.isclose(sum(shares), 1.0, abs_tol=1e-6):
+                raise PolicyError(f"policy.drop_class_shares={shares!r} sums to {sum(shares)}, not 1")
+        if self.magnitude not in MAGNITUDES:
+            raise PolicyError(f"policy.magnitude={self.magnitude!r} is unknown; one of {list(MAGNITUDES)}")
+        if not isinstance(self.drop_thresholds, tuple) or len(self.drop_thresholds) != self.num_drop_classes - 1:
+            raise PolicyError(
+                f"policy.drop_thresholds={self.drop_thresholds!r} must have num_drop_classes-1="
+                f"{self.num_drop_classes - 1} values (class 0 is never dropped)"
+            )
+        for i, t in enumerate(self.drop_thresholds):
+            _check_range(f"drop_thresholds[{i}] (class {i + 1})", t, 1, MAX_QUEUE_DEPTH)
+        for i in range(1, len(self.drop_thresholds)):
+            if self.drop_thresholds[i] > self.drop_thresholds[i - 1]:
+                raise PolicyError(
+                    f"policy.drop_thresholds={self.drop_thresholds!r}: class {i + 1}'s threshold "
+                    f"{self.drop_thresholds[i]} is above class {i}'s {self.drop_thresholds[i - 1]}; "
+                    "less important classes must be dropped first (non-increasing)"
+                )
+        _check_range("ecn_threshold", self.ecn_threshold, 1, MAX_QUEUE_DEPTH)
+        _check_range("loss_bound_push", self.loss_bound_push, 0.0, 0.5, float)
+        _check_range("loss_bound_pull", self.loss_bound_pull, 0.0, 0.5, float)
+        for name, lo, hi in (("priority_map", 0, MAX_PRIORITIES - 1), ("dscp", 0, 63)):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or len(values) < self.num_priorities:
+                raise PolicyError(
+                    f"policy.{name}={values!r} needs a value for each of the {self.num_priorities} priorities"
+                )
+            for i, v in enumerate(values):
+                _check_range(f"{name}[{i}]", v, lo, hi)
+        if self.lb_mode not in LB_MODES:
+            raise PolicyError(f"policy.lb_mode={self.lb_mode!r} is unknown; one of {list(LB_MODES)}")
+
+    @property
+    def top_priority(self) -> int:
+        """Priority of control packets and retransmissions."""
+        return self.num_priorities - 1
+
+    def shares(self) -> tuple[float, ...]:
+        """Drop-class shares, class 0 first (equal when not configured)."""
+        if self.drop_class_shares is not None:
+            return self.drop_class_shares
+        return tuple([1.0 / self.num_drop_classes] * self.num_drop_classes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, not tuples) for YAML/JSON and reports."""
+        out = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Policy":
+        """Build from a mapping; unknown keys are errors (a typo must not be ignored)."""
+        if not isinstance(data, Mapping):
+            raise PolicyError(f"a policy must be a mapping of fields, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PolicyError(f"unknown policy field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**dict(data))
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read a policy from a YAML or JSON file (a ``policy:`` key at top level is accepted too).
+
+    Raises:
+        PolicyError: the file does not parse or holds an invalid policy (names the file).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise PolicyError(f"{path}: cannot read policy: {exc}") from exc
+    if isinstance(data, Mapping) and set(data) == {"policy"}:
+        data = data["policy"]
+    try:
+        return Policy.from_dict(data or {})
+    except (PolicyError, TypeError) as exc:
+        raise PolicyError(f"{path}: {exc}") from exc
+
+
+def save_policy(policy: Policy, path: str | Path) -> None:
+    """Write ``policy`` as JSON (``.json``) or YAML (anything else)."""
+    path = Path(path)
+    data = policy.to_dict()
+    text = json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text)
+
+
+# --- priority --------------------------------------------------------------------------
+
+
+def layer_priorities(layer_sizes: Sequence[int] | np.ndarray, policy: Policy) -> np.ndarray:
+    """Priority of each layer, layers given in forward order (index 0 nearest the input).
+
+    Args:
+        layer_sizes: elements (or bytes) per layer; only ``equal_bytes`` uses the values.
+        policy: gives the number of priorities and the band strategy.
+
+    Returns:
+        int array, ``policy.num_priorities - 1`` for the first band down to 0.
+
+    Example: ``layer_priorities([10] * 4, Policy(num_priorities=2))`` -> ``[1, 1, 0, 0]``
+    """
+    sizes = np.asarray(layer_sizes)
+    if sizes.ndim != 1:
+        raise ValueError(f"layer_sizes must be one-dimensional, got shape {sizes.shape}")
+    if sizes.size and sizes.min() < 0:
+        raise ValueError("layer_sizes must not be negative")
+    bands = np.asarray(BAND_STRATEGIES[policy.band_strategy](sizes, policy.num_priorities), dtype=np.int64)
+    if bands.shape != sizes.shape or (bands.size and (bands.min() < 0 or bands.max() >= policy.num_priorities)):
+        raise ValueError(f"band strategy {policy.band_strategy!r} returned bands outside 0..{policy.num_priorities - 1}")
+    return (policy.num_priorities - 1 - bands).astype(np.uint8)
+
+
+def dscp_for_priority(priority: int, policy: Policy) -> int:
+    """DSCP code point hosts write for packets of ``priority``."""
+    if not 0 <= priority < policy.num_priorities:
+        raise ValueError(f"priority {priority} outside 0..{policy.num_priorities - 1}")
+    return policy.dscp[priority]
+
+
+# --- drop class ------------------------------------------------------------------------
+
+
+def packet_magnitudes(data: np.ndarray, elems_per_packet: int, kind: str = "l2") -> np.ndarray:
+    """Magnitude of each packet's payload when ``data`` is cut into ``elems_per_packet`` slices.
+
+    Computed in float32 whatever the input type (float16 squares overflow), one numpy
+    reduction over a 2-D view of the full packets plus one for the tail: no per-packet loop.
+
+    Returns:
+        float32 array, one value per packet (``ceil(len(data) / elems_per_packet)``).
+    """
+    if kind not in MAGNITUDES:
+        raise ValueError(f"unknown magnitude {kind!r}; one of {list(MAGNITUDES)}")
+    if elems_per_packet <= 0:
+        raise ValueError(f"elems_per_packet must be positive, got {elems_per_packet}")
+    flat = np.asarray(data).reshape(-1)
+    n_full, tail = divmod(flat.size, elems_per_packet)
+    full = flat[: n_full * elems_per_packet].reshape(n_full, elems_per_packet)
+    out = np.empty(n_full + (1 if tail else 0), dtype=np.float32)
+    parts = [(full, out[:n_full])]
+    if tail:
+        parts.append((flat[n_full * elems_per_packet :].reshape(1, tail), out[n_full:]))
+    for block, dest in parts:
+        if kind == "l2":
+            if block.dtype == np.float32:
+                np.sqrt(np.einsum("ij,ij->i", block, block), out=dest)
+            else:
+                b32 = block.astype(np.float32)
+                np.sqrt(np.einsum("ij,ij->i", b32, b32), out=dest)
+        else:
+            dest[:] = np.abs(block).max(axis=1) if block.size else 0.0
+    return out
+
+
+def drop_classes(magnitudes: np.ndarray, policy: Policy) -> np.ndarray:
+    """Drop class of each packet from its magnitude, by per-message quantiles.
+
+    The largest ``shares()[0]`` of the packets get class 0 (never dropped), the next
+    ``shares()[1]`` class 1, and so on; the smallest gradients land in the highest class and
+    are dropped first. Ranks, not values, decide, so the shares are exact and ties are
+    broken by packet order.
+
+    Example: ``drop_classes(np.array([4., 1., 3., 2.]), Policy(num_drop_classes=2,
+    drop_thresholds=(10,)))`` -> ``[0, 1, 0, 1]``
+    """
+    mags = np.asarray(magnitudes, dtype=np.float64).reshape(-1)
+    n = mags.size
+    if policy.num_drop_classes == 1 or n == 0:
+        return np.zeros(n, dtype=np.uint8)
+    order = np.argsort(-mags, kind="stable")
+    bounds = np.round(np.cumsum(policy.shares()) * n).astype(np.int64)
+    bounds[-1] = n
+    rank_class = np.searchsorted(bounds, np.arange(n), side="right")
+    out = np.empty(n, dtype=np.uint8)
+    out[order] = np.minimum(rank_class, policy.num_drop_classes - 1)
+    return out
+
+
+# --- completion ------------------------------------------------------------------------
+
+
+def allowed_missing(total: int, loss_bound: float) -> int:
+    """Most elements of a ``total``-element message that may stay missing under bound p.
+
+    ``floor(p * total)``, with a tolerance so ``0.05 * 100`` is 5 despite binary rounding.
+    """
+    if total < 0 or not 0.0 <= loss_bound < 1.0:
+        raise ValueError(f"need total >= 0 and 0 <= p < 1, got total={total}, p={loss_bound}")
+    return int(math.floor(loss_bound * total + 1e-9))
+
+
+def required_elements(total: int, loss_bound: float) -> int:
+    """Elements that must arrive before a message may complete: ``ceil((1-p) * total)``."""
+    return total - allowed_missing(total, loss_bound)
+
+
+def is_complete(received: int, total: int, loss_bound: float) -> bool:
+    """Completion rule (b) of the transport: at least (1-p) of the elements arrived."""
+    return received >= required_elements(total, loss_bound)

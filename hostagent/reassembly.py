@@ -1,0 +1,328 @@
+"""Order-free, duplicate-safe reassembly of DLCP messages, with a per-packet bitmap.
+
+A receiver announces each message it expects (:meth:`Reassembler.expect`), which
+preallocates the destination array. Arriving datagrams are placed by their element
+offset, whatever order or path they took; a packet seen before is counted and skipped.
+What is still missing is a bitmap, so the transport can decide completion under the loss
+bound and ask for exactly the missing packets.
+
+Every packet comes from the network and may be malformed or hostile. Each header field is
+checked against the expected message before a byte is written: a bad packet is counted
+under its reason (:data:`REASONS`) and ignored; it never writes out of range and never
+raises into the receive loop.
+
+The fast path is :meth:`Reassembler.ingest_batch`: a receive loop ``recv_into``s datagrams
+into the rows of a preallocated ``uint8`` matrix, and the whole batch is validated with
+numpy masks and scattered into the destination arrays with one fancy-indexed copy per
+message. :meth:`Reassembler.ingest` takes a single datagram through the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hostagent import wire
+from hostagent.policy import is_complete
+
+log = logging.getLogger(__name__)
+
+#: Why a datagram was rejected, by code (index). Code 0 means accepted.
+REASONS: tuple[str, ...] = (
+    "ok",
+    "truncated",  # shorter than a DLCP header
+    "bad_version",  # header version is not wire.VERSION
+    "not_data",  # a control packet type on the data path
+    "wrong_job",  # job id differs from this receiver's
+    "unknown_message",  # (sender, message id) was never announced, or already finished
+    "wrong_dtype",  # element type differs from the announced one
+    "bad_seq",  # seq or total_pkts does not fit the announced message
+    "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
+    "count_mismatch",  # elem_count or payload length differs from what this seq must carry
+)
+_CODE = {name: i for i, name in enumerate(REASONS)}
+_H = wire.HEADER_SIZE
+
+
+class Assembly:
+    """One message being received: its destination array and which packets arrived."""
+
+    def __init__(
+        self,
+        sender_rank: int,
+        message_id: int,
+        total_elems: int,
+        dtype: np.dtype | type | str,
+        elems_per_packet: int,
+        out: np.ndarray | None = None,
+    ) -> None:
+        if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
+            raise ValueError(f"total_elems={total_elems} outside 0..{wire.FIELD_MAX['elem_offset']}")
+        if not 1 <= elems_per_packet <= wire.FIELD_MAX["elem_count"]:
+            raise ValueError(f"elems_per_packet={elems_per_packet} outside 1..{wire.FIELD_MAX['elem_count']}")
+        self.key = (sender_rank, message_id)
+        self.dtype_code = wire.dtype_code(dtype)
+        self.wire_dtype = wire.NUMPY_DTYPES[self.dtype_code]
+        self.total_elems = total_elems
+        self.elems_per_packet = elems_per_packet
+        self.total_pkts = -(-total_elems // elems_per_packet)
+        self.n_full, self.tail = divmod(total_elems, elems_per_packet)
+        if out is None:
+            out = np.zeros(total_elems, dtype=self.wire_dtype.newbyteorder("="))
+        elif out.shape != (total_elems,) or not out.flags.c_contiguous or out.dtype != self.wire_dtype.newbyteorder("="):
+            raise ValueError(f"out must be a contiguous 1-D {self.wire_dtype.newbyteorder('=')} array of {total_elems} elements, "
+                             f"got shape {out.shape} dtype {out.dtype}")
+        self.data = out
+        self._rows = out[: self.n_full * elems_per_packet].reshape(self.n_full, elems_per_packet)
+        self.received = np.zeros(self.total_pkts, dtype=bool)
+        self._claim = np.zeros(self.total_pkts, dtype=np.int64)  # scratch for in-batch repeats
+        self.received_pkts = 0
+        self.received_elems = 0
+        self.duplicates = 0
+
+    # --- state ---------------------------------------------------------------------
+    @property
+    def received_fraction(self) -> float:
+        """Fraction of the message's elements that arrived (1.0 for an empty message)."""
+        return self.received_elems / self.total_elems if self.total_elems else 1.0
+
+    @property
+    def lost_fraction(self) -> float:
+        """Fraction of elements still missing (they read as zero in :meth:`result`)."""
+        return 1.0 - self.received_fraction
+
+    def is_exact(self) -> bool:
+        """Every packet arrived."""
+        return self.received_pkts == self.total_pkts
+
+    def is_complete(self, loss_bound: float) -> bool:
+        """At least (1 - loss_bound) of the elements arrived."""
+        return is_complete(self.received_elems, self.total_elems, loss_bound)
+
+    def missing_seqs(self) -> np.ndarray:
+        """Sequence numbers not yet received, ascending."""
+        return np.flatnonzero(~self.received).astype(np.uint32)
+
+    def missing_bitmap(self) -> bytes:
+        """Bitmap of missing packets, bit ``seq`` set (MSB first) when ``seq`` is missing.
+
+        This is the payload of a BITMAP control packet; ``ceil(total_pkts / 8)`` bytes.
+        """
+        return np.packbits(~self.received).tobytes()
+
+    def result(self) -> np.ndarray:
+        """The message, with every element of a missing packet set to zero."""
+        missing = self.missing_seqs()
+        if missing.size:
+            full = missing[missing < self.n_full]
+            self._rows[full] = 0
+            if self.tail and missing[-1] == self.n_full:
+                self.data[self.n_full * self.elems_per_packet :] = 0
+        return self.data
+
+    # --- ingest --------------------------------------------------------------------
+    def _ingest_rows(self, slots: np.ndarray, lengths: np.ndarray, h: np.ndarray,
+                     rows: np.ndarray, reason: np.ndarray) -> tuple[int, int]:
+        """Validate rows already known to belong to this message; copy the good new ones.
+
+        ``h`` holds the headers of ``rows``. Sets ``reason`` for bad rows. Returns
+        ``(accepted, duplicates)``.
+        """
+        seq = h["seq"].astype(np.int64)
+        in_range = seq < self.total_pkts
+        safe_seq = np.where(in_range, seq, 0)
+        per = self.elems_per_packet
+        expected = np.where(safe_seq == self.n_full, self.tail, per)
+        itemsize = self.wire_dtype.itemsize
+        local = np.zeros(len(rows), dtype=np.uint8)
+        checks = (
+            ("wrong_dtype", h["dtype"] != self.dtype_code),
+            ("bad_seq", (h["total_pkts"] != self.total_pkts) | ~in_range),
+            ("bad_offset", h["elem_offset"].astype(np.int64) != safe_seq * per),
+            ("count_mismatch", (h["elem_count"] != expected) | (lengths[rows] != _H + expected * itemsize)),
+        )
+        for name, bad in checks:
+            local[(local == 0) & bad] = _CODE[name]
+        reason[rows] = local
+        good = local == 0
+        if good.all():
+            new_rows, new_seq = rows, safe_seq
+        else:
+            new_rows, new_seq = rows[good], safe_seq[good]
+        arrived = len(new_seq)
+        fresh = ~self.received[new_seq]
+        if not fresh.all():
+            new_rows, new_seq = new_rows[fresh], new_seq[fresh]
+        if len(new_seq) > 1:
+            # The same seq twice in one batch: keep one. Each candidate claims its seq; only
+            # the last claim survives, so this finds repeats without sorting.
+            pos = np.arange(len(new_seq), dtype=np.int64)
+            self._claim[new_seq] = pos
+            keep = self._claim[new_seq] == pos
+            if not keep.all():
+                new_rows, new_seq = new_rows[keep], new_seq[keep]
+        duplicates = arrived - len(new_seq)
+        self.duplicates += duplicates
+        if not new_seq.size:
+            return 0, duplicates
+        full = new_seq < self.n_full
+        rows_f, seq_f = (new_rows, new_seq) if full.all() else (new_rows[full], new_seq[full])
+        if rows_f.size:
+            if rows_f[-1] - rows_f[0] + 1 == len(rows_f):
+                # The usual case, a run of consecutive slots (rows ascend): scatter from a view.
+                src = slots[rows_f[0] : rows_f[-1] + 1, _H : _H + per * itemsize]
+            else:
+                src = slots[rows_f, _H : _H + per * itemsize]
+            self._rows[seq_f] = src.view(self.wire_dtype)
+        if rows_f.size < new_seq.size:  # the short last packet
+            row = new_rows[~full][0]
+            self.data[self.n_full * per :] = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)
+        self.received[new_seq] = True
+        self.received_pkts += len(new_seq)
+        self.received_elems += len(new_seq) * per - (0 if full.all() else per - self.tail)
+        return len(new_seq), duplicates
+
+
+@dataclass
+class ReassemblyStats:
+    """Totals of one reassembler since it was made."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {"accepted": self.accepted, "duplicates": self.duplicates,
+                "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values())}
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one :meth:`Reassembler.ingest_batch` call did."""
+
+    accepted: int
+    duplicates: int
+    reasons: np.ndarray
+    """Per datagram: index into :data:`REASONS` (0 = accepted or duplicate)."""
+    touched: tuple[Assembly, ...]
+    """Messages that received at least one new packet."""
+
+    @property
+    def rejected(self) -> int:
+        return int(np.count_nonzero(self.reasons))
+
+
+class Reassembler:
+    """Reassembles every message one endpoint expects, for one job.
+
+    Example::
+
+        r = Reassembler(job_id=1)
+        asm = r.expect(sender_rank=0, message_id=7, total_elems=10_000,
+                       dtype=np.float32, elems_per_packet=358)
+        r.ingest(datagram)            # any order, duplicates fine
+        if asm.is_complete(0.05): grad = asm.result()
+    """
+
+    def __init__(self, job_id: int) -> None:
+        if not 0 <= job_id <= wire.FIELD_MAX["job_id"]:
+            raise ValueError(f"job_id={job_id} outside 0..{wire.FIELD_MAX['job_id']}")
+        self.job_id = job_id
+        self.stats = ReassemblyStats()
+        self._messages: dict[tuple[int, int], Assembly] = {}
+
+    def expect(self, sender_rank: int, message_id: int, total_elems: int, dtype: np.dtype | type | str,
+               elems_per_packet: int, out: np.ndarray | None = None) -> Assembly:
+        """Announce a message and preallocate (or adopt ``out`` as) its destination.
+
+        Raises:
+            ValueError: the message is already expected, or its parameters are invalid.
+        """
+        key = (sender_rank, message_id)
+        if key in self._messages:
+            raise ValueError(f"message {message_id} from rank {sender_rank} is already expected")
+        asm = Assembly(sender_rank, message_id, total_elems, dtype, elems_per_packet, out)
+        self._messages[key] = asm
+        return asm
+
+    def get(self, sender_rank: int, message_id: int) -> Assembly | None:
+        return self._messages.get((sender_rank, message_id))
+
+    def forget(self, sender_rank: int, message_id: int) -> Assembly | None:
+        """Stop accepting packets of a message (late ones then count as ``unknown_message``)."""
+        return self._messages.pop((sender_rank, message_id), None)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def ingest(self, datagram: bytes | bytearray | memoryview) -> str:
+        """Place one datagram. Returns ``"accepted"``, ``"duplicate"`` or a reason from :data:`REASONS`."""
+        buf = np.frombuffer(datagram, dtype=np.uint8)
+        slots = np.zeros((1, max(buf.size, _H)), dtype=np.uint8)
+        slots[0, : buf.size] = buf
+        res = self.ingest_batch(slots, np.array([buf.size]))
+        if res.reasons[0]:
+            return REASONS[res.reasons[0]]
+        return "accepted" if res.accepted else "duplicate"
+
+    def ingest_batch(self, slots: np.ndarray, lengths: np.ndarray) -> BatchResult:
+        """Validate and place a batch of datagrams; ``slots[i, :lengths[i]]`` is datagram ``i``.
+
+        Never raises for packet content; raises ``ValueError`` only for a caller error
+        (``slots`` not a 2-D uint8 matrix matching ``lengths``).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if slots.ndim != 2 or slots.dtype != np.uint8 or slots.shape[0] != lengths.shape[0]:
+            raise ValueError("slots must be a 2-D uint8 array with one row per entry of lengths")
+        n = len(lengths)
+        reason = np.zeros(n, dtype=np.uint8)
+        if n == 0:
+            return self._finish(reason, 0, 0, ())
+        if slots.strides[1] != 1:
+            raise ValueError("each row of slots must be contiguous")
+        if slots.shape[1] < _H:
+            reason[:] = _CODE["truncated"]
+            return self._finish(reason, 0, 0, ())
+        hdr = slots[:, :_H].view(wire.HEADER_DTYPE).reshape(n)
+        for name, bad in (
+            ("truncated", (lengths < _H) | (lengths > slots.shape[1])),
+            ("bad_version", hdr["version"] != wire.VERSION),
+            ("not_data", hdr["ptype"] != wire.PacketType.DATA),
+            ("wrong_job", hdr["job_id"] != self.job_id),
+        ):
+            reason[(reason == 0) & bad] = _CODE[name]
+        ok = np.flatnonzero(reason == 0)
+        accepted = duplicates = 0
+        touched: list[Assembly] = []
+        if ok.size:
+            keys = (hdr["sender_rank"][ok].astype(np.uint64) << np.uint64(32)) | hdr["message_id"][ok]
+            if keys[0] == keys[-1] and (keys == keys[0]).all():  # one message: skip the sort
+                uniq, inverse = keys[:1], None
+            else:
+                uniq, inverse = np.unique(keys, return_inverse=True)
+            for j, key in enumerate(uniq.tolist()):
+                rows = ok if inverse is None else ok[inverse == j]
+                asm = self._messages.get((key >> 32, key & 0xFFFFFFFF))
+                if asm is None:
+                    reason[rows] = _CODE["unknown_message"]
+                    continue
+                a, d = asm._ingest_rows(slots, lengths, hdr if rows.size == n else hdr[rows], rows, reason)
+                accepted += a
+                duplicates += d
+                if a:
+                    touched.append(asm)
+        return self._finish(reason, accepted, duplicates, tuple(touched))
+
+    def _finish(self, reason: np.ndarray, accepted: int, duplicates: int,
+                touched: tuple[Assembly, ...]) -> BatchResult:
+        self.stats.accepted += accepted
+        self.stats.duplicates += duplicates
+        if reason.any():
+            codes, counts = np.unique(reason[reason > 0], return_counts=True)
+            for code, count in zip(codes.tolist(), counts.tolist()):
+                self.stats.rejected[REASONS[code]] += count
+                log.debug("rejected %d datagram(s): %s", count, REASONS[code])
+        return BatchResult(accepted, duplicates, reason, touched)

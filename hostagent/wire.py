@@ -1,0 +1,250 @@
+"""The DLCP header, defined once.
+
+Every DLCP packet is ``Ethernet | IPv4 | UDP(dport=DLCP_UDP_PORT) | DLCP header | payload``.
+The header is the single source of truth for the host agent, the P4 parser
+(``p4/include/headers.p4`` must declare the same fields, widths and order; a test
+checks the compiled BMv2 JSON against :data:`FIELDS`), the scapy dissector used by
+tests and debugging, and the documentation in ``p4/README.md``.
+
+Why these fields: the receiver places a payload by ``elem_offset`` alone, so
+packets of one message may arrive in any order over any path (per-packet
+spraying); ``priority`` and ``drop_class`` are what the switch queues and drops on;
+``total_pkts``/``seq`` let the receiver keep a per-packet bitmap for bounded-loss
+completion and selective retransmission.
+
+Layout rules: fixed size, network byte order (big-endian), every field a whole
+number of bytes so BMv2 (which needs headers whose width is a multiple of 8 bits)
+and numpy structured dtypes see exactly the same bytes.
+
+Two ways in and out:
+
+* the fast path, :func:`encode_headers`/:func:`decode_headers`, packs or unpacks the
+  headers of a whole message at once through :data:`HEADER_DTYPE` (one numpy
+  operation per field, not per packet);
+* :func:`pack_header`/:func:`unpack_header` build or read one header as a
+  :class:`Header` dataclass, for control packets and tests.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: UDP destination port that marks a datagram as DLCP (the P4 parser selects on it).
+DLCP_UDP_PORT = 17649
+
+#: Header version carried in every packet; a receiver rejects any other value.
+VERSION = 1
+
+
+class PacketType(enum.IntEnum):
+    """What a DLCP packet carries. Only DATA is ever dropped selectively by a switch."""
+
+    DATA = 1  #: a slice of a gradient or parameter message
+    PROBE = 2  #: sender asks "what are you missing?" after it has sent everything
+    BITMAP = 3  #: receiver answers a probe with the bitmap of missing packets
+    STOP = 4  #: receiver has enough (>= 1-p arrived): sender stops this message
+
+
+class Flags(enum.IntFlag):
+    """Bits of the ``flags`` field."""
+
+    NONE = 0
+    RETX = 0x01  #: a retransmission (always priority top, drop class 0)
+    ECN_ECHO = 0x02  #: receiver saw CE marks (rate control reacts)
+
+
+class Dtype(enum.IntEnum):
+    """Element type of the payload. The code is on the wire; the numpy dtype is local."""
+
+    FLOAT32 = 0
+    FLOAT16 = 1
+
+
+#: Payload element types by wire code. The header is in network byte order, but the payload
+#: is little-endian IEEE floats: every training host is little-endian, the switch never reads
+#: the payload, and swapping would cost a full copy of every gradient on both ends.
+NUMPY_DTYPES: dict[Dtype, np.dtype] = {
+    Dtype.FLOAT32: np.dtype("<f4"),
+    Dtype.FLOAT16: np.dtype("<f2"),
+}
+
+
+def dtype_code(dtype: np.dtype | str | type) -> Dtype:
+    """Wire code of a numpy element type (byte order ignored).
+
+    Raises:
+        ValueError: the type is not one DLCP carries.
+
+    Example: ``dtype_code(np.float32) == Dtype.FLOAT32``
+    """
+    kind = np.dtype(dtype).newbyteorder("=")
+    for code, wire in NUMPY_DTYPES.items():
+        if wire.newbyteorder("=") == kind:
+            return code
+    raise ValueError(
+        f"dtype {np.dtype(dtype)} is not supported on the wire; use one of "
+        f"{[str(d.newbyteorder('=')) for d in NUMPY_DTYPES.values()]}"
+    )
+
+
+@dataclass(frozen=True)
+class Field:
+    """One header field: its name (shared with the P4 header), width in bits, meaning."""
+
+    name: str
+    bits: int
+    doc: str
+
+
+#: The header, in wire order. Widths are whole bytes. Change this and the P4 header together.
+FIELDS: tuple[Field, ...] = (
+    Field("version", 8, "header version, VERSION"),
+    Field("ptype", 8, "PacketType"),
+    Field("flags", 8, "Flags bits"),
+    Field("priority", 8, "queue priority, higher is served first; 0..num_priorities-1"),
+    Field("drop_class", 8, "0 = never dropped selectively; higher = dropped earlier"),
+    Field("dtype", 8, "Dtype code of the payload elements"),
+    Field("sender_rank", 16, "rank of the sending worker"),
+    Field("job_id", 32, "training job; packets of other jobs are rejected"),
+    Field("message_id", 32, "message, unique per sender and job"),
+    Field("iteration", 32, "training iteration the message belongs to"),
+    Field("tensor_id", 32, "tensor or bucket id"),
+    Field("layer", 16, "layer index (0 = nearest the input)"),
+    Field("elem_count", 16, "elements in this packet's payload"),
+    Field("seq", 32, "packet sequence number within the message, 0..total_pkts-1"),
+    Field("total_pkts", 32, "packets in the whole message"),
+    Field("elem_offset", 32, "index of the payload's first element in the message"),
+)
+
+_NP_TYPES = {8: ">u1", 16: ">u2", 32: ">u4", 64: ">u8"}
+_STRUCT_CODES = {8: "B", 16: "H", 32: "I", 64: "Q"}
+
+#: numpy structured dtype of the header, big-endian, packed (no padding).
+HEADER_DTYPE = np.dtype([(f.name, _NP_TYPES[f.bits]) for f in FIELDS])
+#: Header size in bytes.
+HEADER_SIZE = HEADER_DTYPE.itemsize
+_STRUCT = struct.Struct("!" + "".join(_STRUCT_CODES[f.bits] for f in FIELDS))
+assert _STRUCT.size == HEADER_SIZE, "struct and numpy layouts disagree"
+
+#: Largest value each field can hold.
+FIELD_MAX: dict[str, int] = {f.name: (1 << f.bits) - 1 for f in FIELDS}
+
+#: IPv4 (no options) + UDP headers in front of the DLCP header.
+IP_UDP_OVERHEAD = 20 + 8
+
+
+@dataclass(frozen=True)
+class Header:
+    """One decoded DLCP header; used for control packets and in tests."""
+
+    ptype: PacketType
+    job_id: int
+    message_id: int
+    version: int = VERSION
+    flags: Flags = Flags.NONE
+    priority: int = 0
+    drop_class: int = 0
+    dtype: Dtype = Dtype.FLOAT32
+    sender_rank: int = 0
+    iteration: int = 0
+    tensor_id: int = 0
+    layer: int = 0
+    elem_count: int = 0
+    seq: int = 0
+    total_pkts: int = 0
+    elem_offset: int = 0
+
+    def __post_init__(self) -> None:
+        for f in FIELDS:
+            value = int(getattr(self, f.name))
+            if not 0 <= value <= FIELD_MAX[f.name]:
+                raise ValueError(
+                    f"header field {f.name}={value} does not fit in {f.bits} bits "
+                    f"(0..{FIELD_MAX[f.name]})"
+                )
+
+    def as_dict(self) -> dict[str, int]:
+        """Field values as plain ints, in wire order."""
+        return {f.name: int(getattr(self, f.name)) for f in FIELDS}
+
+
+def pack_header(header: Header) -> bytes:
+    """Encode one header to its ``HEADER_SIZE`` wire bytes.
+
+    Example: ``pack_header(Header(PacketType.STOP, job_id=1, message_id=7))``
+    """
+    return _STRUCT.pack(*(int(getattr(header, f.name)) for f in FIELDS))
+
+
+class MalformedHeader(ValueError):
+    """A buffer that is not a DLCP header this endpoint can read; ``reason`` is a short code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def unpack_header(buf: bytes | bytearray | memoryview) -> Header:
+    """Decode the header at the start of ``buf``.
+
+    Raises:
+        MalformedHeader: ``truncated`` (shorter than a header), ``bad_version``,
+            ``bad_ptype`` or ``bad_dtype``.
+    """
+    if len(buf) < HEADER_SIZE:
+        raise MalformedHeader("truncated", f"{len(buf)} bytes, header needs {HEADER_SIZE}")
+    values = dict(zip((f.name for f in FIELDS), _STRUCT.unpack_from(buf)))
+    if values["version"] != VERSION:
+        raise MalformedHeader("bad_version", f"version {values['version']}, expected {VERSION}")
+    try:
+        values["ptype"] = PacketType(values["ptype"])
+    except ValueError:
+        raise MalformedHeader("bad_ptype", f"unknown packet type {values['ptype']}") from None
+    try:
+        values["dtype"] = Dtype(values["dtype"])
+    except ValueError:
+        raise MalformedHeader("bad_dtype", f"unknown dtype code {values['dtype']}") from None
+    values["flags"] = Flags(values["flags"])
+    return Header(**values)
+
+
+def encode_headers(n: int, **fields: Any) -> np.ndarray:
+    """Build ``n`` headers at once; each field is a scalar (broadcast) or a length-``n`` array.
+
+    Fields not given are zero, except ``version`` which defaults to :data:`VERSION`.
+
+    Raises:
+        ValueError: an unknown field name, or a value that does not fit its width.
+
+    Example: ``encode_headers(3, ptype=1, seq=np.arange(3)).tobytes()``
+    """
+    unknown = set(fields) - set(HEADER_DTYPE.names)
+    if unknown:
+        raise ValueError(f"unknown header fields {sorted(unknown)}; known: {list(HEADER_DTYPE.names)}")
+    out = np.zeros(n, dtype=HEADER_DTYPE)
+    out["version"] = VERSION
+    for name, value in fields.items():
+        arr = np.asarray(value)
+        if arr.size and (arr.min() < 0 or arr.max() > FIELD_MAX[name]):
+            raise ValueError(
+                f"header field {name} has values outside 0..{FIELD_MAX[name]} "
+                f"(min {arr.min()}, max {arr.max()})"
+            )
+        out[name] = arr
+    return out
+
+
+def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int | None = None) -> np.ndarray:
+    """View ``count`` back-to-back headers in ``buf`` as a :data:`HEADER_DTYPE` array (no copy)."""
+    return np.frombuffer(buf, dtype=HEADER_DTYPE, count=-1 if count is None else count)
+
+
+def header_fields_for_p4() -> list[tuple[str, int]]:
+    """(name, bits) in wire order, the form BMv2 JSON ``header_types`` uses."""
+    return [(f.name, f.bits) for f in FIELDS]
+

@@ -1,0 +1,153 @@
+"""Malformed and hostile datagrams are counted by reason, ignored, and never write."""
+
+import numpy as np
+import pytest
+
+from hostagent import wire
+from hostagent.packetizer import MessageMeta, packetize
+from hostagent.policy import Policy
+from hostagent.reassembly import REASONS, Reassembler
+
+H = wire.HEADER_SIZE
+DATA = np.arange(1, 1001, dtype=np.float32)  # 3 packets at MTU 1500: 358, 358, 284
+
+
+@pytest.fixture
+def setup():
+    batch = packetize(DATA, MessageMeta(job_id=5, message_id=7, sender_rank=1), Policy())
+    r = Reassembler(job_id=5)
+    asm = r.expect(1, 7, DATA.size, np.float32, batch.elems_per_packet)
+    return batch, r, asm
+
+
+def _with(datagram: bytes, **fields) -> bytes:
+    h = wire.decode_headers(datagram[:H]).copy()
+    for k, v in fields.items():
+        h[k] = v
+    return h.tobytes() + datagram[H:]
+
+
+CASES = {
+    "truncated": lambda d: d[: H - 1],
+    "bad_version": lambda d: _with(d, version=2),
+    "not_data": lambda d: _with(d, ptype=wire.PacketType.PROBE),
+    "wrong_job": lambda d: _with(d, job_id=6),
+    "unknown_message": lambda d: _with(d, message_id=8),
+    "wrong_dtype": lambda d: _with(d, dtype=wire.Dtype.FLOAT16),
+    "bad_seq": lambda d: _with(d, seq=3),
+    "bad_offset": lambda d: _with(d, elem_offset=10_000_000),  # far outside the message
+    "count_mismatch": lambda d: d[:-4],  # payload one element short of elem_count
+}
+
+
+@pytest.mark.parametrize("reason", list(CASES))
+def test_each_malformed_kind_is_rejected_and_counted(setup, reason):
+    batch, r, asm = setup
+    bad = CASES[reason](batch.datagram(1))
+    assert r.ingest(bad) == reason
+    assert r.stats.rejected == {reason: 1}
+    assert asm.received_pkts == 0 and not asm.data.any()  # nothing written
+    for i in range(len(batch)):  # the endpoint keeps working
+        assert r.ingest(batch.datagram(i)) == "accepted"
+    np.testing.assert_array_equal(asm.result(), DATA)
+
+
+@pytest.mark.parametrize("fields", [
+    {"elem_offset": 1},  # inside the message but not where seq 1 starts
+    {"elem_count": 359},  # claims more than a packet holds
+    {"total_pkts": 4},  # disagrees with the announced size
+    {"seq": 0xFFFFFFFF},
+])
+def test_inconsistent_headers_never_write(setup, fields):
+    batch, r, asm = setup
+    assert r.ingest(_with(batch.datagram(1), **fields)) != "accepted"
+    assert not asm.data.any() and asm.received_pkts == 0
+
+
+def test_trailing_junk_is_a_count_mismatch(setup):
+    batch, r, _ = setup
+    assert r.ingest(batch.datagram(2) + b"\0\0\0\0") == "count_mismatch"
+
+
+def test_last_packet_cannot_claim_a_full_payload(setup):
+    batch, r, asm = setup
+    # seq 2 is the short tail (284 elements): a full-sized payload would write past the end
+    full = _with(batch.datagram(0), seq=2, elem_offset=2 * batch.elems_per_packet)
+    assert r.ingest(full) == "count_mismatch"
+    assert asm.received_pkts == 0
+
+
+def test_a_finished_message_is_unknown(setup):
+    batch, r, _ = setup
+    r.forget(1, 7)
+    assert r.ingest(batch.datagram(0)) == "unknown_message"
+
+
+def test_mixed_batch_of_good_and_bad(setup):
+    batch, r, asm = setup
+    datagrams = [batch.datagram(0), CASES["wrong_job"](batch.datagram(1)), batch.datagram(1),
+                 CASES["bad_offset"](batch.datagram(2)), batch.datagram(2), b"\x01"]
+    slots = np.zeros((len(datagrams), 1600), np.uint8)
+    for i, d in enumerate(datagrams):
+        slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+    res = r.ingest_batch(slots, np.array([len(d) for d in datagrams]))
+    assert res.accepted == 3 and res.rejected == 3
+    assert [REASONS[c] for c in res.reasons] == ["ok", "wrong_job", "ok", "bad_offset", "ok", "truncated"]
+    np.testing.assert_array_equal(asm.result(), DATA)
+
+
+def test_many_messages_from_many_senders_in_one_batch():
+    r = Reassembler(job_id=1)
+    rng = np.random.default_rng(9)
+    msgs = {}
+    all_slots, all_lens = [], []
+    for rank in range(3):
+        for mid in range(4):
+            data = rng.standard_normal(rng.integers(1, 5000)).astype(np.float32)
+            b = packetize(data, MessageMeta(job_id=1, message_id=mid, sender_rank=rank), Policy())
+            msgs[(rank, mid)] = (data, r.expect(rank, mid, data.size, np.float32, b.elems_per_packet))
+            s, lens = b.to_slots(slot_size=1500)
+            all_slots.append(s)
+            all_lens.append(lens)
+    slots, lens = np.concatenate(all_slots), np.concatenate(all_lens)
+    order = rng.permutation(len(lens))
+    res = r.ingest_batch(slots[order], lens[order])
+    assert res.accepted == len(lens) and len(res.touched) == 12
+    for data, asm in msgs.values():
+        np.testing.assert_array_equal(asm.result(), data)
+
+
+def test_random_garbage_never_raises_or_writes():
+    rng = np.random.default_rng(1)
+    r = Reassembler(job_id=5)
+    asm = r.expect(1, 7, 1000, np.float32, 358)
+    n = 5000
+    slots = rng.integers(0, 256, size=(n, 1500), dtype=np.uint8)
+    # make half of them look plausible so deeper checks run
+    hdr = slots[: n // 2, :H].view(wire.HEADER_DTYPE).reshape(-1)
+    hdr["version"], hdr["ptype"], hdr["job_id"], hdr["sender_rank"], hdr["message_id"] = 1, 1, 5, 1, 7
+    hdr["dtype"] = 0
+    res = r.ingest_batch(slots, rng.integers(0, 1500, size=n))
+    assert res.accepted == 0 and res.rejected == n
+    assert not asm.data.any()
+    assert sum(r.stats.rejected.values()) == n
+
+
+def test_expect_validates(setup):
+    _, r, _ = setup
+    with pytest.raises(ValueError, match="already expected"):
+        r.expect(1, 7, 10, np.float32, 358)
+    with pytest.raises(ValueError, match="out must be"):
+        r.expect(1, 8, 10, np.float32, 358, out=np.zeros(9, np.float32))
+    with pytest.raises(ValueError, match="caller|2-D"):
+        r.ingest_batch(np.zeros(10, np.uint8), np.array([10]))
+
+
+def test_completion_under_bound(setup):
+    batch, r, asm = setup
+    r.ingest(batch.datagram(0))
+    r.ingest(batch.datagram(1))
+    assert not asm.is_complete(0.05)  # 716 of 1000 elements
+    assert asm.is_complete(0.3)
+    r.ingest(batch.datagram(2))
+    assert asm.is_complete(0.0) and asm.is_exact()

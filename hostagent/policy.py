@@ -24,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import yaml
+
+from hostagent.errors import DlcpUserError
 
 #: v1model's ``standard_metadata.priority`` is 3 bits: at most 8 queues.
 MAX_PRIORITIES = 8
@@ -45,7 +47,7 @@ BandStrategy = Callable[[np.ndarray, int], np.ndarray]
 (0 = the band needed first)."""
 
 
-class PolicyError(ValueError):
+class PolicyError(DlcpUserError, ValueError):
     """An invalid policy value; the message names the field, the value and what is allowed."""
 
 

@@ -1,0 +1,49 @@
+# DLCP developer entry points. Every target that runs Python first makes sure the venv exists.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dlcp-installed
+# The CPU build of PyTorch; installed first so nothing pulls the CUDA wheels.
+TORCH  ?= torch==2.13.0
+
+P4C        ?= p4c-bm2-ss
+P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
+
+.PHONY: setup test test-unit demo bench p4 clean help
+
+help:
+	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
+	@echo "make test    run the test suite (BMv2/p4c/root tests skip with a reason when missing)"
+	@echo "make demo    run the demo"
+	@echo "make bench   print the benchmarks' figures"
+	@echo "make p4      recompile p4/ into p4/build/ (needs p4c-bm2-ss)"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "DLCP needs Python >= 3.10; set PYTHON=python3.X")'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+demo: $(STAMP)
+	$(VENV)/bin/dlcp demo
+
+bench: $(STAMP)
+	$(PY) bench/packetizer.py
+
+p4:
+	@command -v $(P4C) >/dev/null || { echo "$(P4C) not found: install p4c (p4lang's packages) first"; exit 1; }
+	@test -f p4/dlcp.p4 || { echo "p4/dlcp.p4 does not exist yet"; exit 1; }
+	$(P4C) --arch v1model --std p4-16 -I p4/include --p4runtime-files p4/build/dlcp.p4info.txtpb \
+		-o p4/build/dlcp.json p4/dlcp.p4
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,54 @@
+"""The command-line tools: real output, and one-line errors with the right exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from controller import cli as ctl
+from hostagent import cli, wire
+
+
+def test_wire_json_lists_every_field(capsys):
+    assert cli.main(["wire", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [f["name"] for f in out["fields"]] == [f.name for f in wire.FIELDS]
+    assert out["header_bytes"] == wire.HEADER_SIZE
+
+
+def test_policy_check_reports_the_bad_field(tmp_path, capsys):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("drop_thresholds: [10, 20, 5]\n")
+    assert cli.main(["policy", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "drop_thresholds" in err and "Traceback" not in err
+
+
+def test_policy_show_round_trips_through_json(tmp_path, capsys):
+    good = tmp_path / "p.json"
+    good.write_text(json.dumps({"loss_bound_push": 0.1, "lb_mode": "random"}))
+    assert cli.main(["policy", "show", str(good), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["loss_bound_push"] == 0.1 and shown["lb_mode"] == "random"
+
+
+def test_dlcpctl_policy_view(capsys):
+    assert ctl.main(["policy", "show", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["drop_thresholds"] == {"1": 48, "2": 32, "3": 16}
+
+
+def test_usage_error_exit_code():
+    assert cli.main([]) == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["no-such-command"])
+    assert exc.value.code == 2
+
+
+def test_demo_runs_and_selective_drop_spares_class_0():
+    out = subprocess.run([sys.executable, "-m", "hostagent.cli", "demo"], capture_output=True, text=True, check=True).stdout
+    dlcp_row = next(line for line in out.splitlines() if line.startswith("DLCP selective drop"))
+    per_class = dlcp_row.split()[-1].split("/")
+    assert per_class[0] == "0"  # class 0 is never dropped selectively
+    assert "gradient error" in out

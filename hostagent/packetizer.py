@@ -96,7 +96,7 @@ class PacketBatch:
 
     def buffers(self, i: int) -> tuple[memoryview, memoryview]:
         """(header, payload) of packet ``i``, ready for ``socket.sendmsg``."""
-        return memoryview(self.headers[i : i + 1]).cast("B"), self.payload_of(i)
+        return memoryview(self.headers[i : i + 1].view(np.uint8)), self.payload_of(i)
 
     def datagram(self, i: int) -> bytes:
         """Packet ``i`` as one bytes object (header + payload)."""

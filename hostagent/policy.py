@@ -367,3 +367,32 @@ def required_elements(total: int, loss_bound: float) -> int:
 def is_complete(received: int, total: int, loss_bound: float) -> bool:
     """Completion rule (b) of the transport: at least (1-p) of the elements arrived."""
     return received >= required_elements(total, loss_bound)
+
+
+def retransmission_set(missing: np.ndarray, drop_class: np.ndarray, elem_count: np.ndarray,
+                       received_elems: int, total_elems: int, loss_bound: float) -> np.ndarray:
+    """Which missing packets to resend so the message meets its bound, most important first.
+
+    Only loss beyond the bound is recovered: packets are taken in order of drop class (class 0,
+    the largest gradients, first; then by sequence number) until the elements received plus
+    those resent reach ``required_elements(total_elems, loss_bound)``. With ``loss_bound = 0``
+    that is every missing packet.
+
+    Args:
+        missing: sequence numbers the receiver reported missing.
+        drop_class: drop class of every packet of the message (indexed by seq).
+        elem_count: elements of every packet of the message (indexed by seq).
+        received_elems: elements the receiver has.
+
+    Returns:
+        Sequence numbers to resend (possibly empty), in sending order.
+    """
+    missing = np.asarray(missing, dtype=np.int64)
+    need = required_elements(total_elems, loss_bound) - received_elems
+    if need <= 0 or missing.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((missing, np.asarray(drop_class)[missing]))
+    ranked = missing[order]
+    cum = np.cumsum(np.asarray(elem_count, dtype=np.int64)[ranked])
+    take = int(np.searchsorted(cum, need, side="left")) + 1
+    return ranked[:take]

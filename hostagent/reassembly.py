@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -209,6 +210,8 @@ class BatchResult:
     """Per datagram: index into :data:`REASONS` (0 = accepted or duplicate)."""
     touched: tuple[Assembly, ...]
     """Messages that received at least one new packet."""
+    parked: int = 0
+    """Packets of unannounced messages handed to the ``park`` callback and kept."""
 
     @property
     def rejected(self) -> int:
@@ -268,8 +271,14 @@ class Reassembler:
             return REASONS[res.reasons[0]]
         return "accepted" if res.accepted else "duplicate"
 
-    def ingest_batch(self, slots: np.ndarray, lengths: np.ndarray) -> BatchResult:
+    def ingest_batch(self, slots: np.ndarray, lengths: np.ndarray,
+                     park: Callable[[np.ndarray], np.ndarray] | None = None) -> BatchResult:
         """Validate and place a batch of datagrams; ``slots[i, :lengths[i]]`` is datagram ``i``.
+
+        Args:
+            park: called with the row indices of well-formed packets of messages not (yet)
+                announced; returns a bool mask of the rows it kept for later (a transport whose
+                data can overtake the announcement). Kept rows are not counted as rejected.
 
         Never raises for packet content; raises ``ValueError`` only for a caller error
         (``slots`` not a 2-D uint8 matrix matching ``lengths``).
@@ -295,7 +304,7 @@ class Reassembler:
         ):
             reason[(reason == 0) & bad] = _CODE[name]
         ok = np.flatnonzero(reason == 0)
-        accepted = duplicates = 0
+        accepted = duplicates = parked = 0
         touched: list[Assembly] = []
         if ok.size:
             keys = (hdr["sender_rank"][ok].astype(np.uint64) << np.uint64(32)) | hdr["message_id"][ok]
@@ -308,16 +317,20 @@ class Reassembler:
                 asm = self._messages.get((key >> 32, key & 0xFFFFFFFF))
                 if asm is None:
                     reason[rows] = _CODE["unknown_message"]
+                    if park is not None:
+                        kept = np.asarray(park(rows), dtype=bool)
+                        reason[rows[kept]] = 0
+                        parked += int(kept.sum())
                     continue
                 a, d = asm._ingest_rows(slots, lengths, hdr if rows.size == n else hdr[rows], rows, reason)
                 accepted += a
                 duplicates += d
                 if a:
                     touched.append(asm)
-        return self._finish(reason, accepted, duplicates, tuple(touched))
+        return self._finish(reason, accepted, duplicates, tuple(touched), parked)
 
     def _finish(self, reason: np.ndarray, accepted: int, duplicates: int,
-                touched: tuple[Assembly, ...]) -> BatchResult:
+                touched: tuple[Assembly, ...], parked: int = 0) -> BatchResult:
         self.stats.accepted += accepted
         self.stats.duplicates += duplicates
         if reason.any():
@@ -325,4 +338,4 @@ class Reassembler:
             for code, count in zip(codes.tolist(), counts.tolist()):
                 self.stats.rejected[REASONS[code]] += count
                 log.debug("rejected %d datagram(s): %s", count, REASONS[code])
-        return BatchResult(accepted, duplicates, reason, touched)
+        return BatchResult(accepted, duplicates, reason, touched, parked)

@@ -48,6 +48,8 @@ class PacketType(enum.IntEnum):
     PROBE = 2  #: sender asks "what are you missing?" after it has sent everything
     BITMAP = 3  #: receiver answers a probe with the bitmap of missing packets
     STOP = 4  #: receiver has enough (>= 1-p arrived): sender stops this message
+    META = 5  #: sender announces a message (size, element type, loss bound) before its data
+    FEEDBACK = 6  #: receiver reports packets received and CE-marked, for rate control
 
 
 class Flags(enum.IntFlag):
@@ -248,3 +250,39 @@ def header_fields_for_p4() -> list[tuple[str, int]]:
     """(name, bits) in wire order, the form BMv2 JSON ``header_types`` uses."""
     return [(f.name, f.bits) for f in FIELDS]
 
+
+
+# --- control frames -------------------------------------------------------------------
+# Control packets (META, PROBE, BITMAP, STOP, FEEDBACK) travel on a TCP connection per peer,
+# each as one frame: a 4-byte big-endian length of what follows, a DLCP header, then a body.
+
+#: Frame length prefix.
+FRAME_PREFIX = struct.Struct("!I")
+#: Largest frame accepted from a peer (a bitmap of 2^24 packets fits): a bound against
+#: a hostile or corrupt length prefix.
+MAX_FRAME = HEADER_SIZE + (1 << 21)
+
+#: META body: total elements, elements per packet, loss bound p (the header names the rest).
+META_BODY = struct.Struct("!IHd")
+#: STOP body: elements the receiver holds (so the sender knows the final lost fraction).
+STOP_BODY = struct.Struct("!I")
+#: BITMAP body: elements the receiver holds, then the missing-packet bitmap (bit ``seq``
+#: set, MSB first, when ``seq`` is missing).
+BITMAP_PREFIX = struct.Struct("!I")
+#: FEEDBACK body: data packets received and CE-marked since the previous feedback, and
+#: packets the receiver counted as lost so far (from bitmaps).
+FEEDBACK_BODY = struct.Struct("!III")
+
+
+def pack_frame(header: Header, body: bytes = b"") -> bytes:
+    """One control frame: length prefix, header, body."""
+    return FRAME_PREFIX.pack(HEADER_SIZE + len(body)) + pack_header(header) + body
+
+
+def split_frame(frame: bytes | bytearray | memoryview) -> tuple[Header, bytes]:
+    """Header and body of a frame *without* its length prefix.
+
+    Raises:
+        MalformedHeader: the header is unreadable.
+    """
+    return unpack_header(frame), bytes(frame[HEADER_SIZE:])

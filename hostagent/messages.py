@@ -1,0 +1,188 @@
+"""What the transport tracks per message, and what callers wait on.
+
+A :class:`SendHandle` or :class:`RecvHandle` is a small future: ``wait(timeout)`` returns
+the result or raises the transport's error for that message. Every wait has a deadline;
+there is no way to wait forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from hostagent.packetizer import PacketBatch
+from hostagent.reassembly import Assembly
+
+
+class TransportError(RuntimeError):
+    """A message could not be delivered; the message names the peer and the message."""
+
+
+class PeerUnreachable(TransportError):
+    """A peer never accepted a control connection."""
+
+
+class PeerFailed(TransportError):
+    """A peer's control connection closed while messages to or from it were in flight."""
+
+
+class TransportTimeout(TransportError):
+    """A message passed its deadline."""
+
+
+class TransportClosed(TransportError):
+    """The endpoint was closed while the message was in flight."""
+
+
+@dataclass
+class MessageStats:
+    """Per-message figures, for logs and reports (``as_dict`` for JSON)."""
+
+    peer: int
+    message_id: int
+    direction: str  # "send" or "recv"
+    elements: int
+    packets: int
+    bytes: int
+    loss_bound: float
+    lost_fraction: float = 0.0
+    retransmissions: int = 0
+    duplicates: int = 0
+    probes: int = 0
+    completion_time: float = 0.0
+    how: str = ""  # exact | bounded | idle (receiver) ; stopped (sender)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Handle:
+    """A one-shot result slot with a deadline-bounded wait."""
+
+    def __init__(self, peer: int, message_id: int, what: str) -> None:
+        self.peer = peer
+        self.message_id = message_id
+        self._what = what
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def _resolve(self, result: Any) -> None:
+        if not self._event.is_set():
+            self._result = result
+            self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def wait(self, timeout: float) -> Any:
+        """The result, or the message's error; :class:`TransportTimeout` after ``timeout`` s."""
+        if not self._event.wait(timeout):
+            raise TransportTimeout(f"{self._what} message {self.message_id} with rank {self.peer}: "
+                                   f"no result within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class SendHandle(_Handle):
+    """Resolves to the sender's :class:`MessageStats` once the receiver said STOP."""
+
+    def __init__(self, peer: int, message_id: int) -> None:
+        super().__init__(peer, message_id, "send")
+
+
+@dataclass(frozen=True)
+class RecvResult:
+    """A received message: the data (missing elements zero) and its figures."""
+
+    data: np.ndarray
+    stats: MessageStats
+
+
+class RecvHandle(_Handle):
+    """Resolves to a :class:`RecvResult` once the message completed under its bound."""
+
+    def __init__(self, peer: int, message_id: int, out: np.ndarray | None) -> None:
+        super().__init__(peer, message_id, "receive")
+        self.out = out
+
+
+class OutMessage:
+    """Sender-side state of one message."""
+
+    def __init__(self, dest: int, batch: PacketBatch, priority: int, loss_bound: float,
+                 deadline: float, order: int) -> None:
+        self.dest = dest
+        self.batch = batch
+        self.message_id = int(batch.headers["message_id"][0]) if len(batch) else 0
+        self.priority = priority
+        self.loss_bound = loss_bound
+        self.deadline = deadline
+        self.order = order  # FIFO among equal priorities
+        self.handle = SendHandle(dest, self.message_id)
+        self.started = time.monotonic()
+        self.next_seq = 0  # first pass position
+        self.retx: np.ndarray = np.zeros(0, dtype=np.int64)  # queued retransmissions
+        self.retx_pos = 0
+        self.retransmissions = 0
+        self.probes = 0
+        self.awaiting_reply = False
+        self.reported_missing = 0
+        self.stopped = False
+
+    @property
+    def sending_priority(self) -> int:
+        """Retransmissions are queued at the top priority, so they jump the line."""
+        return self.priority if self.retx_pos >= len(self.retx) else 255
+
+    def has_packets(self) -> bool:
+        return not self.stopped and (self.next_seq < len(self.batch) or self.retx_pos < len(self.retx))
+
+    def stats(self, how: str, lost_fraction: float) -> MessageStats:
+        return MessageStats(
+            peer=self.dest, message_id=self.message_id, direction="send", elements=self.batch.payload.size,
+            packets=len(self.batch), bytes=self.batch.nbytes, loss_bound=self.loss_bound,
+            retransmissions=self.retransmissions, probes=self.probes,
+            completion_time=time.monotonic() - self.started, how=how, lost_fraction=lost_fraction,
+        )
+
+
+class InMessage:
+    """Receiver-side state of one message."""
+
+    def __init__(self, src: int, assembly: Assembly, loss_bound: float, deadline: float,
+                 handle: RecvHandle | None) -> None:
+        self.src = src
+        self.assembly = assembly
+        self.message_id = assembly.key[1]
+        self.loss_bound = loss_bound
+        self.deadline = deadline
+        self.handle = handle
+        self.started = time.monotonic()
+        self.last_arrival = self.started
+        self.probe_pending = False
+        self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
+        self.probes = 0
+        self.retx_seen = 0
+        self.result: RecvResult | None = None
+
+    def finish(self, how: str) -> RecvResult:
+        asm = self.assembly
+        stats = MessageStats(
+            peer=self.src, message_id=self.message_id, direction="recv", elements=asm.total_elems,
+            packets=asm.total_pkts, bytes=asm.data.nbytes, loss_bound=self.loss_bound,
+            lost_fraction=asm.lost_fraction, retransmissions=self.retx_seen, duplicates=asm.duplicates,
+            probes=self.probes, completion_time=time.monotonic() - self.started, how=how,
+        )
+        self.result = RecvResult(asm.result(), stats)
+        return self.result

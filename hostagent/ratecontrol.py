@@ -1,0 +1,104 @@
+"""Per-destination sending rate: DCTCP-like control and a token-bucket pacer.
+
+Pure state machines: the caller passes the time and the receiver's feedback in, and reads
+the rate and the wait out, so every rule is testable without sockets or clocks.
+
+Why DCTCP-like: a switch that marks CE above a queue threshold gives an early, graded
+signal. The sender keeps ``alpha``, a moving average of the fraction of its packets that were
+marked *or lost*, and on any congestion cuts its rate by ``alpha / 2``: gently when few packets
+are marked, by half when all are. Without congestion the rate grows additively. It never
+exceeds the configured line rate and never falls below a floor, so a message always drains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    """Rate control knobs; rates in bytes of datagrams per second."""
+
+    initial_rate: float = 1.25e9
+    """Rate a new destination starts at."""
+
+    line_rate: float = 1.25e9
+    """Never send faster than this (the host's link; 10 Gb/s by default)."""
+
+    min_rate: float = 1e6
+    """Floor, so a message under heavy congestion still makes progress."""
+
+    additive_increase: float = 2.5e6
+    """Added per feedback without congestion (feedback comes about every 2 ms: from half the
+    default line rate back to all of it in about half a second)."""
+
+    gain: float = 1.0 / 16
+    """DCTCP's g: weight of the newest congestion fraction in ``alpha``."""
+
+    burst_bytes: int = 256 * 1024
+    """Token bucket depth: how much may leave back to back before pacing bites."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_rate <= self.initial_rate <= self.line_rate:
+            raise ValueError(f"need 0 < min_rate <= initial_rate <= line_rate, got {self.min_rate}, "
+                             f"{self.initial_rate}, {self.line_rate}")
+        if not 0 < self.gain <= 1:
+            raise ValueError(f"gain must be in (0, 1], got {self.gain}")
+        if self.additive_increase < 0 or self.burst_bytes <= 0:
+            raise ValueError("additive_increase must be >= 0 and burst_bytes > 0")
+
+
+class RateController:
+    """The sending rate towards one destination."""
+
+    def __init__(self, config: RateConfig) -> None:
+        self.config = config
+        self.rate = config.initial_rate
+        self.alpha = 1.0  # as Linux DCTCP: until measured, assume the worst (first cut halves)
+        self.decreases = 0
+
+    def on_feedback(self, received: int, marked: int, lost: int) -> float:
+        """Update from one receiver report; returns the new rate.
+
+        Args:
+            received: data packets that arrived since the last report.
+            marked: of those, how many carried CE.
+            lost: packets newly known lost (from a bitmap) since the last report.
+        """
+        total = received + lost
+        if total <= 0:
+            return self.rate
+        fraction = min(1.0, (marked + lost) / total)
+        g = self.config.gain
+        self.alpha = (1 - g) * self.alpha + g * fraction
+        if fraction > 0:
+            self.rate *= 1 - self.alpha / 2
+            self.decreases += 1
+        else:
+            self.rate += self.config.additive_increase
+        self.rate = min(self.config.line_rate, max(self.config.min_rate, self.rate))
+        return self.rate
+
+
+class Pacer:
+    """Token bucket: how long to wait before the next ``nbytes`` may leave at ``rate``."""
+
+    def __init__(self, burst_bytes: int) -> None:
+        self.burst = float(burst_bytes)
+        self.tokens = float(burst_bytes)
+        self.last: float | None = None
+
+    def _refill(self, rate: float, now: float) -> None:
+        if self.last is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * rate)
+        self.last = now
+
+    def wait_time(self, nbytes: int, rate: float, now: float) -> float:
+        """Seconds until ``nbytes`` may be sent (0 when they may go now)."""
+        self._refill(rate, now)
+        deficit = nbytes - self.tokens
+        return 0.0 if deficit <= 0 else deficit / rate
+
+    def consume(self, nbytes: int) -> None:
+        """Account for ``nbytes`` sent (tokens may go negative by one packet's worth)."""
+        self.tokens -= nbytes

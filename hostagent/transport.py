@@ -1,0 +1,1078 @@
+"""The bounded-loss gradient transport: one :class:`Endpoint` per process.
+
+Each endpoint has a UDP socket for DLCP data packets and a TCP control connection to each
+peer for META, PROBE, BITMAP, STOP and FEEDBACK frames. Three threads do the I/O:
+
+* **tx** sends data packets: of all messages with packets left, the highest priority goes
+  first (retransmissions above everything), paced per destination by a token bucket whose
+  rate a DCTCP-like controller sets from the receiver's feedback.
+* **rx** receives datagrams in batches into preallocated slots, applies the configured loss
+  injection, and hands the batch to the :class:`~hostagent.reassembly.Reassembler`.
+* **ctl** reads control frames from every peer and runs the timers: idle completion,
+  answering probes, deadlines, feedback.
+
+The protocol for one message, sender S to receiver R:
+
+1. S sends META (size, element type, loss bound p) on the control connection, then the data
+   packets over UDP. Data that overtakes its META is parked briefly, not lost.
+2. R completes the message when every packet arrived (*exact*), or when at least (1-p) arrived
+   and S has finished its pass (PROBE) or nothing new came for an idle timeout (*bounded*). It
+   zero-fills the rest and sends STOP, so S stops spending bandwidth on the message.
+3. When S has sent everything it sends PROBE. If R is below the bound it answers with a
+   BITMAP of what is missing; S resends just enough of the missing packets, most important
+   first, at the top priority and in drop class 0, and probes again, until STOP.
+
+Every wait has a deadline; a peer whose control connection drops fails every message to or
+from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import select
+import selectors
+import socket
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hostagent import wire
+from hostagent.lossmodel import drop_by_class
+from hostagent.messages import (InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
+                                RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
+from hostagent.packetizer import DEFAULT_MTU, MessageMeta, packetize
+from hostagent.policy import Policy, retransmission_set
+from hostagent.ratecontrol import Pacer, RateConfig, RateController
+from hostagent.reassembly import REASONS, Reassembler
+
+log = logging.getLogger(__name__)
+
+_ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
+_CE = 0b11  # congestion experienced
+_UNKNOWN_HELD = 0xFFFFFFFF  # STOP body when the receiver no longer knows the message
+# Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
+# dropped for want of buffer space (a receiver overrun the senders must hear about).
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where one endpoint of the job listens."""
+
+    rank: int
+    host: str
+    data_port: int = wire.DLCP_UDP_PORT
+    control_port: int = wire.DLCP_UDP_PORT + 1
+
+
+@dataclass(frozen=True)
+class LossInjection:
+    """Receiver-side faults for experiments and tests without a switch. Off by default.
+
+    Applied to arriving data packets before reassembly and counted in the endpoint's stats.
+    """
+
+    drop_probabilities: tuple[float, ...] = ()
+    """Drop probability per drop class (index = class); classes beyond the tuple are kept.
+    ``(0, 0, 0.05, 0.05)`` drops 5 % of the two most droppable classes."""
+
+    delay: float = 0.0
+    """Seconds a delayed packet is held back."""
+
+    delay_probability: float = 0.0
+    """Fraction of packets delayed by ``delay``."""
+
+    reorder: bool = False
+    """Shuffle every received batch before reassembly."""
+
+    seed: int = 0
+    """Seed of the injection's random generator, so runs repeat."""
+
+    def __post_init__(self) -> None:
+        if any(not 0 <= p <= 1 for p in self.drop_probabilities):
+            raise ValueError(f"LossInjection.drop_probabilities must be in [0, 1], got {self.drop_probabilities}")
+        if self.delay < 0 or not 0 <= self.delay_probability <= 1:
+            raise ValueError("LossInjection.delay must be >= 0 and delay_probability in [0, 1]")
+
+    @property
+    def enabled(self) -> bool:
+        return any(self.drop_probabilities) or (self.delay > 0 and self.delay_probability > 0) or self.reorder
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Everything an endpoint needs; frozen, shared by value."""
+
+    rank: int
+    """This endpoint's rank; must be one of ``peers``."""
+
+    peers: tuple[Peer, ...]
+    """Every endpoint of the job, this one included."""
+
+    job_id: int = 1
+    """Packets of other jobs are rejected."""
+
+    policy: Policy = field(default_factory=Policy)
+    """Tagging and completion policy (priorities, drop classes, loss bounds)."""
+
+    mtu: int = DEFAULT_MTU
+    """IP packet size of data packets."""
+
+    rate: RateConfig = field(default_factory=RateConfig)
+    """Rate control and pacing per destination."""
+
+    loss: LossInjection = field(default_factory=LossInjection)
+    """Receiver-side loss injection (off by default)."""
+
+    connect_timeout: float = 10.0
+    """How long to keep trying to reach a peer's control port."""
+
+    message_deadline: float = 60.0
+    """Hard deadline of a message, from its send or announcement."""
+
+    idle_timeout: float = 0.05
+    """Floor of the idle timeout: a message at >= (1-p) with nothing new for
+    ``max(idle_timeout, 8 * srtt)`` completes even without the sender's PROBE."""
+
+    probe_grace: float = 0.002
+    """A PROBE is answered once no data of the message arrived for this long, so packets
+    still in flight are not reported missing."""
+
+    feedback_interval: float = 0.002
+    """How often a receiver reports received and CE-marked packets to each sender."""
+
+    rx_batch: int = 256
+    """Datagrams received per reassembly batch."""
+
+    socket_buffer: int = 4 * 1024 * 1024
+    """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max)."""
+
+    park_limit: int = 16384
+    """Most early packets (data before their META) held at once."""
+
+    def __post_init__(self) -> None:
+        ranks = [p.rank for p in self.peers]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
+        if self.rank not in ranks:
+            raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
+        if not 1 <= self.rx_batch <= 65536:
+            raise ValueError(f"TransportConfig.rx_batch={self.rx_batch} must be in 1..65536")
+        for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TransportConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    def peer(self, rank: int) -> Peer:
+        for p in self.peers:
+            if p.rank == rank:
+                return p
+        raise ValueError(f"unknown peer rank {rank}; known ranks: {[p.rank for p in self.peers]}")
+
+
+@dataclass
+class EndpointStats:
+    """Totals of one endpoint since it started."""
+
+    data_pkts_sent: int = 0
+    data_bytes_sent: int = 0
+    retransmitted_pkts: int = 0
+    data_pkts_received: int = 0
+    data_bytes_received: int = 0
+    ce_marked: int = 0
+    parked: int = 0
+    late: int = 0
+    rx_overflows: int = 0
+    injected_drops: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    injected_delays: int = 0
+    send_errors: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+
+class _Conn:
+    """One control connection: a socket, a write lock, and a read buffer."""
+
+    def __init__(self, sock: socket.socket, rank: int | None) -> None:
+        self.sock = sock
+        self.rank = rank
+        self.wlock = threading.Lock()
+        self.buf = bytearray()
+
+    def send(self, frame: bytes) -> None:
+        with self.wlock:
+            self.sock.sendall(frame)
+
+
+class Endpoint:
+    """A DLCP transport endpoint: send and receive bounded-loss messages to and from peers.
+
+    Example::
+
+        ep = Endpoint(TransportConfig(rank=0, peers=(Peer(0, "127.0.0.1", 7000, 7001),
+                                                     Peer(1, "127.0.0.1", 7002, 7003))))
+        ep.start()
+        h = ep.send(1, grad, message_id=7, priority=7)   # -> SendHandle
+        r = ep.recv(1, message_id=9)                      # -> RecvHandle
+        data = r.wait(10).data
+        ep.close()
+    """
+
+    def __init__(self, config: TransportConfig) -> None:
+        self.config = config
+        self.rank = config.rank
+        self.me = config.peer(config.rank)
+        self.policy = config.policy
+        self.stats = EndpointStats()
+        self.reassembler = Reassembler(config.job_id)
+        self._lock = threading.Lock()
+        self._tx_cv = threading.Condition(self._lock)
+        self._running = False
+        self._closed = False
+        self._order = itertools.count()
+        self._out: dict[tuple[int, int], OutMessage] = {}
+        self._in: dict[tuple[int, int], InMessage] = {}
+        self._waiting: dict[tuple[int, int], RecvHandle] = {}
+        self._done_in: dict[tuple[int, int], RecvResult] = {}
+        self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
+        self._parked_count = 0
+        self._conns: dict[int, _Conn] = {}
+        self._all_conns: list[_Conn] = []
+        self._rate: dict[int, RateController] = {}
+        self._pacer: dict[int, Pacer] = {}
+        self._srtt: dict[int, float] = {}
+        self._fb: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # received, CE, overflowed
+        self._delayed: list[tuple[float, bytes]] = []
+        self._active: list[OutMessage] = []  # messages with packets to send, best first
+        self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
+        self._last_feedback = 0.0
+        self._rng = np.random.default_rng(config.loss.seed)
+        self._tx_socks: dict[tuple[int, int], socket.socket] = {}
+        self._threads: list[threading.Thread] = []
+        self._udp: socket.socket | None = None
+        self._listener: socket.socket | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        log.info("endpoint rank %d config: %s", self.rank, config)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Endpoint":
+        """Bind the data and control sockets and start the I/O threads."""
+        if self._running or self._closed:
+            raise TransportError(f"endpoint rank {self.rank} already started or closed")
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.socket_buffer)
+            udp.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+            udp.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+            udp.bind((self.me.host, self.me.data_port))
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lst.bind((self.me.host, self.me.control_port))
+            lst.listen(64)
+        except OSError as exc:
+            udp.close()
+            lst.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._closed = True
+            raise TransportError(f"rank {self.rank} cannot bind {self.me.host} data port {self.me.data_port} / "
+                                 f"control port {self.me.control_port}: {exc}") from exc
+        udp.setblocking(False)
+        lst.setblocking(False)
+        self._udp, self._listener = udp, lst
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(lst, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._running = True
+        for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop), ("ctl", self._ctl_loop)):
+            t = threading.Thread(target=target, name=f"dlcp-{name}-{self.rank}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __enter__(self) -> "Endpoint":
+        return self.start() if not self._running else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the threads, close every socket, fail whatever is still in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._running = False
+            self._tx_cv.notify_all()
+        self._wake()
+        for t in self._threads:
+            t.join(timeout=5)
+        err = TransportClosed(f"endpoint rank {self.rank} closed")
+        with self._lock:
+            for m in self._out.values():
+                m.handle._fail(err)
+            for m in self._in.values():
+                if m.handle:
+                    m.handle._fail(err)
+            for h in self._waiting.values():
+                h._fail(err)
+            self._out.clear()
+            self._in.clear()
+            self._waiting.clear()
+        for s in [*self._tx_socks.values(), *(c.sock for c in self._all_conns)]:
+            s.close()
+        for s in (self._udp, self._listener, self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+        if self._sel is not None:
+            self._sel.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ connections
+    def connect(self, ranks: list[int] | None = None, timeout: float | None = None) -> None:
+        """Open control connections to ``ranks`` (default: every peer), retrying until ``timeout``.
+
+        Raises:
+            PeerUnreachable: a peer did not accept within the timeout (names rank and address).
+        """
+        ranks = [p.rank for p in self.config.peers if p.rank != self.rank] if ranks is None else ranks
+        deadline = time.monotonic() + (self.config.connect_timeout if timeout is None else timeout)
+        for rank in ranks:
+            self._conn_to(rank, deadline)
+
+    def _conn_to(self, rank: int, deadline: float | None = None) -> _Conn:
+        with self._lock:
+            conn = self._conns.get(rank)
+        if conn is not None:
+            return conn
+        peer = self.config.peer(rank)
+        deadline = time.monotonic() + self.config.connect_timeout if deadline is None else deadline
+        last: OSError | None = None
+        while time.monotonic() < deadline:
+            if not self._running:
+                raise TransportClosed(f"endpoint rank {self.rank} closed")
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.policy.dscp[self.policy.top_priority] << 2)
+            s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
+            try:
+                s.connect((peer.host, peer.control_port))
+            except OSError as exc:
+                s.close()
+                last = exc
+                time.sleep(0.05)
+                continue
+            s.settimeout(None)
+            conn = _Conn(s, rank)
+            hello = wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
+                                                message_id=0, sender_rank=self.rank),
+                                    wire.FEEDBACK_BODY.pack(0, 0, 0))
+            conn.send(hello)
+            with self._lock:
+                existing = self._conns.get(rank)
+                if existing is None:
+                    self._conns[rank] = conn
+                self._all_conns.append(conn)
+                self._sel.register(s, selectors.EVENT_READ, conn)
+            self._wake()
+            return existing or conn
+        raise PeerUnreachable(f"rank {self.rank}: peer rank {rank} at {peer.host}:{peer.control_port} did not "
+                              f"accept a control connection within the timeout ({last})")
+
+    def _send_ctl(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
+                  flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
+        fields.setdefault("priority", self.policy.top_priority)
+        frame = wire.pack_frame(wire.Header(ptype=ptype, job_id=self.config.job_id, message_id=message_id,
+                                            sender_rank=self.rank, flags=flags, **fields), body)
+        try:
+            self._conn_to(rank).send(frame)
+        except OSError as exc:
+            self._peer_failed(rank, f"control send failed: {exc}")
+        except TransportClosed:
+            pass  # closing: in-flight handles are failed by close()
+
+    # ------------------------------------------------------------------ public API
+    def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
+             loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0) -> SendHandle:
+        """Send ``data`` to rank ``dest`` as message ``message_id``; returns at once.
+
+        Args:
+            priority: header priority (default: the policy's top).
+            loss_bound: p for this message (default: the policy's push bound).
+
+        The array is not copied: it must not change until the handle resolves.
+
+        Raises:
+            ValueError: bad rank, priority or array; a message id already in flight to ``dest``.
+            PeerUnreachable: ``dest`` does not accept a control connection.
+        """
+        if dest == self.rank:
+            raise ValueError("an endpoint does not send to itself")
+        self.config.peer(dest)
+        priority = self.policy.top_priority if priority is None else priority
+        p = self.policy.loss_bound_push if loss_bound is None else loss_bound
+        if not 0 <= p < 1:
+            raise ValueError(f"loss_bound must be in [0, 1), got {p}")
+        meta = MessageMeta(job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank,
+                           iteration=iteration, tensor_id=tensor_id, layer=layer, priority=priority)
+        batch = packetize(data, meta, self.policy, self.config.mtu)
+        self._conn_to(dest)
+        msg = OutMessage(dest, batch, priority, p, time.monotonic() + self.config.message_deadline, next(self._order))
+        key = (dest, message_id)
+        with self._lock:
+            if not self._running:
+                raise TransportClosed(f"endpoint rank {self.rank} is not running")
+            if key in self._out:
+                raise ValueError(f"message {message_id} to rank {dest} is already in flight")
+            self._out[key] = msg  # before META: an empty message's STOP may come back at once
+            self._rate.setdefault(dest, RateController(self.config.rate))
+            self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
+        body = wire.META_BODY.pack(batch.payload.size, batch.elems_per_packet, p)
+        self._send_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
+                       tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(data.dtype), total_pkts=len(batch))
+        with self._lock:
+            if self._out.get(key) is msg:  # data only after its META is on the wire
+                self._activate(msg)
+        return msg.handle
+
+    def recv(self, src: int, message_id: int, out: np.ndarray | None = None) -> RecvHandle:
+        """Ask for message ``message_id`` from rank ``src``; returns a handle at once.
+
+        ``out``, if given, is the 1-D array the message is written into (it must match the
+        announced size and element type, or the handle fails with a clear error).
+        """
+        self.config.peer(src)
+        key = (src, message_id)
+        with self._lock:
+            if key in self._done_in:
+                h = RecvHandle(src, message_id, out)
+                res = self._done_in.pop(key)
+                if out is not None:
+                    if out.shape != res.data.shape or out.dtype != res.data.dtype:
+                        h._fail(ValueError(f"message {message_id} from rank {src} has {res.data.size} "
+                                           f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
+                        return h
+                    out[:] = res.data
+                    res = RecvResult(out, res.stats)
+                h._resolve(res)
+                return h
+            if key in self._waiting or (key in self._in and self._in[key].handle is not None):
+                raise ValueError(f"message {message_id} from rank {src} is already being received")
+            h = RecvHandle(src, message_id, out)
+            if key in self._in:
+                self._in[key].handle = h
+                if out is not None:
+                    log.debug("message %d from %d already announced: out= is copied into at the end", message_id, src)
+            else:
+                self._waiting[key] = h
+            return h
+
+    def endpoint_stats(self) -> dict[str, Any]:
+        """Totals as a JSON-ready dict (reassembly's malformed counts included)."""
+        s = self.stats
+        with self._lock:
+            rates = {r: c.rate for r, c in self._rate.items()}
+        return {
+            "rank": self.rank,
+            "data_pkts_sent": s.data_pkts_sent, "data_bytes_sent": s.data_bytes_sent,
+            "retransmitted_pkts": s.retransmitted_pkts,
+            "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,
+            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "parked_early": s.parked, "late_after_completion": s.late, "send_errors": s.send_errors,
+            "messages_sent": s.messages_sent, "messages_received": s.messages_received,
+            "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
+            "reassembly": self.reassembler.stats.as_dict(),
+            "rate_bytes_per_s": rates,
+        }
+
+    # ------------------------------------------------------------------ tx
+    def _tx_sock(self, dest: int, priority: int) -> socket.socket:
+        key = (dest, priority)
+        sock = self._tx_socks.get(key)
+        if sock is None:
+            peer = self.config.peer(dest)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_buffer)
+            dscp = self.policy.dscp[min(priority, self.policy.top_priority)]
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (dscp << 2) | _ECT0)
+            sock.connect((peer.host, peer.data_port))
+            self._tx_socks[key] = sock
+        return sock
+
+    def _activate(self, msg: OutMessage) -> None:
+        """(Re)queue a message for sending, keeping ``_active`` best first (lock held)."""
+        if msg not in self._active:
+            self._active.append(msg)
+        self._active.sort(key=lambda m: (-m.sending_priority, m.order))
+        self._tx_cv.notify()
+
+    def _pick(self, now: float) -> tuple[OutMessage | None, float]:
+        """Best message whose destination may send now, else how long until one may (lock held)."""
+        wait = 1.0
+        blocked: set[int] = set()
+        done: list[OutMessage] = []
+        best = None
+        for m in self._active:
+            if not m.has_packets():
+                done.append(m)
+                continue
+            if m.dest in blocked:
+                continue
+            pkt_bytes = wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize
+            w = self._pacer[m.dest].wait_time(pkt_bytes, self._rate[m.dest].rate, now)
+            if w > 0:
+                blocked.add(m.dest)
+                wait = min(wait, w)
+                continue
+            best = m
+            break
+        for m in done:
+            self._active.remove(m)
+        return best, wait
+
+    def _tx_loop(self) -> None:
+        chunk = 8  # packets sent per pick: the preemption granularity between priorities
+        while True:
+            with self._lock:
+                while True:
+                    if not self._running:
+                        return
+                    msg, wait = self._pick(time.monotonic())
+                    if msg is not None:
+                        break
+                    self._tx_cv.wait(timeout=wait)
+                dest = msg.dest
+                rate = self._rate[dest].rate
+                pacer = self._pacer[dest]
+                retx = msg.retx_pos < len(msg.retx)
+                if retx:
+                    seqs = msg.retx[msg.retx_pos : msg.retx_pos + chunk]
+                    msg.retx_pos += len(seqs)
+                    if msg.retx_pos >= len(msg.retx):  # back to its own priority
+                        self._activate(msg)
+                else:
+                    seqs = np.arange(msg.next_seq, min(msg.next_seq + chunk, len(msg.batch)))
+                    msg.next_seq += len(seqs)
+                finished_pass = not msg.has_packets()
+            sent = self._send_packets(msg, seqs, retx, pacer, rate)
+            with self._lock:
+                self.stats.data_pkts_sent += sent[0]
+                self.stats.data_bytes_sent += sent[1]
+                if retx:
+                    msg.retransmissions += sent[0]
+                    self.stats.retransmitted_pkts += sent[0]
+                probe = finished_pass and not msg.stopped and not msg.awaiting_reply and not msg.has_packets()
+                if probe:
+                    msg.awaiting_reply = True
+                    msg.probes += 1
+            if probe:
+                self._send_ctl(dest, wire.PacketType.PROBE, msg.message_id)
+
+    def _send_packets(self, msg: OutMessage, seqs: np.ndarray, retx: bool, pacer: Pacer, rate: float) -> tuple[int, int]:
+        batch = msg.batch
+        priority = self.policy.top_priority if retx else msg.priority
+        headers = batch.headers[seqs]
+        if retx:
+            headers = headers.copy()
+            headers["priority"] = self.policy.top_priority
+            headers["drop_class"] = 0
+            headers["flags"] |= int(wire.Flags.RETX)
+        sock = self._tx_sock(msg.dest, priority)
+        hbytes = memoryview(headers.view(np.uint8))
+        n = nbytes = 0
+        for i, seq in enumerate(seqs.tolist()):
+            payload = batch.payload_of(seq)
+            size = wire.HEADER_SIZE + len(payload)
+            w = pacer.wait_time(size, rate, time.monotonic())
+            if w > 0:
+                time.sleep(w)
+            try:
+                sock.sendmsg([hbytes[i * wire.HEADER_SIZE : (i + 1) * wire.HEADER_SIZE], payload])
+            except OSError as exc:  # e.g. ICMP unreachable from a dead peer; its TCP loss tells
+                self.stats.send_errors += 1
+                log.debug("data send to rank %d failed: %s", msg.dest, exc)
+                continue
+            pacer.consume(size)
+            n += 1
+            nbytes += size
+        return n, nbytes
+
+    # ------------------------------------------------------------------ rx
+    def _rx_loop(self) -> None:
+        cfg = self.config
+        slot_size = max(cfg.mtu, 2048)
+        slots = np.zeros((cfg.rx_batch, slot_size), dtype=np.uint8)
+        views = [memoryview(slots[i]) for i in range(cfg.rx_batch)]
+        lengths = np.zeros(cfg.rx_batch, dtype=np.int64)
+        ce = np.zeros(cfg.rx_batch, dtype=bool)
+        anc = socket.CMSG_SPACE(4) * 2
+        overflows = 0
+        sock = self._udp
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while self._running:
+            if not poller.poll(5):
+                self._release_delayed()
+                continue
+            k = 0
+            while k < cfg.rx_batch:
+                try:
+                    nbytes, ancdata, _flags, _addr = sock.recvmsg_into([views[k]], anc)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if self._running:
+                        log.warning("rank %d: data socket error: %s", self.rank, exc)
+                    break
+                lengths[k] = nbytes
+                tos = 0
+                for level, kind, value in ancdata:
+                    if level == socket.IPPROTO_IP:
+                        tos = value[0]
+                    elif kind == SO_RXQ_OVFL and len(value) >= 4:
+                        overflows = int.from_bytes(value[:4], "little")
+                ce[k] = (tos & 0b11) == _CE
+                k += 1
+            if k:
+                if overflows != self.stats.rx_overflows:
+                    self._on_overflow(overflows - self.stats.rx_overflows, slots[:k], lengths[:k])
+                    self.stats.rx_overflows = overflows
+                self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+            self._release_delayed()
+
+    def _on_overflow(self, dropped: int, slots: np.ndarray, lengths: np.ndarray) -> None:
+        """The kernel dropped datagrams: blame the senders of this batch in proportion."""
+        ok = lengths >= wire.HEADER_SIZE
+        senders = slots[ok, 6:8].view(">u2").reshape(-1)  # sender_rank sits at byte 6
+        if not senders.size:
+            return
+        ranks, counts = np.unique(senders, return_counts=True)
+        with self._lock:
+            for rank, c in zip(ranks.tolist(), counts.tolist()):
+                self._fb[rank][2] += max(1, round(dropped * c / senders.size))
+
+    def _release_delayed(self) -> None:
+        if not self._delayed:
+            return
+        now = time.monotonic()
+        due = [d for t, d in self._delayed if t <= now]
+        if not due:
+            return
+        self._delayed = [(t, d) for t, d in self._delayed if t > now]
+        slots = np.zeros((len(due), max(len(d) for d in due)), dtype=np.uint8)
+        for i, d in enumerate(due):
+            slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+        self._ingest(slots, np.array([len(d) for d in due]), np.zeros(len(due), dtype=bool))
+
+    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> None:
+        loss = self.config.loss
+        if loss.enabled:
+            n = len(lengths)
+            ok_len = lengths >= wire.HEADER_SIZE
+            hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n)
+            keep = np.ones(n, dtype=bool)
+            if any(loss.drop_probabilities):
+                keep = drop_by_class(hdr["drop_class"], loss.drop_probabilities, self._rng) | ~ok_len
+                for cls in hdr["drop_class"][~keep].tolist():
+                    self.stats.injected_drops[cls] += 1
+            if loss.delay > 0 and loss.delay_probability > 0:
+                delay = keep & (self._rng.random(n) < loss.delay_probability)
+                release = time.monotonic() + loss.delay
+                for i in np.flatnonzero(delay).tolist():
+                    self._delayed.append((release, slots[i, : lengths[i]].tobytes()))
+                self.stats.injected_delays += int(delay.sum())
+                keep &= ~delay
+            idx = np.flatnonzero(keep)
+            if loss.reorder:
+                idx = self._rng.permutation(idx)
+            if len(idx) < n or loss.reorder:
+                slots, lengths, ce = slots[idx], lengths[idx], ce[idx]
+        if len(lengths):
+            self._ingest(slots, lengths, ce)
+
+    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> None:
+        now = time.monotonic()
+        n = len(lengths)
+        hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n) if slots.shape[1] >= wire.HEADER_SIZE else None
+        finished: list[tuple[InMessage, str]] = []
+        with self._lock:
+            late_before = self.stats.late
+            res = self.reassembler.ingest_batch(slots, lengths, park=lambda rows: self._park(slots, lengths, hdr, rows, now))
+            self.stats.data_pkts_received += n
+            self.stats.data_bytes_received += int(lengths.sum())
+            self.stats.ce_marked += int(ce.sum())
+            self.stats.parked += res.parked - (self.stats.late - late_before)
+            if hdr is not None:
+                good = res.reasons == 0
+                senders = hdr["sender_rank"][good]
+                marks = ce[good]
+                for rank in np.unique(senders).tolist():
+                    sel = senders == rank
+                    fb = self._fb[rank]
+                    fb[0] += int(sel.sum())
+                    fb[1] += int(marks[sel].sum())
+                if res.touched:
+                    retx_by_key: dict[tuple[int, int], int] = {}
+                    rmask = good & ((hdr["flags"] & int(wire.Flags.RETX)) != 0)
+                    if rmask.any():
+                        for s_, m_ in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
+                            retx_by_key[(s_, m_)] = retx_by_key.get((s_, m_), 0) + 1
+                    for asm in res.touched:
+                        msg = self._in.get(asm.key)
+                        if msg is None:
+                            continue
+                        msg.last_arrival = now
+                        n_retx = retx_by_key.get(asm.key, 0)
+                        if n_retx and msg.bitmap_sent_at is not None:
+                            sample = now - msg.bitmap_sent_at
+                            old = self._srtt.get(msg.src)
+                            self._srtt[msg.src] = sample if old is None else 0.875 * old + 0.125 * sample
+                            msg.bitmap_sent_at = None
+                        msg.retx_seen += n_retx
+                        if asm.is_exact():
+                            finished.append((msg, "exact"))
+                        elif msg.retx_seen and asm.is_complete(msg.loss_bound):
+                            finished.append((msg, "bounded"))  # recovery reached the bound: stop now
+            for msg, how in finished:
+                self._complete_locked(msg, how)
+        for msg, _ in finished:
+            self._send_stop(msg)
+
+    def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray:
+        """Keep early data of known peers until its META arrives (bounded by park_limit)."""
+        kept = np.zeros(len(rows), dtype=bool)
+        known = {p.rank for p in self.config.peers}
+        for i, r in enumerate(rows.tolist()):
+            key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
+            if key in self._recent_done:  # a straggler of a finished message: not malformed
+                self.stats.late += 1
+                kept[i] = True
+                continue
+            if key[0] not in known or self._parked_count >= self.config.park_limit:
+                continue
+            self._parked.setdefault(key, []).append((now, slots[r, : lengths[r]].tobytes()))
+            self._parked_count += 1
+            kept[i] = True
+        return kept
+
+    # ------------------------------------------------------------------ completion
+    def _complete_locked(self, msg: InMessage, how: str) -> None:
+        """Finish a received message (lock held): resolve or store its result, forget the assembly."""
+        key = (msg.src, msg.message_id)
+        if self._in.get(key) is not msg:
+            return
+        del self._in[key]
+        self.reassembler.forget(*key)
+        result = msg.finish(how)
+        self.stats.messages_received += 1
+        self._remember_done(key, msg.assembly.received_elems)
+        h = msg.handle
+        if h is not None:
+            if h.out is not None and h.out is not result.data:
+                if h.out.shape == result.data.shape and h.out.dtype == result.data.dtype:
+                    h.out[:] = result.data
+                    result = RecvResult(h.out, result.stats)
+                else:
+                    h._fail(ValueError(f"message {msg.message_id} from rank {msg.src} has {result.data.size} "
+                                       f"{result.data.dtype}; out is {h.out.shape} {h.out.dtype}"))
+                    return
+            h._resolve(result)
+        else:
+            self._done_in[key] = result
+        log.debug("rank %d: message %d from %d complete (%s), lost %.4f", self.rank, msg.message_id, msg.src, how,
+                  result.stats.lost_fraction)
+
+    def _remember_done(self, key: tuple[int, int], held: int) -> None:
+        """Remember finished messages for a while: late packets of one must not be parked as
+        if it were still to come, and a repeated PROBE is answered with what was held."""
+        self._recent_done[key] = held
+        while len(self._recent_done) > 4096:
+            self._recent_done.popitem(last=False)
+        self._parked_count -= len(self._parked.pop(key, []))
+
+    def _send_stop(self, msg: InMessage) -> None:
+        body = wire.STOP_BODY.pack(msg.assembly.received_elems)
+        self._send_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
+
+    # ------------------------------------------------------------------ control
+    def _ctl_loop(self) -> None:
+        next_timer = 0.0
+        while self._running:
+            timeout = max(0.0, min(0.001, next_timer - time.monotonic()))
+            try:
+                events = self._sel.select(timeout)
+            except (OSError, ValueError):
+                if not self._running:
+                    return
+                raise
+            for key, _ in events:
+                if key.data == "wake":
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        pass
+                elif key.data is None:
+                    self._accept()
+                else:
+                    self._read(key.data)
+            now = time.monotonic()
+            if now >= next_timer:
+                try:
+                    self._timers(now)
+                except Exception:  # the control thread must outlive any one bad state
+                    log.exception("rank %d: control timers failed", self.rank)
+                next_timer = now + 0.001
+
+    def _accept(self) -> None:
+        try:
+            s, _ = self._listener.accept()
+        except OSError:
+            return
+        s.setblocking(True)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(s, None)
+        with self._lock:
+            self._all_conns.append(conn)
+        self._sel.register(s, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop_conn(conn, "closed the control connection")
+            return
+        conn.buf += chunk
+        while len(conn.buf) >= wire.FRAME_PREFIX.size:
+            (size,) = wire.FRAME_PREFIX.unpack_from(conn.buf)
+            if not wire.HEADER_SIZE <= size <= wire.MAX_FRAME:
+                self._drop_conn(conn, f"sent a control frame of {size} bytes")
+                return
+            if len(conn.buf) < wire.FRAME_PREFIX.size + size:
+                break
+            frame = bytes(conn.buf[wire.FRAME_PREFIX.size : wire.FRAME_PREFIX.size + size])
+            del conn.buf[: wire.FRAME_PREFIX.size + size]
+            try:
+                header, body = wire.split_frame(frame)
+                if header.job_id != self.config.job_id:
+                    raise wire.MalformedHeader("wrong_job", f"job {header.job_id}")
+                self.config.peer(header.sender_rank)
+            except ValueError as exc:
+                self._drop_conn(conn, f"sent a malformed control frame ({exc})")
+                return
+            if conn.rank is None:
+                conn.rank = header.sender_rank
+                with self._lock:
+                    self._conns.setdefault(conn.rank, conn)
+            try:
+                self._on_frame(header, body)
+            except Exception:  # a bad frame must not kill the control thread
+                log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
+                              header.sender_rank)
+
+    def _drop_conn(self, conn: _Conn, why: str) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        with self._lock:
+            if conn in self._all_conns:
+                self._all_conns.remove(conn)
+            if conn.rank is not None and self._conns.get(conn.rank) is conn:
+                del self._conns[conn.rank]
+        if conn.rank is not None and self._running:
+            self._peer_failed(conn.rank, why)
+
+    def _peer_failed(self, rank: int, why: str) -> None:
+        peer = self.config.peer(rank)
+        with self._lock:
+            in_flight = any(k[0] == rank for k in [*self._out, *self._in, *self._waiting])
+            for key in [k for k in self._out if k[0] == rank]:
+                m = self._out.pop(key)
+                m.handle._fail(PeerFailed(f"rank {self.rank}: peer rank {rank} ({peer.host}:{peer.control_port}) "
+                                          f"{why} while sending message {key[1]}"))
+            for key in [k for k in self._in if k[0] == rank]:
+                m = self._in.pop(key)
+                self.reassembler.forget(*key)
+                if m.handle:
+                    m.handle._fail(PeerFailed(f"rank {self.rank}: peer rank {rank} ({peer.host}:{peer.control_port}) "
+                                              f"{why} while receiving message {key[1]}"))
+            for key in [k for k in self._waiting if k[0] == rank]:
+                self._waiting.pop(key)._fail(PeerFailed(
+                    f"rank {self.rank}: peer rank {rank} ({peer.host}:{peer.control_port}) {why} before "
+                    f"announcing message {key[1]}"))
+            self._conns.pop(rank, None)
+        (log.warning if in_flight else log.info)("rank %d: peer rank %d %s", self.rank, rank, why)
+
+    def _on_frame(self, h: wire.Header, body: bytes) -> None:
+        t = h.ptype
+        src = h.sender_rank
+        if t == wire.PacketType.META:
+            self._on_meta(h, body)
+        elif t == wire.PacketType.PROBE:
+            with self._lock:
+                msg = self._in.get((src, h.message_id))
+                if msg is not None:
+                    msg.probe_pending = True
+                    msg.probes += 1
+                    return
+                held = self._recent_done.get((src, h.message_id), _UNKNOWN_HELD)
+            # already complete (or never announced): answer STOP with what was held
+            self._send_ctl(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
+        elif t == wire.PacketType.STOP:
+            (held,) = wire.STOP_BODY.unpack_from(body)
+            with self._lock:
+                msg = self._out.pop((src, h.message_id), None)
+                if msg is None:
+                    return
+                msg.stopped = True
+                total = msg.batch.payload.size
+                lost = float("nan") if held == _UNKNOWN_HELD else (0.0 if total == 0 else 1.0 - held / total)
+                self.stats.messages_sent += 1
+            msg.handle._resolve(msg.stats("stopped", lost))
+        elif t == wire.PacketType.BITMAP:
+            (held,) = wire.BITMAP_PREFIX.unpack_from(body)
+            bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.BITMAP_PREFIX.size))
+            with self._lock:
+                msg = self._out.get((src, h.message_id))
+                if msg is None:
+                    return
+                n = len(msg.batch)
+                missing = np.flatnonzero(bits[:n])
+                hdrs = msg.batch.headers
+                seqs = retransmission_set(missing, hdrs["drop_class"], hdrs["elem_count"], held,
+                                          msg.batch.payload.size, msg.loss_bound)
+                new_lost = max(0, len(missing) - msg.reported_missing)
+                msg.reported_missing = len(missing)
+                if new_lost:
+                    self._rate[src].on_feedback(n - len(missing), 0, new_lost)
+                msg.retx = seqs.astype(np.int64)
+                msg.retx_pos = 0
+                msg.awaiting_reply = False
+                if len(seqs):
+                    self._activate(msg)
+                else:  # nothing needed (the receiver's count moved on): probe again right away
+                    msg.awaiting_reply = True
+                    msg.probes += 1
+            if not len(seqs):
+                self._send_ctl(src, wire.PacketType.PROBE, h.message_id)
+        elif t == wire.PacketType.FEEDBACK:
+            received, marked, lost = wire.FEEDBACK_BODY.unpack_from(body)
+            with self._lock:
+                rc = self._rate.get(src)
+                if rc is not None and (received or lost):
+                    rc.on_feedback(received, marked, lost)
+
+    def _on_meta(self, h: wire.Header, body: bytes) -> None:
+        total, per, p = wire.META_BODY.unpack_from(body)
+        src, key = h.sender_rank, (h.sender_rank, h.message_id)
+        replay: list[bytes] = []
+        with self._lock:
+            if key in self._in:
+                log.warning("rank %d: duplicate META for message %d from rank %d ignored", self.rank, h.message_id, src)
+                return
+            handle = self._waiting.pop(key, None)
+            out = handle.out if handle is not None else None
+            dtype = wire.NUMPY_DTYPES[h.dtype].newbyteorder("=")
+            if out is not None and (out.shape != (total,) or out.dtype != dtype):
+                handle._fail(ValueError(f"message {h.message_id} from rank {src} has {total} {dtype}; "
+                                        f"out is {out.shape} {out.dtype}"))
+                handle, out = None, None
+            try:
+                asm = self.reassembler.expect(src, h.message_id, total, dtype, per, out=out)
+            except ValueError as exc:
+                if handle:
+                    handle._fail(exc)
+                log.warning("rank %d: bad META from rank %d: %s", self.rank, src, exc)
+                return
+            msg = InMessage(src, asm, p, time.monotonic() + self.config.message_deadline, handle)
+            self._in[key] = msg
+            self._recent_done.pop(key, None)
+            for _, d in self._parked.pop(key, []):
+                replay.append(d)
+            self._parked_count -= len(replay)
+            if total == 0:
+                self._complete_locked(msg, "exact")
+        if total == 0:
+            self._send_stop(msg)
+            return
+        if replay:
+            slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
+            for i, d in enumerate(replay):
+                slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+            self._ingest(slots, np.array([len(d) for d in replay]), np.zeros(len(replay), dtype=bool))
+
+    def _timers(self, now: float) -> None:
+        """Probe answers, idle completion, deadlines, feedback, parked-packet expiry."""
+        stops: list[InMessage] = []
+        bitmaps: list[tuple[InMessage, bytes]] = []
+        feedback: list[tuple[int, int, int]] = []
+        with self._lock:
+            for msg in list(self._in.values()):
+                asm = msg.assembly
+                idle = now - msg.last_arrival
+                if now > msg.deadline:
+                    del self._in[(msg.src, msg.message_id)]
+                    self.reassembler.forget(msg.src, msg.message_id)
+                    if msg.handle:
+                        msg.handle._fail(TransportTimeout(
+                            f"rank {self.rank}: message {msg.message_id} from rank {msg.src} missed its "
+                            f"{self.config.message_deadline:g} s deadline with {asm.received_fraction:.1%} received"))
+                    continue
+                if msg.probe_pending and idle >= self.config.probe_grace:
+                    msg.probe_pending = False
+                    if asm.is_complete(msg.loss_bound):
+                        self._complete_locked(msg, "exact" if asm.is_exact() else "bounded")
+                        stops.append(msg)
+                    else:
+                        bitmaps.append((msg, wire.BITMAP_PREFIX.pack(asm.received_elems) + asm.missing_bitmap()))
+                        msg.bitmap_sent_at = now
+                elif idle >= max(self.config.idle_timeout, 8 * self._srtt.get(msg.src, 0.0)) and \
+                        asm.received_pkts and asm.is_complete(msg.loss_bound):
+                    self._complete_locked(msg, "idle")
+                    stops.append(msg)
+            for key, m in list(self._out.items()):
+                if now > m.deadline:
+                    del self._out[key]
+                    peer = self.config.peer(m.dest)
+                    m.handle._fail(TransportTimeout(
+                        f"rank {self.rank}: message {m.message_id} to rank {m.dest} ({peer.host}:{peer.data_port}) "
+                        f"missed its {self.config.message_deadline:g} s deadline ({m.next_seq}/{len(m.batch)} "
+                        f"packets sent, {m.probes} probes, {m.retransmissions} retransmitted)"))
+            if now - self._last_feedback >= self.config.feedback_interval:
+                self._last_feedback = now
+                for rank, (rcv, marked, lost) in self._fb.items():
+                    if rcv or lost:
+                        feedback.append((rank, rcv, marked, lost))
+                self._fb.clear()
+            if self._parked:
+                for key in [k for k, v in self._parked.items() if now - v[0][0] > self.config.message_deadline]:
+                    self._parked_count -= len(self._parked.pop(key))
+        for msg in stops:
+            self._send_stop(msg)
+        for msg, body in bitmaps:
+            self._send_ctl(msg.src, wire.PacketType.BITMAP, msg.message_id, body)
+        for rank, rcv, marked, lost in feedback:
+            flags = wire.Flags.ECN_ECHO if marked else wire.Flags.NONE
+            self._send_ctl(rank, wire.PacketType.FEEDBACK, 0, wire.FEEDBACK_BODY.pack(rcv, marked, lost), flags=flags)
+
+
+def local_peers(n: int, base_port: int, host: str = "127.0.0.1") -> tuple[Peer, ...]:
+    """``n`` peers on one host with consecutive ports (data, control) from ``base_port``."""
+    return tuple(Peer(r, host, base_port + 2 * r, base_port + 2 * r + 1) for r in range(n))
+
+
+__all__ = ["Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",
+           "RecvHandle", "RecvResult", "SendHandle", "TransportClosed", "TransportConfig", "TransportError",
+           "TransportTimeout", "local_peers", "REASONS"]

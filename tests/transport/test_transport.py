@@ -1,0 +1,291 @@
+"""The bounded-loss transport over real UDP and TCP sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hostagent import wire
+from hostagent.policy import Policy
+from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig,
+                                 TransportTimeout)
+from tests.conftest import loopback_peers
+
+RNG = np.random.default_rng(7)
+T = 20.0  # generous wait bound; every wait in these tests is bounded
+
+
+def _grad(n: int) -> np.ndarray:
+    return RNG.standard_normal(n).astype(np.float32)
+
+
+def test_exact_without_loss_many_messages_many_peers(endpoints):
+    eps = endpoints(3)
+    sizes = [0, 1, 357, 358, 359, 100_000, 1_000_003]
+    sends, expect = [], {}
+    for src in (1, 2):
+        for mid, n in enumerate(sizes):
+            x = _grad(n)
+            expect[(src, mid)] = x
+            sends.append(eps[src].send(0, x, message_id=mid, priority=mid % 8, loss_bound=0.0))
+    recvs = {k: eps[0].recv(*k) for k in expect}
+    for k, h in recvs.items():
+        res = h.wait(T)
+        np.testing.assert_array_equal(res.data, expect[k])
+        assert res.stats.lost_fraction == 0.0 and res.stats.how == "exact"
+    for s in sends:
+        assert s.wait(T).lost_fraction == 0.0
+    assert eps[0].endpoint_stats()["reassembly"]["rejected_total"] == 0
+
+
+def test_bounded_messages_on_loopback_stay_within_the_bound(endpoints):
+    # Two senders into one receiver may overrun its socket buffer: real loss, which the
+    # bound absorbs (and rate control answers); the result never loses more than p.
+    eps = endpoints(3)
+    xs = {src: _grad(2_000_000) for src in (1, 2)}
+    for src, x in xs.items():
+        eps[src].send(0, x, message_id=1, loss_bound=0.05)
+    for src, x in xs.items():
+        res = eps[0].recv(src, 1).wait(T)
+        assert res.stats.lost_fraction <= 0.05
+        present = res.data != 0
+        np.testing.assert_array_equal(res.data[present], x[present])
+
+
+def test_recv_into_out_array(endpoints):
+    a, b = endpoints(2)
+    x = _grad(5000)
+    out = np.empty_like(x)
+    h = b.recv(0, 3, out=out)
+    a.send(1, x, message_id=3)
+    assert h.wait(T).data is out
+    np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.05])
+def test_loss_above_bound_is_recovered_to_the_bound(endpoints, p):
+    # 30 % of every class dropped at the receiver: far above the bound.
+    loss = LossInjection(drop_probabilities=(0.3, 0.3, 0.3, 0.3), seed=1)
+    a, b = endpoints(2, per_rank={1: {"loss": loss}})
+    x = _grad(400_000)
+    s = a.send(1, x, message_id=1, loss_bound=p)
+    res = b.recv(0, 1).wait(T)
+    sent = s.wait(T)
+    assert res.stats.lost_fraction <= p
+    assert sent.retransmissions > 0 and res.stats.retransmissions > 0
+    if p == 0:
+        np.testing.assert_array_equal(res.data, x)
+    else:
+        got = res.data
+        # what arrived is exact, what is missing is zero, and missing is within the bound
+        present = got != 0
+        np.testing.assert_array_equal(got[present], x[present])
+        assert 1 - present.mean() <= p + 1e-6
+    assert sum(b.endpoint_stats()["injected_drops_by_class"].values()) > 0
+
+
+def test_loss_below_bound_completes_without_retransmission(endpoints):
+    # only the smallest class is dropped, 20 % of it: about 5 % of the packets, under p = 0.1
+    from hostagent.ratecontrol import RateConfig
+
+    loss = LossInjection(drop_probabilities=(0, 0, 0, 0.2), seed=2)
+    paced = RateConfig(initial_rate=100e6, line_rate=100e6)  # no socket-buffer overrun: only injected loss
+    a, b = endpoints(2, per_rank={0: {"rate": paced}, 1: {"loss": loss}})
+    x = _grad(500_000)
+    s = a.send(1, x, message_id=1, loss_bound=0.1)
+    res = b.recv(0, 1).wait(T)
+    assert 0 < res.stats.lost_fraction <= 0.1
+    assert res.stats.how in ("bounded", "idle")
+    assert b.endpoint_stats()["rx_socket_overflows"] == 0
+    assert s.wait(T).retransmissions == 0 and res.stats.retransmissions == 0
+    assert b.endpoint_stats()["injected_drops_by_class"].keys() == {3}
+    # the dropped packets are exactly the zero-filled ones, and they were the smallest
+    lost = res.data == 0
+    assert np.abs(x[lost]).mean() < np.abs(x[~lost]).mean()
+
+
+def test_delay_and_reorder_still_exact(endpoints):
+    loss = LossInjection(delay=0.02, delay_probability=0.1, reorder=True, seed=3)
+    a, b = endpoints(2, per_rank={1: {"loss": loss}})
+    x = _grad(300_000)
+    a.send(1, x, message_id=9, loss_bound=0.0)
+    res = b.recv(0, 9).wait(T)
+    np.testing.assert_array_equal(res.data, x)
+    assert b.endpoint_stats()["injected_delays"] > 0
+
+
+def test_priority_order_when_two_messages_compete(endpoints):
+    from hostagent.ratecontrol import RateConfig
+
+    slow = RateConfig(initial_rate=20e6, line_rate=20e6, burst_bytes=16 * 1024)  # 20 MB/s
+    a, b = endpoints(2, per_rank={0: {"rate": slow}})
+    low, high = _grad(1_000_000), _grad(50_000)  # 4 MB and 0.2 MB
+    done: dict[str, float] = {}
+
+    def watch(name, h):
+        h.wait(T)
+        done[name] = time.monotonic()
+
+    r_low, r_high = b.recv(0, 1), b.recv(0, 2)
+    a.send(1, low, message_id=1, priority=0, loss_bound=0.0)
+    time.sleep(0.02)  # the low-priority message is well under way
+    a.send(1, high, message_id=2, priority=7, loss_bound=0.0)
+    threads = [threading.Thread(target=watch, args=n) for n in (("low", r_low), ("high", r_high))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(T)
+    # the later high-priority message overtakes the 200 ms low-priority backlog
+    assert done["high"] < done["low"] - 0.05
+
+
+def test_unreachable_peer_is_named():
+    peers = loopback_peers(2)
+    ep = Endpoint(TransportConfig(rank=0, peers=peers, connect_timeout=0.3)).start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PeerUnreachable, match=r"peer rank 1 at 127\.0\.0\.1:\d+"):
+            ep.send(1, _grad(10), message_id=1)
+        assert time.monotonic() - t0 < 2
+    finally:
+        ep.close()
+
+
+def test_hard_deadline_names_the_message(endpoints):
+    everything = LossInjection(drop_probabilities=(1.0, 1.0, 1.0, 1.0))
+    a, b = endpoints(2, message_deadline=0.5, per_rank={1: {"loss": everything}})
+    s = a.send(1, _grad(10_000), message_id=42, loss_bound=0.0)
+    r = b.recv(0, 42)
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match="message 42 to rank 1"):
+        s.wait(5)
+    with pytest.raises(TransportTimeout, match="message 42 from rank 0"):
+        r.wait(5)
+    assert time.monotonic() - t0 < 3
+
+
+def _slow_sender(peers, ready):
+    from hostagent.ratecontrol import RateConfig
+
+    slow = RateConfig(initial_rate=5e6, line_rate=5e6, burst_bytes=16 * 1024)
+    ep = Endpoint(TransportConfig(rank=1, peers=peers, rate=slow)).start()
+    ep.send(0, np.ones(2_000_000, np.float32), message_id=5, loss_bound=0.0)  # 8 MB at 5 MB/s
+    ready.set()
+    time.sleep(60)
+
+
+def test_peer_killed_mid_transfer_gives_a_clear_error():
+    peers = loopback_peers(2)
+    ep = Endpoint(TransportConfig(rank=0, peers=peers)).start()
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_slow_sender, args=(peers, ready), daemon=True)
+    proc.start()
+    try:
+        h = ep.recv(1, 5)
+        assert ready.wait(30)
+        time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(PeerFailed, match=r"peer rank 1 \(127\.0\.0\.1:\d+\).*message 5"):
+            h.wait(5)
+        assert time.monotonic() - t0 < 2
+    finally:
+        proc.kill()
+        proc.join(5)
+        ep.close()
+
+
+def test_malformed_packets_from_scapy_are_counted_and_harmless(endpoints):
+    from scapy.packet import Raw
+
+    from hostagent.scapy_layer import DLCP
+
+    a, b = endpoints(2)
+    x = _grad(20_000)
+    a.send(1, x, message_id=1)
+    b.recv(0, 1).wait(T)
+    bad = [
+        bytes(DLCP(version=9, job_id=1, sender_rank=0, message_id=2)),  # bad version
+        bytes(DLCP(job_id=77, sender_rank=0, message_id=2)),  # wrong job
+        bytes(DLCP(job_id=1, sender_rank=0, message_id=1, seq=3, elem_offset=1 << 30, elem_count=4, total_pkts=56)
+              / Raw(b"\0" * 16)),  # message already done: a late straggler, not a write
+        b"\x01\x01",  # truncated
+        bytes(DLCP(job_id=1, sender_rank=0, message_id=999, dtype=1)) + b"junk",  # never announced
+    ]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for pkt in bad * 20:
+        s.sendto(pkt, ("127.0.0.1", b.me.data_port))
+    s.close()
+    time.sleep(0.3)
+    stats = b.endpoint_stats()
+    rejected = stats["reassembly"]["rejected"]
+    assert rejected.get("bad_version") == 20 and rejected.get("wrong_job") == 20 and rejected.get("truncated") == 20
+    # the later message is exact
+    y = _grad(50_000)
+    a.send(1, y, message_id=2, loss_bound=0.0)
+    np.testing.assert_array_equal(b.recv(0, 2).wait(T).data, y)
+
+
+def test_no_leaked_threads_or_sockets():
+    fds_before = len(os.listdir("/proc/self/fd"))
+    threads_before = threading.active_count()
+    peers = loopback_peers(3)
+    eps = [Endpoint(TransportConfig(rank=r, peers=peers)).start() for r in range(3)]
+    for src in (1, 2):
+        eps[src].send(0, _grad(10_000), message_id=src)
+    for src in (1, 2):
+        eps[0].recv(src, src).wait(T)
+    for ep in eps:
+        ep.close()
+    assert threading.active_count() == threads_before
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_config_validation():
+    peers = loopback_peers(2)
+    with pytest.raises(ValueError, match="rank=5"):
+        TransportConfig(rank=5, peers=peers)
+    with pytest.raises(ValueError, match="drop_probabilities"):
+        LossInjection(drop_probabilities=(2.0,))
+    ep = Endpoint(TransportConfig(rank=0, peers=peers))
+    with pytest.raises(ValueError, match="unknown peer rank 7"):
+        ep.send(7, _grad(3), message_id=1)
+    ep.close()
+
+
+def test_ecn_marks_are_counted_and_echoed(endpoints):
+    # A CE-marked datagram (as a switch above its ECN threshold would send) reaches the
+    # receiver's counters; the sender's controller then cuts its rate.
+    a, b = endpoints(2)
+    x = _grad(3000)
+    r = b.recv(0, 4)
+    s = a.send(1, x, message_id=4, loss_bound=0.0)
+    s.wait(T)
+    r.wait(T)
+    from hostagent.packetizer import MessageMeta, packetize
+
+    batch = packetize(_grad(358 * 4), MessageMeta(job_id=1, message_id=5, sender_rank=0), Policy())
+    b.recv(0, 5)
+    ce = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ce.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0b11)
+    rate_before = a.endpoint_stats()["rate_bytes_per_s"][1]
+    a._send_ctl(1, wire.PacketType.META, 5, wire.META_BODY.pack(358 * 4, 358, 0.0), total_pkts=4)
+    time.sleep(0.05)
+    for d in batch:
+        ce.sendto(d, ("127.0.0.1", b.me.data_port))
+    ce.close()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and b.endpoint_stats()["ce_marked"] < 4:
+        time.sleep(0.01)
+    assert b.endpoint_stats()["ce_marked"] == 4
+    while time.monotonic() < deadline and a.endpoint_stats()["rate_bytes_per_s"][1] >= rate_before:
+        time.sleep(0.01)
+    assert a.endpoint_stats()["rate_bytes_per_s"][1] < rate_before

@@ -1,0 +1,64 @@
+"""Rate control and pacing: pure state machines, checked step by step."""
+
+import numpy as np
+import pytest
+
+from hostagent.policy import retransmission_set
+from hostagent.ratecontrol import Pacer, RateConfig, RateController
+
+
+def test_additive_increase_capped_at_line_rate():
+    rc = RateController(RateConfig(initial_rate=100.0, line_rate=110.0, min_rate=1.0, additive_increase=4.0))
+    assert rc.on_feedback(10, 0, 0) == 104.0
+    assert rc.on_feedback(10, 0, 0) == 108.0
+    assert rc.on_feedback(10, 0, 0) == 110.0  # never above the line rate
+
+
+def test_decrease_grows_with_the_marked_fraction():
+    cfg = RateConfig(initial_rate=1000.0, line_rate=1000.0, min_rate=1.0, gain=0.5)
+    few, all_ = RateController(cfg), RateController(cfg)
+    few.on_feedback(100, 10, 0)
+    all_.on_feedback(100, 100, 0)
+    assert all_.rate < few.rate < 1000.0
+    # alpha starts at 1 (as Linux DCTCP); all marked keeps it at 1 -> cut by alpha / 2 = 50 %
+    assert all_.rate == pytest.approx(500.0)
+    # alpha = 0.5 * 1 + 0.5 * 0.1 = 0.55 -> cut by 27.5 %
+    assert few.rate == pytest.approx(725.0)
+
+
+def test_loss_counts_as_congestion_and_floor_holds():
+    rc = RateController(RateConfig(initial_rate=10.0, line_rate=10.0, min_rate=5.0, gain=1.0))
+    for _ in range(10):
+        rc.on_feedback(0, 0, 100)
+    assert rc.rate == 5.0 and rc.decreases == 10
+    assert rc.on_feedback(0, 0, 0) == 5.0  # an empty report changes nothing
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        RateConfig(initial_rate=10.0, line_rate=5.0)
+    with pytest.raises(ValueError):
+        RateConfig(gain=0.0)
+
+
+def test_pacer_token_bucket():
+    p = Pacer(burst_bytes=1000)
+    assert p.wait_time(1000, rate=100.0, now=0.0) == 0.0
+    p.consume(1000)
+    assert p.wait_time(500, rate=100.0, now=0.0) == pytest.approx(5.0)
+    assert p.wait_time(500, rate=100.0, now=5.0) == 0.0  # refilled 500 bytes in 5 s
+    p.consume(500)
+    assert p.wait_time(1, rate=100.0, now=100.0) == 0.0
+    assert p.tokens == 1000.0  # capped at the burst
+
+
+def test_retransmission_set_recovers_only_beyond_the_bound():
+    classes = np.array([0, 1, 2, 3, 0, 1, 2, 3])
+    counts = np.full(8, 10)
+    missing = np.array([1, 3, 5, 7])
+    # p = 0: everything missing, most important class first, then by seq
+    assert retransmission_set(missing, classes, counts, 40, 80, 0.0).tolist() == [1, 5, 3, 7]
+    # p = 0.25 of 80 elements: 60 needed, 40 held -> two packets, the class-1 ones
+    assert retransmission_set(missing, classes, counts, 40, 80, 0.25).tolist() == [1, 5]
+    # already within the bound: nothing
+    assert retransmission_set(missing, classes, counts, 40, 80, 0.5).tolist() == []

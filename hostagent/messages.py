@@ -49,6 +49,7 @@ class MessageStats:
     packets: int
     bytes: int
     loss_bound: float
+    priority: int = 0
     lost_fraction: float = 0.0
     retransmissions: int = 0
     duplicates: int = 0
@@ -107,6 +108,15 @@ class RecvResult:
 
     data: np.ndarray
     stats: MessageStats
+    received: np.ndarray | None = None
+    """Per packet: did it arrive (``None`` when every packet did)."""
+    elems_per_packet: int = 1
+
+    def present_elements(self) -> np.ndarray:
+        """1.0 for each element that arrived, 0.0 for each zero-filled one (float32)."""
+        if self.received is None:
+            return np.ones(self.data.size, dtype=np.float32)
+        return np.repeat(self.received.astype(np.float32), self.elems_per_packet)[: self.data.size]
 
 
 class RecvHandle(_Handle):
@@ -151,7 +161,7 @@ class OutMessage:
     def stats(self, how: str, lost_fraction: float) -> MessageStats:
         return MessageStats(
             peer=self.dest, message_id=self.message_id, direction="send", elements=self.batch.payload.size,
-            packets=len(self.batch), bytes=self.batch.nbytes, loss_bound=self.loss_bound,
+            packets=len(self.batch), bytes=self.batch.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             retransmissions=self.retransmissions, probes=self.probes,
             completion_time=time.monotonic() - self.started, how=how, lost_fraction=lost_fraction,
         )
@@ -161,8 +171,9 @@ class InMessage:
     """Receiver-side state of one message."""
 
     def __init__(self, src: int, assembly: Assembly, loss_bound: float, deadline: float,
-                 handle: RecvHandle | None) -> None:
+                 handle: RecvHandle | None, priority: int = 0) -> None:
         self.src = src
+        self.priority = priority
         self.assembly = assembly
         self.message_id = assembly.key[1]
         self.loss_bound = loss_bound
@@ -180,9 +191,10 @@ class InMessage:
         asm = self.assembly
         stats = MessageStats(
             peer=self.src, message_id=self.message_id, direction="recv", elements=asm.total_elems,
-            packets=asm.total_pkts, bytes=asm.data.nbytes, loss_bound=self.loss_bound,
+            packets=asm.total_pkts, bytes=asm.data.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             lost_fraction=asm.lost_fraction, retransmissions=self.retx_seen, duplicates=asm.duplicates,
             probes=self.probes, completion_time=time.monotonic() - self.started, how=how,
         )
-        self.result = RecvResult(asm.result(), stats)
+        received = None if asm.is_exact() else asm.received.copy()
+        self.result = RecvResult(asm.result(), stats, received, asm.elems_per_packet)
         return self.result

@@ -463,7 +463,7 @@ class Endpoint:
                                            f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
                         return h
                     out[:] = res.data
-                    res = RecvResult(out, res.stats)
+                    res = RecvResult(out, res.stats, res.received, res.elems_per_packet)
                 h._resolve(res)
                 return h
             if key in self._waiting or (key in self._in and self._in[key].handle is not None):
@@ -780,7 +780,7 @@ class Endpoint:
             if h.out is not None and h.out is not result.data:
                 if h.out.shape == result.data.shape and h.out.dtype == result.data.dtype:
                     h.out[:] = result.data
-                    result = RecvResult(h.out, result.stats)
+                    result = RecvResult(h.out, result.stats, result.received, result.elems_per_packet)
                 else:
                     h._fail(ValueError(f"message {msg.message_id} from rank {msg.src} has {result.data.size} "
                                        f"{result.data.dtype}; out is {h.out.shape} {h.out.dtype}"))
@@ -996,7 +996,7 @@ class Endpoint:
                     handle._fail(exc)
                 log.warning("rank %d: bad META from rank %d: %s", self.rank, src, exc)
                 return
-            msg = InMessage(src, asm, p, time.monotonic() + self.config.message_deadline, handle)
+            msg = InMessage(src, asm, p, time.monotonic() + self.config.message_deadline, handle, h.priority)
             self._in[key] = msg
             self._recent_done.pop(key, None)
             for _, d in self._parked.pop(key, []):

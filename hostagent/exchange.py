@@ -1,0 +1,275 @@
+"""Gradient exchange over the bounded-loss transport: parameter server and ring allreduce.
+
+Both take a list of numpy gradients per iteration (one per tensor, in forward order, so
+tensor 0 is nearest the input) and return the averaged gradients, same shapes, float32. All
+tensors of an iteration are in flight at once; each tensor's priority comes from its
+position (:func:`hostagent.policy.layer_priorities`), so the tensors the next forward pass
+needs first go first.
+
+How missing elements count (the bound lets up to p of a message go missing):
+
+* ``missing="zero"`` (default, both patterns): a missing element contributes 0 and the sum is
+  divided by the number of workers N. The error of an element is at most the sum of the lost
+  contributions divided by N; nothing else changes.
+* ``missing="present"`` (parameter server only): each element is averaged over the workers
+  whose packet for it arrived, so a lost contribution does not shrink the mean; an element no
+  worker delivered is 0. A ring cannot do this, because a partial sum does not say how many
+  workers it holds.
+
+Message ids: both sides of a message compute its id from (iteration, tensor, step) with
+:func:`message_id`, so no id needs to be exchanged; ids repeat every 1024 iterations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+from hostagent.messages import RecvHandle, RecvResult, SendHandle, TransportTimeout
+from hostagent.policy import Policy, layer_priorities
+from hostagent.transport import Endpoint
+
+log = logging.getLogger(__name__)
+
+MAX_TENSORS = 1 << 16
+MAX_STEPS = 1 << 6
+ITERATION_WRAP = 1 << 10
+Missing = Literal["zero", "present"]
+
+
+def message_id(iteration: int, tensor: int, step: int) -> int:
+    """The message id of ``tensor``'s ``step`` in ``iteration``.
+
+    Layout (32 bits): iteration mod 1024 (10 bits) | step (6 bits) | tensor (16 bits).
+
+    Raises:
+        ValueError: tensor or step beyond its field.
+    """
+    if not 0 <= tensor < MAX_TENSORS:
+        raise ValueError(f"tensor index {tensor} outside 0..{MAX_TENSORS - 1}")
+    if not 0 <= step < MAX_STEPS:
+        raise ValueError(f"step {step} outside 0..{MAX_STEPS - 1}")
+    return ((iteration % ITERATION_WRAP) << 22) | (step << 16) | tensor
+
+
+def _flat(g: np.ndarray) -> np.ndarray:
+    g = np.asarray(g)
+    if g.dtype not in (np.float32, np.float16):
+        raise ValueError(f"gradients must be float32 or float16, got {g.dtype}")
+    return np.ascontiguousarray(g).reshape(-1)
+
+
+def aggregate(results: Sequence[RecvResult], n_workers: int, missing: Missing = "zero") -> np.ndarray:
+    """Average what the workers delivered for one tensor (float32), by the ``missing`` rule."""
+    total = np.zeros(results[0].data.size, dtype=np.float32)
+    for r in results:
+        total += r.data
+    if missing == "zero":
+        return total / np.float32(n_workers)
+    if missing != "present":
+        raise ValueError(f"missing must be 'zero' or 'present', got {missing!r}")
+    count = np.zeros(total.size, dtype=np.float32)
+    for r in results:
+        count += r.present_elements()
+    out = np.zeros_like(total)
+    np.divide(total, count, out=out, where=count > 0)
+    return out
+
+
+@dataclass
+class ExchangeStats:
+    """Figures of one iteration's exchange, as seen by one participant."""
+
+    iteration: int
+    sync_time: float = 0.0
+    bytes_sent: int = 0
+    lost_fraction_max: float = 0.0
+    lost_fraction_mean: float = 0.0
+    retransmissions: int = 0
+    per_message: list[dict] = field(default_factory=list)
+
+
+def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> list:
+    return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
+
+
+def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: Sequence) -> ExchangeStats:
+    lost = [r.stats.lost_fraction for r in recv_results]
+    stats.lost_fraction_max = max(lost, default=0.0)
+    stats.lost_fraction_mean = float(np.mean(lost)) if lost else 0.0
+    stats.retransmissions = sum(s.retransmissions for s in sent)
+    stats.bytes_sent = sum(s.bytes for s in sent)
+    stats.per_message = [r.stats.as_dict() for r in recv_results]
+    return stats
+
+
+class PSWorker:
+    """A worker of a parameter-server job: push gradients, pull the average.
+
+    Example: ``avg = PSWorker(ep, server_rank=4).exchange(it, grads)``
+    """
+
+    def __init__(self, endpoint: Endpoint, server_rank: int, policy: Policy | None = None,
+                 timeout: float | None = None) -> None:
+        endpoint.config.peer(server_rank)
+        self.ep = endpoint
+        self.server = server_rank
+        self.policy = policy or endpoint.policy
+        self.timeout = endpoint.config.message_deadline if timeout is None else timeout
+        self.last_stats: ExchangeStats | None = None
+
+    def exchange(self, iteration: int, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Push ``grads`` to the server and return the averaged gradients (float32, same shapes).
+
+        Raises:
+            TransportError: the server failed or a deadline passed (names peer and message).
+        """
+        t0 = time.monotonic()
+        flats = [_flat(g) for g in grads]
+        prio = layer_priorities([f.size for f in flats], self.policy)
+        pulls = [self.ep.recv(self.server, message_id(iteration, t, 1)) for t in range(len(flats))]
+        pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(prio[t]),
+                               loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t, layer=t)
+                  for t, f in enumerate(flats)]
+        deadline = t0 + self.timeout
+        results = _wait_all(pulls, deadline)
+        sent = _wait_all(pushes, deadline)
+        self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), results, sent)
+        return [r.data.reshape(np.shape(g)) for r, g in zip(results, grads)]
+
+
+class PSServer:
+    """The parameter server: average each tensor over the workers, send it back.
+
+    It may run in its own process or beside a worker (its own :class:`Endpoint` and rank,
+    in a thread of that worker's process).
+    """
+
+    def __init__(self, endpoint: Endpoint, workers: Sequence[int], policy: Policy | None = None,
+                 missing: Missing = "zero", timeout: float | None = None) -> None:
+        if missing not in ("zero", "present"):
+            raise ValueError(f"missing must be 'zero' or 'present', got {missing!r}")
+        for w in workers:
+            endpoint.config.peer(w)
+        self.ep = endpoint
+        self.workers = list(workers)
+        self.policy = policy or endpoint.policy
+        self.missing: Missing = missing
+        self.timeout = endpoint.config.message_deadline if timeout is None else timeout
+        self.history: list[ExchangeStats] = []
+
+    def serve_iteration(self, iteration: int, num_tensors: int) -> ExchangeStats:
+        """Receive ``num_tensors`` gradients from every worker, aggregate, reply.
+
+        Tensors are aggregated as soon as every worker's copy is complete, highest priority
+        first among those ready; replies carry the tensor's priority and the pull bound.
+        """
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        pushes = {(w, t): self.ep.recv(w, message_id(iteration, t, 0)) for w in self.workers for t in range(num_tensors)}
+        pending = list(range(num_tensors))
+        replies: list[SendHandle] = []
+        received: list[RecvResult] = []
+        keep: list[np.ndarray] = []
+        prio_of: dict[int, int] = {}
+        while pending:
+            ready = [t for t in pending if all(pushes[(w, t)].done() for w in self.workers)]
+            if not ready:
+                if time.monotonic() > deadline:
+                    raise TransportTimeout(f"parameter server: iteration {iteration} not complete within "
+                                           f"{self.timeout:g} s; waiting on tensors {pending[:8]}")
+                time.sleep(0.0002)
+                continue
+            for t in ready:
+                results = [pushes[(w, t)].wait(0) for w in self.workers]
+                received.extend(results)
+                agg = aggregate(results, len(self.workers), self.missing)
+                keep.append(agg)  # must outlive its sends (zero-copy)
+                priority = prio_of.setdefault(t, self._priority(results[0]))
+                for w in self.workers:
+                    replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
+                                                loss_bound=self.policy.loss_bound_pull, iteration=iteration,
+                                                tensor_id=t, layer=t))
+                pending.remove(t)
+        sent = _wait_all(replies, deadline)
+        stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent)
+        self.history.append(stats)
+        return stats
+
+    def serve(self, iterations: int, num_tensors: int, first_iteration: int = 0) -> list[ExchangeStats]:
+        """Serve ``iterations`` consecutive iterations."""
+        return [self.serve_iteration(first_iteration + i, num_tensors) for i in range(iterations)]
+
+    @staticmethod
+    def _priority(result: RecvResult) -> int:
+        return result.stats.priority
+
+
+class RingAllreduce:
+    """Ring allreduce over the transport: reduce-scatter then all-gather, bound per chunk.
+
+    ``ranks`` is the ring order, the same list on every member. Reduce-scatter steps use the
+    push bound (missing elements of a partial sum count as zero); all-gather steps use the
+    pull bound (0 by default, so every member ends with the same result).
+
+    Example: ``avg = RingAllreduce(ep, ranks=[0, 1, 2, 3]).allreduce(it, grads)``
+    """
+
+    def __init__(self, endpoint: Endpoint, ranks: Sequence[int], policy: Policy | None = None,
+                 timeout: float | None = None) -> None:
+        ranks = list(ranks)
+        if len(set(ranks)) != len(ranks) or endpoint.rank not in ranks:
+            raise ValueError(f"ring {ranks} must list distinct ranks including this endpoint's ({endpoint.rank})")
+        if 2 * (len(ranks) - 1) > MAX_STEPS:
+            raise ValueError(f"a ring of {len(ranks)} needs {2 * (len(ranks) - 1)} steps; at most {MAX_STEPS}")
+        for r in ranks:
+            endpoint.config.peer(r)
+        self.ep = endpoint
+        self.ranks = ranks
+        self.n = len(ranks)
+        self.pos = ranks.index(endpoint.rank)
+        self.right = ranks[(self.pos + 1) % self.n]
+        self.left = ranks[(self.pos - 1) % self.n]
+        self.policy = policy or endpoint.policy
+        self.timeout = endpoint.config.message_deadline if timeout is None else timeout
+        self.last_stats: ExchangeStats | None = None
+
+    def allreduce(self, iteration: int, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Average ``grads`` over the ring; every member returns the same arrays (float32)."""
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        bufs = [_flat(g).astype(np.float32) for g in grads]  # working copies; inputs stay untouched
+        if self.n == 1:
+            return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]
+        prio = layer_priorities([b.size for b in bufs], self.policy)
+        bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
+        received: list[RecvResult] = []
+        sent_stats: list = []
+        n, i = self.n, self.pos
+        for step in range(2 * (n - 1)):
+            gather = step >= n - 1
+            s = step - (n - 1) if gather else step
+            c_send = (i + 1 - s) % n if gather else (i - s) % n
+            c_recv = (i - s) % n if gather else (i - s - 1) % n
+            bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
+            recvs, sends = [], []
+            for t, (buf, bd) in enumerate(zip(bufs, bounds)):
+                mid = message_id(iteration, t, step)
+                out = buf[bd[c_recv] : bd[c_recv + 1]] if gather else None
+                recvs.append(self.ep.recv(self.left, mid, out=out))
+                sends.append(self.ep.send(self.right, buf[bd[c_send] : bd[c_send + 1]], mid, priority=int(prio[t]),
+                                          loss_bound=bound, iteration=iteration, tensor_id=t, layer=t))
+            results = _wait_all(recvs, deadline)
+            if not gather:
+                for buf, bd, r in zip(bufs, bounds, results):
+                    buf[bd[c_recv] : bd[c_recv + 1]] += r.data
+            received.extend(results)
+            sent_stats.extend(_wait_all(sends, deadline))
+        for buf in bufs:
+            buf /= np.float32(n)
+        self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)
+        return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]

@@ -1,0 +1,143 @@
+"""Parameter server and ring allreduce over real loopback sockets, 2-4 workers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
+from hostagent.messages import MessageStats, RecvResult
+from hostagent.policy import Policy
+from hostagent.transport import LossInjection
+
+SHAPES = [(3, 5), (1000,), (64, 33), (1,), (7, 7, 7), (120_000,)]
+
+
+def _grads(n_workers: int, seed: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(n_workers)]
+
+
+def _run_threads(fns):
+    out, errors = {}, []
+
+    def wrap(k, fn):
+        try:
+            out[k] = fn()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(k, fn)) for k, fn in fns.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _ps(endpoints, n_workers, iterations=2, missing="zero", per_rank=None, policy=None):
+    eps = endpoints(n_workers + 1, per_rank=per_rank, **({"policy": policy} if policy else {}))
+    server = PSServer(eps[n_workers], list(range(n_workers)), missing=missing)
+    workers = [PSWorker(eps[w], server_rank=n_workers) for w in range(n_workers)]
+    results = []
+    for it in range(iterations):
+        grads = _grads(n_workers, it)
+        fns = {"server": lambda it=it: server.serve_iteration(it, len(SHAPES))}
+        fns.update({w: (lambda w=w, it=it, g=grads: workers[w].exchange(it, g[w])) for w in range(n_workers)})
+        results.append((grads, _run_threads(fns), server))
+    return results
+
+
+@pytest.mark.parametrize("n_workers", [2, 3, 4])
+def test_parameter_server_equals_numpy_mean(endpoints, n_workers):
+    policy = Policy(loss_bound_push=0.0)
+    for grads, out, _ in _ps(endpoints, n_workers, policy=policy):
+        for t, shape in enumerate(SHAPES):
+            mean = np.mean([grads[w][t] for w in range(n_workers)], axis=0)
+            for w in range(n_workers):
+                assert out[w][t].shape == shape
+                np.testing.assert_allclose(out[w][t], mean, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_workers", [2, 3, 4])
+def test_ring_allreduce_equals_numpy_mean(endpoints, n_workers):
+    eps = endpoints(n_workers, policy=Policy(loss_bound_push=0.0))
+    rings = [RingAllreduce(ep, list(range(n_workers))) for ep in eps]
+    for it in range(2):
+        grads = _grads(n_workers, 10 + it)
+        out = _run_threads({w: (lambda w=w: rings[w].allreduce(it, grads[w])) for w in range(n_workers)})
+        for t, shape in enumerate(SHAPES):
+            mean = np.mean([grads[w][t] for w in range(n_workers)], axis=0)
+            for w in range(n_workers):
+                assert out[w][t].shape == shape
+                np.testing.assert_allclose(out[w][t], mean, rtol=1e-5, atol=1e-6)
+
+
+def test_parameter_server_error_with_loss_is_bounded_by_what_was_lost(endpoints):
+    n = 3
+    loss = LossInjection(drop_probabilities=(0, 0, 0.2, 0.2), seed=5)  # about 10 % of packets
+    policy = Policy(loss_bound_push=0.1)
+    runs = _ps(endpoints, n, iterations=1, per_rank={n: {"loss": loss}}, policy=policy)
+    grads, out, server = runs[0]
+    stats = server.history[0]
+    assert 0 < stats.lost_fraction_max <= 0.1
+    for t in range(len(SHAPES)):
+        xs = np.stack([grads[w][t].reshape(-1) for w in range(n)])
+        mean = xs.mean(axis=0)
+        got = out[0][t].reshape(-1)
+        err = np.abs(got - mean)
+        # a wrong element is one where some contribution went missing: its error is at most
+        # the sum of the contributions divided by N, and such elements are at most N * p
+        assert (err <= np.abs(xs).sum(axis=0) / n + 1e-6).all()
+        assert (err > 1e-6).mean() <= n * 0.1 + 1e-9
+        for w in range(1, n):  # the pull is reliable: every worker got the same answer
+            np.testing.assert_array_equal(out[w][t], out[0][t])
+
+
+def test_ring_allreduce_error_with_loss_is_bounded(endpoints):
+    n = 3
+    loss = LossInjection(drop_probabilities=(0, 0, 0.2, 0.2), seed=6)
+    eps = endpoints(n, policy=Policy(loss_bound_push=0.1), loss=loss)
+    rings = [RingAllreduce(ep, list(range(n))) for ep in eps]
+    grads = _grads(n, 3)
+    out = _run_threads({w: (lambda w=w: rings[w].allreduce(0, grads[w])) for w in range(n)})
+    assert any(r.last_stats.lost_fraction_max > 0 for r in rings)
+    for t in range(len(SHAPES)):
+        xs = np.stack([grads[w][t].reshape(-1) for w in range(n)])
+        err = np.abs(out[0][t].reshape(-1) - xs.mean(axis=0))
+        assert (err <= np.abs(xs).sum(axis=0) / n + 1e-5).all()
+        # each reduce-scatter hop may lose up to p of a chunk
+        assert (err > 1e-5).mean() <= (n - 1) * 0.1 + 1e-9
+        for w in range(1, n):
+            np.testing.assert_array_equal(out[w][t], out[0][t])
+
+
+def _result(data, received=None, per=1):
+    stats = MessageStats(peer=0, message_id=0, direction="recv", elements=len(data), packets=len(data),
+                         bytes=0, loss_bound=0.1)
+    return RecvResult(np.asarray(data, np.float32), stats,
+                      None if received is None else np.asarray(received, bool), per)
+
+
+def test_aggregate_missing_rules_by_hand():
+    # worker 0 lost its second packet (elements 2-3), worker 1 delivered everything
+    a = _result([2, 2, 0, 0], received=[True, False], per=2)
+    b = _result([4, 4, 4, 4])
+    np.testing.assert_array_equal(aggregate([a, b], 2, "zero"), [3, 3, 2, 2])
+    np.testing.assert_array_equal(aggregate([a, b], 2, "present"), [3, 3, 4, 4])
+    nobody = _result([0, 0], received=[False], per=2)
+    np.testing.assert_array_equal(aggregate([nobody, nobody], 2, "present"), [0, 0])
+
+
+def test_message_id_layout():
+    assert message_id(0, 0, 0) == 0
+    assert message_id(1, 2, 3) == (1 << 22) | (3 << 16) | 2
+    assert message_id(1024, 5, 1) == message_id(0, 5, 1)  # wraps every 1024 iterations
+    with pytest.raises(ValueError):
+        message_id(0, 1 << 16, 0)
+    with pytest.raises(ValueError):
+        message_id(0, 0, 64)

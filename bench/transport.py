@@ -1,0 +1,173 @@
+"""Transport benchmark on loopback: one sender's goodput, and PS / ring completion times.
+
+Prints, from one run:
+  1. goodput (MB/s of gradient data) of one sender to one receiver, separate processes,
+     100 MB messages, at MTU 1500 and at MTU 9000 (loopback carries jumbo frames);
+  2. message completion time p50/p99 (ms) and iteration sync time for 4 workers exchanging
+     25 MB of gradients per iteration by parameter server (plus a server process) and by ring
+     allreduce, reliable (p = 0) vs bounded (p = 0.05), with 0 % and 2 % injected loss (every
+     drop class alike, at each receiver).
+
+Every participant is its own process (spawned), all on this machine; with 2 cores the
+figures are machine-bound and best read as ratios between rows. Target: one sender >= 400 MB/s.
+
+Run: python bench/transport.py [--iterations 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import time
+
+import numpy as np
+
+# 25 MB of float32 in 12 tensors of uneven size (a scaled CNN-like profile, first layers small).
+TENSOR_ELEMS = [9_408, 36_864, 147_456, 294_912, 589_824, 1_179_648, 2_359_296, 2_359_296,
+                4_718_592, 2_048_000, 131_072, 375_632]
+
+
+def _ports(n: int) -> list[tuple[int, int]]:
+    socks, out = [], []
+    for _ in range(n):
+        u, t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
+        u.bind(("127.0.0.1", 0))
+        t.bind(("127.0.0.1", 0))
+        socks += [u, t]
+        out.append((u.getsockname()[1], t.getsockname()[1]))
+    for s in socks:
+        s.close()
+    return out
+
+
+def _peers(n: int):
+    from hostagent.transport import Peer
+
+    return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(_ports(n)))
+
+
+def _goodput_proc(rank, peers, mtu, size, runs, q):
+    from hostagent.transport import Endpoint, TransportConfig
+
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu)).start()
+    ep.connect()
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    times = []
+    for i in range(runs):
+        if rank == 0:
+            t0 = time.perf_counter()
+            ep.send(1, x, message_id=i, loss_bound=0.0).wait(60)
+            times.append(time.perf_counter() - t0)
+        else:
+            assert np.array_equal(ep.recv(0, i).wait(60).data, x)
+    if rank == 0:
+        q.put((times, ep.endpoint_stats()["retransmitted_pkts"]))
+    time.sleep(0.3)
+    ep.close()
+
+
+def goodput(mtu: int, runs: int) -> tuple[float, float, int]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    peers = _peers(2)
+    size = 25_000_000
+    procs = [ctx.Process(target=_goodput_proc, args=(r, peers, mtu, size, runs, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    times, retx = q.get(timeout=300)
+    for p in procs:
+        p.join(30)
+    rates = [size * 4 / t / 1e6 for t in times]
+    return statistics.median(rates), max(rates), retx
+
+
+def _collective_proc(rank, peers, pattern, p, loss, iterations, mtu, q):
+    from hostagent.exchange import PSServer, PSWorker, RingAllreduce
+    from hostagent.policy import Policy
+    from hostagent.transport import Endpoint, LossInjection, TransportConfig
+
+    n_workers = 4
+    policy = Policy(loss_bound_push=p)
+    inj = LossInjection(drop_probabilities=(loss,) * 4, seed=rank) if loss else LossInjection()
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj)).start()
+    ep.connect()
+    rng = np.random.default_rng(rank)
+    grads = [rng.standard_normal(n).astype(np.float32) for n in TENSOR_ELEMS]
+    sync, completions, lost = [], [], []
+    if pattern == "ps" and rank == n_workers:
+        server = PSServer(ep, list(range(n_workers)))
+        for it in range(iterations):
+            st = server.serve_iteration(it, len(grads))
+            completions += [m["completion_time"] for m in st.per_message]
+            lost.append(st.lost_fraction_max)
+    else:
+        ex = PSWorker(ep, n_workers) if pattern == "ps" else RingAllreduce(ep, list(range(n_workers)))
+        for it in range(iterations):
+            t0 = time.perf_counter()
+            if pattern == "ps":
+                ex.exchange(it, grads)
+            else:
+                ex.allreduce(it, grads)
+            sync.append(time.perf_counter() - t0)
+            completions += [m["completion_time"] for m in ex.last_stats.per_message]
+            lost.append(ex.last_stats.lost_fraction_max)
+    q.put((rank, sync, completions, lost, ep.endpoint_stats()["retransmitted_pkts"]))
+    time.sleep(0.5)
+    ep.close()
+
+
+def collective(pattern: str, p: float, loss: float, iterations: int, mtu: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    n = 5 if pattern == "ps" else 4
+    peers = _peers(n)
+    procs = [ctx.Process(target=_collective_proc, args=(r, peers, pattern, p, loss, iterations, mtu, q))
+             for r in range(n)]
+    for pr in procs:
+        pr.start()
+    rows = [q.get(timeout=600) for _ in range(n)]
+    for pr in procs:
+        pr.join(30)
+    sync = [s for r in rows for s in r[1]]
+    comp = np.array([c for r in rows for c in r[2]]) * 1e3
+    return {
+        "sync_p50": statistics.median(sync) * 1e3,
+        "msg_p50": float(np.percentile(comp, 50)),
+        "msg_p99": float(np.percentile(comp, 99)),
+        "lost_max": max(max(r[3]) for r in rows),
+        "retx": sum(r[4] for r in rows),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="goodput messages per MTU")
+    ap.add_argument("--mtu", type=int, default=9000, help="MTU of the PS / ring runs")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations, for a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.iterations, args.runs = 2, 2
+
+    print("1. one sender -> one receiver, 100 MB messages, separate processes, loopback")
+    print(f"{'MTU':>6}{'median MB/s':>13}{'best MB/s':>11}{'retransmitted pkts':>20}")
+    for mtu in (1500, 9000):
+        med, best, retx = goodput(mtu, args.runs)
+        print(f"{mtu:>6}{med:>13.0f}{best:>11.0f}{retx:>20}")
+    print()
+    print(f"2. 4 workers, 25 MB of gradients per iteration in {len(TENSOR_ELEMS)} tensors, "
+          f"MTU {args.mtu}, {args.iterations} iterations")
+    print(f"{'pattern':<8}{'p':>6}{'loss':>6}{'sync p50 ms':>13}{'msg p50 ms':>12}{'msg p99 ms':>12}"
+          f"{'max lost':>10}{'retx pkts':>11}")
+    for pattern in ("ps", "ring"):
+        for loss in (0.0, 0.02):
+            for p in (0.0, 0.05):
+                r = collective(pattern, p, loss, args.iterations, args.mtu)
+                print(f"{pattern:<8}{p:>6.2f}{loss:>6.0%}{r['sync_p50']:>13.1f}{r['msg_p50']:>12.1f}"
+                      f"{r['msg_p99']:>12.1f}{r['lost_max']:>10.4f}{r['retx']:>11}")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 class RateConfig:
     """Rate control knobs; rates in bytes of datagrams per second."""
 
-    initial_rate: float = 1.25e9
-    """Rate a new destination starts at."""
+    initial_rate: float = 0.5e9
+    """Rate a new destination starts at (below the line rate: a fresh receiver's socket
+    buffer is the first thing a full-speed start overruns)."""
 
     line_rate: float = 1.25e9
     """Never send faster than this (the host's link; 10 Gb/s by default)."""

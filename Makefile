@@ -43,7 +43,7 @@ bench: $(STAMP)
 p4:
 	@command -v $(P4C) >/dev/null || { echo "$(P4C) not found: install p4c (p4lang's packages) first"; exit 1; }
 	@test -f p4/dlcp.p4 || { echo "p4/dlcp.p4 does not exist yet"; exit 1; }
-	$(P4C) --arch v1model --std p4-16 -I p4/include --p4runtime-files p4/build/dlcp.p4info.txtpb \
+	$(P4C) --arch v1model --std p4-16 -I p4/include --p4runtime-files p4/build/dlcp.p4info.txt \
 		-o p4/build/dlcp.json p4/dlcp.p4
 
 clean:

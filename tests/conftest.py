@@ -46,3 +46,31 @@ def endpoints():
     yield make
     for ep in made:
         ep.close()
+
+
+# --- markers: tests that need BMv2, p4c or root skip with a one-line reason --------------
+
+import os as _os
+import shutil as _shutil
+
+
+def _missing(marker: str) -> str | None:
+    if marker in ("bmv2", "root") and _os.geteuid() != 0:
+        return "needs root (network namespaces and veth pairs)"
+    if marker == "bmv2" and not _shutil.which("simple_switch_grpc"):
+        return "needs BMv2 simple_switch_grpc on PATH (install BMv2 from p4lang's packages)"
+    if marker == "p4c" and not _shutil.which("p4c-bm2-ss"):
+        return "needs p4c-bm2-ss on PATH (install p4c from p4lang's packages)"
+    if marker == "root" and not _shutil.which("mnexec"):
+        return "needs Mininet (mnexec on PATH)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker in ("bmv2", "p4c", "root"):
+            if item.get_closest_marker(marker):
+                reason = _missing(marker)
+                if reason:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+                    break

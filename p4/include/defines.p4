@@ -1,0 +1,43 @@
+/* DLCP: constants and types shared by every control. No control holds a magic number. */
+#ifndef DLCP_DEFINES_P4
+#define DLCP_DEFINES_P4
+
+#define ETHERTYPE_IPV4 0x0800
+#define IP_PROTO_TCP 6
+#define IP_PROTO_UDP 17
+
+/* UDP destination port that marks DLCP; hostagent/wire.py DLCP_UDP_PORT (a test checks). */
+#define DLCP_UDP_PORT 17649
+#define DLCP_VERSION 1
+#define DLCP_PTYPE_DATA 1
+
+/* v1model priority is 3 bits: 8 queues, 7 served first. */
+#define NUM_QUEUES 8
+#define LOG2_NUM_QUEUES 3
+
+/* Virtual queue arithmetic: backlogs are packets << VQ_FRAC_BITS; the drain rate is packets
+ * per microsecond in the same fixed point (controller: rate_pps * 2^24 / 10^6). */
+#define VQ_FRAC_BITS 24
+/* Longest idle gap credited at once (us): keeps elapsed * rate inside 64 bits. */
+#define VQ_MAX_ELAPSED_US 0xFFFFFFFF
+
+/* Load-balancing modes of an ECMP group for DLCP data packets. */
+#define LB_ROUND_ROBIN 0
+#define LB_RANDOM 1
+
+/* Why a packet was dropped (index of the drop_reason counter). */
+#define DROP_NONE 0
+#define DROP_NO_ROUTE 1
+#define DROP_TTL_EXPIRED 2
+#define DROP_NOT_IPV4 3
+#define DROP_TAIL 4
+#define DROP_SELECTIVE 5
+#define DROP_NO_GROUP 6
+#define NUM_DROP_REASONS 8
+
+typedef bit<9> port_t;
+typedef bit<48> mac_t;
+typedef bit<32> ipv4_addr_t;
+typedef bit<3> queue_t;
+
+#endif

@@ -1,0 +1,103 @@
+"""A real BMv2 switch in a namespace of its own, four veth ports, host ends in this namespace.
+
+The switch's P4Runtime server listens on a Unix socket (reachable from here without any IP
+address), its Thrift port inside its namespace. Host-side interfaces carry no addresses:
+tests send and capture raw frames on them with scapy. Everything is removed afterwards,
+also when a test fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from controller import pipeline
+from controller.network import Network, parse_network
+from controller.p4info import P4Schema
+from controller.p4rt import Pipeline
+from controller.switch import Switch
+from topologies import netns
+from topologies.bmv2 import Bmv2Options, Bmv2Switch
+
+PORTS = (1, 2, 3, 4)
+_counter = itertools.count()
+
+
+def host_mac(port: int) -> str:
+    return f"00:00:0a:00:0{port}:01"
+
+
+def switch_mac(port: int) -> str:
+    return f"00:aa:00:00:00:0{port}"
+
+
+@dataclass
+class Rig:
+    tag: str
+    ns: str
+    grpc: str
+    log_dir: Path
+    host_ifaces: dict[int, str]
+    switch: Bmv2Switch
+    extra: dict = field(default_factory=dict)
+
+    def network(self, ports: dict | None = None, routes: list | None = None, groups: dict | None = None,
+                policy: dict | None = None, **extra) -> Network:
+        """A network file for this one switch: host p at 10.0.p.1 behind port p by default."""
+        port_specs = {p: {"mac": switch_mac(p)} for p in PORTS}
+        for p, spec in (ports or {}).items():
+            port_specs[p] = {**port_specs[p], **spec}
+        routes = routes if routes is not None else [
+            {"prefix": f"10.0.{p}.0/24", "port": p, "dmac": host_mac(p)} for p in PORTS]
+        data = {"switches": {"s1": {"grpc": self.grpc, "device_id": 1, "thrift_port": 9090, "netns": self.ns,
+                                    "ports": port_specs, "routes": routes, "groups": groups or {}, **extra}}}
+        if policy is not None:
+            data["policy"] = policy
+        return parse_network(data, "<test network>")
+
+    def controller(self, net: Network) -> Switch:
+        schema = P4Schema.load(pipeline.P4INFO)
+        return Switch(net.switches["s1"], schema, Pipeline.load(pipeline.P4INFO, pipeline.BMV2_JSON))
+
+    def restart(self) -> None:
+        self.switch.stop()
+        self.switch = Bmv2Switch(self.switch.options).start()
+
+
+@pytest.fixture
+def rig(tmp_path):
+    tag = f"dlcpt{os.getpid() % 1000}{next(_counter)}"
+    ns = f"{tag}s"
+    netns.add_netns(ns)
+    hosts = {p: f"{tag}h{p}" for p in PORTS}
+    sw = None
+    try:
+        for p in PORTS:
+            netns.add_veth(hosts[p], f"{tag}p{p}", None, ns)
+        opts = Bmv2Options(name="s1", device_id=1, ports={p: f"{tag}p{p}" for p in PORTS},
+                           grpc=f"unix:{tmp_path}/s1.grpc", thrift_port=9090, log_dir=tmp_path, netns=ns)
+        sw = Bmv2Switch(opts).start()
+        r = Rig(tag, ns, opts.grpc, tmp_path, hosts, sw)
+        yield r
+        sw = r.switch
+    finally:
+        if sw is not None:
+            sw.stop()
+        for iface in hosts.values():
+            netns.del_link(iface)
+        netns.del_netns(ns)
+
+
+def capture(iface: str):
+    """Start capturing on ``iface``; returns the sniffer (``.stop()`` gives the packets)."""
+    from scapy.sendrecv import AsyncSniffer
+
+    s = AsyncSniffer(iface=iface, store=True)
+    s.start()
+    time.sleep(0.3)
+    return s

@@ -1,0 +1,76 @@
+"""Network namespaces and veth pairs, through iproute2 (``ip``).
+
+Everything DLCP creates carries a name prefix so that cleanup can find exactly its own
+leftovers (``dlcp clean``) and nothing else.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+#: Prefix of every namespace and root-namespace interface DLCP creates.
+PREFIX = "dlcp"
+
+
+class NetnsError(RuntimeError):
+    """An ``ip`` command failed; the message has the command and its error."""
+
+
+def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = (["ip", "netns", "exec", netns] if netns else []) + ["ip", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise NetnsError(f"`{' '.join(cmd)}` failed: {res.stderr.strip()}")
+    return res
+
+
+def sysctl(key: str, value: str, netns: str | None = None) -> None:
+    cmd = (["ip", "netns", "exec", netns] if netns else []) + ["sysctl", "-qw", f"{key}={value}"]
+    subprocess.run(cmd, capture_output=True)
+
+
+def add_netns(name: str) -> None:
+    """Create a namespace with its loopback up (gRPC on 127.0.0.1 needs it)."""
+    ip("netns", "add", name)
+    ip("link", "set", "lo", "up", netns=name)
+
+
+def del_netns(name: str) -> None:
+    ip("netns", "del", name, check=False)
+
+
+def netns_exists(name: str) -> bool:
+    return Path(f"/var/run/netns/{name}").exists()
+
+
+def add_veth(a: str, b: str, netns_a: str | None = None, netns_b: str | None = None, mtu: int = 1500) -> None:
+    """A veth pair a<->b, each end moved into its namespace (None: stays here), up, no IPv6 chatter."""
+    ip("link", "add", a, "type", "veth", "peer", "name", b)
+    for end, ns in ((a, netns_a), (b, netns_b)):
+        if ns:
+            ip("link", "set", end, "netns", ns)
+        sysctl(f"net.ipv6.conf.{end}.disable_ipv6", "1", ns)
+        ip("link", "set", end, "mtu", str(mtu), netns=ns)
+        ip("link", "set", end, "up", netns=ns)
+
+
+def del_link(name: str, netns: str | None = None) -> None:
+    ip("link", "del", name, netns=netns, check=False)
+
+
+def list_netns(prefix: str = PREFIX) -> list[str]:
+    res = ip("netns", "list", check=False)
+    return [line.split()[0] for line in res.stdout.splitlines() if line.split() and line.split()[0].startswith(prefix)]
+
+
+def list_links(prefix: str = PREFIX) -> list[str]:
+    res = ip("-o", "link", "show", check=False)
+    out = []
+    for line in res.stdout.splitlines():
+        parts = line.split(":")
+        if len(parts) > 1:
+            name = parts[1].strip().split("@")[0]
+            if name.startswith(prefix):
+                out.append(name)
+    return out

@@ -24,5 +24,10 @@ def desired_entries(sw: SwitchSpec, net: Network) -> list[TableEntry]:
     return out
 
 
+#: Order in which changes are written: what a route points at (ECMP groups) before the route.
+APPLY_ORDER = (spray, classify, priority_queue, selective_drop, ecn, forwarding)
+
+
 def owned_tables() -> tuple[str, ...]:
-    return tuple(t for mech in MECHANISMS for t in mech.TABLES)
+    """Every table DLCP's controller owns, in :data:`APPLY_ORDER`."""
+    return tuple(t for mech in APPLY_ORDER for t in mech.TABLES)

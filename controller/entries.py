@@ -87,6 +87,11 @@ class TableEntry:
             msg.is_default_action = True
         else:
             given = set(self.match)
+            for name in given:
+                try:
+                    table.field(name)
+                except SchemaError as exc:
+                    raise EntryError(str(exc)) from None
             missing = [f.name for f in table.match_fields if f.kind in ("exact", "lpm") and f.name not in given]
             if missing:
                 raise EntryError(f"{where}: match fields {missing} are required")

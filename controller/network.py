@@ -129,7 +129,7 @@ class Network:
         if name not in self.switches:
             import difflib
 
-            close = difflib.get_close_matches(name, list(self.switches), n=1)
+            close = difflib.get_close_matches(name, list(self.switches), n=1, cutoff=0.4)
             hint = f". Did you mean {close[0]!r}?" if close else ""
             raise NetworkError(f"{self.source}: no switch named {name!r}{hint}; switches: {sorted(self.switches)}")
         return self.switches[name]

@@ -1,0 +1,181 @@
+"""The P4 program and the controller on a real BMv2 switch: forwarding, spraying, strict
+priority at a congested port, selective dropping, ECN, idempotent apply and restarts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+from scapy.sendrecv import sendp
+
+from hostagent import wire
+from hostagent.scapy_layer import DLCP
+from tests.bmv2.conftest import capture, host_mac, switch_mac
+
+pytestmark = pytest.mark.bmv2
+
+
+def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000):
+    return (Ether(dst=switch_mac(1), src=host_mac(1)) / IP(src="10.0.1.1", dst=dst, tos=ecn) /
+            UDP(sport=sport, dport=wire.DLCP_UDP_PORT) /
+            DLCP(job_id=1, priority=priority, drop_class=drop_class, seq=seq) / Raw(b"\0" * 64))
+
+
+def received(sniffer, wait=0.5):
+    time.sleep(wait)
+    return [p for p in sniffer.stop() if IP in p and p[IP].src == "10.0.1.1"]
+
+
+def test_apply_is_idempotent_and_converges_after_restart(rig):
+    net = rig.network(ports={2: {"capacity_pps": 100}})
+    with rig.controller(net) as sw:
+        first = sw.apply(net)
+        assert first.pipeline_pushed and first.writes > 0
+        second = sw.apply(net)
+        assert not second.pipeline_pushed and second.writes == 0
+    rig.restart()  # a fresh switch: no pipeline, no entries
+    with rig.controller(net) as sw:
+        again = sw.apply(net)
+        assert again.pipeline_pushed and again.writes == first.writes
+        assert sw.apply(net).writes == 0
+    # an edit converges with just the difference
+    edited = rig.network(ports={2: {"capacity_pps": 100}}, policy={"ecn_threshold": 5})
+    with rig.controller(edited) as sw:
+        rep = sw.apply(edited)
+        assert [c.kind for c in rep.changes] == ["modify"] and not rep.pipeline_pushed
+
+
+def test_lpm_forwarding_rewrites_macs_and_ttl(rig):
+    net = rig.network(routes=[{"prefix": "10.0.3.0/24", "port": 3, "dmac": host_mac(3)},
+                              {"prefix": "10.0.3.128/25", "port": 4, "dmac": host_mac(4)}])
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        s3, s4 = capture(rig.host_ifaces[3]), capture(rig.host_ifaces[4])
+        sendp([dlcp_pkt(dst="10.0.3.7"), dlcp_pkt(dst="10.0.3.200"), dlcp_pkt(dst="10.0.99.1")],
+              iface=rig.host_ifaces[1], verbose=False)
+        got3, got4 = received(s3), received(s4, 0)
+        assert [p[IP].dst for p in got3] == ["10.0.3.7"] and [p[IP].dst for p in got4] == ["10.0.3.200"]
+        p = got3[0]
+        assert (p[Ether].src, p[Ether].dst, p[IP].ttl) == (switch_mac(3), host_mac(3), 63)
+        assert p[DLCP].seq == 0  # the DLCP header passes untouched
+        assert sw.counters()["drop_reasons"] == {"no_route": 1}
+
+
+@pytest.mark.parametrize("mode", ["round_robin", "random"])
+def test_dlcp_packets_spray_tcp_flows_stay(rig, mode):
+    groups = {1: [{"port": 2, "dmac": host_mac(2)}, {"port": 3, "dmac": host_mac(3)}]}
+    net = rig.network(routes=[{"prefix": "10.0.5.0/24", "group": 1}], groups=groups, policy={"lb_mode": mode})
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        s2, s3 = capture(rig.host_ifaces[2]), capture(rig.host_ifaces[3])
+        n = 200
+        sendp([dlcp_pkt(dst="10.0.5.1", seq=i) for i in range(n)], iface=rig.host_ifaces[1], verbose=False)
+        a, b = len(received(s2)), len(received(s3, 0))
+        assert a + b == n
+        if mode == "round_robin":
+            assert abs(a - b) <= 1
+        else:
+            assert 0.35 * n <= a <= 0.65 * n
+        # one TCP flow: every packet on one member
+        s2, s3 = capture(rig.host_ifaces[2]), capture(rig.host_ifaces[3])
+        flow = [Ether(dst=switch_mac(1)) / IP(src="10.0.1.1", dst="10.0.5.1") / TCP(sport=40000, dport=80, seq=i)
+                for i in range(50)]
+        sendp(flow, iface=rig.host_ifaces[1], verbose=False)
+        a, b = len(received(s2)), len(received(s3, 0))
+        assert sorted([a, b]) == [0, 50]
+
+
+R = 50  # packets per second at the congested port
+
+
+def _bottleneck(rig, **policy):
+    pol = {"drop_thresholds": [24, 16, 8], "ecn_threshold": 4, **policy}
+    return rig.network(ports={2: {"capacity_pps": R, "buffer": 32}}, policy=pol)
+
+
+def test_high_priority_overtakes_a_low_priority_backlog(rig):
+    net = _bottleneck(rig)
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        sniff = capture(rig.host_ifaces[2])
+        lows = [dlcp_pkt(priority=0, seq=i) for i in range(40)]
+        highs = [dlcp_pkt(priority=7, seq=100 + i) for i in range(10)]
+        sendp(lows + highs, iface=rig.host_ifaces[1], verbose=False)  # all within ~50 ms
+        got = received(sniff, 2.0)
+        order = [p[DLCP].seq for p in got]
+        times = [float(p.time) for p in got]
+        # every high-priority packet leaves before the low-priority backlog has drained
+        last_high = max(i for i, s in enumerate(order) if s >= 100)
+        lows_after = sum(1 for s in order[last_high:] if s < 100)
+        assert lows_after >= 10, order
+        # the port's output stays within capacity: R*T plus at most one buffer (32 packets)
+        span = times[-1] - times[0]
+        assert len(got) <= R * span + 32 + 1
+        c = sw.counters()["ports"]
+        assert sum(r["forwarded_pkts"] for r in c) == len(got)
+
+
+def test_strict_priority_under_sustained_overload_within_capacity(rig):
+    """Low priority offered at 2R, high at R/2, for 3 s: the port gives high all it asks,
+    low the rest, and carries no more than R (plus one buffer) in total."""
+    net = _bottleneck(rig)
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        sniff = capture(rig.host_ifaces[2])
+        pkts, seconds = [], 3.0
+        for i in range(int(2.5 * R * seconds)):
+            pkts.append(dlcp_pkt(priority=7 if i % 5 == 0 else 0, seq=i))
+        sendp(pkts, iface=rig.host_ifaces[1], inter=1 / (2.5 * R), verbose=False)
+        got = received(sniff, 1.0)
+        high_sent = sum(1 for p in pkts if p[DLCP].priority == 7)
+        high_got = sum(1 for p in got if p[DLCP].priority == 7)
+        low_got = len(got) - high_got
+        span = float(got[-1].time) - float(got[0].time)
+        assert high_got >= 0.95 * high_sent  # strict priority: high is (almost) never refused
+        assert len(got) <= R * span + 32 + 2  # capacity R
+        assert low_got <= R * span + 32 + 2 - high_got  # low gets only what high left
+        assert low_got >= 0.5 * (R - high_sent / seconds) * seconds  # ... but does get it
+
+
+def test_selective_drop_spares_class_0_and_counters_say_so(rig):
+    net = _bottleneck(rig)
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        sniff = capture(rig.host_ifaces[2])
+        pkts = [dlcp_pkt(priority=0, drop_class=i % 4, seq=i) for i in range(int(2 * R * 2.5))]
+        sendp(pkts, iface=rig.host_ifaces[1], inter=1 / (2 * R), verbose=False)
+        got = received(sniff, 1.5)
+        sent_by_class = [sum(1 for p in pkts if p[DLCP].drop_class == c) for c in range(4)]
+        got_by_class = [sum(1 for p in got if p[DLCP].drop_class == c) for c in range(4)]
+        assert got_by_class[0] == sent_by_class[0]  # never dropped selectively, never tail-dropped
+        assert got_by_class[3] < sent_by_class[3]  # the smallest gradients go first
+        assert got_by_class[3] <= got_by_class[2] <= got_by_class[1] <= got_by_class[0]
+        c = {r["queue"]: r for r in sw.counters()["ports"] if r["port"] == 2}[0]
+        assert c["selective_dropped_pkts"] == len(pkts) - len(got)
+        assert c["tail_dropped_pkts"] == 0 and c["forwarded_pkts"] == len(got)
+
+
+def test_ecn_marked_above_threshold(rig):
+    net = _bottleneck(rig)
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        sniff = capture(rig.host_ifaces[2])
+        ect0 = 0b10
+        pkts = [dlcp_pkt(priority=0, drop_class=0, seq=i, ecn=ect0) for i in range(20)]
+        sendp(pkts, iface=rig.host_ifaces[1], verbose=False)  # a burst: the queue builds
+        got = received(sniff, 1.0)
+        marks = [p[IP].tos & 3 for p in got]
+        assert len(marks) == 20 and marks[:5] == [ect0] * 5  # at most 4 ahead: not marked
+        first_ce = marks.index(3)
+        assert marks[first_ce:] == [3] * (20 - first_ce)  # the burst keeps the queue above 4
+        assert marks.count(3) >= 10
+        c = {r["queue"]: r for r in sw.counters()["ports"] if r["port"] == 2}[0]
+        assert c["ecn_marked_pkts"] == marks.count(3)
+        # not ECN-capable: never marked
+        sniff = capture(rig.host_ifaces[2])
+        time.sleep(1.0)  # let the virtual queue drain
+        sendp([dlcp_pkt(seq=i) for i in range(20)], iface=rig.host_ifaces[1], verbose=False)
+        assert all(p[IP].tos & 3 == 0 for p in received(sniff, 1.0))

@@ -9,12 +9,13 @@ TORCH  ?= torch==2.13.0
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
-.PHONY: setup test test-unit demo bench p4 clean help
+.PHONY: setup test test-unit demo demo-drop bench p4 clean help
 
 help:
 	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
 	@echo "make test    run the test suite (BMv2/p4c/root tests skip with a reason when missing)"
-	@echo "make demo    run the demo"
+	@echo "make demo    train digits with 4 workers + PS on loopback: lossless vs bounded loss"
+	@echo "make demo-drop  one real gradient through a modelled congested port (no training)"
 	@echo "make bench   print the benchmarks' figures"
 	@echo "make p4      recompile p4/ into p4/build/ (needs p4c-bm2-ss)"
 
@@ -34,6 +35,9 @@ test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
 demo: $(STAMP)
+	$(PY) examples/train_digits.py --workers 4 --compare
+
+demo-drop: $(STAMP)
 	$(VENV)/bin/dlcp demo
 
 bench: $(STAMP)

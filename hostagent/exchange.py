@@ -23,13 +23,15 @@ Message ids: both sides of a message compute its id from (iteration, tensor, ste
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
 
-from hostagent.messages import RecvHandle, RecvResult, SendHandle, TransportTimeout
+from hostagent.messages import MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
 
@@ -122,24 +124,36 @@ class PSWorker:
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.last_stats: ExchangeStats | None = None
 
-    def exchange(self, iteration: int, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def exchange(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                 priorities: Sequence[int] | None = None) -> list[np.ndarray]:
         """Push ``grads`` to the server and return the averaged gradients (float32, same shapes).
+
+        Args:
+            tensor_ids: ids to use instead of the positions 0..n-1 (the server keys on them).
+            priorities: header priority per tensor instead of the policy's by position.
 
         Raises:
             TransportError: the server failed or a deadline passed (names peer and message).
         """
+        return [avg for avg, _ in self.exchange_detailed(iteration, grads, tensor_ids, priorities)]
+
+    def exchange_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                          priorities: Sequence[int] | None = None) -> list[tuple[np.ndarray, MessageStats]]:
+        """As :meth:`exchange`, with each push's :class:`MessageStats` (which packets the server
+        never got: ``lost_packets``). Safe to call from several threads for different tensors."""
         t0 = time.monotonic()
         flats = [_flat(g) for g in grads]
-        prio = layer_priorities([f.size for f in flats], self.policy)
-        pulls = [self.ep.recv(self.server, message_id(iteration, t, 1)) for t in range(len(flats))]
-        pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(prio[t]),
-                               loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t, layer=t)
-                  for t, f in enumerate(flats)]
+        ids = list(range(len(flats))) if tensor_ids is None else list(tensor_ids)
+        prio = layer_priorities([f.size for f in flats], self.policy) if priorities is None else priorities
+        pulls = [self.ep.recv(self.server, message_id(iteration, t, 1)) for t in ids]
+        pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
+                               loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t, layer=t % 65536)
+                  for t, f, pr in zip(ids, flats, prio)]
         deadline = t0 + self.timeout
         results = _wait_all(pulls, deadline)
         sent = _wait_all(pushes, deadline)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), results, sent)
-        return [r.data.reshape(np.shape(g)) for r, g in zip(results, grads)]
+        return [(r.data.reshape(np.shape(g)), s) for r, g, s in zip(results, grads, sent)]
 
 
 class PSServer:
@@ -204,6 +218,38 @@ class PSServer:
         """Serve ``iterations`` consecutive iterations."""
         return [self.serve_iteration(first_iteration + i, num_tensors) for i in range(iterations)]
 
+    def serve_forever(self, stop: "threading.Event") -> None:
+        """Serve whatever the workers push, until ``stop`` is set.
+
+        For callers whose tensors are not known in advance (DDP buckets are rebuilt after the
+        first iteration): a tensor is aggregated once every worker has pushed it under the
+        same (iteration, tensor) id, and the average goes back to each of them.
+
+        Raises:
+            TransportError: a worker failed or a message passed its deadline.
+        """
+        arrivals = self.ep.announcements()
+        pending: dict[int, dict[int, RecvHandle]] = {}
+        keep: list[tuple[np.ndarray, list[SendHandle]]] = []
+        while not stop.is_set():
+            try:
+                src, mid = arrivals.get(timeout=0.001)
+            except queue.Empty:
+                pass
+            else:
+                if (mid >> 16) & (MAX_STEPS - 1) == 0 and src in self.workers:
+                    pending.setdefault(mid, {})[src] = self.ep.recv(src, mid)
+            for mid in [m for m, hs in pending.items() if len(hs) == len(self.workers)
+                        and all(h.done() for h in hs.values())]:
+                results = [h.wait(0) for h in pending.pop(mid).values()]
+                agg = aggregate(results, len(self.workers), self.missing)
+                reply = mid | (1 << 16)
+                sends = [self.ep.send(w, agg, reply, priority=results[0].stats.priority,
+                                      loss_bound=self.policy.loss_bound_pull, iteration=(mid >> 22),
+                                      tensor_id=mid & 0xFFFF) for w in self.workers]
+                keep.append((agg, sends))
+            keep = [(a, s) for a, s in keep if not all(h.done() for h in s)]  # replies still in flight
+
     @staticmethod
     def _priority(result: RecvResult) -> int:
         return result.stats.priority
@@ -238,14 +284,20 @@ class RingAllreduce:
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.last_stats: ExchangeStats | None = None
 
-    def allreduce(self, iteration: int, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Average ``grads`` over the ring; every member returns the same arrays (float32)."""
+    def allreduce(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                  priorities: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Average ``grads`` over the ring; every member returns the same arrays (float32).
+
+        ``tensor_ids`` and ``priorities`` replace the positions and the policy's priorities
+        by position; concurrent calls for different tensor ids may run in parallel threads.
+        """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
         bufs = [_flat(g).astype(np.float32) for g in grads]  # working copies; inputs stay untouched
         if self.n == 1:
             return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]
-        prio = layer_priorities([b.size for b in bufs], self.policy)
+        ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
+        prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
         bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
         received: list[RecvResult] = []
         sent_stats: list = []
@@ -257,12 +309,12 @@ class RingAllreduce:
             c_recv = (i - s) % n if gather else (i - s - 1) % n
             bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
             recvs, sends = [], []
-            for t, (buf, bd) in enumerate(zip(bufs, bounds)):
-                mid = message_id(iteration, t, step)
+            for t, (tid, buf, bd) in enumerate(zip(ids, bufs, bounds)):
+                mid = message_id(iteration, tid, step)
                 out = buf[bd[c_recv] : bd[c_recv + 1]] if gather else None
                 recvs.append(self.ep.recv(self.left, mid, out=out))
                 sends.append(self.ep.send(self.right, buf[bd[c_send] : bd[c_send + 1]], mid, priority=int(prio[t]),
-                                          loss_bound=bound, iteration=iteration, tensor_id=t, layer=t))
+                                          loss_bound=bound, iteration=iteration, tensor_id=tid, layer=t))
             results = _wait_all(recvs, deadline)
             if not gather:
                 for buf, bd, r in zip(bufs, bounds, results):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,9 +56,13 @@ class MessageStats:
     probes: int = 0
     completion_time: float = 0.0
     how: str = ""  # exact | bounded | idle (receiver) ; stopped (sender)
+    lost_packets: np.ndarray | None = field(default=None, repr=False, compare=False)
+    """Sender side: sequence numbers the receiver never got (None when nothing was lost)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("lost_packets", None)
+        return out
 
 
 class _Handle:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import select
 import selectors
 import socket
@@ -257,6 +258,7 @@ class Endpoint:
         self._listener: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
         self._wake_r, self._wake_w = socket.socketpair()
+        self._announcements: queue.Queue | None = None
         log.info("endpoint rank %d config: %s", self.rank, config)
 
     # ------------------------------------------------------------------ lifecycle
@@ -476,6 +478,18 @@ class Endpoint:
             else:
                 self._waiting[key] = h
             return h
+
+    def announcements(self) -> "queue.Queue[tuple[int, int]]":
+        """A queue of (src, message_id) for every message announced without a waiting recv.
+
+        For servers that do not know in advance what will arrive (a parameter server behind
+        a DDP hook, whose buckets change); call before peers start sending. Each entry is to
+        be claimed with :meth:`recv`.
+        """
+        with self._lock:
+            if self._announcements is None:
+                self._announcements = queue.Queue()
+            return self._announcements
 
     def endpoint_stats(self) -> dict[str, Any]:
         """Totals as a JSON-ready dict (reassembly's malformed counts included)."""
@@ -800,7 +814,8 @@ class Endpoint:
         self._parked_count -= len(self._parked.pop(key, []))
 
     def _send_stop(self, msg: InMessage) -> None:
-        body = wire.STOP_BODY.pack(msg.assembly.received_elems)
+        asm = msg.assembly
+        body = wire.STOP_BODY.pack(asm.received_elems) + (b"" if asm.is_exact() else asm.missing_bitmap())
         self._send_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
 
     # ------------------------------------------------------------------ control
@@ -940,7 +955,11 @@ class Endpoint:
                 total = msg.batch.payload.size
                 lost = float("nan") if held == _UNKNOWN_HELD else (0.0 if total == 0 else 1.0 - held / total)
                 self.stats.messages_sent += 1
-            msg.handle._resolve(msg.stats("stopped", lost))
+            stats = msg.stats("stopped", lost)
+            if len(body) > wire.STOP_BODY.size:
+                bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.STOP_BODY.size))[: len(msg.batch)]
+                stats.lost_packets = np.flatnonzero(bits)
+            msg.handle._resolve(stats)
         elif t == wire.PacketType.BITMAP:
             (held,) = wire.BITMAP_PREFIX.unpack_from(body)
             bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.BITMAP_PREFIX.size))
@@ -998,6 +1017,8 @@ class Endpoint:
                 return
             msg = InMessage(src, asm, p, time.monotonic() + self.config.message_deadline, handle, h.priority)
             self._in[key] = msg
+            if handle is None and self._announcements is not None:
+                self._announcements.put(key)
             self._recent_done.pop(key, None)
             for _, d in self._parked.pop(key, []):
                 replay.append(d)

@@ -264,7 +264,9 @@ MAX_FRAME = HEADER_SIZE + (1 << 21)
 
 #: META body: total elements, elements per packet, loss bound p (the header names the rest).
 META_BODY = struct.Struct("!IHd")
-#: STOP body: elements the receiver holds (so the sender knows the final lost fraction).
+#: STOP body: elements the receiver holds (so the sender knows the final lost fraction),
+#: followed, when something is missing, by the missing-packet bitmap (as BITMAP's), so the
+#: sender knows exactly what was lost (error feedback uses it).
 STOP_BODY = struct.Struct("!I")
 #: BITMAP body: elements the receiver holds, then the missing-packet bitmap (bit ``seq``
 #: set, MSB first, when ``seq`` is missing).

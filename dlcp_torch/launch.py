@@ -1,0 +1,142 @@
+"""Start DLCP for a training process: under ``torchrun`` or with an explicit peer list.
+
+One script runs unchanged on localhost, in the Mininet testbed and on real machines:
+
+* **torchrun / env://**: rank and world size come from ``RANK`` and ``WORLD_SIZE``; every
+  process publishes its DLCP address in a key-value store at ``MASTER_ADDR`` (port
+  ``DLCP_STORE_PORT``, default ``MASTER_PORT + 1``) and reads the others'. A process's own
+  address is ``DLCP_HOST`` if set, else the local address that routes to ``MASTER_ADDR``.
+* **explicit peers**: ``peers=["10.0.0.1:17649:17650", ...]`` (host:data_port:control_port per
+  worker rank; with ``pattern="ps"`` one more entry for the server).
+
+The parameter server (``pattern="ps"``) runs beside worker 0 by default (its own endpoint,
+a thread of that process), or wherever ``peers`` says when it is started separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+
+from dlcp_torch.state import DLCPState, start_server
+from hostagent.policy import Policy
+from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DLCPSession:
+    """Everything :func:`init` started; ``close()`` stops it all."""
+
+    state: DLCPState
+    endpoint: Endpoint
+    server_endpoint: Endpoint | None = None
+    _server: tuple = field(default=(), repr=False)
+
+    def close(self) -> None:
+        self.state.close()
+        if self._server:
+            thread, stop = self._server
+            stop.set()
+            thread.join(timeout=5)
+        for ep in (self.endpoint, self.server_endpoint):
+            if ep is not None:
+                ep.close()
+
+
+def _free_ports(host: str) -> tuple[int, int]:
+    u, t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
+    try:
+        u.bind((host, 0))
+        t.bind((host, 0))
+        return u.getsockname()[1], t.getsockname()[1]
+    finally:
+        u.close()
+        t.close()
+
+
+def _local_address(master: str) -> str:
+    if os.environ.get("DLCP_HOST"):
+        return os.environ["DLCP_HOST"]
+    if master in ("localhost", "127.0.0.1"):
+        return "127.0.0.1"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((master, 9))  # picks the route; sends nothing
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def _parse_peer(rank: int, text: str) -> Peer:
+    try:
+        host, data, ctl = text.rsplit(":", 2)
+        return Peer(rank, host, int(data), int(ctl))
+    except ValueError:
+        raise ValueError(f"peer {rank}: {text!r} is not host:data_port:control_port") from None
+
+
+def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60.0) -> tuple[Peer, ...]:
+    """Exchange DLCP addresses through a TCPStore at MASTER_ADDR (torchrun's environment)."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("DLCP_STORE_PORT", int(os.environ.get("MASTER_PORT", "29500")) + 1))
+    store = torch.distributed.TCPStore(master, port, world, rank == 0, timedelta(seconds=timeout))
+    host = _local_address(master)
+    store.set(f"dlcp/peer/{rank}", "%s:%d:%d" % (host, *_free_ports(host)))
+    if with_server and rank == 0:
+        store.set(f"dlcp/peer/{world}", "%s:%d:%d" % (host, *_free_ports(host)))
+    n = world + (1 if with_server else 0)
+    peers = tuple(_parse_peer(r, store.get(f"dlcp/peer/{r}").decode()) for r in range(n))
+    store.set(f"dlcp/ready/{rank}", "1")
+    store.wait([f"dlcp/ready/{r}" for r in range(world)])  # nobody leaves while others still read
+    return peers
+
+
+def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None = None,
+         peers: Sequence[str] | None = None, policy: Policy | None = None, loss: LossInjection | None = None,
+         server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
+         error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
+         connect_timeout: float = 30.0) -> DLCPSession:
+    """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
+
+    Args:
+        pattern: ``"ps"`` or ``"ring"``.
+        rank, world_size: default to ``RANK``/``WORLD_SIZE`` from the environment.
+        peers: explicit addresses instead of the env:// rendezvous.
+        loss, server_loss: loss injection at this worker's / the server's receiver.
+        colocated_server: run the server beside worker 0 (``pattern="ps"``); otherwise it is
+            started elsewhere (``python -m dlcp_torch.server``) at the last peer address.
+
+    Example: ``session = dlcp_torch.init("ps", model=model)``
+    """
+    rank = int(os.environ["RANK"]) if rank is None else rank
+    world = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    with_server = pattern == "ps"
+    if peers is None:
+        all_peers = peers_from_env(rank, world, with_server and colocated_server)
+    else:
+        all_peers = tuple(_parse_peer(r, p) for r, p in enumerate(peers))
+    expected = world + (1 if with_server else 0)
+    if len(all_peers) != expected:
+        raise ValueError(f"{len(all_peers)} peer addresses for {world} workers"
+                         f"{' and a server' if with_server else ''}: expected {expected}")
+    policy = policy or Policy()
+    base = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
+                connect_timeout=connect_timeout)
+    server_rank = world if with_server else None
+    server_ep, server = None, ()
+    if with_server and colocated_server and rank == 0:
+        server_ep = Endpoint(TransportConfig(rank=world, loss=server_loss or LossInjection(), **base)).start()
+        server = start_server(server_ep, list(range(world)), policy)
+    ep = Endpoint(TransportConfig(rank=rank, loss=loss or LossInjection(), **base)).start()
+    ep.connect([server_rank] if with_server else [(rank + 1) % world] if world > 1 else [])
+    state = DLCPState(ep, pattern, workers=list(range(world)), server_rank=server_rank, model=model, policy=policy,
+                      error_feedback=error_feedback)
+    return DLCPSession(state, ep, server_ep, server)

@@ -1,0 +1,249 @@
+"""What the DLCP hook and optimizer keep between calls: one state object.
+
+Follows PyTorch's convention for stateful communication hooks (``PowerSGDState``): the hook
+function keeps nothing; the endpoint, the exchange pattern, priorities, error-feedback
+buffers and counters live here. The state validates its arguments, logs its configuration
+once, and survives pickling (checkpoints) without its endpoint, which cannot be pickled:
+call :meth:`DLCPState.attach` after loading.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hostagent.exchange import PSServer, PSWorker, RingAllreduce, message_id
+from hostagent.packetizer import elems_per_packet
+from hostagent.policy import Policy, layer_priorities
+from hostagent.transport import Endpoint
+
+log = logging.getLogger(__name__)
+
+PATTERNS = ("ps", "ring")
+#: Message step used for parameter broadcasts (exchanges use steps 0..2(N-1)).
+BROADCAST_STEP = 63
+
+
+@dataclass
+class SyncStats:
+    """Figures of the exchanges of one worker, for reports."""
+
+    sync_times: list[float] = field(default_factory=list)
+    """Per exchanged tensor (bucket or parameter): seconds from hand-off to averaged result."""
+    lost_fractions: list[float] = field(default_factory=list)
+    """Per exchanged tensor: fraction of this worker's pushed elements that never arrived."""
+
+
+class DLCPState:
+    """State of DLCP gradient exchange for one worker.
+
+    Args:
+        endpoint: this worker's started :class:`~hostagent.transport.Endpoint`.
+        pattern: ``"ps"`` (push to ``server_rank``, pull the average) or ``"ring"``
+            (ring allreduce over ``workers``).
+        workers: transport ranks of all workers, in ring order; the same list everywhere.
+        server_rank: the parameter server's transport rank (``pattern="ps"``).
+        model: the model, so priorities follow the order in which its modules run forward
+            (recorded during the first forward pass); without it, registration order.
+        policy: defaults to the endpoint's; its ``loss_bound_push`` is the bound p.
+        error_feedback: add what this worker lost in an exchange to its next gradient for the
+            same tensor (off by default: DLCP itself drops gradients without compensation).
+        max_inflight: exchanges run concurrently in this many threads.
+        timeout: seconds an exchange may take before it fails (default: the endpoint's
+            message deadline).
+
+    Raises:
+        ValueError: an inconsistent combination, said plainly.
+    """
+
+    def __init__(self, endpoint: Endpoint, pattern: str = "ps", workers: Sequence[int] | None = None,
+                 server_rank: int | None = None, model: torch.nn.Module | None = None, policy: Policy | None = None,
+                 error_feedback: bool = False, max_inflight: int = 8, timeout: float | None = None) -> None:
+        if pattern not in PATTERNS:
+            raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+        workers = list(workers) if workers is not None else [p.rank for p in endpoint.config.peers
+                                                             if p.rank != server_rank]
+        if endpoint.rank not in workers:
+            raise ValueError(f"this endpoint's rank {endpoint.rank} is not among the workers {workers}")
+        if pattern == "ps" and (server_rank is None or server_rank in workers):
+            raise ValueError("pattern 'ps' needs a server_rank that is not one of the workers")
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        self.pattern = pattern
+        self.workers = workers
+        self.server_rank = server_rank
+        self.policy = policy or endpoint.policy
+        self.error_feedback = error_feedback
+        self.max_inflight = max_inflight
+        self.timeout = timeout
+        self.stats = SyncStats()
+        self._errors: dict[int, np.ndarray] = {}
+        self._calls: dict[int, int] = {}
+        self._layer_of: dict[int, int] = {}
+        self._layer_sizes: list[int] = []
+        self._order_hooks: list = []
+        self._lock = threading.Lock()
+        self.endpoint: Endpoint | None = None
+        self.attach(endpoint)
+        if model is not None:
+            self._record_forward_order(model)
+        log.info("DLCPState: pattern=%s workers=%s server=%s p=%.3f error_feedback=%s max_inflight=%d",
+                 pattern, workers, server_rank, self.policy.loss_bound_push, error_feedback, max_inflight)
+
+    # --- endpoint and exchange ----------------------------------------------------------------
+    def attach(self, endpoint: Endpoint) -> None:
+        """(Re)connect the state to a started endpoint (after unpickling, for instance)."""
+        self.endpoint = endpoint
+        timeout = self.timeout
+        if self.pattern == "ps":
+            self._exchanger = PSWorker(endpoint, self.server_rank, self.policy, timeout)
+        else:
+            self._exchanger = RingAllreduce(endpoint, self.workers, self.policy, timeout)
+        self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"dlcp-x{endpoint.rank}")
+        self._per_packet = elems_per_packet(endpoint.config.mtu, np.float32)
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("endpoint", "_exchanger", "_pool", "_lock", "_order_hooks")}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__dict__.update(endpoint=None, _lock=threading.Lock(), _order_hooks=[])
+        log.warning("DLCPState restored without its endpoint: call attach(endpoint) before training")
+
+    def close(self) -> None:
+        """Wait for running exchanges and stop the worker threads (the endpoint stays open)."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    # --- priorities -----------------------------------------------------------------------------
+    def _record_forward_order(self, model: torch.nn.Module) -> None:
+        """Note the order leaf modules run in during the first forward pass."""
+        order: list[torch.nn.Module] = []
+        leaves = [m for m in model.modules() if not list(m.children()) and list(m.parameters(recurse=False))]
+
+        def pre_hook(module, _inputs):
+            if module not in order:
+                order.append(module)
+            if len(order) == len(leaves):
+                self._set_layers([[p for p in m.parameters(recurse=False)] for m in order])
+                for h in self._order_hooks:
+                    h.remove()
+                self._order_hooks.clear()
+
+        self._order_hooks = [m.register_forward_pre_hook(pre_hook) for m in leaves]
+        # until a forward pass has run, registration order stands in
+        self._set_layers([[p for p in m.parameters(recurse=False)] for m in leaves])
+
+    def _set_layers(self, layers: list[list[torch.nn.Parameter]]) -> None:
+        self._layer_of = {id(p): i for i, ps in enumerate(layers) for p in ps}
+        self._layer_sizes = [sum(p.numel() for p in ps) for ps in layers]
+        self._prio = layer_priorities(self._layer_sizes, self.policy) if layers else np.zeros(0, np.uint8)
+
+    def priority_of(self, params: Sequence[torch.Tensor]) -> tuple[int, int]:
+        """(priority, first layer) of a set of parameters: the most urgent of their layers."""
+        layers = [self._layer_of[id(p)] for p in params if id(p) in self._layer_of]
+        if not layers:
+            return self.policy.top_priority, 0
+        first = min(layers)
+        return int(self._prio[first]), first
+
+    # --- exchange -------------------------------------------------------------------------------
+    def next_iteration(self, key: int) -> int:
+        """How many times tensor ``key`` was exchanged before: its iteration number.
+
+        Every worker exchanges each bucket (or parameter) once per step, in the same layout,
+        so a per-key count agrees across workers without any step signal.
+        """
+        with self._lock:
+            it = self._calls.get(key, 0)
+            self._calls[key] = it + 1
+            return it
+
+    def exchange_async(self, key: int, grad: np.ndarray, priority: int, iteration: int | None = None) -> Future:
+        """Start averaging ``grad`` (flat float32) over the workers; a Future of the average."""
+        if self.endpoint is None:
+            raise RuntimeError("DLCPState has no endpoint: call attach(endpoint) first")
+        it = self.next_iteration(key) if iteration is None else iteration
+        if self.error_feedback:
+            err = self._errors.get(key)
+            if err is not None and err.shape == grad.shape:
+                grad = grad + err
+            else:
+                grad = grad.copy()  # the buffer must stay ours while in flight
+        return self._pool.submit(self._exchange, it, key, grad, priority)
+
+    def _exchange(self, iteration: int, key: int, grad: np.ndarray, priority: int) -> np.ndarray:
+        t0 = time.monotonic()
+        if self.pattern == "ps":
+            (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority])
+            lost = [(0, sent.lost_packets)] if sent.lost_packets is not None else []
+        else:
+            avg, = self._exchanger.allreduce(iteration, [grad], [key], [priority])
+            lost = []
+        if self.error_feedback:
+            err = np.zeros_like(grad)
+            for offset, packets in lost:
+                idx = lost_elements(packets, self._per_packet, grad.size - offset) + offset
+                err[idx] = grad[idx]
+            self._errors[key] = err
+        with self._lock:
+            self.stats.sync_times.append(time.monotonic() - t0)
+            self.stats.lost_fractions.append(
+                sum(len(lost_elements(p, self._per_packet, grad.size)) for _, p in lost) / max(1, grad.size))
+        return avg
+
+    def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Make every worker's ``tensors`` equal to the first worker's (reliable, p = 0)."""
+        ep = self.endpoint
+        root = self.workers[0]
+        deadline = ep.config.message_deadline
+        if ep.rank == root:
+            handles = [ep.send(w, t.detach().reshape(-1).contiguous().numpy(), message_id(0, i, BROADCAST_STEP),
+                               loss_bound=0.0) for w in self.workers if w != root for i, t in enumerate(tensors)]
+            for h in handles:
+                h.wait(deadline)
+        else:
+            for i, t in enumerate(tensors):
+                data = ep.recv(root, message_id(0, i, BROADCAST_STEP)).wait(deadline).data
+                with torch.no_grad():
+                    t.copy_(torch.from_numpy(data).reshape(t.shape))
+
+
+def lost_elements(packets: np.ndarray | None, per_packet: int, size: int) -> np.ndarray:
+    """Element indices covered by lost packet sequence numbers (packets of ``per_packet``)."""
+    if packets is None or len(packets) == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = (np.asarray(packets, np.int64)[:, None] * per_packet + np.arange(per_packet)).reshape(-1)
+    return idx[idx < size]
+
+
+def start_server(endpoint: Endpoint, workers: Sequence[int], policy: Policy | None = None,
+                 missing: str = "zero") -> tuple[threading.Thread, threading.Event]:
+    """Run a parameter server on ``endpoint`` in a thread (beside a worker, or alone).
+
+    Returns the thread and the event that stops it. The server serves whatever the workers
+    push (DDP buckets, single parameters), each tensor once every worker has pushed it.
+    """
+    server = PSServer(endpoint, list(workers), policy, missing=missing)
+    endpoint.announcements()  # start collecting before any worker pushes
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            server.serve_forever(stop)
+        except Exception:  # reported to the workers through their own deadlines
+            log.exception("parameter server on rank %d stopped", endpoint.rank)
+
+    thread = threading.Thread(target=run, name=f"dlcp-ps-{endpoint.rank}", daemon=True)
+    thread.start()
+    return thread, stop

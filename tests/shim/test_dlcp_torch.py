@@ -1,0 +1,187 @@
+"""The PyTorch shim with real processes, real gloo, real training on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import dlcp_torch
+from hostagent.policy import Policy
+from hostagent.transport import Endpoint, LossInjection, TransportConfig
+from tests.conftest import loopback_peers
+
+STEPS = 8
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _train(rank, world, how, port, out):
+    """One worker: DDP with gloo allreduce, DDP + dlcp_hook (ps/ring), or DistributedOptimizer."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    session = None
+    policy = Policy(loss_bound_push=0.0)
+    if how == "optimizer":
+        session = dlcp_torch.init("ps", model=model, policy=policy, message_deadline=20)
+        opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session.state)
+        net = model
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if how != "gloo":
+            session = dlcp_torch.init(how, model=model, policy=policy, message_deadline=20)
+            net.register_comm_hook(session.state, dlcp_torch.dlcp_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(STEPS):
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    out.put((rank, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()))
+    if how != "optimizer":
+        dist.barrier()
+    time.sleep(0.3)
+    if session:
+        session.close()
+    if how != "optimizer":
+        dist.destroy_process_group()
+
+
+def _run(world, how):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_train, args=(r, world, how, port, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        res = dict(out.get(timeout=180) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    return res
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_lossless_equals_stock_ddp_with_gloo(world):
+    ref = _run(world, "gloo")
+    for how in ("ps", "ring", "optimizer"):
+        got = _run(world, how)
+        for r in range(world):
+            np.testing.assert_allclose(got[r], ref[0], atol=1e-5, err_msg=f"{how}, rank {r}")
+
+
+def _digits(**kw):
+    import examples.train_digits as td
+
+    args = dict(workers=3, pattern="ps", mode="ddp", steps=200, batch=32, lr=0.05, loss=0.0, bound=0.0,
+                error_feedback=False, mtu=1500, timeout=300.0, compare=False, json=None)
+    args.update(kw)
+    return td.run_local(argparse.Namespace(**args))
+
+
+def test_bounded_loss_keeps_digits_accuracy():
+    lossless = _digits()
+    bounded = _digits(loss=0.05, bound=0.1)
+    assert all(r["lost_mean"] > 0 for r in bounded)  # loss really happened, under the bound
+    assert max(r["lost_mean"] for r in bounded) <= 0.1
+    assert abs(bounded[0]["accuracy"] - lossless[0]["accuracy"]) <= 0.01 + 1e-9
+
+
+def test_error_feedback_keeps_training_at_high_loss():
+    ef = _digits(loss=0.3, bound=0.3, error_feedback=True, steps=150)
+    assert ef[0]["lost_mean"] > 0.05
+    assert ef[0]["accuracy"] >= 0.9
+
+
+def test_error_feedback_carries_exactly_what_was_lost():
+    peers = loopback_peers(2)
+    drop = LossInjection(drop_probabilities=(0, 0, 0, 1.0), seed=0)  # every class-3 packet of a push is lost
+    pol = Policy(loss_bound_push=0.3)
+    server = Endpoint(TransportConfig(rank=1, peers=peers, policy=pol, loss=drop)).start()
+    worker = Endpoint(TransportConfig(rank=0, peers=peers, policy=pol)).start()
+    thread, stop = dlcp_torch.start_server(server, [0], pol)
+    try:
+        state = dlcp_torch.DLCPState(worker, "ps", workers=[0], server_rank=1, error_feedback=True)
+        g1 = np.random.default_rng(0).standard_normal(20_000).astype(np.float32)
+        avg1 = state.exchange_async(7, g1, 7).result(20)
+        lost = avg1 == 0
+        assert 0.2 < lost.mean() <= 0.3
+        np.testing.assert_array_equal(state._errors[7][lost], g1[lost])  # the error is the lost part
+        assert not state._errors[7][~lost].any()
+        g2 = np.zeros_like(g1)
+        avg2 = state.exchange_async(7, g2, 7).result(20)
+        # the second push carried the first one's lost part: its packets are now the largest
+        # (class 0, never dropped), so the server receives exactly what it missed before
+        np.testing.assert_array_equal(avg2[lost], g1[lost])
+        state.close()
+        # the state pickles without its endpoint (checkpoints)
+        restored = pickle.loads(pickle.dumps(state))
+        assert restored.endpoint is None and restored.error_feedback
+    finally:
+        stop.set()
+        thread.join(5)
+        worker.close()
+        server.close()
+
+
+def _doomed(rank, world, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 2)
+    session = dlcp_torch.init("ring", model=model, message_deadline=5)
+    opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session.state)
+    out.put((rank, "ready"))
+    t0 = None
+    try:
+        for step in range(100000):
+            opt.zero_grad()
+            model(torch.randn(4, 10)).sum().backward()
+            t0 = time.monotonic()
+            opt.step()
+    except Exception as exc:
+        out.put((rank, f"{type(exc).__name__}: {exc}", time.monotonic() - t0))
+    session.close()
+
+
+def test_worker_killed_mid_run_gives_a_clear_error():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_doomed, args=(r, 3, port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        assert sorted(out.get(timeout=120)[0] for _ in procs) == [0, 1, 2]
+        time.sleep(1.0)
+        os.kill(procs[2].pid, signal.SIGKILL)
+        errors = [out.get(timeout=30) for _ in range(2)]
+        for rank, message, waited in errors:
+            assert "rank 2" in message and "message" in message, message
+            assert waited < 10  # within the deadline (5 s) and then some
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()

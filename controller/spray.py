@@ -11,7 +11,7 @@ from controller.network import Network, SwitchSpec
 
 TABLES = ("ecmp_group", "ecmp_member")
 #: Policy.lb_mode -> the P4 program's LB_* constant.
-LB_MODES = {"round_robin": 0, "random": 1}
+LB_MODES = {"round_robin": 0, "random": 1, "flow": 2}
 
 
 def entries(sw: SwitchSpec, net: Network) -> list[TableEntry]:

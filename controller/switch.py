@@ -120,7 +120,9 @@ class Switch:
             rows.append(row)
         reasons = self.conn.read_counter(self.schema.counter("drop_reason").id)
         drops = {DROP_REASONS[i] if i < len(DROP_REASONS) else str(i): v[0] for i, v in sorted(reasons.items()) if v[0]}
-        return {"switch": self.spec.name, "ports": rows, "drop_reasons": drops}
+        by_class = self.conn.read_counter(self.schema.counter("selective_dropped_class").id)
+        classes = {i: v[0] for i, v in sorted(by_class.items()) if v[0]}
+        return {"switch": self.spec.name, "ports": rows, "drop_reasons": drops, "selective_drops_by_class": classes}
 
     # --- converging -----------------------------------------------------------------------
     def plan(self, net: Network, tables: Iterable[str] | None = None) -> tuple[bool, list[Change]]:

@@ -1,4 +1,4 @@
-"""``dlcp``: the host-side command line (demo, policy, wire format).
+"""``dlcp``: the host-side command line (demo, experiment runner, cleanup, policy, wire format).
 
 Library code never prints or exits; this module is where results become text and
 exceptions become exit codes: a :class:`~hostagent.errors.DlcpUserError` prints one line on
@@ -65,6 +65,29 @@ def cmd_wire(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from topologies.report import summary
+    from topologies.runner import RunOptions, run
+
+    opts = RunOptions(topology=args.topology, workers=args.workers,
+                      schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
+                      iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
+                      compute_ms=args.compute_ms, capacity_pps=args.capacity, buffer=args.buffer,
+                      cross_traffic=args.cross_traffic == "on", out=args.out, quiet=args.quiet)
+    run_dir, results = run(opts)
+    print(summary(results))
+    print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from topologies.clean import clean
+
+    removed = clean()
+    print(f"removed {removed['processes']} processes, {removed['namespaces']} namespaces, {removed['links']} links")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlcp", description="DLCP host tools: demo, policy, wire format.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -84,6 +107,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = pol.add_parser("check", help="validate a policy file")
     p.add_argument("file")
     p.set_defaults(func=cmd_policy_check)
+
+    p = sub.add_parser("run", help="run an experiment on a Mininet testbed of BMv2 switches (root)")
+    p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default="star")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--scheme", default="baseline,dlcp",
+                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (default baseline,dlcp)")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer"], default="resnet50",
+                   help="synthetic gradients with this model's per-tensor sizes")
+    p.add_argument("--pattern", choices=["ps", "ring"], default="ps")
+    p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
+    p.add_argument("--compute-ms", type=float, default=100.0, help="simulated backward time per iteration")
+    p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
+    p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
+    p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
+    p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
+    p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("wire", help="print the DLCP header layout")
     p.add_argument("--json", action="store_true")

@@ -77,7 +77,7 @@ BAND_STRATEGIES: dict[str, BandStrategy] = {
 #: loses exactly its L2 norm from the gradient.
 MAGNITUDES = ("l2", "maxabs")
 #: How a switch spreads DLCP data packets over an ECMP group.
-LB_MODES = ("round_robin", "random")
+LB_MODES = ("round_robin", "random", "flow")
 
 
 def register_band_strategy(name: str, fn: BandStrategy) -> None:
@@ -141,7 +141,8 @@ class Policy:
     """DSCP written into the IP header per priority, so commodity switches can queue by it."""
 
     lb_mode: str = "round_robin"
-    """How switches spray DLCP data packets over an ECMP group: ``round_robin`` or ``random``."""
+    """How switches spread DLCP data packets over an ECMP group: ``round_robin`` or ``random`` per
+    packet, or ``flow`` (5-tuple hash, no spraying: the baseline)."""
 
     def __post_init__(self) -> None:
         # YAML and JSON give lists; store tuples so the policy stays hashable and frozen.

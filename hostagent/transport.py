@@ -489,6 +489,12 @@ class Endpoint:
         with self._lock:
             if self._announcements is None:
                 self._announcements = queue.Queue()
+                # messages announced before anyone asked: unclaimed, in flight or complete
+                for key, msg in self._in.items():
+                    if msg.handle is None:
+                        self._announcements.put(key)
+                for key in self._done_in:
+                    self._announcements.put(key)
             return self._announcements
 
     def endpoint_stats(self) -> dict[str, Any]:

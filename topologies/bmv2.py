@@ -99,18 +99,20 @@ class Bmv2Switch:
                                          start_new_session=True)
         deadline = time.monotonic() + timeout
         channel = grpc.insecure_channel(self.options.grpc)
+        ready = grpc.channel_ready_future(channel)
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise Bmv2Error(f"switch {self.options.name} exited with code {self.proc.returncode} at start; "
                                     f"log {self.log_path}:\n{tail(self.log_path)}")
                 try:
-                    grpc.channel_ready_future(channel).result(timeout=0.5)
+                    ready.result(timeout=0.5)
                     log.info("switch %s up (pid %d, gRPC %s)", self.options.name, self.proc.pid, self.options.grpc)
                     return self
                 except grpc.FutureTimeoutError:
                     continue
         finally:
+            ready.cancel()
             channel.close()
         self.stop()
         raise Bmv2Error(f"switch {self.options.name}: gRPC {self.options.grpc} did not answer within {timeout:g} s; "

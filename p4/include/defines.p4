@@ -24,6 +24,7 @@
 /* Load-balancing modes of an ECMP group for DLCP data packets. */
 #define LB_ROUND_ROBIN 0
 #define LB_RANDOM 1
+#define LB_FLOW 2      /* DLCP data hashed like any flow: no spraying (the baseline) */
 
 /* Why a packet was dropped (index of the drop_reason counter). */
 #define DROP_NONE 0

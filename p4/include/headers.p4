@@ -83,7 +83,7 @@ struct dlcp_metadata_t {
     bit<1> has_group;         /* the route points at an ECMP group */
     bit<16> ecmp_group;
     bit<16> ecmp_size;
-    bit<1> ecmp_mode;
+    bit<2> ecmp_mode;
     bit<16> ecmp_member;
     bit<1> vq_on;             /* the egress port has a virtual queue (a bottleneck) */
     bit<32> vq_capacity;      /* its buffer, packets */

@@ -141,3 +141,28 @@ def test_message_id_layout():
         message_id(0, 1 << 16, 0)
     with pytest.raises(ValueError):
         message_id(0, 0, 64)
+
+
+def test_dynamic_server_sees_messages_announced_before_it_started(endpoints):
+    """A worker may push before the server asks for announcements: nothing may be missed."""
+    import threading
+
+    eps = endpoints(3, policy=Policy(loss_bound_push=0.0))
+    server_ep = eps[2]
+    grads = {w: np.full(1000, w + 1, np.float32) for w in (0, 1)}
+    pulls = {w: eps[w].recv(2, message_id(0, 5, 1)) for w in (0, 1)}
+    for w in (0, 1):
+        eps[w].send(2, grads[w], message_id(0, 5, 0))
+    import time
+
+    time.sleep(0.3)  # both pushes are complete at the server before it serves
+    server = PSServer(server_ep, [0, 1])
+    stop = threading.Event()
+    t = threading.Thread(target=server.serve_forever, args=(stop,))
+    t.start()
+    try:
+        for w in (0, 1):
+            np.testing.assert_array_equal(pulls[w].wait(10).data, np.full(1000, 1.5, np.float32))
+    finally:
+        stop.set()
+        t.join(5)

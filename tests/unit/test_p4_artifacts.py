@@ -52,7 +52,8 @@ def test_controller_constants_match_p4_defines():
     assert define("VQ_FRAC_BITS") == priority_queue.VQ_FRAC_BITS
     assert define("NUM_QUEUES") == priority_queue.NUM_QUEUES
     assert define("DLCP_UDP_PORT") == wire.DLCP_UDP_PORT
-    assert {define("LB_ROUND_ROBIN"), define("LB_RANDOM")} == set(spray.LB_MODES.values())
+    assert {define("LB_ROUND_ROBIN"), define("LB_RANDOM"), define("LB_FLOW")} == set(spray.LB_MODES.values())
+    assert define("LB_FLOW") == spray.LB_MODES["flow"]
     assert define("LB_RANDOM") == spray.LB_MODES["random"]
 
 

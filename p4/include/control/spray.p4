@@ -1,6 +1,7 @@
 /* Spray: pick a member of the route's ECMP group.
  * DLCP data packets are placed by offset at the receiver, so each packet may take any path:
- * round-robin (a register per group) or uniform random, as the controller sets per group.
+ * round-robin (a register per group) or uniform random, as the controller sets per group;
+ * mode LB_FLOW hashes them like any flow (the baseline without spraying).
  * Every other packet hashes its 5-tuple, so a TCP flow stays on one path. */
 #ifndef DLCP_SPRAY_P4
 #define DLCP_SPRAY_P4
@@ -9,7 +10,7 @@ control Spray(inout headers_t hdr, inout dlcp_metadata_t meta,
               inout standard_metadata_t standard_metadata) {
     register<bit<16>>(ECMP_GROUPS) rr_next;
 
-    action set_group(bit<16> size, bit<1> mode) {
+    action set_group(bit<16> size, bit<2> mode) {
         meta.ecmp_size = size;
         meta.ecmp_mode = mode;
     }
@@ -54,7 +55,7 @@ control Spray(inout headers_t hdr, inout dlcp_metadata_t meta,
                     }
                     rr_next.write((bit<32>)meta.ecmp_group, next);
                     meta.ecmp_member = member;
-                } else if (meta.is_dlcp_data == 1) {
+                } else if (meta.is_dlcp_data == 1 && meta.ecmp_mode == LB_RANDOM) {
                     random(meta.ecmp_member, (bit<16>)0, meta.ecmp_size - 1);
                 } else {
                     hash(meta.ecmp_member, HashAlgorithm.crc16, (bit<16>)0,

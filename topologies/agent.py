@@ -1,0 +1,100 @@
+"""The host agent of a testbed run: one worker (or the parameter server) in a Mininet host.
+
+Started by the runner inside a host's namespace as ``python -m topologies.agent SPEC RANK``.
+A worker exchanges synthetic gradients with the per-tensor sizes of a real model
+(:mod:`hostagent.model_profiles`), overlapping them with a simulated backward pass: tensors
+become ready from the output layer back to the input, ``compute_ms`` in total, and each is
+handed to DLCP as soon as it is (highest priority, the input layers, go first once ready).
+Iteration 0 warms up (connections, rates) and the last one, ``iterations + 1``, runs the
+communication alone, without compute, for the ordering-efficiency metric. It writes one JSON
+line of results per iteration to its output file. The server serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dlcp_torch.state import DLCPState, start_server
+from hostagent.model_profiles import layer_sizes
+from hostagent.policy import Policy, layer_priorities
+from hostagent.ratecontrol import RateConfig
+from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+
+
+def _endpoint(spec: dict, rank: int) -> Endpoint:
+    peers = tuple(Peer(r, ip, spec["data_port"], spec["control_port"]) for r, ip in enumerate(spec["peer_ips"]))
+    cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
+                          rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
+                          connect_timeout=30.0)
+    return Endpoint(cfg).start()
+
+
+def run_worker(spec: dict, rank: int, out: Path) -> None:
+    ep = _endpoint(spec, rank)
+    workers = list(range(spec["workers"]))
+    server = spec["workers"] if spec["pattern"] == "ps" else None
+    ep.connect([server] if server is not None else [(rank + 1) % len(workers)])
+    state = DLCPState(ep, spec["pattern"], workers=workers, server_rank=server, policy=ep.policy, max_inflight=64)
+    sizes = layer_sizes(spec["model"], spec["scale"])
+    prio = layer_priorities(sizes, ep.policy)
+    rng = np.random.default_rng(rank)
+    grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    compute = spec["compute_ms"] / 1e3
+    per_tensor = [compute * n / sum(sizes) for n in sizes]
+    with open(out, "w") as f:
+        last = spec["iterations"] + 1
+        for it in range(last + 1):
+            retx0 = ep.stats.retransmitted_pkts
+            t0 = time.monotonic()
+            futures, ready_at = [], []
+            for t in reversed(range(len(sizes))):  # backward: the output layer's gradient exists first
+                if it != last and per_tensor[t] > 0:
+                    time.sleep(per_tensor[t])
+                ready_at.append(time.monotonic())
+                futures.append(state.exchange_async(t, grads[t], int(prio[t]), iteration=it))
+            first_send = ready_at[0]
+            for fut in futures:
+                fut.result(timeout=spec["deadline"] + 5)
+            end = time.monotonic()
+            lost = state.stats.lost_fractions[-len(sizes):]
+            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "calibration" if it == last else
+                                ("warmup" if it == 0 else "measured"), "iteration_time": end - t0,
+                                "sync_time": end - ready_at[-1], "comm_span": end - first_send,
+                                "compute_time": ready_at[-1] - t0 if it != last else 0.0,
+                                "lost_fraction": float(np.mean(lost)) if lost else 0.0,
+                                "retransmissions": ep.stats.retransmitted_pkts - retx0}) + "\n")
+            f.flush()
+    state.close()
+    time.sleep(0.5)
+    ep.close()
+
+
+def run_server(spec: dict, rank: int) -> None:
+    ep = _endpoint(spec, rank)
+    thread, stop = start_server(ep, list(range(spec["workers"])), ep.policy)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.is_set():
+        stop.wait(0.2)
+    thread.join(5)
+    ep.close()
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    if rank == spec["workers"] and spec["pattern"] == "ps":
+        run_server(spec, rank)
+    else:
+        run_worker(spec, rank, Path(sys.argv[3]))
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "agent"
+    main()

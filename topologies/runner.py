@@ -1,0 +1,298 @@
+"""``dlcp run``: one command from topology to comparison table.
+
+The sequence, in this order and undone in ``finally`` (also on Ctrl-C or an error):
+register the run (for ``dlcp clean``), build and start the Mininet network of BMv2
+switches, then per scheme: apply the controller configuration for that scheme, start the
+cross traffic, start the agents (parameter server and workers) in their hosts, wait for the
+workers, stop the rest, read the switch counters; finally write ``results.json``, the plots
+and the summary, and tear everything down.
+
+Schemes (``SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
+selective drop), ``dlcp`` (all three mechanisms) and ablations that switch on one mechanism
+at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` (selective
+dropping), ``bounded`` (bounded-loss completion).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hostagent.errors import DlcpUserError
+from hostagent.policy import Policy
+from topologies.topos import TOPOLOGIES, TopologyDesc, short
+
+log = logging.getLogger(__name__)
+
+#: Which mechanisms each scheme turns on.
+SCHEMES: dict[str, dict[str, bool]] = {
+    "baseline": dict(prio=False, lb=False, drop=False, bounded=False),
+    "dlcp": dict(prio=True, lb=True, drop=True, bounded=True),
+    "lb": dict(prio=False, lb=True, drop=False, bounded=False),
+    "prio": dict(prio=True, lb=False, drop=False, bounded=False),
+    "drop": dict(prio=False, lb=False, drop=True, bounded=False),
+    "bounded": dict(prio=False, lb=False, drop=False, bounded=True),
+}
+WORKLOADS = ("resnet50", "vgg16", "transformer")
+REGISTRY = Path(os.environ.get("DLCP_RUN_REGISTRY", "/tmp/dlcp-runs"))
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    topology: str = "star"
+    workers: int = 4
+    schemes: tuple[str, ...] = ("baseline", "dlcp")
+    iterations: int = 10
+    workload: str = "resnet50"
+    pattern: str = "ps"
+    scale: float = 0.002
+    """Multiplies every tensor of the model, so BMv2's tens of kpps can carry an iteration."""
+    compute_ms: float = 100.0
+    capacity_pps: int = 2000
+    buffer: int = 64
+    cross_traffic: bool = True
+    cross_rate: float = 0.5
+    """UDP cross traffic rate as a fraction of the bottleneck capacity."""
+    mtu: int = 1500
+    loss_bound: float = 0.05
+    out: str = "runs"
+    quiet: bool = False
+    timeout: float = 600.0
+
+    def validate(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise DlcpUserError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
+        bad = [s for s in self.schemes if s not in SCHEMES]
+        if bad or not self.schemes:
+            raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+        if self.workload not in WORKLOADS:
+            raise DlcpUserError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
+        if self.pattern not in ("ps", "ring"):
+            raise DlcpUserError("pattern must be ps or ring")
+        if not 2 <= self.workers <= 7:
+            raise DlcpUserError("--workers must be between 2 and 7")
+        if self.iterations < 1 or self.capacity_pps < 10 or self.scale <= 0:
+            raise DlcpUserError("--iterations >= 1, --capacity >= 10 pps and --scale > 0 are required")
+
+
+def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
+    """The policy of one scheme: what is off falls back to the baseline's behaviour."""
+    on = SCHEMES[scheme]
+    buf = opts.buffer
+    return Policy(
+        priority_map=(0, 1, 2, 3, 4, 5, 6, 7) if on["prio"] else (0,) * 8,
+        lb_mode="round_robin" if on["lb"] else "flow",
+        num_drop_classes=4 if on["drop"] else 1,
+        drop_thresholds=(buf * 3 // 4, buf // 2, buf // 4) if on["drop"] else (),
+        ecn_threshold=max(1, buf // 4),
+        loss_bound_push=opts.loss_bound if on["bounded"] else 0.0,
+    )
+
+
+@dataclass
+class Registry:
+    """What this run started, on disk, so ``dlcp clean`` can undo a crashed run."""
+
+    path: Path
+    pids: list[int] = field(default_factory=list)
+    netns: list[str] = field(default_factory=list)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns}))
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _progress(opts: RunOptions, text: str) -> None:
+    if not opts.quiet:
+        print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+
+
+def _kill(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(grace)
+
+
+def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
+    """Start ``args`` inside a Mininet host's namespace, in a session of its own."""
+    out = open(log_path, "ab")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.Popen(["mnexec", "-a", str(host.pid), *args], stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
+
+
+def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
+                index: int) -> dict:
+    from controller.cli import apply_network
+    from controller.network import parse_network
+    from controller.p4info import P4Schema
+    from controller.p4rt import Pipeline
+    from controller import pipeline
+    from controller.switch import Switch
+
+    sdir = run_dir / scheme
+    sdir.mkdir(parents=True, exist_ok=True)
+    policy = scheme_policy(scheme, opts)
+    # With priority queueing, the agents' control connections (TCP, top priority's DSCP) get
+    # the top queue; without it, everything shares queue 0.
+    dscp = {policy.dscp[q]: policy.priority_map[q] for q in range(policy.num_priorities)} if SCHEMES[scheme]["prio"] \
+        else None
+    netfile = topo.network(str(run_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp)
+    (sdir / "network.json").write_text(json.dumps(netfile, indent=2))
+    network = parse_network(netfile, f"{scheme} network")
+    apply_network(network)
+    schema, pipe = P4Schema.load(pipeline.P4INFO), Pipeline.load(pipeline.P4INFO, pipeline.BMV2_JSON)
+
+    def counters() -> dict:
+        out = {}
+        for spec in network.switches.values():
+            with Switch(spec, schema, pipe) as sw:
+                out[spec.name] = sw.counters()
+        return out
+
+    before = counters()
+    workers = topo.role("worker")
+    server = topo.role("server")[0]
+    peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
+    pkt_bytes = opts.mtu
+    spec = {"workers": len(workers), "pattern": opts.pattern, "peer_ips": peers, "data_port": 17649,
+            "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
+            "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
+            "deadline": 60.0, "rate": {"initial_rate": opts.capacity_pps * pkt_bytes * 0.5,
+                                       "line_rate": opts.capacity_pps * pkt_bytes * 2.0,
+                                       "min_rate": 10_000.0, "additive_increase": opts.capacity_pps * pkt_bytes * 0.01,
+                                       "burst_bytes": 16 * pkt_bytes}}
+    (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
+    procs: list[subprocess.Popen] = []
+    cross: list[subprocess.Popen] = []
+    try:
+        if opts.cross_traffic:
+            xs = topo.role("cross")
+            pairs = [(xs[0], server), (xs[1], server)] if topo.name == "star" else [(xs[0], xs[1]), (xs[0], xs[1])]
+            dsts = {d.name for _, d in pairs}
+            for d in dsts:
+                cross.append(_popen_in(net.get(d), [PYTHON, "-m", "topologies.traffic", "sink", "5001"],
+                                       sdir / f"sink-{short(d)}.log"))
+            time.sleep(0.5)
+            duration = str(opts.timeout)
+            rate = str(opts.capacity_pps * opts.cross_rate)
+            (src, dst), (src2, dst2) = pairs
+            cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", "udp", dst.ip, "5001", rate,
+                                                       "0.5", "0.5", duration], sdir / "cross-udp.log"))
+            cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", "tcp", dst2.ip, "5001",
+                                                        "0.5", "0.5", duration], sdir / "cross-tcp.log"))
+        if opts.pattern == "ps":
+            procs.append(_popen_in(net.get(server.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
+                                                          str(len(workers))], sdir / "server.log"))
+        outs = []
+        for rank, w in enumerate(workers):
+            out = sdir / f"worker{rank}.jsonl"
+            outs.append(out)
+            procs.append(_popen_in(net.get(w.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
+                                                     str(rank), str(out)], sdir / f"worker{rank}.log"))
+        registry.pids += [p.pid for p in procs + cross]
+        registry.save()
+        worker_procs = procs[1:] if opts.pattern == "ps" else procs
+        t0 = time.monotonic()
+        while any(p.poll() is None for p in worker_procs):
+            if time.monotonic() - t0 > opts.timeout:
+                raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
+                                    f"(logs in {sdir})")
+            done = sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs)
+            total = (opts.iterations + 2) * len(workers)
+            _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] {time.monotonic() - t0:5.0f} s  "
+                            f"iterations {done}/{total} " + "#" * int(30 * done / total))
+            time.sleep(0.5)
+        failed = [i for i, p in enumerate(worker_procs) if p.returncode != 0]
+        if failed:
+            raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")
+    finally:
+        for p in procs + cross:
+            _kill(p)
+    after = counters()
+    records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
+    return {"scheme": scheme, "policy": policy.to_dict(), "iterations": records,
+            "switches": _counter_delta(before, after)}
+
+
+def _counter_delta(before: dict, after: dict) -> dict:
+    out = {}
+    for sw, a in after.items():
+        b = before.get(sw, {"ports": [], "drop_reasons": {}, "selective_drops_by_class": {}})
+        bp = {(r["port"], r["queue"]): r for r in b["ports"]}
+        rows = []
+        for r in a["ports"]:
+            prev = bp.get((r["port"], r["queue"]), {})
+            d = {k: v - prev.get(k, 0) if isinstance(v, int) and k not in ("port", "queue") else v for k, v in r.items()}
+            if any(v for k, v in d.items() if k.endswith("_pkts")):
+                rows.append(d)
+        cls = {c: n - b["selective_drops_by_class"].get(c, 0) for c, n in a["selective_drops_by_class"].items()}
+        reasons = {k: v - b["drop_reasons"].get(k, 0) for k, v in a["drop_reasons"].items()}
+        out[short(sw)] = {"ports": rows, "drop_reasons": {k: v for k, v in reasons.items() if v},
+                          "selective_drops_by_class": {c: n for c, n in cls.items() if n}}
+    return out
+
+
+def run(opts: RunOptions) -> tuple[Path, dict]:
+    """Run every scheme on one network; returns the run directory and the results."""
+    opts.validate()
+    if os.geteuid() != 0:
+        raise DlcpUserError("dlcp run needs root (Mininet creates namespaces and links): use sudo")
+    from topologies import bmv2
+
+    if bmv2.binary() is None:
+        raise DlcpUserError("simple_switch_grpc is not installed (BMv2 from p4lang's packages)")
+    try:
+        from topologies import net as tnet
+    except ImportError as exc:
+        raise DlcpUserError(f"Mininet is not importable ({exc}); install it (Debian: apt-get install mininet) "
+                            "and run make setup again") from None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(opts.out).resolve() / f"{stamp}-{opts.topology}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(asdict(opts), indent=2))
+    topo = TOPOLOGIES[opts.topology](opts.workers)
+    registry = Registry(REGISTRY / f"{stamp}-{os.getpid()}.json", netns=[s.name for s in topo.switches])
+    registry.save()
+    net = tnet.build(topo, run_dir)
+    results: dict = {"config": asdict(opts), "topology": topo.name, "schemes": []}
+    try:
+        _progress(opts, "starting switches ...")
+        tnet.start(net)
+        registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
+        registry.save()
+        for i, scheme in enumerate(opts.schemes):
+            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i))
+    finally:
+        _progress(opts, "tearing down ...")
+        try:
+            net.stop()
+        finally:
+            from topologies.clean import clean_namespaces
+
+            clean_namespaces(registry.netns)
+            registry.remove()
+            _progress(opts, "")
+    from topologies.report import finish
+
+    finish(run_dir, results)
+    return run_dir, results

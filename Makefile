@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
-.PHONY: setup test test-unit demo demo-drop bench p4 clean help
+.PHONY: setup test test-unit demo demo-testbed demo-drop bench p4 clean help
 
 help:
 	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)"
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@# Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if present.
+	@if [ -d /usr/lib/python3/dist-packages/mininet ]; then \
+		ln -sfn /usr/lib/python3/dist-packages/mininet $(VENV)/lib/python3*/site-packages/mininet; fi
 	@touch $@
 
 test: $(STAMP)
@@ -36,6 +39,10 @@ test-unit: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/train_digits.py --workers 4 --compare
+
+# The same training through the Mininet testbed of BMv2 switches (needs root, BMv2, Mininet).
+demo-testbed: $(STAMP)
+	$(VENV)/bin/dlcp run --topology star --workers 4 --workload digits --iterations 100 --scheme baseline,dlcp
 
 demo-drop: $(STAMP)
 	$(VENV)/bin/dlcp demo

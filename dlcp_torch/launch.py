@@ -26,6 +26,7 @@ import torch
 
 from dlcp_torch.state import DLCPState, start_server
 from hostagent.policy import Policy
+from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
          peers: Sequence[str] | None = None, policy: Policy | None = None, loss: LossInjection | None = None,
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
          error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
-         connect_timeout: float = 30.0) -> DLCPSession:
+         connect_timeout: float = 30.0, rate: RateConfig | None = None) -> DLCPSession:
     """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
 
     Args:
@@ -129,7 +130,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
                          f"{' and a server' if with_server else ''}: expected {expected}")
     policy = policy or Policy()
     base = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
-                connect_timeout=connect_timeout)
+                connect_timeout=connect_timeout, rate=rate or RateConfig())
     server_rank = world if with_server else None
     server_ep, server = None, ()
     if with_server and colocated_server and rank == 0:

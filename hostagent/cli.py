@@ -114,11 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheme", default="baseline,dlcp",
                    help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (default baseline,dlcp)")
     p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer"], default="resnet50",
-                   help="synthetic gradients with this model's per-tensor sizes")
+    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer", "digits"], default="resnet50",
+                   help="synthetic gradients with this model's per-tensor sizes, or real training on digits")
     p.add_argument("--pattern", choices=["ps", "ring"], default="ps")
     p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
-    p.add_argument("--compute-ms", type=float, default=100.0, help="simulated backward time per iteration")
+    p.add_argument("--compute-ms", type=float, default=500.0, help="simulated backward time per iteration (synthetic workloads)")
     p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")

@@ -76,6 +76,49 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     ep.close()
 
 
+def run_digits(spec: dict, rank: int, out: Path) -> None:
+    """Real PyTorch training (examples/train_digits.py's model and data) through dlcp_torch."""
+    import torch
+
+    import dlcp_torch
+    from examples.train_digits import load_data, make_model
+
+    torch.set_num_threads(1)
+    (xtr, ytr), (xte, yte) = load_data()
+    model = make_model()
+    peers = [f"{ip}:{spec['data_port']}:{spec['control_port']}" for ip in spec["peer_ips"]]
+    session = dlcp_torch.init(spec["pattern"], rank=rank, world_size=spec["workers"], peers=peers, model=model,
+                              policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
+                              message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]))
+    opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
+                                          session.state)
+    shard = torch.arange(rank, len(ytr), spec["workers"])
+    g = torch.Generator().manual_seed(100 + rank)
+    with open(out, "w") as f:
+        for it in range(spec["iterations"] + 1):
+            retx0 = session.endpoint.stats.retransmitted_pkts
+            n_lost = len(session.state.stats.lost_fractions)
+            t0 = time.monotonic()
+            idx = shard[torch.randint(0, len(shard), (32,), generator=g)]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+            t1 = time.monotonic()
+            opt.step()
+            end = time.monotonic()
+            lost = session.state.stats.lost_fractions[n_lost:]
+            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "warmup" if it == 0 else "measured",
+                                "iteration_time": end - t0, "sync_time": end - t1, "comm_span": end - t1,
+                                "compute_time": t1 - t0, "lost_fraction": float(np.mean(lost)) if lost else 0.0,
+                                "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0}) + "\n")
+            f.flush()
+        with torch.no_grad():
+            acc = (model(xte).argmax(1) == yte).float().mean().item()
+        f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final", "accuracy": acc})
+                + "\n")
+    time.sleep(0.5)
+    session.close()
+
+
 def run_server(spec: dict, rank: int) -> None:
     ep = _endpoint(spec, rank)
     thread, stop = start_server(ep, list(range(spec["workers"])), ep.policy)
@@ -91,6 +134,8 @@ def main() -> None:
     rank = int(sys.argv[2])
     if rank == spec["workers"] and spec["pattern"] == "ps":
         run_server(spec, rank)
+    elif spec["model"] == "digits":
+        run_digits(spec, rank, Path(sys.argv[3]))
     else:
         run_worker(spec, rank, Path(sys.argv[3]))
 

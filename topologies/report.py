@@ -42,7 +42,9 @@ def scheme_metrics(s: dict) -> dict:
         for c, n in sw["selective_drops_by_class"].items():
             drops_by_class[str(c)] = drops_by_class.get(str(c), 0) + n
     tail = sum(r.get("tail_dropped_pkts", 0) for sw in s["switches"].values() for r in sw["ports"])
-    return {"sync_p50_ms": 1e3 * float(np.percentile(sync, 50)), "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
+    final = [r["accuracy"] for r in s["iterations"] if r.get("kind") == "final"]
+    extra = {"accuracy": float(np.mean(final))} if final else {}
+    return {**extra, "sync_p50_ms": 1e3 * float(np.percentile(sync, 50)), "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
             "lost_fraction_mean": float(np.mean([r["lost_fraction"] for r in recs])),
             "retransmissions": int(sum(r["retransmissions"] for r in recs)),
@@ -53,15 +55,17 @@ def scheme_metrics(s: dict) -> dict:
 def summary(results: dict) -> str:
     rows = [(s["scheme"], s["metrics"]) for s in results["schemes"] if s.get("metrics")]
     base = next((m["iteration_p50_ms"] for name, m in rows if name == "baseline"), None)
+    acc = any("accuracy" in m for _, m in rows)
     head = (f"{'scheme':<10}{'sync p50':>10}{'sync p99':>10}{'iter p50':>10}{'speedup':>9}{'lost':>8}"
-            f"{'retx':>7}{'E':>7}{'stragg.':>9}{'sel.drops':>11}{'tail':>6}")
+            f"{'retx':>7}{'E':>7}{'stragg.':>9}{'sel.drops':>11}{'tail':>6}" + (f"{'acc':>8}" if acc else ""))
     lines = [head, "-" * len(head)]
     for name, m in rows:
         speed = f"{base / m['iteration_p50_ms']:.2f}x" if base else "-"
         sel = sum(m["switch_selective_drops_by_class"].values())
         lines.append(f"{name:<10}{m['sync_p50_ms']:>8.0f}ms{m['sync_p99_ms']:>8.0f}ms{m['iteration_p50_ms']:>8.0f}ms"
                      f"{speed:>9}{m['lost_fraction_mean']:>8.2%}{m['retransmissions']:>7}"
-                     f"{m['ordering_efficiency']:>7.2f}{m['straggler_spread']:>9.2f}{sel:>11}{m['switch_tail_drops']:>6}")
+                     f"{m['ordering_efficiency']:>7.2f}{m['straggler_spread']:>9.2f}{sel:>11}{m['switch_tail_drops']:>6}"
+                     + (f"{m.get('accuracy', float('nan')):>8.4f}" if acc else ""))
     return "\n".join(lines)
 
 

@@ -40,7 +40,8 @@ SCHEMES: dict[str, dict[str, bool]] = {
     "drop": dict(prio=False, lb=False, drop=True, bounded=False),
     "bounded": dict(prio=False, lb=False, drop=False, bounded=True),
 }
-WORKLOADS = ("resnet50", "vgg16", "transformer")
+#: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits).
+WORKLOADS = ("resnet50", "vgg16", "transformer", "digits")
 REGISTRY = Path(os.environ.get("DLCP_RUN_REGISTRY", "/tmp/dlcp-runs"))
 PYTHON = sys.executable
 
@@ -55,7 +56,7 @@ class RunOptions:
     pattern: str = "ps"
     scale: float = 0.002
     """Multiplies every tensor of the model, so BMv2's tens of kpps can carry an iteration."""
-    compute_ms: float = 100.0
+    compute_ms: float = 500.0
     capacity_pps: int = 2000
     buffer: int = 64
     cross_traffic: bool = True
@@ -218,7 +219,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
                 raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
                                     f"(logs in {sdir})")
             done = sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs)
-            total = (opts.iterations + 2) * len(workers)
+            total = (opts.iterations + 2) * len(workers)  # warm-up + measured + calibration or final
             _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] {time.monotonic() - t0:5.0f} s  "
                             f"iterations {done}/{total} " + "#" * int(30 * done / total))
             time.sleep(0.5)

@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	@# Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if present.
 	@if [ -d /usr/lib/python3/dist-packages/mininet ]; then \
-		ln -sfn /usr/lib/python3/dist-packages/mininet $(VENV)/lib/python3*/site-packages/mininet; fi
+		ln -sfn /usr/lib/python3/dist-packages/mininet "$$(ls -d $(VENV)/lib/python3*/site-packages)/mininet"; fi
 	@touch $@
 
 test: $(STAMP)

@@ -178,8 +178,11 @@ def test_worker_killed_mid_run_gives_a_clear_error():
         os.kill(procs[2].pid, signal.SIGKILL)
         errors = [out.get(timeout=30) for _ in range(2)]
         for rank, message, waited in errors:
-            assert "rank 2" in message and "message" in message, message
+            # each survivor's error names the peer it lost and the message it was waiting for
+            # (the second may learn of the failure from the first one stopping)
+            assert "peer rank" in message and "message" in message, message
             assert waited < 10  # within the deadline (5 s) and then some
+        assert any("peer rank 2" in m for _, m, _ in errors), errors
     finally:
         for p in procs:
             p.join(10)

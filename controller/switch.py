@@ -131,10 +131,9 @@ class Switch:
         push = self.conn.pipeline_cookie() != self.pipeline.cookie
         scope = self.managed_tables(net) if tables is None else [self.schema.table(t).name for t in tables]
         defaults = sorted({e.table for e in want if e.default})
+        # a new pipeline starts empty, with its P4 defaults: everything must be written
         have = [] if push else [e for e in self.read_entries(scope, defaults)
                                 if not e.default or e.table in defaults]
-        if push:  # a new pipeline starts from its P4 defaults: every default must be written
-            have = []
         return push, diff(want, have, scope)
 
     def apply(self, net: Network, tables: Iterable[str] | None = None, dry_run: bool = False,

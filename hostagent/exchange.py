@@ -95,6 +95,13 @@ class ExchangeStats:
     per_message: list[dict] = field(default_factory=list)
 
 
+def _check_lengths(n: int, ids: Sequence[int], priorities: Sequence[int]) -> None:
+    if len(ids) != n or len(priorities) != n:
+        raise ValueError(f"{n} tensors need as many tensor ids and priorities; got {len(ids)} and {len(priorities)}")
+    if len(set(ids)) != n:
+        raise ValueError(f"tensor ids must be distinct within one call, got {list(ids)}")
+
+
 def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> list:
     return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
@@ -145,6 +152,7 @@ class PSWorker:
         flats = [_flat(g) for g in grads]
         ids = list(range(len(flats))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([f.size for f in flats], self.policy) if priorities is None else priorities
+        _check_lengths(len(flats), ids, prio)
         pulls = [self.ep.recv(self.server, message_id(iteration, t, 1)) for t in ids]
         pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
                                loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t, layer=t % 65536)
@@ -298,6 +306,7 @@ class RingAllreduce:
             return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
+        _check_lengths(len(bufs), ids, prio)
         bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
         received: list[RecvResult] = []
         sent_stats: list = []

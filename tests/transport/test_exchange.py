@@ -166,3 +166,12 @@ def test_dynamic_server_sees_messages_announced_before_it_started(endpoints):
     finally:
         stop.set()
         t.join(5)
+
+
+def test_exchange_rejects_mismatched_ids(endpoints):
+    eps = endpoints(2)
+    worker = PSWorker(eps[0], server_rank=1)
+    with pytest.raises(ValueError, match="tensor ids and priorities"):
+        worker.exchange(0, [np.ones(3, np.float32)], tensor_ids=[1, 2])
+    with pytest.raises(ValueError, match="distinct"):
+        worker.exchange(0, [np.ones(3, np.float32)] * 2, tensor_ids=[1, 1])

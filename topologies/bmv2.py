@@ -55,6 +55,23 @@ def binary() -> str | None:
     return shutil.which("simple_switch_grpc")
 
 
+def terminate_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM a process started with ``start_new_session=True`` and its whole group; SIGKILL
+    what is left after ``grace`` seconds. By process id only, never by name."""
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -129,19 +146,7 @@ class Bmv2Switch:
         """Terminate the process (its whole session), then kill it if it lingers."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout)
+        terminate_group(self.proc, timeout)
         self.proc = None
         if self.options.grpc.startswith("unix:"):
             Path(self.options.grpc[5:]).unlink(missing_ok=True)

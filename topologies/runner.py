@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy
+from topologies.bmv2 import terminate_group
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 
 log = logging.getLogger(__name__)
@@ -117,20 +117,6 @@ class Registry:
 def _progress(opts: RunOptions, text: str) -> None:
     if not opts.quiet:
         print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
-
-
-def _kill(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(grace)
 
 
 def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
@@ -228,7 +214,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")
     finally:
         for p in procs + cross:
-            _kill(p)
+            terminate_group(p, 3.0)
     after = counters()
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
     return {"scheme": scheme, "policy": policy.to_dict(), "iterations": records,

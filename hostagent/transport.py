@@ -37,7 +37,6 @@ import socket
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,10 +45,11 @@ from hostagent import wire
 from hostagent.lossmodel import drop_by_class
 from hostagent.messages import (InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
                                 RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
-from hostagent.packetizer import DEFAULT_MTU, MessageMeta, packetize
-from hostagent.policy import Policy, retransmission_set
-from hostagent.ratecontrol import Pacer, RateConfig, RateController
+from hostagent.packetizer import MessageMeta, packetize
+from hostagent.policy import retransmission_set
+from hostagent.ratecontrol import Pacer, RateController
 from hostagent.reassembly import REASONS, Reassembler
+from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
 
 log = logging.getLogger(__name__)
 
@@ -59,140 +59,6 @@ _UNKNOWN_HELD = 0xFFFFFFFF  # STOP body when the receiver no longer knows the me
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Where one endpoint of the job listens."""
-
-    rank: int
-    host: str
-    data_port: int = wire.DLCP_UDP_PORT
-    control_port: int = wire.DLCP_UDP_PORT + 1
-
-
-@dataclass(frozen=True)
-class LossInjection:
-    """Receiver-side faults for experiments and tests without a switch. Off by default.
-
-    Applied to arriving data packets before reassembly and counted in the endpoint's stats.
-    """
-
-    drop_probabilities: tuple[float, ...] = ()
-    """Drop probability per drop class (index = class); classes beyond the tuple are kept.
-    ``(0, 0, 0.05, 0.05)`` drops 5 % of the two most droppable classes."""
-
-    delay: float = 0.0
-    """Seconds a delayed packet is held back."""
-
-    delay_probability: float = 0.0
-    """Fraction of packets delayed by ``delay``."""
-
-    reorder: bool = False
-    """Shuffle every received batch before reassembly."""
-
-    seed: int = 0
-    """Seed of the injection's random generator, so runs repeat."""
-
-    def __post_init__(self) -> None:
-        if any(not 0 <= p <= 1 for p in self.drop_probabilities):
-            raise ValueError(f"LossInjection.drop_probabilities must be in [0, 1], got {self.drop_probabilities}")
-        if self.delay < 0 or not 0 <= self.delay_probability <= 1:
-            raise ValueError("LossInjection.delay must be >= 0 and delay_probability in [0, 1]")
-
-    @property
-    def enabled(self) -> bool:
-        return any(self.drop_probabilities) or (self.delay > 0 and self.delay_probability > 0) or self.reorder
-
-
-@dataclass(frozen=True)
-class TransportConfig:
-    """Everything an endpoint needs; frozen, shared by value."""
-
-    rank: int
-    """This endpoint's rank; must be one of ``peers``."""
-
-    peers: tuple[Peer, ...]
-    """Every endpoint of the job, this one included."""
-
-    job_id: int = 1
-    """Packets of other jobs are rejected."""
-
-    policy: Policy = field(default_factory=Policy)
-    """Tagging and completion policy (priorities, drop classes, loss bounds)."""
-
-    mtu: int = DEFAULT_MTU
-    """IP packet size of data packets."""
-
-    rate: RateConfig = field(default_factory=RateConfig)
-    """Rate control and pacing per destination."""
-
-    loss: LossInjection = field(default_factory=LossInjection)
-    """Receiver-side loss injection (off by default)."""
-
-    connect_timeout: float = 10.0
-    """How long to keep trying to reach a peer's control port."""
-
-    message_deadline: float = 60.0
-    """Hard deadline of a message, from its send or announcement."""
-
-    idle_timeout: float = 0.05
-    """Floor of the idle timeout: a message at >= (1-p) with nothing new for
-    ``max(idle_timeout, 8 * srtt)`` completes even without the sender's PROBE."""
-
-    probe_grace: float = 0.002
-    """A PROBE is answered once no data of the message arrived for this long, so packets
-    still in flight are not reported missing."""
-
-    feedback_interval: float = 0.002
-    """How often a receiver reports received and CE-marked packets to each sender."""
-
-    rx_batch: int = 256
-    """Datagrams received per reassembly batch."""
-
-    socket_buffer: int = 4 * 1024 * 1024
-    """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max)."""
-
-    park_limit: int = 16384
-    """Most early packets (data before their META) held at once."""
-
-    def __post_init__(self) -> None:
-        ranks = [p.rank for p in self.peers]
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
-        if self.rank not in ranks:
-            raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
-        if not 1 <= self.rx_batch <= 65536:
-            raise ValueError(f"TransportConfig.rx_batch={self.rx_batch} must be in 1..65536")
-        for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"TransportConfig.{name} must be > 0, got {getattr(self, name)}")
-
-    def peer(self, rank: int) -> Peer:
-        for p in self.peers:
-            if p.rank == rank:
-                return p
-        raise ValueError(f"unknown peer rank {rank}; known ranks: {[p.rank for p in self.peers]}")
-
-
-@dataclass
-class EndpointStats:
-    """Totals of one endpoint since it started."""
-
-    data_pkts_sent: int = 0
-    data_bytes_sent: int = 0
-    retransmitted_pkts: int = 0
-    data_pkts_received: int = 0
-    data_bytes_received: int = 0
-    ce_marked: int = 0
-    parked: int = 0
-    late: int = 0
-    rx_overflows: int = 0
-    injected_drops: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    injected_delays: int = 0
-    send_errors: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
 
 
 class _Conn:
@@ -1093,11 +959,6 @@ class Endpoint:
         for rank, rcv, marked, lost in feedback:
             flags = wire.Flags.ECN_ECHO if marked else wire.Flags.NONE
             self._send_ctl(rank, wire.PacketType.FEEDBACK, 0, wire.FEEDBACK_BODY.pack(rcv, marked, lost), flags=flags)
-
-
-def local_peers(n: int, base_port: int, host: str = "127.0.0.1") -> tuple[Peer, ...]:
-    """``n`` peers on one host with consecutive ports (data, control) from ``base_port``."""
-    return tuple(Peer(r, host, base_port + 2 * r, base_port + 2 * r + 1) for r in range(n))
 
 
 __all__ = ["Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",

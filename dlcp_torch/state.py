@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hostagent.exchange import PSServer, PSWorker, RingAllreduce, message_id
+from hostagent.exchange import PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
@@ -54,7 +54,9 @@ class DLCPState:
             (recorded during the first forward pass); without it, registration order.
         policy: defaults to the endpoint's; its ``loss_bound_push`` is the bound p.
         error_feedback: add what this worker lost in an exchange to its next gradient for the
-            same tensor (off by default: DLCP itself drops gradients without compensation).
+            same tensor (off by default: DLCP itself drops gradients without compensation). With
+            a parameter server that is its own gradient where the server missed it; in a ring,
+            the partial sums its reduce-scatter sends lost.
         max_inflight: exchanges run concurrently in this many threads.
         timeout: seconds an exchange may take before it fails (default: the endpoint's
             message deadline).
@@ -186,20 +188,17 @@ class DLCPState:
         t0 = time.monotonic()
         if self.pattern == "ps":
             (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority])
-            lost = [(0, sent.lost_packets)] if sent.lost_packets is not None else []
+            idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
+            vals = grad[idx]  # the worker's own gradient there
         else:
-            avg, = self._exchanger.allreduce(iteration, [grad], [key], [priority])
-            lost = []
+            (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority])
         if self.error_feedback:
             err = np.zeros_like(grad)
-            for offset, packets in lost:
-                idx = lost_elements(packets, self._per_packet, grad.size - offset) + offset
-                err[idx] = grad[idx]
+            np.add.at(err, idx, vals)
             self._errors[key] = err
         with self._lock:
             self.stats.sync_times.append(time.monotonic() - t0)
-            self.stats.lost_fractions.append(
-                sum(len(lost_elements(p, self._per_packet, grad.size)) for _, p in lost) / max(1, grad.size))
+            self.stats.lost_fractions.append(len(np.unique(idx)) / max(1, grad.size))
         return avg
 
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -217,14 +216,6 @@ class DLCPState:
                 data = ep.recv(root, message_id(0, i, BROADCAST_STEP)).wait(deadline).data
                 with torch.no_grad():
                     t.copy_(torch.from_numpy(data).reshape(t.shape))
-
-
-def lost_elements(packets: np.ndarray | None, per_packet: int, size: int) -> np.ndarray:
-    """Element indices covered by lost packet sequence numbers (packets of ``per_packet``)."""
-    if packets is None or len(packets) == 0:
-        return np.zeros(0, dtype=np.int64)
-    idx = (np.asarray(packets, np.int64)[:, None] * per_packet + np.arange(per_packet)).reshape(-1)
-    return idx[idx < size]
 
 
 def start_server(endpoint: Endpoint, workers: Sequence[int], policy: Policy | None = None,

@@ -101,8 +101,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
             dist.destroy_process_group()
 
 
-def _worker(rank: int, world: int, args: argparse.Namespace, port: int, out) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, args: argparse.Namespace, ports: tuple[int, int], out) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]),
+                      DLCP_STORE_PORT=str(ports[1]))
     torch.set_num_threads(1)
     try:
         out.put(train(args, rank, world))
@@ -111,12 +112,15 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int, out) -> 
         raise
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_ports(n: int = 2) -> tuple[int, ...]:
+    """``n`` distinct free TCP ports on loopback (torch's store and DLCP's store)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = tuple(s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    return ports
 
 
 def run_local(args: argparse.Namespace) -> list[dict]:
@@ -125,8 +129,8 @@ def run_local(args: argparse.Namespace) -> list[dict]:
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, args.workers, args, port, out)) for r in range(args.workers)]
+    ports = free_ports(2)
+    procs = [ctx.Process(target=_worker, args=(r, args.workers, args, ports, out)) for r in range(args.workers)]
     for p in procs:
         p.start()
     results = []

@@ -32,6 +32,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from hostagent.messages import MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
+from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
 
@@ -93,6 +94,14 @@ class ExchangeStats:
     lost_fraction_mean: float = 0.0
     retransmissions: int = 0
     per_message: list[dict] = field(default_factory=list)
+
+
+def lost_elements(packets: np.ndarray | None, per_packet: int, size: int) -> np.ndarray:
+    """Element indices covered by lost packet sequence numbers (packets of ``per_packet``)."""
+    if packets is None or len(packets) == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = (np.asarray(packets, np.int64)[:, None] * per_packet + np.arange(per_packet)).reshape(-1)
+    return idx[idx < size]
 
 
 def _check_lengths(n: int, ids: Sequence[int], priorities: Sequence[int]) -> None:
@@ -299,11 +308,21 @@ class RingAllreduce:
         ``tensor_ids`` and ``priorities`` replace the positions and the policy's priorities
         by position; concurrent calls for different tensor ids may run in parallel threads.
         """
+        return [avg for avg, _, _ in self.allreduce_detailed(iteration, grads, tensor_ids, priorities)]
+
+    def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                           priorities: Sequence[int] | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """As :meth:`allreduce`, with what this member's reduce-scatter sends lost, per tensor:
+        (average, flat indices, the partial-sum values sent there). Error feedback re-injects
+        those values, which keeps the ring's sum over iterations whole."""
         t0 = time.monotonic()
         deadline = t0 + self.timeout
         bufs = [_flat(g).astype(np.float32) for g in grads]  # working copies; inputs stay untouched
+        none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         if self.n == 1:
-            return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]
+            return [(b.reshape(np.shape(g)), *none) for b, g in zip(bufs, grads)]
+        per = elems_per_packet(self.ep.config.mtu, np.float32)
+        lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
         _check_lengths(len(bufs), ids, prio)
@@ -329,8 +348,19 @@ class RingAllreduce:
                 for buf, bd, r in zip(bufs, bounds, results):
                     buf[bd[c_recv] : bd[c_recv + 1]] += r.data
             received.extend(results)
-            sent_stats.extend(_wait_all(sends, deadline))
+            step_sent = _wait_all(sends, deadline)
+            sent_stats.extend(step_sent)
+            if not gather:  # a partial sum went missing: note what it held (its chunk is not changed again)
+                for t, (buf, bd, st) in enumerate(zip(bufs, bounds, step_sent)):
+                    if st.lost_packets is not None:
+                        idx = lost_elements(st.lost_packets, per, int(bd[c_send + 1] - bd[c_send])) + bd[c_send]
+                        lost[t].append((idx, buf[idx].copy()))
         for buf in bufs:
             buf /= np.float32(n)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)
-        return [b.reshape(np.shape(g)) for b, g in zip(bufs, grads)]
+        out = []
+        for b, g, ls in zip(bufs, grads, lost):
+            idx = np.concatenate([x for x, _ in ls]) if ls else none[0]
+            vals = np.concatenate([v for _, v in ls]) if ls else none[1]
+            out.append((b.reshape(np.shape(g)), idx, vals))
+        return out

@@ -175,3 +175,20 @@ def test_exchange_rejects_mismatched_ids(endpoints):
         worker.exchange(0, [np.ones(3, np.float32)], tensor_ids=[1, 2])
     with pytest.raises(ValueError, match="distinct"):
         worker.exchange(0, [np.ones(3, np.float32)] * 2, tensor_ids=[1, 1])
+
+
+def test_ring_reports_what_its_sends_lost(endpoints):
+    """Two members: each reduce-scatter send is the member's own chunk, so what it lost is its
+    own gradient there, and the average at those elements holds only the other's half."""
+    loss = LossInjection(drop_probabilities=(0, 0, 0, 1.0), seed=4)  # every class-3 packet
+    eps = endpoints(2, policy=Policy(loss_bound_push=0.3), loss=loss)
+    rings = [RingAllreduce(ep, [0, 1]) for ep in eps]
+    rng = np.random.default_rng(8)
+    grads = [rng.standard_normal(40_000).astype(np.float32) for _ in range(2)]
+    out = _run_threads({w: (lambda w=w: rings[w].allreduce_detailed(0, [grads[w]])) for w in range(2)})
+    for w in range(2):
+        avg, idx, vals = out[w][0]
+        assert 0 < len(idx) <= 0.3 * 20_000 + 1000
+        np.testing.assert_array_equal(vals, grads[w][idx])
+        np.testing.assert_allclose(avg[idx], grads[1 - w][idx] / 2, rtol=1e-6)
+        np.testing.assert_array_equal(avg, out[1 - w][0][0])  # the all-gather is reliable

@@ -70,8 +70,7 @@ def _print_reports(reports: list[ApplyReport], as_json: bool, verbose: bool) -> 
     for r in reports:
         c = r.counts()
         verb = "would write" if r.dry_run else "wrote"
-        pushed = " (pipeline pushed)" if r.pipeline_pushed else (" (pipeline would be pushed)" if r.dry_run and
-                                                                  r.pipeline_pushed else "")
+        pushed = "" if not r.pipeline_pushed else (" (pipeline would be pushed)" if r.dry_run else " (pipeline pushed)")
         print(f"{r.switch}: {verb} {r.writes} entries: {c['insert']} inserted, {c['modify']} modified, "
               f"{c['delete']} deleted{pushed}; {r.queue_settings} queue settings")
         if verbose or r.dry_run:

@@ -32,6 +32,9 @@ def ctl(*args):
 
 def test_apply_diff_show_stats(rig, tmp_path):
     net = _write_network(rig, tmp_path)
+    dry = ctl("apply", net, "--dry-run")
+    assert dry.returncode == 0 and "would write" in dry.stdout and "pipeline would be pushed" in dry.stdout
+    assert "pipeline would be pushed" in ctl("apply", net, "--dry-run").stdout  # a dry run changed nothing
     first = ctl("apply", net)
     assert first.returncode == 0, first.stderr
     assert "pipeline pushed" in first.stdout and "16 inserted" in first.stdout

@@ -18,6 +18,15 @@ How missing elements count (the bound lets up to p of a message go missing):
 
 Message ids: both sides of a message compute its id from (iteration, tensor, step) with
 :func:`message_id`, so no id needs to be exchanged; ids repeat every 1024 iterations.
+
+Fusion: :meth:`PSWorker.exchange` and :meth:`RingAllreduce.allreduce` pack the tensors into
+buckets (:mod:`hostagent.fusion`, DDP's caps by default) and exchange one message per bucket,
+each packet tagged with the priority of the layer it carries; ``FusionConfig(enabled=False)``
+sends one message per tensor. The ``*_detailed`` methods exchange exactly the arrays they are
+given (one message each), with an optional :class:`~hostagent.fusion.Layout` per array.
+
+Control frames: a receiver that knows what it will receive (a PS worker's pull, every ring
+step) posts the size with its ``recv`` (``expect``), so the sender sends no META for it.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from hostagent.messages import MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
+from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
+from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
@@ -125,6 +135,49 @@ def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: S
     return stats
 
 
+def _layouts(n: int, layouts: Sequence[Layout | None] | None) -> list[Layout | None]:
+    if layouts is None:
+        return [None] * n
+    if len(layouts) != n:
+        raise ValueError(f"{n} tensors need as many layouts, got {len(layouts)}")
+    return list(layouts)
+
+
+class _Planner:
+    """Bucket plans by tensor sizes, computed once per distinct set of sizes."""
+
+    def __init__(self, fusion: FusionConfig, policy: Policy) -> None:
+        self.fusion = fusion
+        self.policy = policy
+        self._plans: dict[tuple[int, ...], list[Bucket]] = {}
+
+    def plan(self, sizes: Sequence[int], priorities: Sequence[int] | None = None) -> list[Bucket]:
+        key = tuple(int(s) for s in sizes) + (() if priorities is None else (-1, *map(int, priorities)))
+        plan = self._plans.get(key)
+        if plan is None:
+            prio = layer_priorities(list(sizes), self.policy) if priorities is None else priorities
+            plan = self._plans[key] = plan_buckets(list(sizes), list(prio), config=self.fusion)
+        return plan
+
+
+def _fuse(flats: Sequence[np.ndarray], plan: Sequence[Bucket]) -> list[np.ndarray]:
+    out = []
+    for b in plan:
+        buf = np.empty(b.total, dtype=np.float32)
+        for t, off, size in zip(b.tensors, b.offsets, b.sizes):
+            buf[off : off + size] = flats[t]
+        out.append(buf)
+    return out
+
+
+def _unfuse(results: Sequence[np.ndarray], plan: Sequence[Bucket], grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+    out: list[np.ndarray | None] = [None] * len(grads)
+    for b, flat in zip(plan, results):
+        for t, off, size in zip(b.tensors, b.offsets, b.sizes):
+            out[t] = flat[off : off + size].reshape(np.shape(grads[t]))
+    return out  # type: ignore[return-value]
+
+
 class PSWorker:
     """A worker of a parameter-server job: push gradients, pull the average.
 
@@ -132,40 +185,60 @@ class PSWorker:
     """
 
     def __init__(self, endpoint: Endpoint, server_rank: int, policy: Policy | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, fusion: FusionConfig = FusionConfig()) -> None:
         endpoint.config.peer(server_rank)
         self.ep = endpoint
         self.server = server_rank
         self.policy = policy or endpoint.policy
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.last_stats: ExchangeStats | None = None
+        self._planner = _Planner(fusion, self.policy)
 
-    def exchange(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                 priorities: Sequence[int] | None = None) -> list[np.ndarray]:
-        """Push ``grads`` to the server and return the averaged gradients (float32, same shapes).
+    def plan(self, sizes: Sequence[int], priorities: Sequence[int] | None = None) -> list[Bucket]:
+        """The buckets :meth:`exchange` sends for tensors of ``sizes`` (the server serves ``len`` of them)."""
+        return self._planner.plan(sizes, priorities)
+
+    def exchange(self, iteration: int, grads: Sequence[np.ndarray], priorities: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Push ``grads`` (forward order) to the server and return the averages (float32, same shapes).
+
+        The tensors travel fused into the buckets of :meth:`plan` (message ``b`` of the
+        iteration is bucket ``b``), each packet with its layer's priority.
 
         Args:
-            tensor_ids: ids to use instead of the positions 0..n-1 (the server keys on them).
             priorities: header priority per tensor instead of the policy's by position.
 
         Raises:
             TransportError: the server failed or a deadline passed (names peer and message).
         """
-        return [avg for avg, _ in self.exchange_detailed(iteration, grads, tensor_ids, priorities)]
+        flats = [_flat(g) for g in grads]
+        plan = self.plan([f.size for f in flats], priorities)
+        fused = _fuse(flats, plan)
+        res = self.exchange_detailed(iteration, fused, [b.index for b in plan], [b.layout.top_priority for b in plan],
+                                     [b.layout for b in plan])
+        return _unfuse([avg for avg, _ in res], plan, grads)
 
     def exchange_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                          priorities: Sequence[int] | None = None) -> list[tuple[np.ndarray, MessageStats]]:
-        """As :meth:`exchange`, with each push's :class:`MessageStats` (which packets the server
-        never got: ``lost_packets``). Safe to call from several threads for different tensors."""
+                          priorities: Sequence[int] | None = None,
+                          layouts: Sequence[Layout | None] | None = None) -> list[tuple[np.ndarray, MessageStats]]:
+        """Push each array as one message and pull its average, with each push's
+        :class:`MessageStats` (which packets the server never got: ``lost_packets``).
+
+        ``layouts`` (one per array, or None) tags each packet with the priority of the layer it
+        carries. Safe to call from several threads for different tensor ids.
+        """
         t0 = time.monotonic()
         flats = [_flat(g) for g in grads]
         ids = list(range(len(flats))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([f.size for f in flats], self.policy) if priorities is None else priorities
         _check_lengths(len(flats), ids, prio)
-        pulls = [self.ep.recv(self.server, message_id(iteration, t, 1)) for t in ids]
+        lays = _layouts(len(flats), layouts)
+        pulls = [self.ep.recv(self.server, message_id(iteration, t, 1),
+                              expect=Expect(f.size, np.float32, self.policy.loss_bound_pull))
+                 for t, f in zip(ids, flats)]
         pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
-                               loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t, layer=t % 65536)
-                  for t, f, pr in zip(ids, flats, prio)]
+                               loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t,
+                               layer=(lay.first_layer if lay is not None else t) % 65536, layout=lay)
+                  for t, f, pr, lay in zip(ids, flats, prio, lays)]
         deadline = t0 + self.timeout
         results = _wait_all(pulls, deadline)
         sent = _wait_all(pushes, deadline)
@@ -194,7 +267,9 @@ class PSServer:
         self.history: list[ExchangeStats] = []
 
     def serve_iteration(self, iteration: int, num_tensors: int) -> ExchangeStats:
-        """Receive ``num_tensors`` gradients from every worker, aggregate, reply.
+        """Receive ``num_tensors`` messages from every worker, aggregate, reply.
+
+        With fused workers a message is a bucket: pass ``len(worker.plan(sizes))``.
 
         Tensors are aggregated as soon as every worker's copy is complete, highest priority
         first among those ready; replies carry the tensor's priority and the pull bound.
@@ -221,10 +296,12 @@ class PSServer:
                 agg = aggregate(results, len(self.workers), self.missing)
                 keep.append(agg)  # must outlive its sends (zero-copy)
                 priority = prio_of.setdefault(t, self._priority(results[0]))
+                layout = _echo_layout(results)
                 for w in self.workers:
                     replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
                                                 loss_bound=self.policy.loss_bound_pull, iteration=iteration,
-                                                tensor_id=t, layer=t))
+                                                tensor_id=t, layer=layout.first_layer, layout=layout,
+                                                announce=False))
                 pending.remove(t)
         sent = _wait_all(replies, deadline)
         stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent)
@@ -261,15 +338,30 @@ class PSServer:
                 results = [h.wait(0) for h in pending.pop(mid).values()]
                 agg = aggregate(results, len(self.workers), self.missing)
                 reply = mid | (1 << 16)
+                layout = _echo_layout(results)
                 sends = [self.ep.send(w, agg, reply, priority=results[0].stats.priority,
                                       loss_bound=self.policy.loss_bound_pull, iteration=(mid >> 22),
-                                      tensor_id=mid & 0xFFFF) for w in self.workers]
+                                      tensor_id=mid & 0xFFFF, layer=layout.first_layer, layout=layout,
+                                      announce=False) for w in self.workers]
                 keep.append((agg, sends))
             keep = [(a, s) for a, s in keep if not all(h.done() for h in s)]  # replies still in flight
 
     @staticmethod
     def _priority(result: RecvResult) -> int:
         return result.stats.priority
+
+
+def _echo_layout(results: Sequence[RecvResult]) -> Layout:
+    """The per-packet layout of a reply: each packet keeps the priority and layer its pushes
+    carried (the most urgent over the workers), so a fused average returns as it came."""
+    prio = results[0].packet_priorities
+    layers = results[0].packet_layers
+    for r in results[1:]:
+        prio = np.maximum(prio, r.packet_priorities)
+        layers = np.minimum(layers, r.packet_layers)
+    per = results[0].elems_per_packet
+    return Layout(np.arange(len(prio), dtype=np.int64) * per, prio.astype(np.int64), layers.astype(np.int64),
+                  results[0].data.size)
 
 
 class RingAllreduce:
@@ -283,7 +375,7 @@ class RingAllreduce:
     """
 
     def __init__(self, endpoint: Endpoint, ranks: Sequence[int], policy: Policy | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, fusion: FusionConfig = FusionConfig()) -> None:
         ranks = list(ranks)
         if len(set(ranks)) != len(ranks) or endpoint.rank not in ranks:
             raise ValueError(f"ring {ranks} must list distinct ranks including this endpoint's ({endpoint.rank})")
@@ -300,18 +392,27 @@ class RingAllreduce:
         self.policy = policy or endpoint.policy
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.last_stats: ExchangeStats | None = None
+        self._planner = _Planner(fusion, self.policy)
 
-    def allreduce(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                  priorities: Sequence[int] | None = None) -> list[np.ndarray]:
-        """Average ``grads`` over the ring; every member returns the same arrays (float32).
+    def plan(self, sizes: Sequence[int], priorities: Sequence[int] | None = None) -> list[Bucket]:
+        """The buckets :meth:`allreduce` reduces for tensors of ``sizes``."""
+        return self._planner.plan(sizes, priorities)
 
-        ``tensor_ids`` and ``priorities`` replace the positions and the policy's priorities
-        by position; concurrent calls for different tensor ids may run in parallel threads.
+    def allreduce(self, iteration: int, grads: Sequence[np.ndarray], priorities: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Average ``grads`` (forward order) over the ring; every member returns the same arrays (float32).
+
+        The tensors travel fused into the buckets of :meth:`plan`, each packet with its
+        layer's priority; ``priorities`` replaces the policy's priorities by position.
         """
-        return [avg for avg, _, _ in self.allreduce_detailed(iteration, grads, tensor_ids, priorities)]
+        flats = [_flat(g) for g in grads]
+        plan = self.plan([f.size for f in flats], priorities)
+        res = self.allreduce_detailed(iteration, _fuse(flats, plan), [b.index for b in plan],
+                                      [b.layout.top_priority for b in plan], [b.layout for b in plan])
+        return _unfuse([avg for avg, _, _ in res], plan, grads)
 
     def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                           priorities: Sequence[int] | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                           priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None
+                           ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """As :meth:`allreduce`, with what this member's reduce-scatter sends lost, per tensor:
         (average, flat indices, the partial-sum values sent there). Error feedback re-injects
         those values, which keeps the ring's sum over iterations whole."""
@@ -326,6 +427,8 @@ class RingAllreduce:
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
         _check_lengths(len(bufs), ids, prio)
+        lays = [lay if lay is not None else Layout.single(b.size, int(pr), t)
+                for t, (b, pr, lay) in enumerate(zip(bufs, prio, _layouts(len(bufs), layouts)))]
         bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
         received: list[RecvResult] = []
         sent_stats: list = []
@@ -337,12 +440,16 @@ class RingAllreduce:
             c_recv = (i - s) % n if gather else (i - s - 1) % n
             bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
             recvs, sends = [], []
-            for t, (tid, buf, bd) in enumerate(zip(ids, bufs, bounds)):
+            for t, (tid, buf, bd, lay) in enumerate(zip(ids, bufs, bounds, lays)):
                 mid = message_id(iteration, tid, step)
                 out = buf[bd[c_recv] : bd[c_recv + 1]] if gather else None
-                recvs.append(self.ep.recv(self.left, mid, out=out))
-                sends.append(self.ep.send(self.right, buf[bd[c_send] : bd[c_send + 1]], mid, priority=int(prio[t]),
-                                          loss_bound=bound, iteration=iteration, tensor_id=tid, layer=t))
+                recvs.append(self.ep.recv(self.left, mid, out=out,
+                                          expect=Expect(int(bd[c_recv + 1] - bd[c_recv]), np.float32, bound)))
+                chunk = lay.slice(int(bd[c_send]), int(bd[c_send + 1]))
+                sends.append(self.ep.send(self.right, buf[bd[c_send] : bd[c_send + 1]], mid,
+                                          priority=chunk.top_priority if chunk.total else int(prio[t]),
+                                          loss_bound=bound, iteration=iteration, tensor_id=tid,
+                                          layer=chunk.first_layer % 65536, layout=chunk, announce=False))
             results = _wait_all(recvs, deadline)
             if not gather:
                 for buf, bd, r in zip(bufs, bounds, results):

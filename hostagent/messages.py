@@ -107,6 +107,26 @@ class SendHandle(_Handle):
 
 
 @dataclass(frozen=True)
+class Expect:
+    """What a receiver already knows of a message it asks for, so the sender needs no META.
+
+    In a collective the receiver knows every size in advance (a PS worker's pull has the size
+    of its push; a ring step's chunk is fixed), and an announcement would only cost a control
+    frame. The sender must then send with ``announce=False`` and the same element type; both
+    ends use the job's MTU, so they cut packets alike.
+    """
+
+    total_elems: int
+    dtype: Any
+    loss_bound: float
+
+    def __post_init__(self) -> None:
+        if self.total_elems < 0 or not 0 <= self.loss_bound < 1:
+            raise ValueError(f"Expect needs total_elems >= 0 and 0 <= loss_bound < 1, got {self.total_elems}, "
+                             f"{self.loss_bound}")
+
+
+@dataclass(frozen=True)
 class RecvResult:
     """A received message: the data (missing elements zero) and its figures."""
 
@@ -115,6 +135,11 @@ class RecvResult:
     received: np.ndarray | None = None
     """Per packet: did it arrive (``None`` when every packet did)."""
     elems_per_packet: int = 1
+    packet_priorities: np.ndarray | None = field(default=None, repr=False, compare=False)
+    """Per packet: the priority it carried (the message's own for packets that never came or
+    came as retransmissions), so a server can reply with the same per-layer tags."""
+    packet_layers: np.ndarray | None = field(default=None, repr=False, compare=False)
+    """Per packet: the layer field it carried."""
 
     def present_elements(self) -> np.ndarray:
         """1.0 for each element that arrived, 0.0 for each zero-filled one (float32)."""
@@ -132,10 +157,15 @@ class RecvHandle(_Handle):
 
 
 class OutMessage:
-    """Sender-side state of one message."""
+    """Sender-side state of one message.
+
+    Packets go out in order of their own priority (a fused message carries several layers:
+    its most urgent packets leave first), ties in sequence order; retransmissions go before
+    everything else.
+    """
 
     def __init__(self, dest: int, batch: PacketBatch, priority: int, loss_bound: float,
-                 deadline: float, order: int) -> None:
+                 deadline: float, order: int, announce: bool = True) -> None:
         self.dest = dest
         self.batch = batch
         self.message_id = int(batch.headers["message_id"][0]) if len(batch) else 0
@@ -143,21 +173,47 @@ class OutMessage:
         self.loss_bound = loss_bound
         self.deadline = deadline
         self.order = order  # FIFO among equal priorities
+        self.announce = announce
         self.handle = SendHandle(dest, self.message_id)
         self.started = time.monotonic()
-        self.next_seq = 0  # first pass position
+        prio = batch.headers["priority"]
+        if len(prio) and prio.min() != prio.max():
+            self.send_order = np.argsort(-prio.astype(np.int16), kind="stable")
+            self._prio_in_order = prio[self.send_order]
+        else:
+            self.send_order = np.arange(len(batch), dtype=np.int64)
+            self._prio_in_order = None
+        self.next_seq = 0  # position in send_order of the first pass
         self.retx: np.ndarray = np.zeros(0, dtype=np.int64)  # queued retransmissions
         self.retx_pos = 0
         self.retransmissions = 0
         self.probes = 0
         self.awaiting_reply = False
+        self.pass_done_at: float | None = None  # when the first pass (or a retransmission round) ended
+        self.probe_sent_at: float | None = None
         self.reported_missing = 0
         self.stopped = False
 
     @property
     def sending_priority(self) -> int:
-        """Retransmissions are queued at the top priority, so they jump the line."""
-        return self.priority if self.retx_pos >= len(self.retx) else 255
+        """Retransmissions are queued at the top priority, so they jump the line; otherwise the
+        priority of the next packet of the first pass."""
+        if self.retx_pos < len(self.retx):
+            return 255
+        if self._prio_in_order is not None and self.next_seq < len(self._prio_in_order):
+            return int(self._prio_in_order[self.next_seq])
+        return self.priority
+
+    def next_run(self, limit: int) -> np.ndarray:
+        """Sequence numbers of the next up to ``limit`` first-pass packets, all of one priority."""
+        stop = min(self.next_seq + limit, len(self.batch))
+        if self._prio_in_order is not None and stop > self.next_seq:
+            same = self._prio_in_order[self.next_seq : stop] == self._prio_in_order[self.next_seq]
+            if not same.all():
+                stop = self.next_seq + int(np.argmin(same))
+        seqs = self.send_order[self.next_seq : stop]
+        self.next_seq = stop
+        return seqs
 
     def has_packets(self) -> bool:
         return not self.stopped and (self.next_seq < len(self.batch) or self.retx_pos < len(self.retx))
@@ -200,5 +256,5 @@ class InMessage:
             probes=self.probes, completion_time=time.monotonic() - self.started, how=how,
         )
         received = None if asm.is_exact() else asm.received.copy()
-        self.result = RecvResult(asm.result(), stats, received, asm.elems_per_packet)
+        self.result = RecvResult(asm.result(), stats, received, asm.elems_per_packet, asm.pkt_priority, asm.pkt_layer)
         return self.result

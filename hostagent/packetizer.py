@@ -132,7 +132,8 @@ class PacketBatch:
         return slots, lengths
 
 
-def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DEFAULT_MTU) -> PacketBatch:
+def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DEFAULT_MTU,
+              packet_priorities: np.ndarray | None = None, packet_layers: np.ndarray | None = None) -> PacketBatch:
     """Split ``data`` into DLCP data packets tagged by ``meta`` and ``policy``.
 
     Args:
@@ -142,6 +143,10 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
         meta: message identity and the message's priority.
         policy: how drop classes are assigned (magnitude kind, number and shares of classes).
         mtu: IP packet size the datagrams must fit in.
+        packet_priorities: for a fused message (several layers in one buffer), the priority of
+            each packet (:func:`hostagent.policy.packet_tags` computes them from the layout);
+            ``meta.priority`` otherwise.
+        packet_layers: likewise the layer field of each packet; ``meta.layer`` otherwise.
 
     Returns:
         A :class:`PacketBatch`; an empty ``data`` gives zero packets.
@@ -163,11 +168,23 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
     if not 0 <= meta.priority < policy.num_priorities:
         raise ValueError(f"priority {meta.priority} is outside the policy's 0..{policy.num_priorities - 1}")
     flat = data.reshape(-1)
+    per = elems_per_packet(mtu, data.dtype)
+    n = -(-flat.size // per)
+    priority: int | np.ndarray = meta.priority
+    layer: int | np.ndarray = meta.layer
+    if packet_priorities is not None:
+        priority = np.asarray(packet_priorities)
+        if priority.shape != (n,):
+            raise ValueError(f"packet_priorities has shape {priority.shape}; this message has {n} packets")
+        if n and (priority.min() < 0 or priority.max() >= policy.num_priorities):
+            raise ValueError(f"packet_priorities outside the policy's 0..{policy.num_priorities - 1}")
+    if packet_layers is not None:
+        layer = np.asarray(packet_layers)
+        if layer.shape != (n,):
+            raise ValueError(f"packet_layers has shape {layer.shape}; this message has {n} packets")
     if flat.size > wire.FIELD_MAX["elem_offset"]:
         raise ValueError(f"message of {flat.size} elements is too large; split it below "
                          f"{wire.FIELD_MAX['elem_offset']} elements")
-    per = elems_per_packet(mtu, data.dtype)
-    n = -(-flat.size // per)
     seq = np.arange(n, dtype=np.uint32)
     counts = np.full(n, per, dtype=np.uint16)
     if n and flat.size % per:
@@ -176,7 +193,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
     headers = wire.encode_headers(
         n,
         ptype=wire.PacketType.DATA,
-        priority=meta.priority,
+        priority=priority,
         drop_class=classes,
         dtype=code,
         sender_rank=meta.sender_rank,
@@ -184,7 +201,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
         message_id=meta.message_id,
         iteration=meta.iteration,
         tensor_id=meta.tensor_id,
-        layer=meta.layer,
+        layer=layer,
         elem_count=counts,
         seq=seq,
         total_pkts=n,

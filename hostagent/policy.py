@@ -281,6 +281,56 @@ def layer_priorities(layer_sizes: Sequence[int] | np.ndarray, policy: Policy) ->
     return (policy.num_priorities - 1 - bands).astype(np.uint8)
 
 
+def packet_tags(segment_starts: Sequence[int] | np.ndarray, segment_priorities: Sequence[int] | np.ndarray,
+                segment_layers: Sequence[int] | np.ndarray, total_elems: int,
+                elems_per_packet: int) -> tuple[np.ndarray, np.ndarray]:
+    """Priority and layer of every packet of a message that holds several layers (a fused bucket).
+
+    A fused message is a run of segments, one per tensor: segment ``i`` starts at element
+    ``segment_starts[i]`` (ascending, the first at 0) and belongs to a layer with priority
+    ``segment_priorities[i]``. Each packet takes the *most urgent* segment it overlaps: the
+    highest priority, and the layer nearest the input (the lowest index). So a packet that
+    carries even a few elements of an early layer is queued as that layer, because the next
+    forward pass cannot start without them.
+
+    Vectorised: the segment covering each packet's first element comes from one
+    ``searchsorted``; every other segment that starts inside a packet is folded in with one
+    ``maximum.at`` / ``minimum.at``.
+
+    Returns:
+        ``(priorities uint8, layers int64)``, one per packet (``ceil(total / per)``).
+
+    Raises:
+        ValueError: the segments are not ascending from 0 within the message, or the arrays differ in length.
+
+    Example: ``packet_tags([0, 5], [7, 2], [0, 1], 10, 4)`` -> ``([7, 7, 2], [0, 0, 1])``
+    """
+    starts = np.asarray(segment_starts, dtype=np.int64).reshape(-1)
+    prios = np.asarray(segment_priorities, dtype=np.int64).reshape(-1)
+    layers = np.asarray(segment_layers, dtype=np.int64).reshape(-1)
+    if not (starts.size == prios.size == layers.size):
+        raise ValueError(f"segment arrays differ in length: {starts.size} starts, {prios.size} priorities, "
+                         f"{layers.size} layers")
+    if elems_per_packet <= 0 or total_elems < 0:
+        raise ValueError(f"need elems_per_packet > 0 and total_elems >= 0, got {elems_per_packet}, {total_elems}")
+    n = -(-total_elems // elems_per_packet)
+    if n == 0:
+        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    if starts.size == 0 or starts[0] != 0 or (np.diff(starts) < 0).any() or starts[-1] > total_elems:
+        raise ValueError(f"segment starts must ascend from 0 within the message's {total_elems} elements, "
+                         f"got {starts[:8].tolist()}...")
+    first = np.arange(n, dtype=np.int64) * elems_per_packet
+    covering = np.searchsorted(starts, first, side="right") - 1
+    out_p = prios[covering].copy()
+    out_l = layers[covering].copy()
+    sizes = np.diff(np.append(starts, total_elems))
+    inside = (starts < total_elems) & (sizes > 0)  # an empty segment carries nothing
+    pkt_of_start = starts[inside] // elems_per_packet
+    np.maximum.at(out_p, pkt_of_start, prios[inside])
+    np.minimum.at(out_l, pkt_of_start, layers[inside])
+    return out_p.astype(np.uint8), out_l
+
+
 def dscp_for_priority(priority: int, policy: Policy) -> int:
     """DSCP code point hosts write for packets of ``priority``."""
     if not 0 <= priority < policy.num_priorities:

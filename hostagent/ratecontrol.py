@@ -30,8 +30,16 @@ class RateConfig:
     """Floor, so a message under heavy congestion still makes progress."""
 
     additive_increase: float = 2.5e6
-    """Added per feedback without congestion (feedback comes about every 2 ms: from half the
-    default line rate back to all of it in about half a second)."""
+    """Added per ``increase_interval`` of sending without congestion (from half the default line
+    rate back to all of it in about half a second). Feedback without congestion is sent rarely
+    (it rides on other control frames), so the increase is scaled by the time it covers."""
+
+    increase_interval: float = 0.002
+    """The time ``additive_increase`` is granted for."""
+
+    max_increase_span: float = 0.05
+    """Longest stretch one clean report may grant increase for (after an idle gap the rate
+    must not jump)."""
 
     gain: float = 1.0 / 16
     """DCTCP's g: weight of the newest congestion fraction in ``alpha``."""
@@ -47,6 +55,8 @@ class RateConfig:
             raise ValueError(f"gain must be in (0, 1], got {self.gain}")
         if self.additive_increase < 0 or self.burst_bytes <= 0:
             raise ValueError("additive_increase must be >= 0 and burst_bytes > 0")
+        if self.increase_interval <= 0 or self.max_increase_span <= 0:
+            raise ValueError("increase_interval and max_increase_span must be > 0")
 
 
 class RateController:
@@ -57,15 +67,42 @@ class RateController:
         self.rate = config.initial_rate
         self.alpha = 1.0  # as Linux DCTCP: until measured, assume the worst (first cut halves)
         self.decreases = 0
+        self.ceiling = 0.0  # what the receiver says it can drain from us (0 = not said yet)
+        self.last_report: float | None = None
 
-    def on_feedback(self, received: int, marked: int, lost: int) -> float:
+    @property
+    def effective_rate(self) -> float:
+        """The pacing rate: the controller's, capped by the receiver's drain ceiling when it gave one."""
+        if self.ceiling > 0:
+            return max(self.config.min_rate, min(self.rate, self.ceiling))
+        return self.rate
+
+    def on_ceiling(self, ceiling: float) -> None:
+        """The receiver's drain share for us, bytes/s (0 = unknown). A sender that has not been
+        told any congestion yet starts no faster than it: the rate is cut to the ceiling, then
+        probes upward by additive increase as the ceiling allows."""
+        if ceiling <= 0:
+            return
+        self.ceiling = ceiling
+        if self.decreases == 0 and self.rate > ceiling:
+            self.rate = max(self.config.min_rate, ceiling)
+
+    def on_feedback(self, received: int, marked: int, lost: int, now: float | None = None) -> float:
         """Update from one receiver report; returns the new rate.
 
         Args:
             received: data packets that arrived since the last report.
             marked: of those, how many carried CE.
-            lost: packets newly known lost (from a bitmap) since the last report.
+            lost: packets newly known lost (socket overruns, bitmaps) since the last report.
+            now: the time of the report; a clean report grants ``additive_increase`` per
+                ``increase_interval`` since the previous one (at most ``max_increase_span``).
+                Without it, one ``increase_interval``.
         """
+        span = self.config.increase_interval
+        if now is not None:
+            if self.last_report is not None:
+                span = min(self.config.max_increase_span, max(0.0, now - self.last_report))
+            self.last_report = now
         total = received + lost
         if total <= 0:
             return self.rate
@@ -76,7 +113,7 @@ class RateController:
             self.rate *= 1 - self.alpha / 2
             self.decreases += 1
         else:
-            self.rate += self.config.additive_increase
+            self.rate += self.config.additive_increase * span / self.config.increase_interval
         self.rate = min(self.config.line_rate, max(self.config.min_rate, self.rate))
         return self.rate
 

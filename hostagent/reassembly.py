@@ -79,6 +79,9 @@ class Assembly:
         self.data = out
         self._rows = out[: self.n_full * elems_per_packet].reshape(self.n_full, elems_per_packet)
         self.received = np.zeros(self.total_pkts, dtype=bool)
+        self.pkt_priority = np.zeros(self.total_pkts, dtype=np.uint8)
+        """Priority each packet carried (set by the transport to the message's for the rest)."""
+        self.pkt_layer = np.zeros(self.total_pkts, dtype=np.int64)
         self._claim = np.zeros(self.total_pkts, dtype=np.int64)  # scratch for in-batch repeats
         self.received_pkts = 0
         self.received_elems = 0
@@ -182,6 +185,11 @@ class Assembly:
             row = new_rows[~full][0]
             self.data[self.n_full * per :] = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)
         self.received[new_seq] = True
+        # What each packet was tagged with; a retransmission's tags are the sender's top, not its layer's.
+        first = slots[new_rows, :_H].view(wire.HEADER_DTYPE).reshape(-1)
+        orig = (first["flags"] & int(wire.Flags.RETX)) == 0
+        self.pkt_priority[new_seq[orig]] = first["priority"][orig]
+        self.pkt_layer[new_seq[orig]] = first["layer"][orig]
         self.received_pkts += len(new_seq)
         self.received_elems += len(new_seq) * per - (0 if full.all() else per - self.tail)
         return len(new_seq), duplicates

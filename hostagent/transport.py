@@ -43,9 +43,12 @@ import numpy as np
 
 from hostagent import wire
 from hostagent.lossmodel import drop_by_class
-from hostagent.messages import (InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
+import contextlib
+
+from hostagent.fusion import Layout
+from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
                                 RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
-from hostagent.packetizer import MessageMeta, packetize
+from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import retransmission_set
 from hostagent.ratecontrol import Pacer, RateController
 from hostagent.reassembly import REASONS, Reassembler
@@ -113,6 +116,15 @@ class Endpoint:
         self._pacer: dict[int, Pacer] = {}
         self._srtt: dict[int, float] = {}
         self._fb: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # received, CE, overflowed
+        self._fb_sent_at: dict[int, float] = {}  # last feedback to each sender
+        self._outbox: dict[int, list[bytes]] = defaultdict(list)  # control records waiting, per peer
+        self._ob_lock = threading.Lock()
+        self._deferring = threading.local()  # inside `with endpoint.batch()`
+        self._host_pacer = Pacer(config.rate.burst_bytes)  # the host's own link, across destinations
+        self._rtt: dict[int, float] = {}  # sender side: smoothed probe/stop round trip per destination
+        self._rtt_var: dict[int, float] = {}
+        self._drain = 0.0  # receive capacity, bytes/s, measured on busy batches
+        self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
         self._delayed: list[tuple[float, bytes]] = []
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
@@ -242,9 +254,10 @@ class Endpoint:
                 continue
             s.settimeout(None)
             conn = _Conn(s, rank)
+            self.stats.ctl_frames_sent += 1
             hello = wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
                                                 message_id=0, sender_rank=self.rank),
-                                    wire.FEEDBACK_BODY.pack(0, 0, 0))
+                                    wire.FEEDBACK_BODY.pack(0, 0, 0, self._drain_share_kBps()))
             conn.send(hello)
             with self._lock:
                 existing = self._conns.get(rank)
@@ -257,26 +270,102 @@ class Endpoint:
         raise PeerUnreachable(f"rank {self.rank}: peer rank {rank} at {peer.host}:{peer.control_port} did not "
                               f"accept a control connection within the timeout ({last})")
 
+    def _queue_ctl(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
+                   flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
+        """Queue a control record for ``rank``; it leaves with the next flush of that peer.
+
+        Why queue: records of one moment (the STOPs of buckets that completed together, an
+        iteration's METAs, a piggybacked FEEDBACK) then share one frame and one system call.
+        The control thread flushes every peer at each tick (about 1 ms).
+        """
+        fields.setdefault("priority", self.policy.top_priority)
+        record = wire.pack_record(wire.Header(ptype=ptype, job_id=self.config.job_id, message_id=message_id,
+                                              sender_rank=self.rank, flags=flags, **fields), body)
+        with self._ob_lock:
+            self._outbox[rank].append(record)
+        self.stats.ctl_records_sent[ptype.name] += 1
+
     def _send_ctl(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
                   flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
-        fields.setdefault("priority", self.policy.top_priority)
-        frame = wire.pack_frame(wire.Header(ptype=ptype, job_id=self.config.job_id, message_id=message_id,
-                                            sender_rank=self.rank, flags=flags, **fields), body)
+        """Queue a record and flush the peer now."""
+        self._queue_ctl(rank, ptype, message_id, body, flags, **fields)
+        self._flush(rank)
+
+    def _flush(self, rank: int) -> None:
+        """Send everything queued for ``rank`` as one frame (with a piggybacked FEEDBACK)."""
+        with self._ob_lock:
+            if not self._outbox.get(rank):
+                return
         try:
-            self._conn_to(rank).send(frame)
-        except OSError as exc:
-            self._peer_failed(rank, f"control send failed: {exc}")
+            conn = self._conn_to(rank)
         except TransportClosed:
-            pass  # closing: in-flight handles are failed by close()
+            return  # closing: in-flight handles are failed by close()
+        except TransportError as exc:
+            with self._ob_lock:
+                self._outbox.pop(rank, None)
+            self._peer_failed(rank, str(exc))
+            return
+        with conn.wlock:
+            with self._lock:
+                fb = self._take_feedback(rank, time.monotonic(), force=True)
+            with self._ob_lock:
+                records = self._outbox.pop(rank, [])
+            if fb is not None:
+                records.append(fb)
+            if not records:
+                return
+            frame = wire.pack_records(records, self.config.job_id, self.rank)
+            try:
+                conn.sock.sendall(frame)
+            except OSError as exc:
+                failed = exc
+            else:
+                failed = None
+                self.stats.ctl_frames_sent += 1
+                self.stats.ctl_bytes_sent += len(frame)
+        if failed is not None:
+            self._peer_failed(rank, f"control send failed: {failed}")
+
+    def _flush_all(self) -> None:
+        with self._ob_lock:
+            ranks = [r for r, recs in self._outbox.items() if recs]
+        for rank in ranks:
+            self._flush(rank)
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Hold the control records of the sends inside (their METAs) and send them together.
+
+        Example: ``with ep.batch(): handles = [ep.send(dest, g, mid) for mid, g in ...]``
+        """
+        depth = getattr(self._deferring, "depth", 0)
+        self._deferring.depth = depth + 1
+        try:
+            yield self
+        finally:
+            self._deferring.depth = depth
+            if depth == 0:
+                self._flush_all()
+                pending, self._deferring.pending = getattr(self._deferring, "pending", []), []
+                with self._lock:
+                    for msg in pending:
+                        if self._out.get((msg.dest, msg.message_id)) is msg:
+                            self._activate(msg)
 
     # ------------------------------------------------------------------ public API
     def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
-             loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0) -> SendHandle:
+             loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
+             layout: Layout | None = None, announce: bool = True) -> SendHandle:
         """Send ``data`` to rank ``dest`` as message ``message_id``; returns at once.
 
         Args:
-            priority: header priority (default: the policy's top).
+            priority: header priority (default: the policy's top, or the layout's most urgent).
             loss_bound: p for this message (default: the policy's push bound).
+            layout: for a fused message, which layer each element range belongs to; every packet
+                then carries the priority and layer of the most urgent layer it holds, and the
+                most urgent packets go first.
+            announce: send a META first (default). ``False`` when the receiver posted the message's
+                size with ``recv(..., expect=...)``: one control record less per message.
 
         The array is not copied: it must not change until the handle resolves.
 
@@ -287,15 +376,23 @@ class Endpoint:
         if dest == self.rank:
             raise ValueError("an endpoint does not send to itself")
         self.config.peer(dest)
-        priority = self.policy.top_priority if priority is None else priority
+        if priority is None:
+            priority = layout.top_priority if layout is not None else self.policy.top_priority
         p = self.policy.loss_bound_push if loss_bound is None else loss_bound
         if not 0 <= p < 1:
             raise ValueError(f"loss_bound must be in [0, 1), got {p}")
         meta = MessageMeta(job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank,
                            iteration=iteration, tensor_id=tensor_id, layer=layer, priority=priority)
-        batch = packetize(data, meta, self.policy, self.config.mtu)
+        tags: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+        if layout is not None:
+            if layout.total != np.asarray(data).size:
+                raise ValueError(f"layout covers {layout.total} elements; the message has {np.asarray(data).size}")
+            tags = layout.packet_tags(elems_per_packet(self.config.mtu, np.asarray(data).dtype))
+        batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=tags[0],
+                          packet_layers=None if tags[1] is None else tags[1] % 65536)
         self._conn_to(dest)
-        msg = OutMessage(dest, batch, priority, p, time.monotonic() + self.config.message_deadline, next(self._order))
+        msg = OutMessage(dest, batch, priority, p, time.monotonic() + self.config.message_deadline, next(self._order),
+                         announce)
         key = (dest, message_id)
         with self._lock:
             if not self._running:
@@ -305,22 +402,35 @@ class Endpoint:
             self._out[key] = msg  # before META: an empty message's STOP may come back at once
             self._rate.setdefault(dest, RateController(self.config.rate))
             self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
-        body = wire.META_BODY.pack(batch.payload.size, batch.elems_per_packet, p)
-        self._send_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
-                       tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(data.dtype), total_pkts=len(batch))
-        with self._lock:
-            if self._out.get(key) is msg:  # data only after its META is on the wire
-                self._activate(msg)
+        if announce:
+            body = wire.META_BODY.pack(batch.payload.size, batch.elems_per_packet, p)
+            self._queue_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
+                            tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(data.dtype), total_pkts=len(batch))
+            if not getattr(self._deferring, "depth", 0):
+                self._flush(dest)
+        if len(batch) == 0:
+            msg.pass_done_at = time.monotonic()  # nothing to send: the probe timer takes it from here
+        if getattr(self._deferring, "depth", 0):
+            self._deferring.__dict__.setdefault("pending", []).append(msg)  # activated when the batch flushes
+        else:
+            with self._lock:
+                if self._out.get(key) is msg:  # data only after its META is on the wire
+                    self._activate(msg)
         return msg.handle
 
-    def recv(self, src: int, message_id: int, out: np.ndarray | None = None) -> RecvHandle:
+    def recv(self, src: int, message_id: int, out: np.ndarray | None = None,
+             expect: Expect | None = None) -> RecvHandle:
         """Ask for message ``message_id`` from rank ``src``; returns a handle at once.
 
         ``out``, if given, is the 1-D array the message is written into (it must match the
         announced size and element type, or the handle fails with a clear error).
+        ``expect`` gives the message's size, element type and bound, so the message is set up
+        now and its sender needs no META (it sends with ``announce=False``).
         """
         self.config.peer(src)
         key = (src, message_id)
+        if expect is not None:
+            return self._recv_expected(src, message_id, out, expect)
         with self._lock:
             if key in self._done_in:
                 h = RecvHandle(src, message_id, out)
@@ -344,6 +454,39 @@ class Endpoint:
             else:
                 self._waiting[key] = h
             return h
+
+    def _recv_expected(self, src: int, message_id: int, out: np.ndarray | None, expect: Expect) -> RecvHandle:
+        key = (src, message_id)
+        dtype = np.dtype(expect.dtype).newbyteorder("=")
+        per = elems_per_packet(self.config.mtu, dtype)
+        replay: list[bytes] = []
+        with self._lock:
+            if not self._running:
+                raise TransportClosed(f"endpoint rank {self.rank} is not running")
+            if key in self._waiting or key in self._in or key in self._done_in:
+                raise ValueError(f"message {message_id} from rank {src} is already being received")
+            h = RecvHandle(src, message_id, out)
+            asm = self.reassembler.expect(src, message_id, expect.total_elems, dtype, per, out=out)
+            msg = InMessage(src, asm, expect.loss_bound, time.monotonic() + self.config.message_deadline, h,
+                            self.policy.top_priority)
+            self._in[key] = msg
+            self._recent_done.pop(key, None)
+            replay = [d for _, d in self._parked.pop(key, [])]
+            self._parked_count -= len(replay)
+            if expect.total_elems == 0:
+                self._complete_locked(msg, "exact")
+        if expect.total_elems == 0:
+            self._send_stop(msg)
+        elif replay:
+            self._replay(replay)
+        return h
+
+    def _replay(self, datagrams: list[bytes]) -> None:
+        """Ingest datagrams that were parked before their message was known."""
+        slots = np.zeros((len(datagrams), max(len(d) for d in datagrams)), dtype=np.uint8)
+        for i, d in enumerate(datagrams):
+            slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+        self._ingest(slots, np.array([len(d) for d in datagrams]), np.zeros(len(datagrams), dtype=bool))
 
     def announcements(self) -> "queue.Queue[tuple[int, int]]":
         """A queue of (src, message_id) for every message announced without a waiting recv.
@@ -375,6 +518,11 @@ class Endpoint:
             "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,
             "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "parked_early": s.parked, "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
+            "duplicate_pkts": self.reassembler.stats.duplicates,
+            "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
+            "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
+            "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
+            "probes_unknown": s.probes_unknown, "drain_bytes_per_s": self._drain,
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
             "reassembly": self.reassembler.stats.as_dict(),
             "rate_bytes_per_s": rates,
@@ -395,35 +543,42 @@ class Endpoint:
         return sock
 
     def _activate(self, msg: OutMessage) -> None:
-        """(Re)queue a message for sending, keeping ``_active`` best first (lock held)."""
+        """(Re)queue a message for sending (lock held)."""
         if msg not in self._active:
             self._active.append(msg)
-        self._active.sort(key=lambda m: (-m.sending_priority, m.order))
         self._tx_cv.notify()
 
     def _pick(self, now: float) -> tuple[OutMessage | None, float]:
-        """Best message whose destination may send now, else how long until one may (lock held)."""
+        """Best message whose destination may send now, else how long until one may (lock held).
+
+        Best = the highest priority of its *next* packet (a fused message's priority falls as
+        its urgent layers leave), then the oldest.
+        """
+        self._active = [m for m in self._active if m.has_packets()]
+        if not self._active:
+            return None, 1.0
         wait = 1.0
-        blocked: set[int] = set()
-        done: list[OutMessage] = []
+        host_rate = self.config.rate.line_rate
+        pkt = max(wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize for m in self._active)
+        w_host = self._host_pacer.wait_time(pkt, host_rate, now)
+        if w_host > 0:
+            return None, w_host
+        blocked: dict[int, float] = {}
         best = None
-        for m in self._active:
-            if not m.has_packets():
-                done.append(m)
-                continue
-            if m.dest in blocked:
-                continue
-            pkt_bytes = wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize
-            w = self._pacer[m.dest].wait_time(pkt_bytes, self._rate[m.dest].rate, now)
-            if w > 0:
-                blocked.add(m.dest)
-                wait = min(wait, w)
+        for m in sorted(self._active, key=lambda m: (-m.sending_priority, m.order)):
+            if m.dest not in blocked:
+                pkt_bytes = wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize
+                blocked[m.dest] = self._pacer[m.dest].wait_time(pkt_bytes, self._dest_rate(m.dest), now)
+            if blocked[m.dest] > 0:
+                wait = min(wait, blocked[m.dest])
                 continue
             best = m
             break
-        for m in done:
-            self._active.remove(m)
         return best, wait
+
+    def _dest_rate(self, dest: int) -> float:
+        """Pacing rate towards ``dest``: its controller's, never above what the receiver said it can drain."""
+        return self._rate[dest].effective_rate
 
     def _tx_loop(self) -> None:
         chunk = 8  # packets sent per pick: the preemption granularity between priorities
@@ -437,18 +592,17 @@ class Endpoint:
                         break
                     self._tx_cv.wait(timeout=wait)
                 dest = msg.dest
-                rate = self._rate[dest].rate
+                rate = self._dest_rate(dest)
                 pacer = self._pacer[dest]
                 retx = msg.retx_pos < len(msg.retx)
                 if retx:
                     seqs = msg.retx[msg.retx_pos : msg.retx_pos + chunk]
                     msg.retx_pos += len(seqs)
-                    if msg.retx_pos >= len(msg.retx):  # back to its own priority
-                        self._activate(msg)
                 else:
-                    seqs = np.arange(msg.next_seq, min(msg.next_seq + chunk, len(msg.batch)))
-                    msg.next_seq += len(seqs)
+                    seqs = msg.next_run(chunk)
                 finished_pass = not msg.has_packets()
+            if msg.announce and msg.next_seq == len(seqs) and not retx:
+                self._flush(dest)  # its META may still be queued: let it lead the data
             sent = self._send_packets(msg, seqs, retx, pacer, rate)
             with self._lock:
                 self.stats.data_pkts_sent += sent[0]
@@ -456,12 +610,8 @@ class Endpoint:
                 if retx:
                     msg.retransmissions += sent[0]
                     self.stats.retransmitted_pkts += sent[0]
-                probe = finished_pass and not msg.stopped and not msg.awaiting_reply and not msg.has_packets()
-                if probe:
-                    msg.awaiting_reply = True
-                    msg.probes += 1
-            if probe:
-                self._send_ctl(dest, wire.PacketType.PROBE, msg.message_id)
+                if finished_pass and not msg.stopped and not msg.awaiting_reply:
+                    msg.pass_done_at = time.monotonic()  # the control timers probe after an RTT
 
     def _send_packets(self, msg: OutMessage, seqs: np.ndarray, retx: bool, pacer: Pacer, rate: float) -> tuple[int, int]:
         batch = msg.batch
@@ -478,7 +628,8 @@ class Endpoint:
         for i, seq in enumerate(seqs.tolist()):
             payload = batch.payload_of(seq)
             size = wire.HEADER_SIZE + len(payload)
-            w = pacer.wait_time(size, rate, time.monotonic())
+            now = time.monotonic()
+            w = max(pacer.wait_time(size, rate, now), self._host_pacer.wait_time(size, self.config.rate.line_rate, now))
             if w > 0:
                 time.sleep(w)
             try:
@@ -488,6 +639,7 @@ class Endpoint:
                 log.debug("data send to rank %d failed: %s", msg.dest, exc)
                 continue
             pacer.consume(size)
+            self._host_pacer.consume(size)
             n += 1
             nbytes += size
         return n, nbytes
@@ -509,6 +661,7 @@ class Endpoint:
             if not poller.poll(5):
                 self._release_delayed()
                 continue
+            t_batch = time.perf_counter()
             k = 0
             while k < cfg.rx_batch:
                 try:
@@ -533,6 +686,9 @@ class Endpoint:
                     self._on_overflow(overflows - self.stats.rx_overflows, slots[:k], lengths[:k])
                     self.stats.rx_overflows = overflows
                 self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+                if k >= 16:  # a busy batch: bytes over the time to drain them is what this receiver can take
+                    rate = float(lengths[:k].sum()) / max(1e-6, time.perf_counter() - t_batch)
+                    self._drain = rate if self._drain <= 0 else 0.9 * self._drain + 0.1 * rate
             self._release_delayed()
 
     def _on_overflow(self, dropped: int, slots: np.ndarray, lengths: np.ndarray) -> None:
@@ -602,6 +758,7 @@ class Endpoint:
                 senders = hdr["sender_rank"][good]
                 marks = ce[good]
                 for rank in np.unique(senders).tolist():
+                    self._senders_seen[rank] = now
                     sel = senders == rank
                     fb = self._fb[rank]
                     fb[0] += int(sel.sum())
@@ -685,10 +842,14 @@ class Endpoint:
             self._recent_done.popitem(last=False)
         self._parked_count -= len(self._parked.pop(key, []))
 
-    def _send_stop(self, msg: InMessage) -> None:
+    def _send_stop(self, msg: InMessage, flush: bool = False) -> None:
+        """Queue the STOP of a finished message; it leaves with the next control tick (STOPs of
+        messages finishing together share a frame), or now with ``flush``."""
         asm = msg.assembly
         body = wire.STOP_BODY.pack(asm.received_elems) + (b"" if asm.is_exact() else asm.missing_bitmap())
-        self._send_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
+        self._queue_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
+        if flush:
+            self._flush(msg.src)
 
     # ------------------------------------------------------------------ control
     def _ctl_loop(self) -> None:
@@ -718,6 +879,7 @@ class Endpoint:
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
                 next_timer = now + 0.001
+            self._flush_all()
 
     def _accept(self) -> None:
         try:
@@ -749,23 +911,36 @@ class Endpoint:
                 break
             frame = bytes(conn.buf[wire.FRAME_PREFIX.size : wire.FRAME_PREFIX.size + size])
             del conn.buf[: wire.FRAME_PREFIX.size + size]
+            self.stats.ctl_frames_received += 1
+            self.stats.ctl_bytes_received += wire.FRAME_PREFIX.size + size
             try:
-                header, body = wire.split_frame(frame)
-                if header.job_id != self.config.job_id:
-                    raise wire.MalformedHeader("wrong_job", f"job {header.job_id}")
-                self.config.peer(header.sender_rank)
+                records = [wire.split_frame(frame)]
+                if records[0][0].ptype == wire.PacketType.BATCH:
+                    records = [wire.split_frame(r) for r in wire.split_batch(records[0][1])]
+                for header, _ in records:
+                    if header.ptype == wire.PacketType.BATCH:
+                        raise wire.MalformedHeader("bad_batch", "a BATCH inside a BATCH")
+                    if header.job_id != self.config.job_id:
+                        raise wire.MalformedHeader("wrong_job", f"job {header.job_id}")
+                    self.config.peer(header.sender_rank)
+                    if header.sender_rank != records[0][0].sender_rank or (
+                            conn.rank is not None and header.sender_rank != conn.rank):
+                        raise wire.MalformedHeader("wrong_sender", f"rank {header.sender_rank} on the connection "
+                                                   f"of rank {conn.rank}")
             except ValueError as exc:
                 self._drop_conn(conn, f"sent a malformed control frame ({exc})")
                 return
             if conn.rank is None:
-                conn.rank = header.sender_rank
+                conn.rank = records[0][0].sender_rank
                 with self._lock:
                     self._conns.setdefault(conn.rank, conn)
-            try:
-                self._on_frame(header, body)
-            except Exception:  # a bad frame must not kill the control thread
-                log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
-                              header.sender_rank)
+            for header, body in records:
+                self.stats.ctl_records_received[header.ptype.name] += 1
+                try:
+                    self._on_frame(header, body)
+                except Exception:  # a bad frame must not kill the control thread
+                    log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
+                                  header.sender_rank)
 
     def _drop_conn(self, conn: _Conn, why: str) -> None:
         try:
@@ -814,9 +989,13 @@ class Endpoint:
                     msg.probe_pending = True
                     msg.probes += 1
                     return
-                held = self._recent_done.get((src, h.message_id), _UNKNOWN_HELD)
-            # already complete (or never announced): answer STOP with what was held
-            self._send_ctl(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
+                held = self._recent_done.get((src, h.message_id))
+            if held is None:
+                # Not known (yet): a receiver that posts its recv later (expect=) will know it;
+                # the sender probes again after its timeout, and its deadline bounds the wait.
+                self.stats.probes_unknown += 1
+                return
+            self._queue_ctl(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
         elif t == wire.PacketType.STOP:
             (held,) = wire.STOP_BODY.unpack_from(body)
             with self._lock:
@@ -824,6 +1003,7 @@ class Endpoint:
                 if msg is None:
                     return
                 msg.stopped = True
+                self._rtt_sample(src, msg, time.monotonic())
                 total = msg.batch.payload.size
                 lost = float("nan") if held == _UNKNOWN_HELD else (0.0 if total == 0 else 1.0 - held / total)
                 self.stats.messages_sent += 1
@@ -839,6 +1019,7 @@ class Endpoint:
                 msg = self._out.get((src, h.message_id))
                 if msg is None:
                     return
+                self._rtt_sample(src, msg, time.monotonic())
                 n = len(msg.batch)
                 missing = np.flatnonzero(bits[:n])
                 hdrs = msg.batch.headers
@@ -851,19 +1032,20 @@ class Endpoint:
                 msg.retx = seqs.astype(np.int64)
                 msg.retx_pos = 0
                 msg.awaiting_reply = False
+                msg.probe_sent_at = None
                 if len(seqs):
+                    msg.pass_done_at = None
                     self._activate(msg)
                 else:  # nothing needed (the receiver's count moved on): probe again right away
-                    msg.awaiting_reply = True
-                    msg.probes += 1
-            if not len(seqs):
-                self._send_ctl(src, wire.PacketType.PROBE, h.message_id)
+                    msg.pass_done_at = 0.0
         elif t == wire.PacketType.FEEDBACK:
-            received, marked, lost = wire.FEEDBACK_BODY.unpack_from(body)
+            received, marked, lost, share_kBps = wire.FEEDBACK_BODY.unpack_from(body)
             with self._lock:
-                rc = self._rate.get(src)
-                if rc is not None and (received or lost):
-                    rc.on_feedback(received, marked, lost)
+                rc = self._rate.setdefault(src, RateController(self.config.rate))
+                self._pacer.setdefault(src, Pacer(self.config.rate.burst_bytes))
+                rc.on_ceiling(share_kBps * 1000.0)
+                if received or lost:
+                    rc.on_feedback(received, marked, lost, time.monotonic())
 
     def _on_meta(self, h: wire.Header, body: bytes) -> None:
         total, per, p = wire.META_BODY.unpack_from(body)
@@ -887,6 +1069,7 @@ class Endpoint:
                     handle._fail(exc)
                 log.warning("rank %d: bad META from rank %d: %s", self.rank, src, exc)
                 return
+            asm.pkt_priority[:] = h.priority
             msg = InMessage(src, asm, p, time.monotonic() + self.config.message_deadline, handle, h.priority)
             self._in[key] = msg
             if handle is None and self._announcements is not None:
@@ -901,16 +1084,14 @@ class Endpoint:
             self._send_stop(msg)
             return
         if replay:
-            slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
-            for i, d in enumerate(replay):
-                slots[i, : len(d)] = np.frombuffer(d, np.uint8)
-            self._ingest(slots, np.array([len(d) for d in replay]), np.zeros(len(replay), dtype=bool))
+            self._replay(replay)
 
     def _timers(self, now: float) -> None:
-        """Probe answers, idle completion, deadlines, feedback, parked-packet expiry."""
+        """Probe answers, idle completion, probes and deadlines, feedback, parked-packet expiry.
+
+        Everything it decides is queued as records; the control loop flushes them after.
+        """
         stops: list[InMessage] = []
-        bitmaps: list[tuple[InMessage, bytes]] = []
-        feedback: list[tuple[int, int, int]] = []
         with self._lock:
             for msg in list(self._in.values()):
                 asm = msg.assembly
@@ -929,7 +1110,8 @@ class Endpoint:
                         self._complete_locked(msg, "exact" if asm.is_exact() else "bounded")
                         stops.append(msg)
                     else:
-                        bitmaps.append((msg, wire.BITMAP_PREFIX.pack(asm.received_elems) + asm.missing_bitmap()))
+                        self._queue_ctl(msg.src, wire.PacketType.BITMAP, msg.message_id,
+                                        wire.BITMAP_PREFIX.pack(asm.received_elems) + asm.missing_bitmap())
                         msg.bitmap_sent_at = now
                 elif idle >= max(self.config.idle_timeout, 8 * self._srtt.get(msg.src, 0.0)) and \
                         asm.received_pkts and asm.is_complete(msg.loss_bound):
@@ -943,22 +1125,91 @@ class Endpoint:
                         f"rank {self.rank}: message {m.message_id} to rank {m.dest} ({peer.host}:{peer.data_port}) "
                         f"missed its {self.config.message_deadline:g} s deadline ({m.next_seq}/{len(m.batch)} "
                         f"packets sent, {m.probes} probes, {m.retransmissions} retransmitted)"))
-            if now - self._last_feedback >= self.config.feedback_interval:
-                self._last_feedback = now
-                for rank, (rcv, marked, lost) in self._fb.items():
-                    if rcv or lost:
-                        feedback.append((rank, rcv, marked, lost))
-                self._fb.clear()
+                    continue
+                if m.stopped or m.has_packets():
+                    continue
+                if not m.awaiting_reply:
+                    # The pass is over; a STOP usually arrives within a round trip, so a PROBE
+                    # before then would be a wasted record.
+                    if m.pass_done_at is not None and now >= m.pass_done_at + self._probe_delay(m.dest):
+                        m.awaiting_reply = True
+                        m.probe_sent_at = now
+                        m.probes += 1
+                        self._queue_ctl(m.dest, wire.PacketType.PROBE, m.message_id)
+                elif m.probe_sent_at is not None and now >= m.probe_sent_at + self._reprobe_timeout(m.dest):
+                    # no answer (the receiver did not know the message yet): ask again
+                    m.probe_sent_at = now
+                    m.probes += 1
+                    self._queue_ctl(m.dest, wire.PacketType.PROBE, m.message_id)
+            for rank in list(self._fb):
+                rec = self._take_feedback(rank, now, force=False)
+                if rec is not None:
+                    with self._ob_lock:
+                        self._outbox[rank].append(rec)
             if self._parked:
                 for key in [k for k, v in self._parked.items() if now - v[0][0] > self.config.message_deadline]:
                     self._parked_count -= len(self._parked.pop(key))
         for msg in stops:
-            self._send_stop(msg)
-        for msg, body in bitmaps:
-            self._send_ctl(msg.src, wire.PacketType.BITMAP, msg.message_id, body)
-        for rank, rcv, marked, lost in feedback:
-            flags = wire.Flags.ECN_ECHO if marked else wire.Flags.NONE
-            self._send_ctl(rank, wire.PacketType.FEEDBACK, 0, wire.FEEDBACK_BODY.pack(rcv, marked, lost), flags=flags)
+            self._send_stop(msg, flush=False)
+
+    # ------------------------------------------------------------------ timing and feedback
+    def _rtt_sample(self, dest: int, msg: OutMessage, now: float) -> None:
+        """Sender side: time from the end of a pass (or from a probe) to the receiver's answer
+        (lock held). It includes the receiver's scheduling and control tick, which is what a
+        probe has to wait for."""
+        since = msg.probe_sent_at if msg.probe_sent_at is not None else msg.pass_done_at
+        if since is None or since <= 0:
+            return
+        sample = max(0.0, now - since)
+        srtt = self._rtt.get(dest)
+        if srtt is None:
+            self._rtt[dest], self._rtt_var[dest] = sample, sample / 2
+        else:
+            self._rtt_var[dest] = 0.75 * self._rtt_var[dest] + 0.25 * abs(srtt - sample)
+            self._rtt[dest] = 0.875 * srtt + 0.125 * sample
+
+    def _probe_delay(self, dest: int) -> float:
+        """How long after a pass to probe: the measured answer time plus four deviations (RFC 6298's
+        shape), at least ``probe_delay_min``; ``probe_delay`` before anything was measured."""
+        srtt = self._rtt.get(dest)
+        if srtt is None:
+            return self.config.probe_delay
+        return min(self.config.probe_delay_max, max(self.config.probe_delay_min, srtt + 4 * self._rtt_var[dest]))
+
+    def _reprobe_timeout(self, dest: int) -> float:
+        return max(4 * self._probe_delay(dest), 0.05)
+
+    def _take_feedback(self, rank: int, now: float, force: bool) -> bytes | None:
+        """A FEEDBACK record for sender ``rank`` if one is due (lock held), resetting its counters.
+
+        Congestion (CE marks, socket overruns) is reported every ``feedback_interval``; a clean
+        report waits ``clean_feedback_interval``, unless ``force`` (another record is leaving for
+        that peer anyway, so it rides along for free).
+        """
+        counts = self._fb.get(rank)
+        if counts is None or not (counts[0] or counts[2]):
+            return None
+        rcv, marked, lost = counts
+        since = now - self._fb_sent_at.get(rank, 0.0)
+        congested = marked or lost
+        if not force and since < (self.config.feedback_interval if congested else self.config.clean_feedback_interval):
+            return None
+        del self._fb[rank]
+        self._fb_sent_at[rank] = now
+        self.stats.ctl_records_sent["FEEDBACK"] += 1
+        flags = wire.Flags.ECN_ECHO if marked else wire.Flags.NONE
+        return wire.pack_record(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id, message_id=0,
+                                            sender_rank=self.rank, flags=flags, priority=self.policy.top_priority),
+                                wire.FEEDBACK_BODY.pack(rcv, marked, lost, self._drain_share_kBps(now)))
+
+    def _drain_share_kBps(self, now: float | None = None) -> int:
+        """What each current sender may send at, KB/s: the measured drain capacity over the
+        senders seen in the last 50 ms (0 before anything was measured)."""
+        if self._drain <= 0:
+            return 0
+        now = time.monotonic() if now is None else now
+        active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05)
+        return min(wire.FIELD_MAX["job_id"], int(self._drain / max(1, active) / 1000))
 
 
 __all__ = ["Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",

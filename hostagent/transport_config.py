@@ -6,7 +6,7 @@ value between the endpoint, the exchange patterns, the PyTorch shim and the test
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hostagent import wire
@@ -99,7 +99,18 @@ class TransportConfig:
     still in flight are not reported missing."""
 
     feedback_interval: float = 0.002
-    """How often a receiver reports received and CE-marked packets to each sender."""
+    """How often a receiver reports congestion (CE marks, socket overruns) to a sender."""
+
+    clean_feedback_interval: float = 0.05
+    """How often a receiver reports packets received without congestion when no other control
+    record is leaving for that sender (then the report rides along at once)."""
+
+    probe_delay: float = 0.005
+    """How long after its pass a sender waits for a STOP before it PROBEs, until it has
+    measured its answer time; then ``answer time + 4 deviations`` within the two bounds below."""
+
+    probe_delay_min: float = 0.001
+    probe_delay_max: float = 0.5
 
     rx_batch: int = 256
     """Datagrams received per reassembly batch."""
@@ -118,7 +129,8 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
         if not 1 <= self.rx_batch <= 65536:
             raise ValueError(f"TransportConfig.rx_batch={self.rx_batch} must be in 1..65536")
-        for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval"):
+        for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval",
+                     "clean_feedback_interval", "probe_delay", "probe_delay_min", "probe_delay_max"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TransportConfig.{name} must be > 0, got {getattr(self, name)}")
 
@@ -147,6 +159,15 @@ class EndpointStats:
     send_errors: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+    ctl_frames_sent: int = 0
+    ctl_bytes_sent: int = 0
+    ctl_frames_received: int = 0
+    ctl_bytes_received: int = 0
+    ctl_records_sent: Counter = field(default_factory=Counter)
+    ctl_records_received: Counter = field(default_factory=Counter)
+    probes_unknown: int = 0
+    gso_calls: int = 0
+    gro_reads: int = 0
 
 
 def local_peers(n: int, base_port: int, host: str = "127.0.0.1") -> tuple[Peer, ...]:

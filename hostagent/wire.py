@@ -50,6 +50,7 @@ class PacketType(enum.IntEnum):
     STOP = 4  #: receiver has enough (>= 1-p arrived): sender stops this message
     META = 5  #: sender announces a message (size, element type, loss bound) before its data
     FEEDBACK = 6  #: receiver reports packets received and CE-marked, for rate control
+    BATCH = 7  #: several control records in one frame (control path only; never on the data path)
 
 
 class Flags(enum.IntFlag):
@@ -271,14 +272,53 @@ STOP_BODY = struct.Struct("!I")
 #: BITMAP body: elements the receiver holds, then the missing-packet bitmap (bit ``seq``
 #: set, MSB first, when ``seq`` is missing).
 BITMAP_PREFIX = struct.Struct("!I")
-#: FEEDBACK body: data packets received and CE-marked since the previous feedback, and
-#: packets the receiver counted as lost so far (from bitmaps).
-FEEDBACK_BODY = struct.Struct("!III")
+#: FEEDBACK body: data packets received and CE-marked since the previous feedback, packets
+#: the receiver counted as lost (its socket-buffer overruns), and the rate in KB/s this sender
+#: may send at so the receiver can drain it (its measured drain capacity shared among its
+#: current senders; 0 = not measured yet).
+FEEDBACK_BODY = struct.Struct("!IIII")
+#: BATCH body: records back to back, each a 4-byte length and a record (header + body), so a
+#: peer's META, PROBE, STOP, BITMAP and FEEDBACK records of one moment cost one frame.
+RECORD_PREFIX = struct.Struct("!I")
 
 
 def pack_frame(header: Header, body: bytes = b"") -> bytes:
     """One control frame: length prefix, header, body."""
     return FRAME_PREFIX.pack(HEADER_SIZE + len(body)) + pack_header(header) + body
+
+
+def pack_record(header: Header, body: bytes = b"") -> bytes:
+    """One control record: header and body, without a frame prefix."""
+    return pack_header(header) + body
+
+
+def pack_records(records: list[bytes], job_id: int, sender_rank: int) -> bytes:
+    """One frame for ``records``: the record itself when there is one, else a BATCH of them."""
+    if len(records) == 1:
+        return FRAME_PREFIX.pack(len(records[0])) + records[0]
+    body = b"".join(RECORD_PREFIX.pack(len(r)) + r for r in records)
+    return pack_frame(Header(ptype=PacketType.BATCH, job_id=job_id, message_id=len(records),
+                             sender_rank=sender_rank), body)
+
+
+def split_batch(body: bytes) -> list[bytes]:
+    """The records of a BATCH body.
+
+    Raises:
+        MalformedHeader: ``bad_batch`` when a length runs past the body or a record is shorter
+            than a header.
+    """
+    out, pos = [], 0
+    while pos < len(body):
+        if pos + RECORD_PREFIX.size > len(body):
+            raise MalformedHeader("bad_batch", f"record length prefix cut at byte {pos}")
+        (size,) = RECORD_PREFIX.unpack_from(body, pos)
+        pos += RECORD_PREFIX.size
+        if size < HEADER_SIZE or pos + size > len(body):
+            raise MalformedHeader("bad_batch", f"record of {size} bytes at byte {pos} of a {len(body)}-byte batch")
+        out.append(body[pos : pos + size])
+        pos += size
+    return out
 
 
 def split_frame(frame: bytes | bytearray | memoryview) -> tuple[Header, bytes]:

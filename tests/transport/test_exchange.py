@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
-from hostagent.messages import MessageStats, RecvResult
+from hostagent.messages import Expect, MessageStats, RecvResult
 from hostagent.policy import Policy
 from hostagent.transport import LossInjection
 
@@ -46,7 +46,8 @@ def _ps(endpoints, n_workers, iterations=2, missing="zero", per_rank=None, polic
     results = []
     for it in range(iterations):
         grads = _grads(n_workers, it)
-        fns = {"server": lambda it=it: server.serve_iteration(it, len(SHAPES))}
+        n_msgs = len(workers[0].plan([int(np.prod(s)) for s in SHAPES]))  # fused: one message per bucket
+        fns = {"server": lambda it=it: server.serve_iteration(it, n_msgs)}
         fns.update({w: (lambda w=w, it=it, g=grads: workers[w].exchange(it, g[w])) for w in range(n_workers)})
         results.append((grads, _run_threads(fns), server))
     return results
@@ -85,16 +86,16 @@ def test_parameter_server_error_with_loss_is_bounded_by_what_was_lost(endpoints)
     grads, out, server = runs[0]
     stats = server.history[0]
     assert 0 < stats.lost_fraction_max <= 0.1
-    for t in range(len(SHAPES)):
-        xs = np.stack([grads[w][t].reshape(-1) for w in range(n)])
-        mean = xs.mean(axis=0)
-        got = out[0][t].reshape(-1)
-        err = np.abs(got - mean)
-        # a wrong element is one where some contribution went missing: its error is at most
-        # the sum of the contributions divided by N, and such elements are at most N * p
-        assert (err <= np.abs(xs).sum(axis=0) / n + 1e-6).all()
-        assert (err > 1e-6).mean() <= n * 0.1 + 1e-9
-        for w in range(1, n):  # the pull is reliable: every worker got the same answer
+    # The bound holds per message, and the tensors travel fused into one bucket: check the whole.
+    xs = np.stack([np.concatenate([g.reshape(-1) for g in grads[w]]) for w in range(n)])
+    got = np.concatenate([o.reshape(-1) for o in out[0]])
+    err = np.abs(got - xs.mean(axis=0))
+    # a wrong element is one where some contribution went missing: its error is at most
+    # the sum of the contributions divided by N, and such elements are at most N * p
+    assert (err <= np.abs(xs).sum(axis=0) / n + 1e-6).all()
+    assert (err > 1e-6).mean() <= n * 0.1 + 1e-9
+    for w in range(1, n):  # the pull is reliable: every worker got the same answer
+        for t in range(len(SHAPES)):
             np.testing.assert_array_equal(out[w][t], out[0][t])
 
 
@@ -106,13 +107,13 @@ def test_ring_allreduce_error_with_loss_is_bounded(endpoints):
     grads = _grads(n, 3)
     out = _run_threads({w: (lambda w=w: rings[w].allreduce(0, grads[w])) for w in range(n)})
     assert any(r.last_stats.lost_fraction_max > 0 for r in rings)
-    for t in range(len(SHAPES)):
-        xs = np.stack([grads[w][t].reshape(-1) for w in range(n)])
-        err = np.abs(out[0][t].reshape(-1) - xs.mean(axis=0))
-        assert (err <= np.abs(xs).sum(axis=0) / n + 1e-5).all()
-        # each reduce-scatter hop may lose up to p of a chunk
-        assert (err > 1e-5).mean() <= (n - 1) * 0.1 + 1e-9
-        for w in range(1, n):
+    xs = np.stack([np.concatenate([g.reshape(-1) for g in grads[w]]) for w in range(n)])  # fused: one bucket
+    err = np.abs(np.concatenate([o.reshape(-1) for o in out[0]]) - xs.mean(axis=0))
+    assert (err <= np.abs(xs).sum(axis=0) / n + 1e-5).all()
+    # each reduce-scatter hop may lose up to p of a chunk
+    assert (err > 1e-5).mean() <= (n - 1) * 0.1 + 1e-9
+    for w in range(1, n):
+        for t in range(len(SHAPES)):
             np.testing.assert_array_equal(out[w][t], out[0][t])
 
 
@@ -150,7 +151,8 @@ def test_dynamic_server_sees_messages_announced_before_it_started(endpoints):
     eps = endpoints(3, policy=Policy(loss_bound_push=0.0))
     server_ep = eps[2]
     grads = {w: np.full(1000, w + 1, np.float32) for w in (0, 1)}
-    pulls = {w: eps[w].recv(2, message_id(0, 5, 1)) for w in (0, 1)}
+    # the server replies without a META: a worker posts its pull with the size it expects
+    pulls = {w: eps[w].recv(2, message_id(0, 5, 1), expect=Expect(1000, np.float32, 0.0)) for w in (0, 1)}
     for w in (0, 1):
         eps[w].send(2, grads[w], message_id(0, 5, 0))
     import time
@@ -172,9 +174,9 @@ def test_exchange_rejects_mismatched_ids(endpoints):
     eps = endpoints(2)
     worker = PSWorker(eps[0], server_rank=1)
     with pytest.raises(ValueError, match="tensor ids and priorities"):
-        worker.exchange(0, [np.ones(3, np.float32)], tensor_ids=[1, 2])
+        worker.exchange_detailed(0, [np.ones(3, np.float32)], tensor_ids=[1, 2])
     with pytest.raises(ValueError, match="distinct"):
-        worker.exchange(0, [np.ones(3, np.float32)] * 2, tensor_ids=[1, 1])
+        worker.exchange_detailed(0, [np.ones(3, np.float32)] * 2, tensor_ids=[1, 1])
 
 
 def test_ring_reports_what_its_sends_lost(endpoints):

@@ -48,10 +48,10 @@ def _peers(n: int):
     return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(_ports(n)))
 
 
-def _goodput_proc(rank, peers, mtu, size, runs, q):
+def _goodput_proc(rank, peers, mtu, size, runs, q, offload=True):
     from hostagent.transport import Endpoint, TransportConfig
 
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu)).start()
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, offload=offload)).start()
     ep.connect()
     x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
     times = []
@@ -62,25 +62,29 @@ def _goodput_proc(rank, peers, mtu, size, runs, q):
             times.append(time.perf_counter() - t0)
         else:
             assert np.array_equal(ep.recv(0, i).wait(60).data, x)
-    if rank == 0:
-        q.put((times, ep.endpoint_stats()["retransmitted_pkts"]))
+    q.put((rank, times, ep.endpoint_stats()))
     time.sleep(0.3)
     ep.close()
 
 
-def goodput(mtu: int, runs: int) -> tuple[float, float, int]:
+def goodput(mtu: int, runs: int, offload: bool = True) -> dict:
+    """One sender to one receiver: goodput, and what it cost (retransmissions, duplicates, overruns)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     peers = _peers(2)
     size = 25_000_000
-    procs = [ctx.Process(target=_goodput_proc, args=(r, peers, mtu, size, runs, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_goodput_proc, args=(r, peers, mtu, size, runs, q, offload)) for r in (0, 1)]
     for p in procs:
         p.start()
-    times, retx = q.get(timeout=300)
+    got = dict((r, (t, st)) for r, t, st in (q.get(timeout=300) for _ in range(2)))
     for p in procs:
         p.join(30)
+    times, tx = got[0]
+    rx = got[1][1]
     rates = [size * 4 / t / 1e6 for t in times]
-    return statistics.median(rates), max(rates), retx
+    return {"median": statistics.median(rates), "best": max(rates), "retx": tx["retransmitted_pkts"],
+            "sent": tx["data_pkts_sent"], "dup": rx["duplicate_pkts"] + rx["late_after_completion"],
+            "overruns": rx["rx_socket_overflows"], "gso_calls": tx["gso_calls"], "gro_reads": rx["gro_reads"]}
 
 
 def _collective_proc(rank, peers, pattern, p, loss, iterations, mtu, q):
@@ -99,7 +103,7 @@ def _collective_proc(rank, peers, pattern, p, loss, iterations, mtu, q):
     if pattern == "ps" and rank == n_workers:
         server = PSServer(ep, list(range(n_workers)))
         for it in range(iterations):
-            st = server.serve_iteration(it, len(grads))
+            st = server.serve_iteration(it, len(PSWorker(ep, 0).plan(TENSOR_ELEMS)))
             completions += [m["completion_time"] for m in st.per_message]
             lost.append(st.lost_fraction_max)
     else:
@@ -147,16 +151,33 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="goodput messages per MTU")
     ap.add_argument("--mtu", type=int, default=9000, help="MTU of the PS / ring runs")
     ap.add_argument("--quick", action="store_true", help="fewer iterations, for a smoke run")
+    ap.add_argument("--part", choices=("all", "goodput", "collective", "testbed"), default="all",
+                    help="run one part only")
     args = ap.parse_args()
     if args.quick:
         args.iterations, args.runs = 2, 2
+    if args.part in ("all", "goodput"):
+        print_goodput(args)
+    if args.part in ("all", "collective"):
+        print_collective(args)
+    if args.part in ("all", "testbed"):
+        print_testbed(args)
+
+
+def print_goodput(args) -> None:
 
     print("1. one sender -> one receiver, 100 MB messages, separate processes, loopback")
-    print(f"{'MTU':>6}{'median MB/s':>13}{'best MB/s':>11}{'retransmitted pkts':>20}")
-    for mtu in (1500, 9000):
-        med, best, retx = goodput(mtu, args.runs)
-        print(f"{mtu:>6}{med:>13.0f}{best:>11.0f}{retx:>20}")
+    print(f"{'MTU':>6}{'GSO/GRO':>9}{'median MB/s':>13}{'best MB/s':>11}{'sent pkts':>11}{'retx':>7}"
+          f"{'dup %':>7}{'overruns':>10}{'GSO calls':>11}{'GRO reads':>11}")
+    for mtu, offload in ((1500, True), (1500, False), (9000, True)):
+        r = goodput(mtu, args.runs, offload)
+        print(f"{mtu:>6}{'on' if offload else 'off':>9}{r['median']:>13.0f}{r['best']:>11.0f}{r['sent']:>11}"
+              f"{r['retx']:>7}{100 * r['dup'] / max(1, r['sent']):>7.2f}{r['overruns']:>10}{r['gso_calls']:>11}"
+              f"{r['gro_reads']:>11}")
     print()
+
+
+def print_collective(args) -> None:
     print(f"2. 4 workers, 25 MB of gradients per iteration in {len(TENSOR_ELEMS)} tensors, "
           f"MTU {args.mtu}, {args.iterations} iterations")
     print(f"{'pattern':<8}{'p':>6}{'loss':>6}{'sync p50 ms':>13}{'msg p50 ms':>12}{'msg p99 ms':>12}"

@@ -183,6 +183,12 @@ class OutMessage:
         else:
             self.send_order = np.arange(len(batch), dtype=np.int64)
             self._prio_in_order = None
+        self.header_rows = batch.headers.view(np.uint8).reshape(len(batch), batch.headers.dtype.itemsize)
+        """Each packet's header as a row of bytes (a view)."""
+        per, itemsize = batch.elems_per_packet, batch.payload.itemsize
+        self.payload_rows = batch.payload[: (batch.payload.size // per) * per].view(np.uint8).reshape(
+            batch.payload.size // per, per * itemsize)
+        """Each full packet's payload as a row of bytes (a view of the caller's array)."""
         self.next_seq = 0  # position in send_order of the first pass
         self.retx: np.ndarray = np.zeros(0, dtype=np.int64)  # queued retransmissions
         self.retx_pos = 0

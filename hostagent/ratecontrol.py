@@ -78,13 +78,11 @@ class RateController:
         return self.rate
 
     def on_ceiling(self, ceiling: float) -> None:
-        """The receiver's drain share for us, bytes/s (0 = unknown). A sender that has not been
-        told any congestion yet starts no faster than it: the rate is cut to the ceiling, then
-        probes upward by additive increase as the ceiling allows."""
-        if ceiling <= 0:
-            return
-        self.ceiling = ceiling
-        if self.decreases == 0 and self.rate > ceiling:
+        """The receiver's drain share for us, bytes/s (0 = none: it keeps up). The rate drops to
+        the ceiling at once, so a receiver that cannot keep up is not overrun; from there it
+        probes upward by additive increase, and the receiver lifts the ceiling once it keeps up."""
+        self.ceiling = max(0.0, ceiling)
+        if ceiling > 0 and self.rate > ceiling:
             self.rate = max(self.config.min_rate, ceiling)
 
     def on_feedback(self, received: int, marked: int, lost: int, now: float | None = None) -> float:

@@ -17,6 +17,7 @@ Run: python bench/transport.py [--iterations 5] [--quick]
 from __future__ import annotations
 
 import argparse
+import os
 import multiprocessing as mp
 import socket
 import statistics
@@ -188,6 +189,78 @@ def print_collective(args) -> None:
                 r = collective(pattern, p, loss, args.iterations, args.mtu)
                 print(f"{pattern:<8}{p:>6.2f}{loss:>6.0%}{r['sync_p50']:>13.1f}{r['msg_p50']:>12.1f}"
                       f"{r['msg_p99']:>12.1f}{r['lost_max']:>10.4f}{r['retx']:>11}")
+
+
+def testbed_workload(fusion: bool, iterations: int) -> dict:
+    """The testbed's workload on loopback: 4 workers + PS as separate ``topologies.agent``
+    processes with the testbed's spec (ResNet-50 profile at scale 0.002, the rate configuration
+    of 2000-pps bottlenecks), no switch and no compute, so an iteration is all communication."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from hostagent.policy import Policy
+    from topologies.runner import RunOptions, agent_spec
+
+    opts = RunOptions(workers=4, iterations=iterations, compute_ms=0.0, fusion=fusion)
+    ports = _ports(5)
+    spec = agent_spec(opts, Policy(), ["127.0.0.1"] * 5, ports)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "agent.json"
+        path.write_text(json.dumps(spec))
+        server = subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), "4"])
+        outs = [Path(tmp) / f"w{r}.jsonl" for r in range(4)]
+        workers = [subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), str(r), str(outs[r])])
+                   for r in range(4)]
+        try:
+            for w in workers:
+                w.wait(timeout=600)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        rows = [json.loads(line) for o in outs for line in o.read_text().splitlines()]
+    if os.environ.get("DLCP_BENCH_DEBUG"):
+        print([r for r in rows if r["kind"] == "endpoint"][0])
+    measured = [r for r in rows if r["kind"] == "measured"]
+    rate = spec["rate"]["line_rate"]
+    sizes = layer_sizes_bytes(spec)
+    # the busiest link is the server's: it takes every worker's push and sends every pull
+    bound = 4 * sizes / rate
+    return {"sync_p50": statistics.median(r["sync_time"] for r in measured) * 1e3,
+            "sync_p99": float(np.percentile([r["sync_time"] for r in measured], 99)) * 1e3,
+            "bound": bound * 1e3, "messages": measured[0]["messages"],
+            "ctl": statistics.median(r["control_frames"] for r in measured),
+            "retx": sum(r["retransmissions"] for r in measured)}
+
+
+def layer_sizes_bytes(spec: dict) -> int:
+    """Bytes of datagrams (DLCP header + payload) one worker pushes per iteration."""
+    from hostagent.fusion import plan_buckets
+    from hostagent.model_profiles import layer_sizes
+    from hostagent.packetizer import elems_per_packet
+    from hostagent.wire import HEADER_SIZE
+    from topologies.agent import fusion_for
+
+    sizes = layer_sizes(spec["model"], spec["scale"])
+    per = elems_per_packet(spec["mtu"], np.float32)
+    buckets = plan_buckets(sizes, [0] * len(sizes), config=fusion_for(spec))
+    return sum(b.total * 4 + -(-b.total // per) * HEADER_SIZE for b in buckets)
+
+
+def print_testbed(args) -> None:
+    print()
+    print("3. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
+          "2000-pps rate configuration, no compute")
+    print(f"{'fusion':<8}{'msgs/it':>8}{'sync p50 ms':>13}{'sync p99 ms':>13}{'bound ms':>10}{'p50/bound':>11}"
+          f"{'ctl frames/it':>15}{'retx':>6}")
+    for fusion in (True, False):
+        r = testbed_workload(fusion, max(3, args.iterations * 2))
+        print(f"{'on' if fusion else 'off':<8}{r['messages']:>8}{r['sync_p50']:>13.1f}{r['sync_p99']:>13.1f}"
+              f"{r['bound']:>10.1f}{r['sync_p50'] / r['bound']:>11.2f}{r['ctl']:>15.0f}{r['retx']:>6}")
+    print("bound = bytes the server's link carries in one direction per iteration (4 pushes) / the hosts' "
+          "line rate; ctl frames = control frames a worker sent and received per iteration")
 
 
 if __name__ == "__main__":

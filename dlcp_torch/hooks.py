@@ -33,8 +33,9 @@ def bucket_params(bucket: dist.GradBucket) -> list[torch.Tensor]:
 def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket over the workers through DLCP's bounded-loss transport.
 
-    The bucket's priority is that of the earliest layer (in forward order) among its
-    parameters; its packets' drop classes come from their magnitudes. Up to p of the bucket
+    Each packet of the bucket carries the priority of the layer its gradients belong to (a
+    packet spanning layers takes the more urgent one), so the bucket's first-needed layers
+    are queued first; its packets' drop classes come from their magnitudes. Up to p of the bucket
     (``Policy.loss_bound_push``) may arrive as zeros; with ``error_feedback`` the lost part
     is added to the bucket's next gradient.
 
@@ -46,10 +47,14 @@ def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future
     buf = bucket_buffer(bucket)
     if buf.device.type != "cpu" or buf.dtype != torch.float32:
         raise TypeError(f"dlcp_hook handles CPU float32 buckets; got {buf.dtype} on {buf.device}")
-    priority, _ = state.priority_of(bucket_params(bucket))
+    params = bucket_params(bucket)
+    layout = state.layout_of(params)
     grad = buf.detach().numpy()
+    if layout.total != grad.size:  # a layout DDP did not promise: fall back to one priority
+        layout = None
+    priority, _ = state.priority_of(params)
     fut: torch.futures.Future = torch.futures.Future()
-    inner = state.exchange_async(bucket.index(), grad, priority)
+    inner = state.exchange_async(bucket.index(), grad, priority, layout=layout)
 
     def done(f) -> None:
         try:

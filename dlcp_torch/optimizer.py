@@ -1,10 +1,12 @@
 """``DistributedOptimizer``: DLCP without DDP, BytePS/Horovod style.
 
-Each parameter's gradient is sent the moment autograd finishes accumulating it (a
-post-accumulate-grad hook), so the layers nearest the output start exchanging while
-backward still runs on the layers nearest the input, and each carries its layer's priority.
-``step()`` waits for every exchange (each completes under the bounded-loss rule), writes the
-averages into ``.grad`` and steps the wrapped optimizer.
+Each parameter's gradient is handed over the moment autograd finishes accumulating it (a
+post-accumulate-grad hook) and packed into its bucket (:mod:`hostagent.fusion`: DDP's caps by
+default); a bucket is exchanged as soon as all its gradients are in, so the layers nearest the
+output start exchanging while backward still runs on the layers nearest the input. Every
+packet carries the priority of the layer it holds. ``step()`` waits for every exchange (each
+completes under the bounded-loss rule), writes the averages into ``.grad`` and steps the
+wrapped optimizer. ``fusion=FusionConfig(enabled=False)`` exchanges one message per parameter.
 
 Example::
 
@@ -16,46 +18,77 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 
 from dlcp_torch.state import DLCPState
+from hostagent.fusion import Bucket, Bucketer, FusionConfig, plan_buckets
 
 
 class DistributedOptimizer:
     """Wraps ``optimizer``; one backward per ``step()`` (no gradient accumulation)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, state: DLCPState,
-                 broadcast_initial: bool = True) -> None:
+                 broadcast_initial: bool = True, fusion: FusionConfig = FusionConfig()) -> None:
         self.optimizer = optimizer
         self.model = model
         self.state = state
+        self.fusion = fusion
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._key = {id(p): i for i, p in enumerate(self._params)}
-        self._pending: dict[int, tuple[torch.nn.Parameter, Future]] = {}
+        self._packer: Bucketer | None = None  # planned at the first gradient, once forward order is known
+        self._pending: list[tuple[Bucket, Future]] = []
+        self._seen: set[int] = set()
         self._step = 0
         if broadcast_initial:
             state.broadcast([p.data for p in self._params])
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
 
+    def _plan(self) -> Bucketer:
+        """Buckets in backward order (the reverse of the parameters'), each tensor tagged with its
+        layer's priority as recorded in the first forward pass."""
+        tags = [self.state.priority_of([p]) for p in self._params]
+        buckets = plan_buckets([p.numel() for p in self._params], [t[0] for t in tags], config=self.fusion,
+                               layers=[t[1] for t in tags])
+        return Bucketer(buckets)
+
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         key = self._key[id(p)]
-        if key in self._pending:
+        if key in self._seen:
             raise RuntimeError("DistributedOptimizer: a second backward before step(); gradient accumulation "
                                "is not supported")
-        priority, _ = self.state.priority_of([p])
-        grad = p.grad.detach().reshape(-1).contiguous().numpy()
-        self._pending[key] = (p, self.state.exchange_async(key, grad, priority, iteration=self._step))
+        if self._packer is None:
+            self._packer = self._plan()
+        self._seen.add(key)
+        for bucket, flat in self._packer.add(key, p.grad.detach().reshape(-1).numpy()):
+            fut = self.state.exchange_async(bucket.index, flat, bucket.layout.top_priority, iteration=self._step,
+                                            layout=bucket.layout)
+            self._pending.append((bucket, fut))
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """The buckets gradients travel in (empty before the first backward)."""
+        return [] if self._packer is None else list(self._packer.buckets)
 
     def synchronize(self) -> None:
         """Wait for every exchange of this step and put the averages into ``.grad``."""
         timeout = self.state.endpoint.config.message_deadline
         try:
-            for p, fut in self._pending.values():
-                avg = fut.result(timeout=timeout)
+            if self._packer is not None and len(self._seen) != len(self._params):
+                missing = len(self._params) - len(self._seen)
+                raise RuntimeError(f"DistributedOptimizer: {missing} parameter(s) got no gradient this step; "
+                                   f"their buckets cannot be exchanged (every parameter must take part)")
+            for bucket, fut in self._pending:
+                avg = np.asarray(fut.result(timeout=timeout))
                 with torch.no_grad():
-                    p.grad.copy_(torch.from_numpy(avg).reshape(p.grad.shape))
+                    for key, view in self._packer.unpack(bucket, avg).items():
+                        g = self._params[key].grad
+                        g.copy_(torch.from_numpy(view).reshape(g.shape))
         finally:
             self._pending.clear()
+            self._seen.clear()
+            if self._packer is not None:
+                self._packer.reset()
 
     def step(self, closure=None):
         self.synchronize()

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hostagent.exchange import PSServer, PSWorker, RingAllreduce, lost_elements, message_id
+from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
@@ -151,6 +152,12 @@ class DLCPState:
         self._layer_sizes = [sum(p.numel() for p in ps) for ps in layers]
         self._prio = layer_priorities(self._layer_sizes, self.policy) if layers else np.zeros(0, np.uint8)
 
+    def layout_of(self, params: Sequence[torch.Tensor]) -> Layout:
+        """Where each parameter's gradient sits in a flat buffer of ``params`` laid end to end,
+        with the priority and layer of each: what a fused bucket's packets are tagged from."""
+        tags = [self.priority_of([p]) for p in params]
+        return Layout.of_sizes([p.numel() for p in params], [t[0] for t in tags], [t[1] for t in tags])
+
     def priority_of(self, params: Sequence[torch.Tensor]) -> tuple[int, int]:
         """(priority, first layer) of a set of parameters: the most urgent of their layers."""
         layers = [self._layer_of[id(p)] for p in params if id(p) in self._layer_of]
@@ -171,8 +178,20 @@ class DLCPState:
             self._calls[key] = it + 1
             return it
 
-    def exchange_async(self, key: int, grad: np.ndarray, priority: int, iteration: int | None = None) -> Future:
-        """Start averaging ``grad`` (flat float32) over the workers; a Future of the average."""
+    def announce(self, iteration: int, keys: Sequence[int], layouts: Sequence[Layout]) -> None:
+        """Tell the parameter server now what this iteration will push (one control frame for all
+        buckets); each is then started with ``exchange_async(..., announced=True)``. A ring needs
+        no announcement (every member knows every chunk's size), so this does nothing there."""
+        if self.pattern == "ps":
+            self._exchanger.announce(iteration, [lay.total for lay in layouts], list(keys), list(layouts))
+
+    def exchange_async(self, key: int, grad: np.ndarray, priority: int, iteration: int | None = None,
+                       layout: Layout | None = None, announced: bool = False) -> Future:
+        """Start averaging ``grad`` (flat float32) over the workers; a Future of the average.
+
+        ``layout`` (a fused bucket's) tags each packet with the priority of the layer it carries;
+        ``announced``: :meth:`announce` already announced it for ``iteration``.
+        """
         if self.endpoint is None:
             raise RuntimeError("DLCPState has no endpoint: call attach(endpoint) first")
         it = self.next_iteration(key) if iteration is None else iteration
@@ -182,16 +201,18 @@ class DLCPState:
                 grad = grad + err
             else:
                 grad = grad.copy()  # the buffer must stay ours while in flight
-        return self._pool.submit(self._exchange, it, key, grad, priority)
+        return self._pool.submit(self._exchange, it, key, grad, priority, layout, announced)
 
-    def _exchange(self, iteration: int, key: int, grad: np.ndarray, priority: int) -> np.ndarray:
+    def _exchange(self, iteration: int, key: int, grad: np.ndarray, priority: int,
+                  layout: Layout | None = None, announced: bool = False) -> np.ndarray:
         t0 = time.monotonic()
         if self.pattern == "ps":
-            (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority])
+            (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority], [layout],
+                                                             announced=announced)
             idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
             vals = grad[idx]  # the worker's own gradient there
         else:
-            (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority])
+            (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority], [layout])
         if self.error_feedback:
             err = np.zeros_like(grad)
             np.add.at(err, idx, vals)

@@ -73,7 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
                       compute_ms=args.compute_ms, capacity_pps=args.capacity, buffer=args.buffer,
-                      cross_traffic=args.cross_traffic == "on", out=args.out, quiet=args.quiet)
+                      cross_traffic=args.cross_traffic == "on", fusion=args.fusion == "on", out=args.out,
+                      quiet=args.quiet)
     run_dir, results = run(opts)
     print(summary(results))
     print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
+    p.add_argument("--fusion", choices=["on", "off"], default="on",
+                   help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_run)

@@ -217,14 +217,25 @@ class PSWorker:
                                      [b.layout for b in plan])
         return _unfuse([avg for avg, _ in res], plan, grads)
 
+    def announce(self, iteration: int, sizes: Sequence[int], tensor_ids: Sequence[int],
+                 layouts: Sequence[Layout]) -> None:
+        """Announce the pushes of an iteration to the server in one control frame, before their
+        gradients exist; each is then exchanged with ``exchange_detailed(..., announced=True)``."""
+        with self.ep.batch():
+            for size, t, lay in zip(sizes, tensor_ids, layouts):
+                self.ep.announce(self.server, message_id(iteration, t, 0), int(size), np.float32,
+                                 self.policy.loss_bound_push, lay.top_priority, iteration, t, lay.first_layer % 65536)
+
     def exchange_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
                           priorities: Sequence[int] | None = None,
-                          layouts: Sequence[Layout | None] | None = None) -> list[tuple[np.ndarray, MessageStats]]:
+                          layouts: Sequence[Layout | None] | None = None,
+                          announced: bool = False) -> list[tuple[np.ndarray, MessageStats]]:
         """Push each array as one message and pull its average, with each push's
         :class:`MessageStats` (which packets the server never got: ``lost_packets``).
 
         ``layouts`` (one per array, or None) tags each packet with the priority of the layer it
-        carries. Safe to call from several threads for different tensor ids.
+        carries; ``announced``: :meth:`announce` already sent the pushes' METAs. Safe to call
+        from several threads for different tensor ids.
         """
         t0 = time.monotonic()
         flats = [_flat(g) for g in grads]
@@ -237,7 +248,8 @@ class PSWorker:
                  for t, f in zip(ids, flats)]
         pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
                                loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t,
-                               layer=(lay.first_layer if lay is not None else t) % 65536, layout=lay)
+                               layer=(lay.first_layer if lay is not None else t) % 65536, layout=lay,
+                               announce=not announced)
                   for t, f, pr, lay in zip(ids, flats, prio, lays)]
         deadline = t0 + self.timeout
         results = _wait_all(pulls, deadline)

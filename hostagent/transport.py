@@ -44,6 +44,9 @@ import numpy as np
 from hostagent import wire
 from hostagent.lossmodel import drop_by_class
 import contextlib
+import fcntl
+import struct
+import termios
 
 from hostagent.fusion import Layout
 from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
@@ -130,6 +133,7 @@ class Endpoint:
         self._backlog_bytes = 0
         self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
         self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
+        self._gap: dict[int, tuple[float, float]] = {}  # sender -> (mean, deviation) of arrival gaps
         self._delayed: list[tuple[float, bytes]] = []
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
@@ -426,6 +430,28 @@ class Endpoint:
                 if self._out.get(key) is msg:  # data only after its META is on the wire
                     self._activate(msg)
         return msg.handle
+
+    def announce(self, dest: int, message_id: int, total_elems: int, dtype: Any = np.float32,
+                 loss_bound: float | None = None, priority: int | None = None, iteration: int = 0,
+                 tensor_id: int = 0, layer: int = 0) -> None:
+        """Send the META of a message ahead of its data, which follows with ``send(..., announce=False)``.
+
+        Why: a worker knows its iteration's buckets before their gradients exist; announcing
+        them together (inside :meth:`batch`) costs one control frame instead of one per bucket.
+        The receiver sets the message up as for any META; its data may come any time later.
+        """
+        self.config.peer(dest)
+        p = self.policy.loss_bound_push if loss_bound is None else loss_bound
+        if not 0 <= p < 1:
+            raise ValueError(f"loss_bound must be in [0, 1), got {p}")
+        per = elems_per_packet(self.config.mtu, dtype)
+        priority = self.policy.top_priority if priority is None else priority
+        self._conn_to(dest)
+        body = wire.META_BODY.pack(total_elems, per, p)
+        self._queue_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
+                        tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(dtype), total_pkts=-(-total_elems // per))
+        if not getattr(self._deferring, "depth", 0):
+            self._flush(dest)
 
     def recv(self, src: int, message_id: int, out: np.ndarray | None = None,
              expect: Expect | None = None) -> RecvHandle:
@@ -887,6 +913,10 @@ class Endpoint:
                         msg = self._in.get(asm.key)
                         if msg is None:
                             continue
+                        if msg.last_arrival > msg.started:  # a gap within the message: learn its size
+                            g = now - msg.last_arrival
+                            mean, dev = self._gap.get(msg.src, (g, g / 2))
+                            self._gap[msg.src] = (0.875 * mean + 0.125 * g, 0.75 * dev + 0.25 * abs(g - mean))
                         msg.last_arrival = now
                         n_retx = retx_by_key.get(asm.key, 0)
                         if n_retx and msg.bitmap_sent_at is not None:
@@ -1218,7 +1248,7 @@ class Endpoint:
                             f"rank {self.rank}: message {msg.message_id} from rank {msg.src} missed its "
                             f"{self.config.message_deadline:g} s deadline with {asm.received_fraction:.1%} received"))
                     continue
-                if msg.probe_pending and idle >= self.config.probe_grace:
+                if msg.probe_pending and idle >= self._probe_grace(msg.src) and not self._rx_backlog():
                     msg.probe_pending = False
                     if asm.is_complete(msg.loss_bound):
                         self._complete_locked(msg, "exact" if asm.is_exact() else "bounded")
@@ -1292,6 +1322,23 @@ class Endpoint:
 
     def _reprobe_timeout(self, dest: int) -> float:
         return max(4 * self._probe_delay(dest), 0.05)
+
+    def _probe_grace(self, src: int) -> float:
+        """How long without data before a PROBE is answered: the configured floor, or the usual
+        gap between arrivals from ``src`` plus four deviations when that is longer (a sender
+        paced slowly, or descheduled, leaves gaps that are not loss)."""
+        gap = self._gap.get(src)
+        if gap is None:
+            return self.config.probe_grace
+        return min(0.25, max(self.config.probe_grace, gap[0] + 4 * gap[1]))
+
+    def _rx_backlog(self) -> bool:
+        """Datagrams still wait in the data socket: the receiver is behind, so a bitmap now would
+        list packets that have arrived but are not read yet."""
+        try:
+            return struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+        except (OSError, ValueError):
+            return False
 
     def _take_feedback(self, rank: int, now: float, force: bool) -> bytes | None:
         """A FEEDBACK record for sender ``rank`` if one is due (lock held), resetting its counters.

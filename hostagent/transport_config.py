@@ -101,7 +101,7 @@ class TransportConfig:
     feedback_interval: float = 0.002
     """How often a receiver reports congestion (CE marks, socket overruns) to a sender."""
 
-    clean_feedback_interval: float = 0.05
+    clean_feedback_interval: float = 0.2
     """How often a receiver reports packets received without congestion when no other control
     record is leaving for that sender (then the report rides along at once)."""
 

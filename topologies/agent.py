@@ -3,8 +3,10 @@
 Started by the runner inside a host's namespace as ``python -m topologies.agent SPEC RANK``.
 A worker exchanges synthetic gradients with the per-tensor sizes of a real model
 (:mod:`hostagent.model_profiles`), overlapping them with a simulated backward pass: tensors
-become ready from the output layer back to the input, ``compute_ms`` in total, and each is
-handed to DLCP as soon as it is (highest priority, the input layers, go first once ready).
+become ready from the output layer back to the input, ``compute_ms`` in total, and are packed
+into buckets as they do (:mod:`hostagent.fusion`, DDP's caps scaled like the model, or one
+message per tensor without fusion); each full bucket is handed to DLCP at once, every packet
+tagged with the priority of the layer it carries.
 Iteration 0 warms up (connections, rates) and the last one, ``iterations + 1``, runs the
 communication alone, without compute, for the ordering-efficiency metric. It writes one JSON
 line of results per iteration to its output file. The server serves until SIGTERM.
@@ -22,18 +24,32 @@ from pathlib import Path
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
+from hostagent.fusion import Bucketer, FusionConfig, plan_buckets
 from hostagent.model_profiles import layer_sizes
+from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 
 
 def _endpoint(spec: dict, rank: int) -> Endpoint:
-    peers = tuple(Peer(r, ip, spec["data_port"], spec["control_port"]) for r, ip in enumerate(spec["peer_ips"]))
+    ports = spec.get("ports") or [(spec["data_port"], spec["control_port"])] * len(spec["peer_ips"])
+    peers = tuple(Peer(r, ip, d, c) for r, (ip, (d, c)) in enumerate(zip(spec["peer_ips"], ports)))
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
-                          connect_timeout=30.0)
+                          connect_timeout=30.0, offload=spec.get("offload", False))
     return Endpoint(cfg).start()
+
+
+def fusion_for(spec: dict) -> FusionConfig:
+    """DDP's bucket caps scaled like the model (``scale``), at least ``bucket_floor_packets``
+    full packets; one message per tensor when ``fusion`` is off."""
+    floor = spec.get("bucket_floor_packets", 8) * elems_per_packet(spec["mtu"], np.float32) * 4
+    return FusionConfig(enabled=spec.get("fusion", True)).scaled(spec["scale"], min_bytes=floor)
+
+
+def _ctl_frames(ep: Endpoint) -> int:
+    return ep.stats.ctl_frames_sent + ep.stats.ctl_frames_received
 
 
 def run_worker(spec: dict, rank: int, out: Path) -> None:
@@ -44,6 +60,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     state = DLCPState(ep, spec["pattern"], workers=workers, server_rank=server, policy=ep.policy, max_inflight=64)
     sizes = layer_sizes(spec["model"], spec["scale"])
     prio = layer_priorities(sizes, ep.policy)
+    buckets = plan_buckets(sizes, [int(x) for x in prio], config=fusion_for(spec))
+    packer = Bucketer(buckets)
     rng = np.random.default_rng(rank)
     grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     compute = spec["compute_ms"] / 1e3
@@ -51,26 +69,32 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     with open(out, "w") as f:
         last = spec["iterations"] + 1
         for it in range(last + 1):
-            retx0 = ep.stats.retransmitted_pkts
+            retx0, ctl0 = ep.stats.retransmitted_pkts, _ctl_frames(ep)
+            packer.reset()
             t0 = time.monotonic()
+            state.announce(it, [b.index for b in buckets], [b.layout for b in buckets])  # one frame for all
             futures, ready_at = [], []
             for t in reversed(range(len(sizes))):  # backward: the output layer's gradient exists first
                 if it != last and per_tensor[t] > 0:
                     time.sleep(per_tensor[t])
                 ready_at.append(time.monotonic())
-                futures.append(state.exchange_async(t, grads[t], int(prio[t]), iteration=it))
+                for bucket, flat in packer.add(t, grads[t]):
+                    futures.append(state.exchange_async(bucket.index, flat, bucket.layout.top_priority, iteration=it,
+                                                        layout=bucket.layout, announced=True))
             first_send = ready_at[0]
             for fut in futures:
                 fut.result(timeout=spec["deadline"] + 5)
             end = time.monotonic()
-            lost = state.stats.lost_fractions[-len(sizes):]
+            lost = state.stats.lost_fractions[-len(buckets):]
             f.write(json.dumps({"iteration": it, "rank": rank, "kind": "calibration" if it == last else
                                 ("warmup" if it == 0 else "measured"), "iteration_time": end - t0,
                                 "sync_time": end - ready_at[-1], "comm_span": end - first_send,
                                 "compute_time": ready_at[-1] - t0 if it != last else 0.0,
                                 "lost_fraction": float(np.mean(lost)) if lost else 0.0,
-                                "retransmissions": ep.stats.retransmitted_pkts - retx0}) + "\n")
+                                "retransmissions": ep.stats.retransmitted_pkts - retx0,
+                                "messages": len(buckets), "control_frames": _ctl_frames(ep) - ctl0}) + "\n")
             f.flush()
+        f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()
     time.sleep(0.5)
     ep.close()

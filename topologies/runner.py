@@ -64,6 +64,8 @@ class RunOptions:
     """UDP cross traffic rate as a fraction of the bottleneck capacity."""
     mtu: int = 1500
     loss_bound: float = 0.05
+    fusion: bool = True
+    """Pack tensors into DDP-style buckets (caps scaled by ``scale``); off: one message per tensor."""
     out: str = "runs"
     quiet: bool = False
     timeout: float = 600.0
@@ -96,6 +98,31 @@ def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
         ecn_threshold=max(1, buf // 4),
         loss_bound_push=opts.loss_bound if on["bounded"] else 0.0,
     )
+
+
+def testbed_rate(capacity_pps: int, mtu: int) -> dict:
+    """The hosts' rate configuration for bottlenecks of ``capacity_pps`` packets of ``mtu`` bytes:
+    start at half the bottleneck, never above twice it (a host link is faster than the bottleneck)."""
+    return {"initial_rate": capacity_pps * mtu * 0.5, "line_rate": capacity_pps * mtu * 2.0, "min_rate": 10_000.0,
+            "additive_increase": capacity_pps * mtu * 0.01, "burst_bytes": 16 * mtu}
+
+
+def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
+               ports: list[tuple[int, int]] | None = None) -> dict:
+    """What every host agent of a run reads (``topologies.agent``): peers, policy, workload, rates.
+
+    ``ports`` gives each rank its own (data, control) ports (agents sharing one address, as on
+    loopback); by default every host uses DLCP's ports. GSO/GRO stay off: a BMv2 switch reading
+    a veth would see a GSO super-packet as one packet.
+    """
+    spec = {"workers": opts.workers, "pattern": opts.pattern, "peer_ips": peer_ips, "data_port": 17649,
+            "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
+            "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
+            "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
+            "bucket_floor_packets": 8, "offload": False}
+    if ports is not None:
+        spec["ports"] = [list(p) for p in ports]
+    return spec
 
 
 @dataclass
@@ -160,14 +187,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
-    pkt_bytes = opts.mtu
-    spec = {"workers": len(workers), "pattern": opts.pattern, "peer_ips": peers, "data_port": 17649,
-            "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
-            "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
-            "deadline": 60.0, "rate": {"initial_rate": opts.capacity_pps * pkt_bytes * 0.5,
-                                       "line_rate": opts.capacity_pps * pkt_bytes * 2.0,
-                                       "min_rate": 10_000.0, "additive_increase": opts.capacity_pps * pkt_bytes * 0.01,
-                                       "burst_bytes": 16 * pkt_bytes}}
+    spec = agent_spec(opts, policy, peers)
     (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
     procs: list[subprocess.Popen] = []
     cross: list[subprocess.Popen] = []

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
 _UNKNOWN_HELD = 0xFFFFFFFF  # STOP body when the receiver no longer knows the message
+_HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -128,6 +129,7 @@ class Endpoint:
         self._rtt: dict[int, float] = {}  # sender side: smoothed probe/stop round trip per destination
         self._rtt_var: dict[int, float] = {}
         self._drain = 0.0  # receive capacity, bytes/s, measured while backlogged
+        self._startup_drain = 0.0  # estimate before any measurement (set in start())
         self._drain_at = 0.0  # when it was last measured
         self._backlog_since: float | None = None
         self._backlog_bytes = 0
@@ -178,6 +180,7 @@ class Endpoint:
         udp.setblocking(False)
         lst.setblocking(False)
         self._udp, self._listener = udp, lst
+        self._startup_drain = self._calibrate_drain()
         self._sel = selectors.DefaultSelector()
         self._sel.register(lst, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -269,7 +272,7 @@ class Endpoint:
             conn = _Conn(s, rank)
             self.stats.ctl_frames_sent += 1
             hello = wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
-                                                message_id=0, sender_rank=self.rank),
+                                                message_id=_HELLO, sender_rank=self.rank),
                                     wire.FEEDBACK_BODY.pack(0, 0, 0, self._drain_share_kBps()))
             conn.send(hello)
             with self._lock:
@@ -551,7 +554,7 @@ class Endpoint:
             "data_pkts_sent": s.data_pkts_sent, "data_bytes_sent": s.data_bytes_sent,
             "retransmitted_pkts": s.retransmitted_pkts,
             "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,
-            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "parked_early": s.parked, "late_after_completion": s.late, "send_errors": s.send_errors,
+            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "rx_dropped_estimate": s.rx_dropped_estimate, "parked_early": s.parked, "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "duplicate_pkts": self.reassembler.stats.duplicates,
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
@@ -815,7 +818,7 @@ class Endpoint:
         """Measure what this receiver can drain: bytes per second of wall time over a stretch in
         which its socket never ran dry (so the figure includes every cost of this process, CPU
         scheduling too, and not the senders' pace). A stretch closes when the socket empties or
-        after 20 ms."""
+        after 5 ms, so a sender learns within a few milliseconds that it is too fast."""
         if self._backlog_since is None:
             if emptied:
                 return
@@ -823,7 +826,7 @@ class Endpoint:
         self._backlog_bytes += nbytes
         now = time.monotonic()
         span = now - self._backlog_since
-        if emptied or span >= 0.02:
+        if emptied or span >= 0.005:
             if span >= 0.002 and self._backlog_bytes >= 64 * 1024:
                 rate = self._backlog_bytes / span
                 self._drain = rate if self._drain <= 0 else 0.7 * self._drain + 0.3 * rate
@@ -1184,6 +1187,11 @@ class Endpoint:
                     msg.pass_done_at = 0.0
         elif t == wire.PacketType.FEEDBACK:
             received, marked, lost, share_kBps = wire.FEEDBACK_BODY.unpack_from(body)
+            if h.message_id == _HELLO:
+                # A peer that just connected: tell it at once what we can drain, so its first
+                # data already goes no faster than that.
+                self._queue_ctl(src, wire.PacketType.FEEDBACK, _HELLO_REPLY,
+                                wire.FEEDBACK_BODY.pack(0, 0, 0, self._drain_share_kBps(new_sender=True)))
             with self._lock:
                 rc = self._rate.setdefault(src, RateController(self.config.rate))
                 self._pacer.setdefault(src, Pacer(self.config.rate.burst_bytes))
@@ -1367,14 +1375,42 @@ class Endpoint:
                                             sender_rank=self.rank, flags=flags, priority=self.policy.top_priority),
                                 wire.FEEDBACK_BODY.pack(rcv, marked, lost, share))
 
-    def _drain_share_kBps(self, now: float | None = None) -> int:
+    def _drain_share_kBps(self, now: float | None = None, new_sender: bool = False) -> int:
         """What each current sender may send at, KB/s: the measured drain capacity over the
-        senders seen in the last 50 ms (0 before anything was measured)."""
+        senders seen in the last 50 ms (one more for a ``new_sender``). Before anything was
+        measured, a new sender is given the start-up estimate (half of what this host's
+        reassembly took at start); later, 0 = no ceiling once this receiver kept up for 0.5 s."""
         now = time.monotonic() if now is None else now
-        if self._drain <= 0 or now - self._drain_at > 0.5:
-            return 0  # not measured, or not lately (then this receiver kept up: no ceiling)
-        active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05)
-        return min(wire.FIELD_MAX["job_id"], int(self._drain / max(1, active) / 1000))
+        active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05) + (1 if new_sender else 0)
+        if self._drain <= 0:
+            drain = self._startup_drain if new_sender else 0.0
+        elif now - self._drain_at > 0.5:
+            drain = self._startup_drain if new_sender else 0.0  # not lately: this receiver keeps up
+        else:
+            drain = self._drain
+        if drain <= 0:
+            return 0
+        return max(1, min(wire.FIELD_MAX["job_id"], int(drain / max(1, active) / 1000)))
+
+    def _calibrate_drain(self) -> float:
+        """Bytes/s this host's reassembly takes, timed on a synthetic batch at start (about a
+        millisecond): a start-up ceiling for senders, until the drain is measured under load.
+        Half of it is offered, as the system calls and other threads cost the rest."""
+        from hostagent.packetizer import MessageMeta
+
+        per = elems_per_packet(self.config.mtu, np.float32)
+        n = min(self.config.rx_batch, 512)
+        data = np.zeros(n * per, np.float32)
+        batch = packetize(data, MessageMeta(job_id=self.config.job_id, message_id=1), self.policy, self.config.mtu)
+        slots, lengths = batch.to_slots()
+        best = 0.0
+        for _ in range(3):
+            r = Reassembler(self.config.job_id)
+            r.expect(0, 1, data.size, np.float32, per)
+            t0 = time.perf_counter()
+            r.ingest_batch(slots, lengths)
+            best = max(best, float(lengths.sum()) / max(1e-6, time.perf_counter() - t0))
+        return best / 2
 
 
 __all__ = ["Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",

@@ -62,3 +62,27 @@ def test_retransmission_set_recovers_only_beyond_the_bound():
     assert retransmission_set(missing, classes, counts, 40, 80, 0.25).tolist() == [1, 5]
     # already within the bound: nothing
     assert retransmission_set(missing, classes, counts, 40, 80, 0.5).tolist() == []
+
+
+def test_clean_reports_grant_increase_for_the_time_they_cover():
+    cfg = RateConfig(initial_rate=1e6, line_rate=1e9, additive_increase=1e5, increase_interval=0.002,
+                     max_increase_span=0.05)
+    rc = RateController(cfg)
+    rc.on_feedback(10, 0, 0, now=1.0)  # first report: one interval's worth
+    assert rc.rate == pytest.approx(1e6 + 1e5)
+    rc.on_feedback(10, 0, 0, now=1.010)  # 10 ms later: five intervals' worth
+    assert rc.rate == pytest.approx(1.1e6 + 5e5)
+    rc.on_feedback(10, 0, 0, now=5.0)  # after an idle gap: at most max_increase_span
+    assert rc.rate == pytest.approx(1.6e6 + 25 * 1e5)
+
+
+def test_receiver_ceiling_caps_the_start_and_lifts_when_withdrawn():
+    rc = RateController(RateConfig(initial_rate=5e8, line_rate=1e9))
+    rc.on_ceiling(1e8)
+    assert rc.rate == 1e8 and rc.effective_rate == 1e8  # a new sender starts no faster than the receiver drains
+    rc.on_feedback(10, 0, 0, now=0.0)
+    assert rc.rate > 1e8 and rc.effective_rate == 1e8  # probes upward, still capped
+    rc.on_ceiling(2e8)
+    assert 1e8 < rc.effective_rate <= 2e8
+    rc.on_ceiling(0)  # the receiver keeps up: no ceiling
+    assert rc.effective_rate == rc.rate

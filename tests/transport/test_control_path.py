@@ -1,0 +1,151 @@
+"""The cheaper control path, per-packet priorities end to end, GSO/GRO and the safe start,
+on real loopback endpoints."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from hostagent.fusion import Layout
+from hostagent.messages import Expect
+from hostagent.policy import Policy
+from hostagent.udp_offload import gso_supported
+
+
+def _grad(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_fused_message_keeps_each_layers_priority_per_packet(endpoints):
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    lay = Layout.of_sizes([358 * 4 + 100, 358 * 6], [2, 7], [9, 3])
+    x = _grad(lay.total)
+    h = b.recv(0, 5)
+    a.send(1, x, 5, layout=lay)
+    got = h.wait(10)
+    np.testing.assert_array_equal(got.data, x)
+    expected_p, expected_l = lay.packet_tags(358)
+    np.testing.assert_array_equal(got.packet_priorities, expected_p)
+    np.testing.assert_array_equal(got.packet_layers, expected_l)
+    assert got.packet_priorities[4] == 7  # the packet that straddles the boundary takes the urgent layer
+
+
+def test_expected_messages_need_no_meta_and_announcements_share_one_frame(endpoints):
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    xs = [_grad(5000, s) for s in range(4)]
+    # 1. the receiver knows the size: no META at all
+    handles = [b.recv(0, 10 + i, expect=Expect(x.size, np.float32, 0.0)) for i, x in enumerate(xs)]
+    sends = [a.send(1, x, 10 + i, announce=False) for i, x in enumerate(xs)]
+    for h, x in zip(handles, xs):
+        np.testing.assert_array_equal(h.wait(10).data, x)
+    for s in sends:
+        s.wait(10)
+    assert a.endpoint_stats()["ctl_records_sent"].get("META", 0) == 0
+    # 2. announced ahead inside batch(): four METAs, one frame
+    frames0 = a.stats.ctl_frames_sent
+    with a.batch():
+        for i, x in enumerate(xs):
+            a.announce(1, 20 + i, x.size, np.float32, 0.0)
+    assert a.stats.ctl_frames_sent == frames0 + 1
+    assert a.stats.ctl_records_sent["META"] == 4
+    handles = [b.recv(0, 20 + i) for i in range(4)]
+    for i, x in enumerate(xs):
+        a.send(1, x, 20 + i, announce=False)
+    for h, x in zip(handles, xs):
+        np.testing.assert_array_equal(h.wait(10).data, x)
+
+
+def test_data_before_the_receiver_expects_it_is_parked_then_placed(endpoints):
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    x = _grad(20_000)
+    s = a.send(1, x, 3, announce=False)
+    time.sleep(0.2)  # every packet arrives before the receiver knows the message
+    got = b.recv(0, 3, expect=Expect(x.size, np.float32, 0.0)).wait(10)
+    np.testing.assert_array_equal(got.data, x)
+    s.wait(10)
+
+
+def test_a_clean_exchange_sends_no_probe_and_few_frames(endpoints):
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    x = _grad(50_000)
+    for i in range(5):  # warm up: the sender learns how long a STOP takes
+        h = b.recv(0, i)
+        a.send(1, x, i).wait(10)
+        h.wait(10)
+    probes0, frames0 = a.stats.ctl_records_sent["PROBE"], a.stats.ctl_frames_sent
+    rframes0 = b.stats.ctl_frames_sent
+    for i in range(5, 25):
+        h = b.recv(0, i)
+        a.send(1, x, i).wait(10)
+        h.wait(10)
+    sent = a.stats.ctl_frames_sent - frames0
+    answered = b.stats.ctl_frames_sent - rframes0
+    assert sent <= 20 + 3  # the META of each message, a probe now and then at most
+    assert answered <= 20 + 3  # one STOP frame each (feedback rides along)
+    assert a.stats.ctl_records_sent["PROBE"] - probes0 <= 3
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_gso_and_gro_carry_messages_exactly(endpoints, offload):
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), offload=offload)
+    x = _grad(2_000_000)
+    h = b.recv(0, 1)
+    a.send(1, x, 1).wait(30)
+    np.testing.assert_array_equal(h.wait(30).data, x)
+    sa, sb = a.endpoint_stats(), b.endpoint_stats()
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    supported = gso_supported(probe)
+    probe.close()
+    if offload and supported:
+        assert sa["gso_calls"] > 0 and sa["gso_calls"] < sa["data_pkts_sent"] / 8
+        assert sb["gro"] and sb["gro_reads"] > 0
+    else:
+        assert sa["gso_calls"] == 0 and sb["gro_reads"] == 0
+
+
+def test_a_socket_that_refuses_gso_falls_back_and_still_delivers(endpoints):
+    """SO_NO_CHECK makes the kernel refuse every GSO send (a real fault, no mock): the sender
+    turns GSO off for that socket, resends that run one datagram at a time, and says why."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if not gso_supported(probe):
+        pytest.skip("this kernel has no UDP GSO")
+    probe.close()
+    top = a.policy.top_priority
+    sock = a._tx_sock(1, top)
+    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_NO_CHECK", 11), 1)
+    x = _grad(500_000)
+    h = b.recv(0, 1)
+    a.send(1, x, 1, priority=top).wait(30)
+    np.testing.assert_array_equal(h.wait(30).data, x)
+    stats = a.endpoint_stats()
+    assert stats["gso_off"] and "UDP_SEGMENT" in stats["gso_off"][0]
+    assert stats["retransmitted_pkts"] == 0
+
+
+def test_a_slow_receiver_is_not_overrun(endpoints):
+    """The receiver drains slowly (every batch of at most 64 datagrams costs it 2 ms more: a
+    busy host, about a tenth of the sender's initial rate). It measures that, tells the sender
+    its drain ceiling within milliseconds, and the sender slows to it: almost nothing is lost
+    in the socket buffer, where a sender at its initial rate would lose most of the message."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), per_rank={1: {"rx_batch": 64}})
+    slow = b._on_datagrams
+
+    def busy(*args):
+        time.sleep(0.002)
+        slow(*args)
+
+    b._on_datagrams = busy
+    x = _grad(6_000_000)  # 24 MB
+    h = b.recv(0, 1)
+    st = a.send(1, x, 1).wait(60)
+    np.testing.assert_array_equal(h.wait(60).data, x)
+    rx = b.endpoint_stats()
+    packets = rx["reassembly"]["accepted"]
+    assert a._rate[1].ceiling > 0  # the sender was told what the receiver drains
+    assert rx["rx_dropped_estimate"] <= 0.05 * packets
+    assert st.retransmissions <= 0.05 * packets
+    assert rx["duplicate_pkts"] + rx["late_after_completion"] <= 0.01 * packets

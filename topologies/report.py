@@ -10,7 +10,9 @@ communication-only calibration iteration are left out, the latter used only for 
   comm = the calibration iteration's communication time and comp = the compute time,
   cost_max = comm + comp, cost_min = max(comm, comp), U = measured iteration time;
 * straggler spread (TicTac): per iteration, (max - min) / mean of the workers' iteration
-  times, averaged.
+  times, averaged;
+* messages and control frames (sent and received) per worker per iteration, medians: what
+  fusion and the batched control path cost.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def scheme_metrics(s: dict) -> dict:
     tail = sum(r.get("tail_dropped_pkts", 0) for sw in s["switches"].values() for r in sw["ports"])
     final = [r["accuracy"] for r in s["iterations"] if r.get("kind") == "final"]
     extra = {"accuracy": float(np.mean(final))} if final else {}
+    if all("control_frames" in r for r in recs):
+        extra["messages_per_iteration"] = float(np.median([r["messages"] for r in recs]))
+        extra["control_frames_per_iteration"] = float(np.median([r["control_frames"] for r in recs]))
     return {**extra, "sync_p50_ms": 1e3 * float(np.percentile(sync, 50)), "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
             "lost_fraction_mean": float(np.mean([r["lost_fraction"] for r in recs])),
@@ -57,7 +62,8 @@ def summary(results: dict) -> str:
     base = next((m["iteration_p50_ms"] for name, m in rows if name == "baseline"), None)
     acc = any("accuracy" in m for _, m in rows)
     head = (f"{'scheme':<10}{'sync p50':>10}{'sync p99':>10}{'iter p50':>10}{'speedup':>9}{'lost':>8}"
-            f"{'retx':>7}{'E':>7}{'stragg.':>9}{'sel.drops':>11}{'tail':>6}" + (f"{'acc':>8}" if acc else ""))
+            f"{'retx':>7}{'E':>7}{'stragg.':>9}{'sel.drops':>11}{'tail':>6}{'msgs':>6}{'ctl':>6}"
+            + (f"{'acc':>8}" if acc else ""))
     lines = [head, "-" * len(head)]
     for name, m in rows:
         speed = f"{base / m['iteration_p50_ms']:.2f}x" if base else "-"
@@ -65,7 +71,10 @@ def summary(results: dict) -> str:
         lines.append(f"{name:<10}{m['sync_p50_ms']:>8.0f}ms{m['sync_p99_ms']:>8.0f}ms{m['iteration_p50_ms']:>8.0f}ms"
                      f"{speed:>9}{m['lost_fraction_mean']:>8.2%}{m['retransmissions']:>7}"
                      f"{m['ordering_efficiency']:>7.2f}{m['straggler_spread']:>9.2f}{sel:>11}{m['switch_tail_drops']:>6}"
+                     f"{m.get('messages_per_iteration', float('nan')):>6.0f}"
+                     f"{m.get('control_frames_per_iteration', float('nan')):>6.0f}"
                      + (f"{m.get('accuracy', float('nan')):>8.4f}" if acc else ""))
+    lines.append("msgs, ctl: messages and control frames per worker per iteration (medians)")
     return "\n".join(lines)
 
 

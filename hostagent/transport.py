@@ -135,7 +135,6 @@ class Endpoint:
         self._backlog_bytes = 0
         self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
         self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
-        self._gap: dict[int, tuple[float, float]] = {}  # sender -> (mean, deviation) of arrival gaps
         self._delayed: list[tuple[float, bytes]] = []
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
@@ -644,7 +643,7 @@ class Endpoint:
                 finished_pass = not msg.has_packets()
             if msg.announce and msg.next_seq == len(seqs) and not retx:
                 self._flush(dest)  # its META may still be queued: let it lead the data
-            sent = self._send_packets(msg, seqs, retx, pacer, rate)
+            sent = self._send_packets(msg, seqs, retx, pacer, rate, last=finished_pass)
             with self._lock:
                 self.stats.data_pkts_sent += sent[0]
                 self.stats.data_bytes_sent += sent[1]
@@ -663,12 +662,15 @@ class Endpoint:
         size = wire.HEADER_SIZE + msg.batch.elems_per_packet * msg.batch.payload.itemsize
         return max(8, min(64, 65507 // size))
 
-    def _send_packets(self, msg: OutMessage, seqs: np.ndarray, retx: bool, pacer: Pacer, rate: float) -> tuple[int, int]:
+    def _send_packets(self, msg: OutMessage, seqs: np.ndarray, retx: bool, pacer: Pacer, rate: float,
+                      last: bool = False) -> tuple[int, int]:
         """Send ``seqs`` of ``msg`` (all of one priority; ascending unless ``retx``) in one paced burst.
 
         Full-size packets are laid out as rows of a staging buffer (headers and payload: one
         copy, no per-packet Python work) and leave by GSO, up to 64 KB per system call; the
-        short last packet of a message, and everything where GSO is off, one by one.
+        short last packet of a message, and everything where GSO is off, one by one. ``last``:
+        this burst ends a pass, so its final packet carries ``Flags.LAST`` and the receiver
+        answers at once, without waiting for a PROBE.
         """
         batch = msg.batch
         per = batch.elems_per_packet
@@ -680,12 +682,18 @@ class Endpoint:
             hdr = batch.headers[seqs].copy()
             hdr["priority"] = self.policy.top_priority
             hdr["drop_class"] = 0
-            hdr["flags"] |= int(wire.Flags.RETX)
+            hdr["flags"] = (hdr["flags"] & ~np.uint8(wire.Flags.LAST)) | int(wire.Flags.RETX)
+            if last and k:
+                hdr["flags"][-1] |= int(wire.Flags.LAST)
             hrows, hidx = hdr.view(np.uint8).reshape(k, wire.HEADER_SIZE), np.arange(k)
             priority = self.policy.top_priority
             contiguous = False
         else:
             hrows, hidx = msg.header_rows, seqs
+            if last and k:
+                batch.headers["flags"][seqs[-1]] |= int(wire.Flags.LAST)
+                if short_seq >= 0 and int(seqs[-1]) != short_seq and (seqs == short_seq).any():
+                    batch.headers["flags"][short_seq] |= int(wire.Flags.LAST)  # it leaves after the GSO run
             priority = int(batch.headers["priority"][seqs[0]]) if k else msg.priority
             contiguous = k > 0 and int(seqs[-1]) - int(seqs[0]) + 1 == k
         short_pos = -1
@@ -908,6 +916,8 @@ class Endpoint:
                     fb[1] += int(marks[sel].sum())
                 if res.touched:
                     retx_by_key: dict[tuple[int, int], int] = {}
+                    lmask = good & ((hdr["flags"] & int(wire.Flags.LAST)) != 0)
+                    last_keys = set(zip(hdr["sender_rank"][lmask].tolist(), hdr["message_id"][lmask].tolist()))
                     rmask = good & ((hdr["flags"] & int(wire.Flags.RETX)) != 0)
                     if rmask.any():
                         for s_, m_ in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
@@ -916,12 +926,10 @@ class Endpoint:
                         msg = self._in.get(asm.key)
                         if msg is None:
                             continue
-                        if msg.last_arrival > msg.started:  # a gap within the message: learn its size
-                            g = now - msg.last_arrival
-                            mean, dev = self._gap.get(msg.src, (g, g / 2))
-                            self._gap[msg.src] = (0.875 * mean + 0.125 * g, 0.75 * dev + 0.25 * abs(g - mean))
-                        msg.last_arrival = now
                         n_retx = retx_by_key.get(asm.key, 0)
+                        msg.last_arrival = now
+                        if asm.key in last_keys:  # the sender's pass ended: answer as to a PROBE
+                            msg.probe_pending = True
                         if n_retx and msg.bitmap_sent_at is not None:
                             sample = now - msg.bitmap_sent_at
                             old = self._srtt.get(msg.src)
@@ -1256,7 +1264,7 @@ class Endpoint:
                             f"rank {self.rank}: message {msg.message_id} from rank {msg.src} missed its "
                             f"{self.config.message_deadline:g} s deadline with {asm.received_fraction:.1%} received"))
                     continue
-                if msg.probe_pending and idle >= self._probe_grace(msg.src) and not self._rx_backlog():
+                if msg.probe_pending and idle >= self.config.probe_grace and not self._rx_backlog():
                     msg.probe_pending = False
                     if asm.is_complete(msg.loss_bound):
                         self._complete_locked(msg, "exact" if asm.is_exact() else "bounded")
@@ -1330,15 +1338,6 @@ class Endpoint:
 
     def _reprobe_timeout(self, dest: int) -> float:
         return max(4 * self._probe_delay(dest), 0.05)
-
-    def _probe_grace(self, src: int) -> float:
-        """How long without data before a PROBE is answered: the configured floor, or the usual
-        gap between arrivals from ``src`` plus four deviations when that is longer (a sender
-        paced slowly, or descheduled, leaves gaps that are not loss)."""
-        gap = self._gap.get(src)
-        if gap is None:
-            return self.config.probe_grace
-        return min(0.25, max(self.config.probe_grace, gap[0] + 4 * gap[1]))
 
     def _rx_backlog(self) -> bool:
         """Datagrams still wait in the data socket: the receiver is behind, so a bitmap now would

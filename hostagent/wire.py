@@ -59,6 +59,7 @@ class Flags(enum.IntFlag):
     NONE = 0
     RETX = 0x01  #: a retransmission (always priority top, drop class 0)
     ECN_ECHO = 0x02  #: receiver saw CE marks (rate control reacts)
+    LAST = 0x04  #: the last data packet of a sending pass: the receiver may answer as to a PROBE
 
 
 class Dtype(enum.IntEnum):

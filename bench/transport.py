@@ -232,6 +232,7 @@ def testbed_workload(fusion: bool, iterations: int) -> dict:
             "sync_p99": float(np.percentile([r["sync_time"] for r in measured], 99)) * 1e3,
             "bound": bound * 1e3, "messages": measured[0]["messages"],
             "ctl": statistics.median(r["control_frames"] for r in measured),
+            "ctl_bytes": statistics.median(r["control_bytes"] for r in measured),
             "retx": sum(r["retransmissions"] for r in measured)}
 
 
@@ -254,13 +255,14 @@ def print_testbed(args) -> None:
     print("3. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
           "2000-pps rate configuration, no compute")
     print(f"{'fusion':<8}{'msgs/it':>8}{'sync p50 ms':>13}{'sync p99 ms':>13}{'bound ms':>10}{'p50/bound':>11}"
-          f"{'ctl frames/it':>15}{'retx':>6}")
+          f"{'ctl frames/it':>15}{'ctl bytes/it':>14}{'retx':>6}")
     for fusion in (True, False):
         r = testbed_workload(fusion, max(3, args.iterations * 2))
         print(f"{'on' if fusion else 'off':<8}{r['messages']:>8}{r['sync_p50']:>13.1f}{r['sync_p99']:>13.1f}"
-              f"{r['bound']:>10.1f}{r['sync_p50'] / r['bound']:>11.2f}{r['ctl']:>15.0f}{r['retx']:>6}")
+              f"{r['bound']:>10.1f}{r['sync_p50'] / r['bound']:>11.2f}{r['ctl']:>15.0f}{r['ctl_bytes']:>14.0f}"
+              f"{r['retx']:>6}")
     print("bound = bytes the server's link carries in one direction per iteration (4 pushes) / the hosts' "
-          "line rate; ctl frames = control frames a worker sent and received per iteration")
+          "line rate; ctl frames/bytes = control frames a worker sent and received per iteration (medians)")
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def fusion_for(spec: dict) -> FusionConfig:
     return FusionConfig(enabled=spec.get("fusion", True)).scaled(spec["scale"], min_bytes=floor)
 
 
-def _ctl_frames(ep: Endpoint) -> int:
-    return ep.stats.ctl_frames_sent + ep.stats.ctl_frames_received
+def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
+    """Control frames and bytes this endpoint sent and received so far."""
+    s = ep.stats
+    return s.ctl_frames_sent + s.ctl_frames_received, s.ctl_bytes_sent + s.ctl_bytes_received
 
 
 def run_worker(spec: dict, rank: int, out: Path) -> None:
@@ -92,7 +94,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "compute_time": ready_at[-1] - t0 if it != last else 0.0,
                                 "lost_fraction": float(np.mean(lost)) if lost else 0.0,
                                 "retransmissions": ep.stats.retransmitted_pkts - retx0,
-                                "messages": len(buckets), "control_frames": _ctl_frames(ep) - ctl0}) + "\n")
+                                "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
+                                "control_bytes": _ctl_frames(ep)[1] - ctl0[1]}) + "\n")
             f.flush()
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()

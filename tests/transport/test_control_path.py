@@ -149,3 +149,20 @@ def test_a_slow_receiver_is_not_overrun(endpoints):
     assert rx["rx_dropped_estimate"] <= 0.05 * packets
     assert st.retransmissions <= 0.05 * packets
     assert rx["duplicate_pkts"] + rx["late_after_completion"] <= 0.01 * packets
+
+
+def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
+    """The last packet of each pass carries Flags.LAST, so a receiver missing packets sends its
+    bitmap at once: loss is recovered without the sender's PROBE (its timer is the fallback)."""
+    from hostagent.transport import LossInjection
+
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0),
+                     per_rank={1: {"loss": LossInjection(drop_probabilities=(0, 0.1, 0.1, 0.1), seed=3)}})
+    for i in range(10):
+        x = _grad(40_000, i)
+        h = b.recv(0, i)
+        st = a.send(1, x, i).wait(20)
+        np.testing.assert_array_equal(h.wait(20).data, x)
+        assert st.how == "stopped"
+    assert b.stats.ctl_records_sent["BITMAP"] >= 10  # every message lost something and asked for it
+    assert a.stats.ctl_records_sent["PROBE"] <= 2

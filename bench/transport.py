@@ -17,8 +17,8 @@ Run: python bench/transport.py [--iterations 5] [--quick]
 from __future__ import annotations
 
 import argparse
-import os
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import time

@@ -138,3 +138,88 @@ class Pacer:
     def consume(self, nbytes: int) -> None:
         """Account for ``nbytes`` sent (tokens may go negative by one packet's worth)."""
         self.tokens -= nbytes
+
+
+class AnswerTimer:
+    """Sender side: how long a receiver takes to answer the end of a pass (STOP or BITMAP).
+
+    Samples run from the end of a pass (or from a PROBE) to the answer, so they hold the
+    network round trip, the receiver's scheduling and its control tick: what a PROBE must wait
+    for before it is not a wasted record. Smoothed as RFC 6298 smooths a TCP RTT; the probe
+    delay is ``srtt + 4 * rttvar`` within ``[floor, ceiling]``, ``initial`` before any sample.
+    """
+
+    def __init__(self, initial: float, floor: float, ceiling: float) -> None:
+        if not 0 < floor <= ceiling or initial <= 0:
+            raise ValueError(f"need 0 < floor <= ceiling and initial > 0, got {floor}, {ceiling}, {initial}")
+        self.initial, self.floor, self.ceiling = initial, floor, ceiling
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+
+    def sample(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        if self.srtt is None:
+            self.srtt, self.rttvar = seconds, seconds / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - seconds)
+            self.srtt = 0.875 * self.srtt + 0.125 * seconds
+
+    def probe_delay(self) -> float:
+        if self.srtt is None:
+            return self.initial
+        return min(self.ceiling, max(self.floor, self.srtt + 4 * self.rttvar))
+
+    def reprobe_timeout(self) -> float:
+        """How long to wait for an answer to a PROBE before asking again."""
+        return max(4 * self.probe_delay(), 0.05)
+
+
+class DrainMeter:
+    """Receiver side: what this receiver can drain, measured while it is behind.
+
+    Bytes per second of wall time over stretches in which the socket never ran dry: the
+    figure includes every cost of the process, CPU scheduling too, and not the senders' pace
+    (a receiver that keeps up measures nothing, and needs no ceiling). A stretch closes when
+    the socket empties or after ``stretch`` seconds; it counts when it lasted at least
+    ``min_span`` and carried ``min_bytes``. Estimates older than ``fresh`` are dropped.
+    """
+
+    def __init__(self, stretch: float = 0.005, min_span: float = 0.002, min_bytes: int = 64 * 1024,
+                 fresh: float = 0.5) -> None:
+        self.stretch, self.min_span, self.min_bytes, self.fresh = stretch, min_span, min_bytes, fresh
+        self.rate = 0.0
+        self.measured_at = 0.0
+        self._since: float | None = None
+        self._bytes = 0
+
+    def batch(self, started: float, nbytes: int, emptied: bool, now: float) -> None:
+        """One receive batch that began at ``started``, took ``nbytes`` and ended at ``now``;
+        ``emptied``: it ended because the socket ran dry."""
+        if self._since is None:
+            if emptied:
+                return
+            self._since, self._bytes = started, 0
+        self._bytes += nbytes
+        span = now - self._since
+        if emptied or span >= self.stretch:
+            if span >= self.min_span and self._bytes >= self.min_bytes:
+                sample = self._bytes / span
+                self.rate = sample if self.rate <= 0 else 0.7 * self.rate + 0.3 * sample
+                self.measured_at = now
+            self._since = None if emptied else now
+            self._bytes = 0
+
+    def current(self, now: float) -> float:
+        """The measured drain rate if it is fresh, else 0 (no ceiling: this receiver keeps up)."""
+        return self.rate if self.rate > 0 and now - self.measured_at <= self.fresh else 0.0
+
+
+def drain_share(drain: float, startup: float, active_senders: int, new_sender: bool) -> float:
+    """Bytes/s each sender may send so that ``drain`` is shared among them (0 = no ceiling).
+
+    A ``new_sender`` with nothing measured yet is given the ``startup`` estimate, so its
+    first burst is already bounded; it counts as one more sender.
+    """
+    senders = max(1, active_senders + (1 if new_sender else 0))
+    rate = drain if drain > 0 else (startup if new_sender else 0.0)
+    return rate / senders if rate > 0 else 0.0

@@ -28,12 +28,16 @@ from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the me
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import logging
 import queue
 import select
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -42,21 +46,47 @@ from typing import Any
 import numpy as np
 
 from hostagent import wire
-from hostagent.lossmodel import drop_by_class
-import contextlib
-import fcntl
-import struct
-import termios
-
 from hostagent.fusion import Layout
-from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
-                                RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
+from hostagent.lossmodel import drop_by_class
+from hostagent.messages import (
+    Expect,
+    InMessage,
+    MessageStats,
+    OutMessage,
+    PeerFailed,
+    PeerUnreachable,
+    RecvHandle,
+    RecvResult,
+    SendHandle,
+    TransportClosed,
+    TransportError,
+    TransportTimeout,
+)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import retransmission_set
-from hostagent.ratecontrol import Pacer, RateController
+from hostagent.ratecontrol import (
+    AnswerTimer,
+    DrainMeter,
+    Pacer,
+    RateController,
+    drain_share,
+)
 from hostagent.reassembly import REASONS, Reassembler
-from hostagent.udp_offload import GRO_ANCBUF, GRO_BUFSIZE, DatagramSender, enable_gro, gro_segment_size, split_segments
-from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
+from hostagent.transport_config import (
+    EndpointStats,
+    LossInjection,
+    Peer,
+    TransportConfig,
+    local_peers,
+)
+from hostagent.udp_offload import (
+    GRO_ANCBUF,
+    GRO_BUFSIZE,
+    DatagramSender,
+    enable_gro,
+    gro_segment_size,
+    split_segments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +156,9 @@ class Endpoint:
         self._ob_lock = threading.Lock()
         self._deferring = threading.local()  # inside `with endpoint.batch()`
         self._host_pacer = Pacer(config.rate.burst_bytes)  # the host's own link, across destinations
-        self._rtt: dict[int, float] = {}  # sender side: smoothed probe/stop round trip per destination
-        self._rtt_var: dict[int, float] = {}
-        self._drain = 0.0  # receive capacity, bytes/s, measured while backlogged
+        self._answer: dict[int, AnswerTimer] = {}  # sender side: how fast each destination answers a pass
+        self._drain = DrainMeter()  # receiver side: what this endpoint drains while behind
         self._startup_drain = 0.0  # estimate before any measurement (set in start())
-        self._drain_at = 0.0  # when it was last measured
-        self._backlog_since: float | None = None
-        self._backlog_bytes = 0
         self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
         self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
         self._delayed: list[tuple[float, bytes]] = []
@@ -559,7 +585,7 @@ class Endpoint:
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
-            "probes_unknown": s.probes_unknown, "drain_bytes_per_s": self._drain,
+            "probes_unknown": s.probes_unknown, "drain_bytes_per_s": self._drain.rate,
             "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self._gro,
             "gso_off": sorted({x.gso_off_reason for x in self._senders.values() if x.gso_off_reason} if self.config.offload else set()),
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
@@ -819,28 +845,8 @@ class Endpoint:
                 self.stats.rx_dropped_estimate += dropped
             if k:
                 self._on_datagrams(slots[:k], lengths[:k], ce[:k])
-            self._measure_drain(t_batch, nbytes_batch, emptied)
+            self._drain.batch(t_batch, nbytes_batch, emptied, time.monotonic())
             self._release_delayed()
-
-    def _measure_drain(self, t_batch: float, nbytes: int, emptied: bool) -> None:
-        """Measure what this receiver can drain: bytes per second of wall time over a stretch in
-        which its socket never ran dry (so the figure includes every cost of this process, CPU
-        scheduling too, and not the senders' pace). A stretch closes when the socket empties or
-        after 5 ms, so a sender learns within a few milliseconds that it is too fast."""
-        if self._backlog_since is None:
-            if emptied:
-                return
-            self._backlog_since, self._backlog_bytes = t_batch, 0
-        self._backlog_bytes += nbytes
-        now = time.monotonic()
-        span = now - self._backlog_since
-        if emptied or span >= 0.005:
-            if span >= 0.002 and self._backlog_bytes >= 64 * 1024:
-                rate = self._backlog_bytes / span
-                self._drain = rate if self._drain <= 0 else 0.7 * self._drain + 0.3 * rate
-                self._drain_at = now
-            self._backlog_since = None if emptied else now
-            self._backlog_bytes = 0
 
     def _on_overflow(self, dropped: int, slots: np.ndarray, lengths: np.ndarray) -> None:
         """The kernel dropped datagrams: blame the senders of this batch in proportion."""
@@ -1291,12 +1297,12 @@ class Endpoint:
                 if not m.awaiting_reply:
                     # The pass is over; a STOP usually arrives within a round trip, so a PROBE
                     # before then would be a wasted record.
-                    if m.pass_done_at is not None and now >= m.pass_done_at + self._probe_delay(m.dest):
+                    if m.pass_done_at is not None and now >= m.pass_done_at + self._answer_timer(m.dest).probe_delay():
                         m.awaiting_reply = True
                         m.probe_sent_at = now
                         m.probes += 1
                         self._queue_ctl(m.dest, wire.PacketType.PROBE, m.message_id)
-                elif m.probe_sent_at is not None and now >= m.probe_sent_at + self._reprobe_timeout(m.dest):
+                elif m.probe_sent_at is not None and now >= m.probe_sent_at + self._answer_timer(m.dest).reprobe_timeout():
                     # no answer (the receiver did not know the message yet): ask again
                     m.probe_sent_at = now
                     m.probes += 1
@@ -1320,24 +1326,14 @@ class Endpoint:
         since = msg.probe_sent_at if msg.probe_sent_at is not None else msg.pass_done_at
         if since is None or since <= 0:
             return
-        sample = max(0.0, now - since)
-        srtt = self._rtt.get(dest)
-        if srtt is None:
-            self._rtt[dest], self._rtt_var[dest] = sample, sample / 2
-        else:
-            self._rtt_var[dest] = 0.75 * self._rtt_var[dest] + 0.25 * abs(srtt - sample)
-            self._rtt[dest] = 0.875 * srtt + 0.125 * sample
+        self._answer_timer(dest).sample(now - since)
 
-    def _probe_delay(self, dest: int) -> float:
-        """How long after a pass to probe: the measured answer time plus four deviations (RFC 6298's
-        shape), at least ``probe_delay_min``; ``probe_delay`` before anything was measured."""
-        srtt = self._rtt.get(dest)
-        if srtt is None:
-            return self.config.probe_delay
-        return min(self.config.probe_delay_max, max(self.config.probe_delay_min, srtt + 4 * self._rtt_var[dest]))
-
-    def _reprobe_timeout(self, dest: int) -> float:
-        return max(4 * self._probe_delay(dest), 0.05)
+    def _answer_timer(self, dest: int) -> AnswerTimer:
+        timer = self._answer.get(dest)
+        if timer is None:
+            cfg = self.config
+            timer = self._answer[dest] = AnswerTimer(cfg.probe_delay, cfg.probe_delay_min, cfg.probe_delay_max)
+        return timer
 
     def _rx_backlog(self) -> bool:
         """Datagrams still wait in the data socket: the receiver is behind, so a bitmap now would
@@ -1375,21 +1371,13 @@ class Endpoint:
                                 wire.FEEDBACK_BODY.pack(rcv, marked, lost, share))
 
     def _drain_share_kBps(self, now: float | None = None, new_sender: bool = False) -> int:
-        """What each current sender may send at, KB/s: the measured drain capacity over the
-        senders seen in the last 50 ms (one more for a ``new_sender``). Before anything was
-        measured, a new sender is given the start-up estimate (half of what this host's
-        reassembly took at start); later, 0 = no ceiling once this receiver kept up for 0.5 s."""
+        """The drain ceiling for each current sender, KB/s, as FEEDBACK carries it (0 = none):
+        the measured drain shared among the senders seen in the last 50 ms; for a
+        ``new_sender`` before anything was measured, the start-up estimate."""
         now = time.monotonic() if now is None else now
-        active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05) + (1 if new_sender else 0)
-        if self._drain <= 0:
-            drain = self._startup_drain if new_sender else 0.0
-        elif now - self._drain_at > 0.5:
-            drain = self._startup_drain if new_sender else 0.0  # not lately: this receiver keeps up
-        else:
-            drain = self._drain
-        if drain <= 0:
-            return 0
-        return max(1, min(wire.FIELD_MAX["job_id"], int(drain / max(1, active) / 1000)))
+        active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05)
+        share = drain_share(self._drain.current(now), self._startup_drain, active, new_sender)
+        return 0 if share <= 0 else max(1, min(wire.FIELD_MAX["job_id"], int(share / 1000)))
 
     def _calibrate_drain(self) -> float:
         """Bytes/s this host's reassembly takes, timed on a synthetic batch at start (about a

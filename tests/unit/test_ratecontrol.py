@@ -86,3 +86,34 @@ def test_receiver_ceiling_caps_the_start_and_lifts_when_withdrawn():
     assert 1e8 < rc.effective_rate <= 2e8
     rc.on_ceiling(0)  # the receiver keeps up: no ceiling
     assert rc.effective_rate == rc.rate
+
+
+def test_answer_timer_waits_for_the_usual_answer_plus_its_jitter():
+    from hostagent.ratecontrol import AnswerTimer
+
+    t = AnswerTimer(initial=0.005, floor=0.001, ceiling=0.5)
+    assert t.probe_delay() == 0.005  # nothing measured yet
+    for _ in range(50):
+        t.sample(0.002)
+    assert t.probe_delay() == pytest.approx(0.002, abs=2e-4)  # steady answers: little jitter
+    t.sample(0.02)  # one slow answer widens the wait
+    assert t.probe_delay() > 0.01
+    assert t.reprobe_timeout() >= 0.05
+    with pytest.raises(ValueError):
+        AnswerTimer(initial=0.005, floor=0.0, ceiling=0.5)
+
+
+def test_drain_meter_measures_only_while_behind_and_forgets():
+    from hostagent.ratecontrol import DrainMeter, drain_share
+
+    m = DrainMeter(stretch=0.005, min_span=0.002, min_bytes=1000, fresh=0.5)
+    m.batch(0.0, 10_000, emptied=True, now=0.001)  # kept up: nothing to learn
+    assert m.rate == 0
+    m.batch(1.000, 100_000, emptied=False, now=1.002)  # behind
+    m.batch(1.002, 100_000, emptied=False, now=1.004)
+    m.batch(1.004, 100_000, emptied=True, now=1.006)  # drained 300 kB in 6 ms
+    assert m.rate == pytest.approx(50e6)
+    assert m.current(1.2) == pytest.approx(50e6) and m.current(2.0) == 0  # stale: no ceiling
+    assert drain_share(50e6, 0, active_senders=4, new_sender=False) == pytest.approx(12.5e6)
+    assert drain_share(0, 80e6, active_senders=1, new_sender=True) == pytest.approx(40e6)
+    assert drain_share(0, 80e6, active_senders=1, new_sender=False) == 0

@@ -221,7 +221,6 @@ class DatagramSender:
         elif len(sizes) != n:
             raise ValueError(f"{len(sizes)} sizes for {n} datagrams")
         sent = nbytes = 0
-        sock = self.sock
         for start, stop, seg in plan_gso_calls(sizes, self.max_segments, self.max_bytes):
             if stop - start == 1 or not self.gso:
                 d, b = self._send_each(buffers, start, stop)
@@ -232,26 +231,33 @@ class DatagramSender:
             for h, p in buffers[start:stop]:
                 iov.append(h)
                 iov.append(p)
-            self.syscalls += 1
-            try:
-                b = sock.sendmsg(iov, _seg_cmsg(seg))
-            except OSError as exc:
-                self.fallbacks += 1
-                self.last_error = exc
-                if exc.errno in GSO_UNSUPPORTED_ERRNOS:
-                    self.gso = False
-                    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-                    self.gso_off_reason = f"sendmsg with UDP_SEGMENT failed: {name} ({exc.strerror})"
+            b = self._gso_call(iov, seg, stop - start)
+            if b is None:  # refused: resend this call's datagrams one by one
                 d, b = self._send_each(buffers, start, stop)
-                sent += d
-                nbytes += b
-                continue
-            d = stop - start
-            self.datagrams += d
-            self.bytes += b
+            else:
+                d = stop - start
             sent += d
             nbytes += b
         return sent, nbytes
+
+    def _gso_call(self, iov: list[Any], seg: int, count: int) -> int | None:
+        """One GSO ``sendmsg`` of ``count`` datagrams; the bytes sent, or None when it failed
+        (the caller resends one by one). An error that says GSO cannot work on this socket
+        turns GSO off for good, with the reason."""
+        self.syscalls += 1
+        try:
+            b = self.sock.sendmsg(iov, _seg_cmsg(seg))
+        except OSError as exc:
+            self.fallbacks += 1
+            self.last_error = exc
+            if exc.errno in GSO_UNSUPPORTED_ERRNOS:
+                self.gso = False
+                name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+                self.gso_off_reason = f"sendmsg with UDP_SEGMENT failed: {name} ({exc.strerror})"
+            return None
+        self.datagrams += count
+        self.bytes += b
+        return b
 
     def send_rows(self, rows: np.ndarray) -> tuple[int, int]:
         """Send each row of a contiguous 2-D ``uint8`` array as one datagram (all the same size).
@@ -274,19 +280,8 @@ class DatagramSender:
         while start < n:
             stop = min(n, start + per_call)
             if self.gso and stop - start > 1:
-                self.syscalls += 1
-                try:
-                    b = self.sock.sendmsg([flat[start * seg : stop * seg]], _seg_cmsg(seg))
-                except OSError as exc:
-                    self.fallbacks += 1
-                    self.last_error = exc
-                    if exc.errno in GSO_UNSUPPORTED_ERRNOS:
-                        self.gso = False
-                        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-                        self.gso_off_reason = f"sendmsg with UDP_SEGMENT failed: {name} ({exc.strerror})"
-                else:
-                    self.datagrams += stop - start
-                    self.bytes += b
+                b = self._gso_call([flat[start * seg : stop * seg]], seg, stop - start)
+                if b is not None:
                     sent += stop - start
                     nbytes += b
                     start = stop

@@ -224,7 +224,8 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             if time.monotonic() - t0 > opts.timeout:
                 raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
                                     f"(logs in {sdir})")
-            done = sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs)
+            done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs),
+                       (opts.iterations + 2) * len(workers))
             total = (opts.iterations + 2) * len(workers)  # warm-up + measured + calibration or final
             _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] {time.monotonic() - t0:5.0f} s  "
                             f"iterations {done}/{total} " + "#" * int(30 * done / total))
@@ -237,7 +238,9 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             terminate_group(p, 3.0)
     after = counters()
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
-    return {"scheme": scheme, "policy": policy.to_dict(), "iterations": records,
+    return {"scheme": scheme, "policy": policy.to_dict(),
+            "iterations": [r for r in records if r.get("kind") != "endpoint"],
+            "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},
             "switches": _counter_delta(before, after)}
 
 

@@ -139,7 +139,9 @@ class Assembly:
         in_range = seq < self.total_pkts
         safe_seq = np.where(in_range, seq, 0)
         per = self.elems_per_packet
-        expected = np.where(safe_seq == self.n_full, self.tail, per)
+        expected = np.full(len(rows), per, dtype=np.int64)
+        if self.tail:
+            expected[safe_seq == self.n_full] = self.tail
         itemsize = self.wire_dtype.itemsize
         local = np.zeros(len(rows), dtype=np.uint8)
         checks = (
@@ -180,7 +182,11 @@ class Assembly:
                 src = slots[rows_f[0] : rows_f[-1] + 1, _H : _H + per * itemsize]
             else:
                 src = slots[rows_f, _H : _H + per * itemsize]
-            self._rows[seq_f] = src.view(self.wire_dtype)
+            k = len(seq_f)
+            if int(seq_f[-1]) - int(seq_f[0]) + 1 == k and (k < 3 or (np.diff(seq_f) == 1).all()):
+                self._rows[int(seq_f[0]) : int(seq_f[0]) + k] = src.view(self.wire_dtype)  # in order: one block copy
+            else:
+                self._rows[seq_f] = src.view(self.wire_dtype)
         if rows_f.size < new_seq.size:  # the short last packet
             row = new_rows[~full][0]
             self.data[self.n_full * per :] = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)

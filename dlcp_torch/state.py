@@ -19,13 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hostagent.exchange import (
-    PSServer,
-    PSWorker,
-    RingAllreduce,
-    lost_elements,
-    message_id,
-)
+from hostagent.exchange import PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities

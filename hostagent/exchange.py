@@ -41,14 +41,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
-from hostagent.messages import (
-    Expect,
-    MessageStats,
-    RecvHandle,
-    RecvResult,
-    SendHandle,
-    TransportTimeout,
-)
+from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint

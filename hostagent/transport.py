@@ -48,45 +48,15 @@ import numpy as np
 from hostagent import wire
 from hostagent.fusion import Layout
 from hostagent.lossmodel import drop_by_class
-from hostagent.messages import (
-    Expect,
-    InMessage,
-    MessageStats,
-    OutMessage,
-    PeerFailed,
-    PeerUnreachable,
-    RecvHandle,
-    RecvResult,
-    SendHandle,
-    TransportClosed,
-    TransportError,
-    TransportTimeout,
-)
+from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
+                                RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import retransmission_set
-from hostagent.ratecontrol import (
-    AnswerTimer,
-    DrainMeter,
-    Pacer,
-    RateController,
-    drain_share,
-)
+from hostagent.ratecontrol import AnswerTimer, DrainMeter, Pacer, RateController, drain_share
 from hostagent.reassembly import REASONS, Reassembler
-from hostagent.transport_config import (
-    EndpointStats,
-    LossInjection,
-    Peer,
-    TransportConfig,
-    local_peers,
-)
-from hostagent.udp_offload import (
-    GRO_ANCBUF,
-    GRO_BUFSIZE,
-    DatagramSender,
-    enable_gro,
-    gro_segment_size,
-    split_segments,
-)
+from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
+from hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, DatagramSender, enable_gro, gro_segment_size,
+                                   split_segments)
 
 log = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
          peers: Sequence[str] | None = None, policy: Policy | None = None, loss: LossInjection | None = None,
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
          error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
-         connect_timeout: float = 30.0, rate: RateConfig | None = None) -> DLCPSession:
+         connect_timeout: float = 30.0, rate: RateConfig | None = None, offload: bool = True) -> DLCPSession:
     """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
 
     Args:
@@ -114,6 +114,8 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
         loss, server_loss: loss injection at this worker's / the server's receiver.
         colocated_server: run the server beside worker 0 (``pattern="ps"``); otherwise it is
             started elsewhere (``python -m dlcp_torch.server``) at the last peer address.
+        offload: UDP GSO/GRO where the kernel takes them (off where a software switch reads
+            the hosts' links, as in the testbed).
 
     Example: ``session = dlcp_torch.init("ps", model=model)``
     """
@@ -130,7 +132,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
                          f"{' and a server' if with_server else ''}: expected {expected}")
     policy = policy or Policy()
     base = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
-                connect_timeout=connect_timeout, rate=rate or RateConfig())
+                connect_timeout=connect_timeout, rate=rate or RateConfig(), offload=offload)
     server_rank = world if with_server else None
     server_ep, server = None, ()
     if with_server and colocated_server and rank == 0:

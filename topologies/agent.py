@@ -116,14 +116,15 @@ def run_digits(spec: dict, rank: int, out: Path) -> None:
     peers = [f"{ip}:{spec['data_port']}:{spec['control_port']}" for ip in spec["peer_ips"]]
     session = dlcp_torch.init(spec["pattern"], rank=rank, world_size=spec["workers"], peers=peers, model=model,
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
-                              message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]))
+                              message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
+                              offload=spec.get("offload", False))
     opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
-                                          session.state)
+                                          session.state, fusion=FusionConfig(enabled=spec.get("fusion", True)))
     shard = torch.arange(rank, len(ytr), spec["workers"])
     g = torch.Generator().manual_seed(100 + rank)
     with open(out, "w") as f:
         for it in range(spec["iterations"] + 1):
-            retx0 = session.endpoint.stats.retransmitted_pkts
+            retx0, ctl0 = session.endpoint.stats.retransmitted_pkts, _ctl_frames(session.endpoint)
             n_lost = len(session.state.stats.lost_fractions)
             t0 = time.monotonic()
             idx = shard[torch.randint(0, len(shard), (32,), generator=g)]
@@ -136,7 +137,10 @@ def run_digits(spec: dict, rank: int, out: Path) -> None:
             f.write(json.dumps({"iteration": it, "rank": rank, "kind": "warmup" if it == 0 else "measured",
                                 "iteration_time": end - t0, "sync_time": end - t1, "comm_span": end - t1,
                                 "compute_time": t1 - t0, "lost_fraction": float(np.mean(lost)) if lost else 0.0,
-                                "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0}) + "\n")
+                                "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0,
+                                "messages": max(1, len(opt.buckets)),
+                                "control_frames": _ctl_frames(session.endpoint)[0] - ctl0[0],
+                                "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1]}) + "\n")
             f.flush()
         with torch.no_grad():
             acc = (model(xte).argmax(1) == yte).float().mean().item()

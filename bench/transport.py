@@ -1,17 +1,26 @@
-"""Transport benchmark on loopback: one sender's goodput, and PS / ring completion times.
+"""Transport benchmark on loopback: one sender's goodput, PS / ring completion times, and the
+testbed's workload without a switch.
 
 Prints, from one run:
   1. goodput (MB/s of gradient data) of one sender to one receiver, separate processes,
-     100 MB messages, at MTU 1500 and at MTU 9000 (loopback carries jumbo frames);
+     100 MB messages, at MTU 1500 with GSO/GRO on and off and at MTU 9000, with what it cost:
+     packets sent, retransmissions, duplicates (as a share of packets sent), socket-buffer
+     overruns, GSO calls and GRO reads;
   2. message completion time p50/p99 (ms) and iteration sync time for 4 workers exchanging
-     25 MB of gradients per iteration by parameter server (plus a server process) and by ring
-     allreduce, reliable (p = 0) vs bounded (p = 0.05), with 0 % and 2 % injected loss (every
-     drop class alike, at each receiver).
+     25 MB of gradients per iteration (fused into buckets) by parameter server (plus a server
+     process) and by ring allreduce, reliable (p = 0) vs bounded (p = 0.05), with 0 % and 2 %
+     injected loss (every drop class alike, at each receiver);
+  3. the testbed's workload on loopback: 4 workers + PS as ``topologies.agent`` processes with
+     the testbed's spec (ResNet-50 profile at scale 0.002, the 2000-pps rate configuration), no
+     compute; sync p50 against the line-rate bound, messages and control frames and bytes per
+     worker per iteration, with fusion on and off.
 
 Every participant is its own process (spawned), all on this machine; with 2 cores the
-figures are machine-bound and best read as ratios between rows. Target: one sender >= 400 MB/s.
+figures of parts 2 and 3 are machine-bound and best read as ratios between rows. Targets:
+one sender >= 1 GB/s at MTU 1500 with at most 0.1 % duplicates; part 3 with fusion: sync p50
+<= 1.5x the bound and <= 10 control frames per worker per iteration.
 
-Run: python bench/transport.py [--iterations 5] [--quick]
+Run: python bench/transport.py [--iterations 5] [--quick] [--part goodput|collective|testbed]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch
 from dlcp_torch.state import DLCPState, start_server
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
-from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig, reserve_ports
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,11 @@ class DLCPSession:
                 ep.close()
 
 
-def _free_ports(host: str) -> tuple[int, int]:
-    u, t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
-    try:
-        u.bind((host, 0))
-        t.bind((host, 0))
-        return u.getsockname()[1], t.getsockname()[1]
-    finally:
-        u.close()
-        t.close()
+Bound = tuple[socket.socket, socket.socket]
+
+
+def _address(host: str, bound: Bound) -> str:
+    return f"{host}:{bound[0].getsockname()[1]}:{bound[1].getsockname()[1]}"
 
 
 def _local_address(master: str) -> str:
@@ -84,20 +80,39 @@ def _parse_peer(rank: int, text: str) -> Peer:
         raise ValueError(f"peer {rank}: {text!r} is not host:data_port:control_port") from None
 
 
-def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60.0) -> tuple[Peer, ...]:
-    """Exchange DLCP addresses through a TCPStore at MASTER_ADDR (torchrun's environment)."""
+def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60.0
+                   ) -> tuple[tuple[Peer, ...], dict[int, Bound]]:
+    """Exchange DLCP addresses through a TCPStore at MASTER_ADDR (torchrun's environment).
+
+    Returns the peers and the sockets this process already holds for its own ranks (its
+    worker rank, and the server's on rank 0 with a colocated server): the ports announced are
+    the ones held, to be handed to :meth:`Endpoint.start`. The store's host (rank 0) leaves
+    last: every rank says it is done reading, and the host waits for all of them, so nobody is
+    still waiting on a store that has gone.
+    """
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("DLCP_STORE_PORT", int(os.environ.get("MASTER_PORT", "29500")) + 1))
     store = torch.distributed.TCPStore(master, port, world, rank == 0, timedelta(seconds=timeout))
     host = _local_address(master)
-    store.set(f"dlcp/peer/{rank}", "%s:%d:%d" % (host, *_free_ports(host)))
+    held: dict[int, Bound] = {rank: reserve_ports(host)}
     if with_server and rank == 0:
-        store.set(f"dlcp/peer/{world}", "%s:%d:%d" % (host, *_free_ports(host)))
-    n = world + (1 if with_server else 0)
-    peers = tuple(_parse_peer(r, store.get(f"dlcp/peer/{r}").decode()) for r in range(n))
-    store.set(f"dlcp/ready/{rank}", "1")
-    store.wait([f"dlcp/ready/{r}" for r in range(world)])  # nobody leaves while others still read
-    return peers
+        held[world] = reserve_ports(host)
+    try:
+        for r, bound in held.items():
+            store.set(f"dlcp/peer/{r}", _address(host, bound))
+        n = world + (1 if with_server else 0)
+        peers = tuple(_parse_peer(r, store.get(f"dlcp/peer/{r}").decode()) for r in range(n))
+        store.set(f"dlcp/ready/{rank}", "1")
+        store.wait([f"dlcp/ready/{r}" for r in range(world)])  # everyone has read every address
+        store.set(f"dlcp/done/{rank}", "1")
+        if rank == 0:  # the host leaves last
+            store.wait([f"dlcp/done/{r}" for r in range(world)])
+    except BaseException:
+        for udp, tcp in held.values():
+            udp.close()
+            tcp.close()
+        raise
+    return peers, held
 
 
 def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None = None,
@@ -122,8 +137,9 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
     rank = int(os.environ["RANK"]) if rank is None else rank
     world = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
     with_server = pattern == "ps"
+    held: dict[int, Bound] = {}
     if peers is None:
-        all_peers = peers_from_env(rank, world, with_server and colocated_server)
+        all_peers, held = peers_from_env(rank, world, with_server and colocated_server)
     else:
         all_peers = tuple(_parse_peer(r, p) for r, p in enumerate(peers))
     expected = world + (1 if with_server else 0)
@@ -136,9 +152,10 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
     server_rank = world if with_server else None
     server_ep, server = None, ()
     if with_server and colocated_server and rank == 0:
-        server_ep = Endpoint(TransportConfig(rank=world, loss=server_loss or LossInjection(), **base)).start()
+        server_ep = Endpoint(TransportConfig(rank=world, loss=server_loss or LossInjection(), **base)).start(
+            held.get(world))
         server = start_server(server_ep, list(range(world)), policy)
-    ep = Endpoint(TransportConfig(rank=rank, loss=loss or LossInjection(), **base)).start()
+    ep = Endpoint(TransportConfig(rank=rank, loss=loss or LossInjection(), **base)).start(held.get(rank))
     ep.connect([server_rank] if with_server else [(rank + 1) % world] if world > 1 else [])
     state = DLCPState(ep, pattern, workers=list(range(world)), server_rank=server_rank, model=model, policy=policy,
                       error_feedback=error_feedback)

@@ -149,20 +149,28 @@ class Endpoint:
         log.info("endpoint rank %d config: %s", self.rank, config)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Endpoint":
-        """Bind the data and control sockets and start the I/O threads."""
+    def start(self, bound: tuple[socket.socket, socket.socket] | None = None) -> "Endpoint":
+        """Bind the data and control sockets and start the I/O threads.
+
+        ``bound``: a UDP and a TCP socket already bound to this rank's ports (see
+        :func:`reserve_ports`), taken over as they are, so no other process can take the
+        ports between announcing them to the peers and starting.
+        """
         if self._running or self._closed:
             raise TransportError(f"endpoint rank {self.rank} already started or closed")
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        udp, lst = bound if bound is not None else (socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+                                                      socket.socket(socket.AF_INET, socket.SOCK_STREAM))
         try:
             udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.socket_buffer)
             udp.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
             udp.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
-            udp.bind((self.me.host, self.me.data_port))
+            if bound is None:
+                udp.bind((self.me.host, self.me.data_port))
+                lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                lst.bind((self.me.host, self.me.control_port))
+            elif (udp.getsockname()[1], lst.getsockname()[1]) != (self.me.data_port, self.me.control_port):
+                raise OSError(f"the sockets handed over hold ports {udp.getsockname()[1]}/{lst.getsockname()[1]}")
             self._gro = self.config.offload and enable_gro(udp)
-            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lst.bind((self.me.host, self.me.control_port))
             lst.listen(64)
         except OSError as exc:
             udp.close()
@@ -1370,6 +1378,23 @@ class Endpoint:
         return best / 2
 
 
+def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
+    """A UDP and a TCP socket bound to free ports of ``host``, to announce to the peers and then
+    hand to :meth:`Endpoint.start` (``bound=``): the ports are held the whole time, so nobody
+    else can take them in between."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        udp.bind((host, 0))
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind((host, 0))
+    except OSError:
+        udp.close()
+        tcp.close()
+        raise
+    return udp, tcp
+
+
 __all__ = ["Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",
            "RecvHandle", "RecvResult", "SendHandle", "TransportClosed", "TransportConfig", "TransportError",
-           "TransportTimeout", "local_peers", "REASONS"]
+           "TransportTimeout", "local_peers", "reserve_ports", "REASONS"]

@@ -141,9 +141,15 @@ class Registry:
         self.path.unlink(missing_ok=True)
 
 
-def _progress(opts: RunOptions, text: str) -> None:
-    if not opts.quiet:
+def _progress(opts: RunOptions, text: str, final: bool = False) -> None:
+    """A progress line rewritten in place on a terminal; elsewhere (a log, CI) only the lines
+    marked ``final`` (one per scheme), so a log does not fill with carriage returns."""
+    if opts.quiet:
+        return
+    if sys.stderr.isatty():
         print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+    elif final and text:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
@@ -230,6 +236,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] {time.monotonic() - t0:5.0f} s  "
                             f"iterations {done}/{total} " + "#" * int(30 * done / total))
             time.sleep(0.5)
+        _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] done in {time.monotonic() - t0:.0f} s", final=True)
         failed = [i for i, p in enumerate(worker_procs) if p.returncode != 0]
         if failed:
             raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
 _UNKNOWN_HELD = 0xFFFFFFFF  # STOP body when the receiver no longer knows the message
+_OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
@@ -304,16 +305,20 @@ class Endpoint:
             self._outbox[rank].append(record)
         self.stats.ctl_records_sent[ptype.name] += 1
 
-    def _send_ctl(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
-                  flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
-        """Queue a record and flush the peer now."""
-        self._queue_ctl(rank, ptype, message_id, body, flags, **fields)
-        self._flush(rank)
+    def _flush(self, rank: int, connect: bool = True) -> None:
+        """Send everything queued for ``rank`` as one frame (with a piggybacked FEEDBACK).
 
-    def _flush(self, rank: int) -> None:
-        """Send everything queued for ``rank`` as one frame (with a piggybacked FEEDBACK)."""
+        Only application threads (``connect=True``) open a connection; the control thread uses
+        the ones that exist, so a dead or slow peer never stalls it in ``connect``. Records for a
+        peer without a connection wait (feedback is dropped, and at most ``_OUTBOX_LIMIT``
+        others are kept).
+        """
         with self._ob_lock:
             if not self._outbox.get(rank):
+                return
+            if not connect and rank not in self._conns:
+                queued = [r for r in self._outbox[rank] if r[1] != wire.PacketType.FEEDBACK]
+                self._outbox[rank] = queued[-_OUTBOX_LIMIT:]
                 return
         try:
             conn = self._conn_to(rank)
@@ -345,11 +350,11 @@ class Endpoint:
         if failed is not None:
             self._peer_failed(rank, f"control send failed: {failed}")
 
-    def _flush_all(self) -> None:
+    def _flush_all(self, connect: bool = True) -> None:
         with self._ob_lock:
             ranks = [r for r, recs in self._outbox.items() if recs]
         for rank in ranks:
-            self._flush(rank)
+            self._flush(rank, connect)
 
     @contextlib.contextmanager
     def batch(self):
@@ -981,14 +986,12 @@ class Endpoint:
             self._recent_done.popitem(last=False)
         self._parked_count -= len(self._parked.pop(key, []))
 
-    def _send_stop(self, msg: InMessage, flush: bool = False) -> None:
+    def _send_stop(self, msg: InMessage) -> None:
         """Queue the STOP of a finished message; it leaves with the next control tick (STOPs of
-        messages finishing together share a frame), or now with ``flush``."""
+        messages finishing together share a frame)."""
         asm = msg.assembly
         body = wire.STOP_BODY.pack(asm.received_elems) + (b"" if asm.is_exact() else asm.missing_bitmap())
         self._queue_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
-        if flush:
-            self._flush(msg.src)
 
     # ------------------------------------------------------------------ control
     def _ctl_loop(self) -> None:
@@ -1018,7 +1021,7 @@ class Endpoint:
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
                 next_timer = now + 0.001
-            self._flush_all()
+            self._flush_all(connect=False)
 
     def _accept(self) -> None:
         try:
@@ -1294,7 +1297,7 @@ class Endpoint:
                 for key in [k for k, v in self._parked.items() if now - v[0][0] > self.config.message_deadline]:
                     self._parked_count -= len(self._parked.pop(key))
         for msg in stops:
-            self._send_stop(msg, flush=False)
+            self._send_stop(msg)
 
     # ------------------------------------------------------------------ timing and feedback
     def _rtt_sample(self, dest: int, msg: OutMessage, now: float) -> None:

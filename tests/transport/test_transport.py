@@ -277,7 +277,7 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     ce = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     ce.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0b11)
     rate_before = a.endpoint_stats()["rate_bytes_per_s"][1]
-    a._send_ctl(1, wire.PacketType.META, 5, wire.META_BODY.pack(358 * 4, 358, 0.0), total_pkts=4)
+    a.announce(1, 5, 358 * 4, np.float32, 0.0)
     time.sleep(0.05)
     for d in batch:
         ce.sendto(d, ("127.0.0.1", b.me.data_port))

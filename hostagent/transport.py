@@ -115,7 +115,7 @@ class Endpoint:
         self._waiting: dict[tuple[int, int], RecvHandle] = {}
         self._done_in: dict[tuple[int, int], RecvResult] = {}
         self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
-        self._parked_count = 0
+        self._parked_count: dict[int, int] = defaultdict(int)  # early packets held, per sender
         self._conns: dict[int, _Conn] = {}
         self._all_conns: list[_Conn] = []
         self._rate: dict[int, RateController] = {}
@@ -518,7 +518,7 @@ class Endpoint:
             self._in[key] = msg
             self._recent_done.pop(key, None)
             replay = [d for _, d in self._parked.pop(key, [])]
-            self._parked_count -= len(replay)
+            self._parked_count[src] -= len(replay)
             if expect.total_elems == 0:
                 self._complete_locked(msg, "exact")
         if expect.total_elems == 0:
@@ -838,9 +838,11 @@ class Endpoint:
         if not senders.size:
             return
         ranks, counts = np.unique(senders, return_counts=True)
+        known = {p.rank for p in self.config.peers} - {self.rank}  # never a rank that does not exist, nor self
         with self._lock:
             for rank, c in zip(ranks.tolist(), counts.tolist()):
-                self._fb[rank][2] += max(1, round(dropped * c / senders.size))
+                if rank in known:
+                    self._fb[rank][2] += max(1, round(dropped * c / senders.size))
 
     def _release_delayed(self) -> None:
         if not self._delayed:
@@ -935,7 +937,8 @@ class Endpoint:
             self._send_stop(msg)
 
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray:
-        """Keep early data of known peers until its META arrives (bounded by park_limit)."""
+        """Keep early data of known peers until its META arrives (at most ``park_limit`` per
+        sender, so one sender's junk cannot crowd out another's real early packets)."""
         kept = np.zeros(len(rows), dtype=bool)
         known = {p.rank for p in self.config.peers}
         for i, r in enumerate(rows.tolist()):
@@ -944,10 +947,10 @@ class Endpoint:
                 self.stats.late += 1
                 kept[i] = True
                 continue
-            if key[0] not in known or self._parked_count >= self.config.park_limit:
+            if key[0] not in known or key[0] == self.rank or self._parked_count[key[0]] >= self.config.park_limit:
                 continue
             self._parked.setdefault(key, []).append((now, slots[r, : lengths[r]].tobytes()))
-            self._parked_count += 1
+            self._parked_count[key[0]] += 1
             kept[i] = True
         return kept
 
@@ -984,7 +987,7 @@ class Endpoint:
         self._recent_done[key] = held
         while len(self._recent_done) > 4096:
             self._recent_done.popitem(last=False)
-        self._parked_count -= len(self._parked.pop(key, []))
+        self._parked_count[key[0]] -= len(self._parked.pop(key, []))
 
     def _send_stop(self, msg: InMessage) -> None:
         """Queue the STOP of a finished message; it leaves with the next control tick (STOPs of
@@ -1224,7 +1227,7 @@ class Endpoint:
             self._recent_done.pop(key, None)
             for _, d in self._parked.pop(key, []):
                 replay.append(d)
-            self._parked_count -= len(replay)
+            self._parked_count[src] -= len(replay)
             if total == 0:
                 self._complete_locked(msg, "exact")
         if total == 0:
@@ -1295,7 +1298,7 @@ class Endpoint:
                         self._outbox[rank].append(rec)
             if self._parked:
                 for key in [k for k, v in self._parked.items() if now - v[0][0] > self.config.message_deadline]:
-                    self._parked_count -= len(self._parked.pop(key))
+                    self._parked_count[key[0]] -= len(self._parked.pop(key))
         for msg in stops:
             self._send_stop(msg)
 

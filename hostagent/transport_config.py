@@ -119,7 +119,7 @@ class TransportConfig:
     """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max)."""
 
     park_limit: int = 16384
-    """Most early packets (data before their META) held at once."""
+    """Most early packets (data before their META or the receiver's ``recv``) held at once, per sender."""
 
     offload: bool = True
     """Use Linux UDP GSO to send up to 64 KB of equal-size datagrams per system call and UDP

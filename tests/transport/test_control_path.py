@@ -166,3 +166,23 @@ def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
         assert st.how == "stopped"
     assert b.stats.ctl_records_sent["BITMAP"] >= 10  # every message lost something and asked for it
     assert a.stats.ctl_records_sent["PROBE"] <= 2
+
+
+def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints):
+    """Packets for messages not known yet are parked per sender: rank 2 filling its budget with
+    junk leaves rank 0's early packets their room, so rank 0's message needs no resend."""
+    from hostagent.packetizer import MessageMeta, packetize
+
+    eps = endpoints(3, policy=Policy(loss_bound_push=0.0), park_limit=64)
+    junk = packetize(_grad(358 * 200), MessageMeta(job_id=1, message_id=999, sender_rank=2), Policy())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for d in junk:
+        sock.sendto(d, ("127.0.0.1", eps[1].me.data_port))
+    sock.close()
+    x = _grad(358 * 40)
+    s = eps[0].send(1, x, 7, announce=False)  # 40 packets before the receiver knows the message
+    time.sleep(0.2)
+    got = eps[1].recv(0, 7, expect=Expect(x.size, np.float32, 0.0)).wait(10)
+    np.testing.assert_array_equal(got.data, x)
+    assert s.wait(10).retransmissions == 0
+    assert eps[1].endpoint_stats()["reassembly"]["rejected"].get("unknown_message", 0) >= 200 - 64

@@ -179,6 +179,7 @@ def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints
     for d in junk:
         sock.sendto(d, ("127.0.0.1", eps[1].me.data_port))
     sock.close()
+    time.sleep(0.1)  # all of it parked or rejected before the real data comes
     x = _grad(358 * 40)
     s = eps[0].send(1, x, 7, announce=False)  # 40 packets before the receiver knows the message
     time.sleep(0.2)

@@ -112,7 +112,7 @@ class TransportConfig:
     probe_delay_min: float = 0.001
     probe_delay_max: float = 0.5
 
-    rx_batch: int = 512
+    rx_batch: int = 2048
     """Most datagrams received per reassembly batch (a batch also ends when the socket runs dry)."""
 
     socket_buffer: int = 4 * 1024 * 1024

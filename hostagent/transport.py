@@ -1357,9 +1357,12 @@ class Endpoint:
     def _drain_share_kBps(self, now: float | None = None, new_sender: bool = False) -> int:
         """The drain ceiling for each current sender, KB/s, as FEEDBACK carries it (0 = none):
         the measured drain shared among the senders seen in the last 50 ms; for a
-        ``new_sender`` before anything was measured, the start-up estimate."""
+        ``new_sender`` before anything was measured, the start-up estimate shared among every
+        peer connected so far (peers of a collective connect together, then all send at once)."""
         now = time.monotonic() if now is None else now
         active = sum(1 for t in list(self._senders_seen.values()) if now - t < 0.05)
+        if new_sender:
+            active = max(active, len(self._conns) - 1)  # the new one is counted by drain_share
         share = drain_share(self._drain.current(now), self._startup_drain, active, new_sender)
         return 0 if share <= 0 else max(1, min(wire.FIELD_MAX["job_id"], int(share / 1000)))
 

@@ -1331,8 +1331,10 @@ class Endpoint:
         """A FEEDBACK record for sender ``rank`` if one is due (lock held), resetting its counters.
 
         Congestion (CE marks, socket overruns) is reported every ``feedback_interval``; a clean
-        report waits ``clean_feedback_interval``, unless ``force`` (another record is leaving for
-        that peer anyway, so it rides along for free).
+        report waits ``bulk_feedback_interval`` once ``bulk_feedback_packets`` arrived (a long
+        transfer, whose sender grows its rate on these reports), else
+        ``clean_feedback_interval``, unless ``force`` (another record is leaving for that peer
+        anyway, so it rides along for free).
         """
         counts = self._fb.get(rank)
         if counts is None or not (counts[0] or counts[2]):
@@ -1343,7 +1345,13 @@ class Endpoint:
         last = self._drain_sent.get(rank, 0)
         # a new or much lower drain share is as urgent as congestion: the sender must slow down
         congested = marked or lost or (share and (not last or share < 0.8 * last))
-        if not force and since < (self.config.feedback_interval if congested else self.config.clean_feedback_interval):
+        if congested:
+            due = self.config.feedback_interval
+        elif rcv >= self.config.bulk_feedback_packets:  # a bulk transfer: the sender's increase needs the reports
+            due = self.config.bulk_feedback_interval
+        else:
+            due = self.config.clean_feedback_interval
+        if not force and since < due:
             return None
         del self._fb[rank]
         self._fb_sent_at[rank] = now

@@ -105,6 +105,12 @@ class TransportConfig:
     """How often a receiver reports packets received without congestion when no other control
     record is leaving for that sender (then the report rides along at once)."""
 
+    bulk_feedback_interval: float = 0.02
+    bulk_feedback_packets: int = 64
+    """A clean report goes out every ``bulk_feedback_interval`` once ``bulk_feedback_packets``
+    arrived since the last one: a long transfer's sender grows its rate by these reports (each
+    grants at most ``RateConfig.max_increase_span`` of increase)."""
+
     probe_delay: float = 0.005
     """How long after its pass a sender waits for a STOP before it PROBEs, until it has
     measured its answer time; then ``answer time + 4 deviations`` within the two bounds below."""
@@ -134,10 +140,13 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
         if self.rank not in ranks:
             raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
+        if self.bulk_feedback_packets < 1:
+            raise ValueError(f"TransportConfig.bulk_feedback_packets={self.bulk_feedback_packets} must be >= 1")
         if not 1 <= self.rx_batch <= 65536:
             raise ValueError(f"TransportConfig.rx_batch={self.rx_batch} must be in 1..65536")
         for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval",
-                     "clean_feedback_interval", "probe_delay", "probe_delay_min", "probe_delay_max"):
+                     "clean_feedback_interval", "bulk_feedback_interval", "probe_delay", "probe_delay_min",
+                     "probe_delay_max"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TransportConfig.{name} must be > 0, got {getattr(self, name)}")
 

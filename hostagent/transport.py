@@ -1,26 +1,35 @@
 """The bounded-loss gradient transport: one :class:`Endpoint` per process.
 
 Each endpoint has a UDP socket for DLCP data packets and a TCP control connection to each
-peer for META, PROBE, BITMAP, STOP and FEEDBACK frames. Three threads do the I/O:
+peer for META, PROBE, BITMAP, STOP and FEEDBACK records; records bound for one peer at one
+moment travel together in one frame (BATCH). Three threads do the I/O:
 
-* **tx** sends data packets: of all messages with packets left, the highest priority goes
-  first (retransmissions above everything), paced per destination by a token bucket whose
-  rate a DCTCP-like controller sets from the receiver's feedback.
-* **rx** receives datagrams in batches into preallocated slots, applies the configured loss
-  injection, and hands the batch to the :class:`~hostagent.reassembly.Reassembler`.
-* **ctl** reads control frames from every peer and runs the timers: idle completion,
-  answering probes, deadlines, feedback.
+* **tx** sends data packets: of all messages with packets left, the one whose next packet has
+  the highest priority goes first (retransmissions above everything), paced per destination
+  by a token bucket whose rate a DCTCP-like controller sets from the receiver's feedback,
+  never above the receiver's drain ceiling, and by a host pacer across destinations. Runs of
+  full-size packets leave by UDP GSO from a staging buffer where the kernel takes it.
+* **rx** receives datagrams in batches into preallocated rows (GRO reads land in them
+  directly), applies the configured loss injection, hands the batch to the
+  :class:`~hostagent.reassembly.Reassembler`, and measures what it can drain while behind.
+* **ctl** reads control frames from every peer, runs the timers (answers to the end of a
+  pass, idle completion, probes, deadlines, feedback) and flushes every peer's queued records
+  about once a millisecond. It never opens a connection, so a dead peer cannot stall it.
 
 The protocol for one message, sender S to receiver R:
 
-1. S sends META (size, element type, loss bound p) on the control connection, then the data
-   packets over UDP. Data that overtakes its META is parked briefly, not lost.
+1. S announces the message with a META (size, element type, loss bound p), alone, with other
+   records, or ahead of time (:meth:`Endpoint.announce`); or R already posted its size
+   (``recv(..., expect=...)``) and there is no META. The data packets go over UDP; data that
+   comes before R knows the message is parked briefly, not lost.
 2. R completes the message when every packet arrived (*exact*), or when at least (1-p) arrived
-   and S has finished its pass (PROBE) or nothing new came for an idle timeout (*bounded*). It
+   and S has finished its pass or nothing new came for an idle timeout (*bounded*). It
    zero-fills the rest and sends STOP, so S stops spending bandwidth on the message.
-3. When S has sent everything it sends PROBE. If R is below the bound it answers with a
-   BITMAP of what is missing; S resends just enough of the missing packets, most important
-   first, at the top priority and in drop class 0, and probes again, until STOP.
+3. The last packet of each pass carries ``Flags.LAST``: R answers it (once its socket is
+   drained and nothing came for ``probe_grace``) with STOP, or with a BITMAP of what is missing
+   when below the bound; S resends just enough of the missing packets, most important first,
+   at the top priority and in drop class 0, ending that pass with LAST again, until STOP. A
+   PROBE from S is only the fallback, when no answer came within the measured answer time.
 
 Every wait has a deadline; a peer whose control connection drops fails every message to or
 from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the message.

@@ -366,12 +366,14 @@ class PSServer:
 def _echo_layout(results: Sequence[RecvResult]) -> Layout:
     """The per-packet layout of a reply: each packet keeps the priority and layer its pushes
     carried (the most urgent over the workers), so a fused average returns as it came."""
-    prio = results[0].packet_priorities
-    layers = results[0].packet_layers
-    for r in results[1:]:
+    per = results[0].elems_per_packet
+    tagged = [r for r in results if r.packet_priorities is not None]
+    if not tagged:  # no per-packet tags known: the message's own priority for every packet
+        return Layout.single(results[0].data.size, results[0].stats.priority)
+    prio, layers = tagged[0].packet_priorities, tagged[0].packet_layers
+    for r in tagged[1:]:
         prio = np.maximum(prio, r.packet_priorities)
         layers = np.minimum(layers, r.packet_layers)
-    per = results[0].elems_per_packet
     return Layout(np.arange(len(prio), dtype=np.int64) * per, prio.astype(np.int64), layers.astype(np.int64),
                   results[0].data.size)
 

@@ -38,6 +38,7 @@ from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import itertools
 import logging
@@ -496,7 +497,7 @@ class Endpoint:
                                            f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
                         return h
                     out[:] = res.data
-                    res = RecvResult(out, res.stats, res.received, res.elems_per_packet)
+                    res = dataclasses.replace(res, data=out)
                 h._resolve(res)
                 return h
             if key in self._waiting or (key in self._in and self._in[key].handle is not None):
@@ -979,7 +980,7 @@ class Endpoint:
             if h.out is not None and h.out is not result.data:
                 if h.out.shape == result.data.shape and h.out.dtype == result.data.dtype:
                     h.out[:] = result.data
-                    result = RecvResult(h.out, result.stats, result.received, result.elems_per_packet)
+                    result = dataclasses.replace(result, data=h.out)
                 else:
                     h._fail(ValueError(f"message {msg.message_id} from rank {msg.src} has {result.data.size} "
                                        f"{result.data.dtype}; out is {h.out.shape} {h.out.dtype}"))

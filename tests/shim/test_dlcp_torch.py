@@ -191,3 +191,21 @@ def test_worker_killed_mid_run_gives_a_clear_error():
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def test_layout_of_a_bucket_follows_forward_order_and_sizes(endpoints):
+    """What a DDP bucket's packets are tagged from: each parameter's span in the flat buffer
+    with its layer's priority, the layers run first forward being the most urgent."""
+    ep, _ = endpoints(2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 300), torch.nn.ReLU(), torch.nn.Linear(300, 4))
+    state = dlcp_torch.DLCPState(ep, "ps", workers=[0], server_rank=1, model=model,
+                                 policy=Policy(num_priorities=2, priority_map=(0, 1)))
+    model(torch.zeros(1, 8))  # records the forward order
+    params = list(model.parameters())[::-1]  # DDP buckets hold them in backward order
+    lay = state.layout_of(params)
+    assert lay.total == sum(p.numel() for p in params)
+    assert lay.starts.tolist() == [0, 4, 4 + 1200, 4 + 1200 + 300]
+    assert lay.priorities.tolist() == [0, 0, 1, 1]  # the second Linear is the less urgent
+    prio, layers = lay.packet_tags(358)
+    assert prio[:3].tolist() == [0, 0, 0]  # elements 0..1073: the output layer only
+    assert prio[3] == 1 and layers[3] == 0  # elements 1074..1431 reach into the input layer: urgent

@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
-_UNKNOWN_HELD = 0xFFFFFFFF  # STOP body when the receiver no longer knows the message
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
@@ -145,7 +144,6 @@ class Endpoint:
         self._delayed: list[tuple[float, bytes]] = []
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
-        self._last_feedback = 0.0
         self._rng = np.random.default_rng(config.loss.seed)
         self._tx_socks: dict[tuple[int, int], socket.socket] = {}
         self._senders: dict[tuple[int, int], DatagramSender] = {}
@@ -437,11 +435,7 @@ class Endpoint:
             self._rate.setdefault(dest, RateController(self.config.rate))
             self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
         if announce:
-            body = wire.META_BODY.pack(batch.payload.size, batch.elems_per_packet, p)
-            self._queue_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
-                            tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(data.dtype), total_pkts=len(batch))
-            if not getattr(self._deferring, "depth", 0):
-                self._flush(dest)
+            self._queue_meta(dest, message_id, batch.payload.size, data.dtype, p, priority, iteration, tensor_id, layer)
         if len(batch) == 0:
             msg.pass_done_at = time.monotonic()  # nothing to send: the probe timer takes it from here
         if getattr(self._deferring, "depth", 0):
@@ -465,12 +459,18 @@ class Endpoint:
         p = self.policy.loss_bound_push if loss_bound is None else loss_bound
         if not 0 <= p < 1:
             raise ValueError(f"loss_bound must be in [0, 1), got {p}")
-        per = elems_per_packet(self.config.mtu, dtype)
-        priority = self.policy.top_priority if priority is None else priority
         self._conn_to(dest)
-        body = wire.META_BODY.pack(total_elems, per, p)
-        self._queue_ctl(dest, wire.PacketType.META, message_id, body, priority=priority, iteration=iteration,
-                        tensor_id=tensor_id, layer=layer, dtype=wire.dtype_code(dtype), total_pkts=-(-total_elems // per))
+        self._queue_meta(dest, message_id, total_elems, dtype, p,
+                         self.policy.top_priority if priority is None else priority, iteration, tensor_id, layer)
+
+    def _queue_meta(self, dest: int, message_id: int, total_elems: int, dtype: Any, loss_bound: float,
+                    priority: int, iteration: int, tensor_id: int, layer: int) -> None:
+        """The META of a message (for :meth:`send` and :meth:`announce`); sent at once unless
+        inside :meth:`batch`."""
+        per = elems_per_packet(self.config.mtu, dtype)
+        self._queue_ctl(dest, wire.PacketType.META, message_id, wire.META_BODY.pack(total_elems, per, loss_bound),
+                        priority=priority, iteration=iteration, tensor_id=tensor_id, layer=layer,
+                        dtype=wire.dtype_code(dtype), total_pkts=-(-total_elems // per))
         if not getattr(self._deferring, "depth", 0):
             self._flush(dest)
 
@@ -602,38 +602,33 @@ class Endpoint:
         return sock
 
     def _activate(self, msg: OutMessage) -> None:
-        """(Re)queue a message for sending (lock held)."""
+        """(Re)queue a message for sending, keeping ``_active`` best first (lock held)."""
         if msg not in self._active:
             self._active.append(msg)
+        self._reorder()
         self._tx_cv.notify()
 
-    def _pick(self, now: float) -> tuple[OutMessage | None, float]:
-        """Best message whose destination may send now, else how long until one may (lock held).
+    def _reorder(self) -> None:
+        """Best first: the highest priority of a message's *next* packet (a fused message's
+        priority falls as its urgent layers leave; retransmissions jump the line), then the
+        oldest. Called only when some message's sending priority changed (lock held)."""
+        self._active.sort(key=lambda m: (-m.sending_priority, m.order))
 
-        Best = the highest priority of its *next* packet (a fused message's priority falls as
-        its urgent layers leave), then the oldest.
-        """
+    def _pick(self, now: float) -> tuple[OutMessage | None, float]:
+        """Best message whose destination may send now, else how long until one may (lock held)."""
         self._active = [m for m in self._active if m.has_packets()]
-        if not self._active:
-            return None, 1.0
         wait = 1.0
-        host_rate = self.config.rate.line_rate
-        pkt = max(wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize for m in self._active)
-        w_host = self._host_pacer.wait_time(pkt, host_rate, now)
-        if w_host > 0:
-            return None, w_host
         blocked: dict[int, float] = {}
-        best = None
-        for m in sorted(self._active, key=lambda m: (-m.sending_priority, m.order)):
+        for m in self._active:
             if m.dest not in blocked:
                 pkt_bytes = wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize
-                blocked[m.dest] = self._pacer[m.dest].wait_time(pkt_bytes, self._dest_rate(m.dest), now)
+                blocked[m.dest] = max(self._pacer[m.dest].wait_time(pkt_bytes, self._dest_rate(m.dest), now),
+                                      self._host_pacer.wait_time(pkt_bytes, self.config.rate.line_rate, now))
             if blocked[m.dest] > 0:
                 wait = min(wait, blocked[m.dest])
                 continue
-            best = m
-            break
-        return best, wait
+            return m, wait
+        return None, wait
 
     def _dest_rate(self, dest: int) -> float:
         """Pacing rate towards ``dest``: its controller's, never above what the receiver said it can drain."""
@@ -654,12 +649,15 @@ class Endpoint:
                 pacer = self._pacer[dest]
                 retx = msg.retx_pos < len(msg.retx)
                 chunk = self._chunk(msg)
+                before = msg.sending_priority
                 if retx:
                     seqs = msg.retx[msg.retx_pos : msg.retx_pos + chunk]
                     msg.retx_pos += len(seqs)
                 else:
                     seqs = msg.next_run(chunk)
                 finished_pass = not msg.has_packets()
+                if not finished_pass and msg.sending_priority != before:
+                    self._reorder()
             if msg.announce and msg.next_seq == len(seqs) and not retx:
                 self._flush(dest)  # its META may still be queued: let it lead the data
             sent = self._send_packets(msg, seqs, retx, pacer, rate, last=finished_pass)
@@ -793,7 +791,7 @@ class Endpoint:
             per_read = 1.0  # datagrams per read in this batch (GRO reads hold many)
             while k < cfg.rx_batch:
                 try:
-                    nbytes, ancdata, msg_flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
+                    nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
                 except (BlockingIOError, InterruptedError):
                     emptied = True
                     break
@@ -1160,7 +1158,7 @@ class Endpoint:
                 msg.stopped = True
                 self._rtt_sample(src, msg, time.monotonic())
                 total = msg.batch.payload.size
-                lost = float("nan") if held == _UNKNOWN_HELD else (0.0 if total == 0 else 1.0 - held / total)
+                lost = 0.0 if total == 0 else 1.0 - held / total
                 self.stats.messages_sent += 1
             stats = msg.stats("stopped", lost)
             if len(body) > wire.STOP_BODY.size:

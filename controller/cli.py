@@ -26,41 +26,15 @@ from typing import Sequence
 import yaml
 from p4.v1 import p4runtime_pb2
 
-from controller import desired, pipeline
+from controller import desired
+from controller.apply import apply_network, load_program
 from controller.entries import TableEntry
-from controller.network import Network, NetworkError, check_thresholds, load_network
-from controller.p4info import P4Schema
-from controller.p4rt import Pipeline
+from controller.network import NetworkError, check_thresholds, load_network
 from controller.priority_queue import rate_fixed_point
-from controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch, plan_entries
-from hostagent.cli import run_cli
-from hostagent.errors import DlcpUserError, UsageError
+from controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch
+from hostagent.clikit import run_cli
+from hostagent.errors import UsageError
 from hostagent.policy import Policy, PolicyError, load_policy, save_policy
-
-
-def _load_program() -> tuple[P4Schema, Pipeline]:
-    if not pipeline.P4INFO.exists() or not pipeline.BMV2_JSON.exists():
-        raise DlcpUserError(f"compiled P4 program not found in {pipeline.BUILD_DIR} (run `make p4` with p4c, or "
-                            "set DLCP_P4_BUILD)")
-    return P4Schema.load(pipeline.P4INFO), Pipeline.load(pipeline.P4INFO, pipeline.BMV2_JSON)
-
-
-def _selected(net: Network, names: Sequence[str] | None) -> list:
-    return [net.switch(n) for n in names] if names else list(net.switches.values())
-
-
-def apply_network(net: Network, names: Sequence[str] | None = None, dry_run: bool = False,
-                  tables: Sequence[str] | None = None, timeout: float = 5.0) -> list[ApplyReport]:
-    """Validate every selected switch's entries, then converge each in turn."""
-    schema, pipe = _load_program()
-    specs = _selected(net, names)
-    for spec in specs:  # encode everything before the first write anywhere
-        plan_entries(spec, net, schema, tables)
-    reports = []
-    for spec in specs:
-        with Switch(spec, schema, pipe, timeout=timeout) as sw:
-            reports.append(sw.apply(net, tables=tables, dry_run=dry_run, queues=tables is None))
-    return reports
 
 
 def _print_reports(reports: list[ApplyReport], as_json: bool, verbose: bool) -> None:
@@ -102,7 +76,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     net = load_network(args.network)
     spec = net.switch(args.switch_name)
-    schema, pipe = _load_program()
+    schema, pipe = load_program()
     tables = [schema.table(args.table).name] if args.table else [t.name for t in schema.tables.values()]
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         entries = sw.read_entries(tables, with_defaults=[schema.table("ecn_threshold").name]
@@ -124,7 +98,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     net = load_network(args.network)
     spec = net.switch(args.switch_name)
-    schema, pipe = _load_program()
+    schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         stats = sw.counters()
     if args.json:
@@ -210,7 +184,7 @@ def cmd_queue_rate(args: argparse.Namespace) -> int:
         raise NetworkError(f"switch {spec.name} has no port {args.port} in {args.network}; ports: {sorted(spec.ports)}")
     if args.pps <= 0:
         raise UsageError("PPS must be positive")
-    schema, pipe = _load_program()
+    schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         if args.priority is None:
             # The port's capacity: the virtual queue and every real priority queue follow it.

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from topologies import netns
+from topologies.registry import REGISTRY
 
 
 def clean_namespaces(names: list[str]) -> None:
@@ -32,8 +33,6 @@ def _alive(pid: int) -> bool:
 
 def clean(registry: Path | None = None) -> dict[str, int]:
     """Undo leftovers; returns what was removed."""
-    from topologies.runner import REGISTRY
-
     registry = registry or REGISTRY
     killed = 0
     for f in sorted(registry.glob("*.json")) if registry.exists() else []:

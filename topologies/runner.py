@@ -21,12 +21,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy
 from topologies.bmv2 import terminate_group
+from topologies.registry import REGISTRY, Registry
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ SCHEMES: dict[str, dict[str, bool]] = {
 }
 #: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits).
 WORKLOADS = ("resnet50", "vgg16", "transformer", "digits")
-REGISTRY = Path(os.environ.get("DLCP_RUN_REGISTRY", "/tmp/dlcp-runs"))
 PYTHON = sys.executable
 
 
@@ -125,22 +125,6 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
     return spec
 
 
-@dataclass
-class Registry:
-    """What this run started, on disk, so ``dlcp clean`` can undo a crashed run."""
-
-    path: Path
-    pids: list[int] = field(default_factory=list)
-    netns: list[str] = field(default_factory=list)
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns}))
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
 def _progress(opts: RunOptions, text: str, final: bool = False) -> None:
     """A progress line rewritten in place on a terminal; elsewhere (a log, CI) only the lines
     marked ``final`` (one per scheme), so a log does not fill with carriage returns."""
@@ -162,7 +146,7 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
 
 def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
                 index: int) -> dict:
-    from controller.cli import apply_network
+    from controller.apply import apply_network
     from controller.network import parse_network
     from controller.p4info import P4Schema
     from controller.p4rt import Pipeline

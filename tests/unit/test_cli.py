@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from controller import cli as ctl
-from hostagent import cli, wire
+from hostagent import wire
+from topologies import cli
 
 
 def test_wire_json_lists_every_field(capsys):
@@ -47,8 +48,30 @@ def test_usage_error_exit_code():
 
 
 def test_demo_runs_and_selective_drop_spares_class_0():
-    out = subprocess.run([sys.executable, "-m", "hostagent.cli", "demo"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "topologies.cli", "demo"], capture_output=True, text=True, check=True).stdout
     dlcp_row = next(line for line in out.splitlines() if line.startswith("DLCP selective drop"))
     per_class = dlcp_row.split()[-1].split("/")
     assert per_class[0] == "0"  # class 0 is never dropped selectively
     assert "gradient error" in out
+
+
+def test_packages_depend_downward_only():
+    """topologies -> controller -> hostagent: no module imports a package above its own (the
+    ``dlcp`` program lives in topologies.cli; dlcpctl and the runner use library calls)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    above = {"hostagent": ("controller", "topologies", "dlcp_torch"), "controller": ("topologies",)}
+    found = []
+    for pkg, forbidden in above.items():
+        for f in sorted((root / pkg).glob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                else:
+                    continue
+                found += [f"{pkg}/{f.name} imports {n}" for n in names if n.split(".")[0] in forbidden]
+    assert found == []

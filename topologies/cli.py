@@ -1,0 +1,88 @@
+"""``dlcp``: the whole command line, host tools plus the testbed's commands.
+
+The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`; this module adds
+what needs the testbed: ``run``, ``clean``. It sits at the top of the package graph
+(topologies -> controller -> hostagent), so nothing below imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from hostagent.cli import add_host_commands
+from hostagent.clikit import run_cli
+
+
+def _run_options(args: argparse.Namespace):
+    from topologies.runner import RunOptions
+
+    return RunOptions(topology=args.topology, workers=args.workers,
+                      schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
+                      iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
+                      compute_ms=args.compute_ms, capacity_pps=args.capacity, buffer=args.buffer,
+                      cross_traffic=args.cross_traffic == "on", fusion=args.fusion == "on", out=args.out,
+                      quiet=args.quiet)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from topologies.report import summary
+    from topologies.runner import run
+
+    run_dir, results = run(_run_options(args))
+    print(summary(results))
+    print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from topologies.clean import clean
+
+    removed = clean()
+    print(f"removed {removed['processes']} processes, {removed['namespaces']} namespaces, {removed['links']} links")
+    return 0
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of one testbed experiment (shared by run, sweep and calibrate)."""
+    p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default="star")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--scheme", default="baseline,dlcp",
+                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (default baseline,dlcp)")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer", "digits"], default="resnet50",
+                   help="synthetic gradients with this model's per-tensor sizes, or real training on digits")
+    p.add_argument("--pattern", choices=["ps", "ring"], default="ps")
+    p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
+    p.add_argument("--compute-ms", type=float, default=500.0,
+                   help="simulated backward time per iteration (synthetic workloads)")
+    p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
+    p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
+    p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
+    p.add_argument("--fusion", choices=["on", "off"], default="on",
+                   help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
+    p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlcp", description="DLCP: demo, policy, wire format, and experiments "
+                                     "on a Mininet testbed of BMv2 switches.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_host_commands(sub)
+    p = sub.add_parser("run", help="run an experiment on a Mininet testbed of BMv2 switches (root)")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
+    p.set_defaults(func=cmd_clean)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser(), argv, "dlcp")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -251,7 +251,7 @@ def layer_sizes_bytes(spec: dict) -> int:
     from hostagent.model_profiles import layer_sizes
     from hostagent.packetizer import elems_per_packet
     from hostagent.wire import HEADER_SIZE
-    from topologies.agent import fusion_for
+    from topologies.workload import fusion_for
 
     sizes = layer_sizes(spec["model"], spec["scale"])
     per = elems_per_packet(spec["mtu"], np.float32)

@@ -1,10 +1,11 @@
-"""BMv2 queue settings over its Thrift port: rates and depths of priority queues.
+"""BMv2 over its Thrift port: rates and depths of priority queues, and register reads.
 
-P4Runtime has no call for BMv2's traffic-manager knobs; ``simple_switch_CLI`` reaches them
-over Thrift. This is a minimal client for the four calls DLCP needs, written against the
-Thrift binary protocol and BMv2's ``simple_switch`` service (``simple_switch.thrift``), so it
-needs neither the ``thrift`` package nor BMv2's generated Python modules (which install for
-the system Python only). Every call returns BMv2's status code; non-zero raises.
+P4Runtime has no call for BMv2's traffic-manager knobs, and BMv2's P4Runtime server does not
+read registers; ``simple_switch_CLI`` reaches both over Thrift. This is a minimal client for
+the calls DLCP needs, written against the Thrift binary protocol and BMv2's ``simple_switch``
+and ``standard`` services (``simple_switch.thrift``, ``standard.thrift``), so it needs neither
+the ``thrift`` package nor BMv2's generated Python modules (which install for the system
+Python only). Queue calls return BMv2's status code; non-zero raises.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ class _Reader:
             fid = self.i16()
             if ftype == _T_I32:
                 fields[fid] = self.i32()
+            elif ftype == _T_LIST:
+                et, n = self.i8(), self.i32()
+                if et != _T_I64:
+                    raise ThriftError(f"unexpected list of Thrift type {et} in a reply")
+                fields[fid] = list(struct.unpack(f"!{n}q", self.take(8 * n)))
             elif ftype == _T_STRING:
                 fields[fid] = self.string().decode(errors="replace")
             else:
@@ -130,13 +136,19 @@ class SimpleSwitchThrift:
         self.host, self.port, self.timeout, self.netns = host, port, timeout, netns
         self._seq = 0
 
-    def _call(self, method: str, args: list[tuple[int, int, int]]) -> int:
-        """Call ``method`` with (thrift type, field id, value) args; returns its i32 result."""
+    def _call(self, method: str, args: list[tuple[int, int, object]], service: str = _SERVICE):
+        """Call ``method`` with (thrift type, field id, value) args; returns its result (an i32
+        status, or a list of i64)."""
         self._seq += 1
-        name = f"{_SERVICE}:{method}".encode()
+        name = f"{service}:{method}".encode()
         msg = struct.pack("!I", _VERSION_1 | _CALL) + struct.pack("!i", len(name)) + name + struct.pack("!i", self._seq)
         for ftype, fid, value in args:
-            msg += struct.pack("!bh", ftype, fid) + struct.pack("!q" if ftype == _T_I64 else "!i", value)
+            msg += struct.pack("!bh", ftype, fid)
+            if ftype == _T_STRING:
+                raw = str(value).encode()
+                msg += struct.pack("!i", len(raw)) + raw
+            else:
+                msg += struct.pack("!q" if ftype == _T_I64 else "!i", value)
         msg += struct.pack("!b", _T_STOP)
         where = f"BMv2 Thrift {self.host}:{self.port}" + (f" in netns {self.netns}" if self.netns else "")
         try:
@@ -155,11 +167,15 @@ class SimpleSwitchThrift:
         if mtype == _EXCEPTION:
             raise ThriftError(f"{where}: {method} raised: {body.get(1)}")
         if mtype != _REPLY or 0 not in body:
-            raise ThriftError(f"{where}: {method} gave no result")
-        return int(body[0])
+            raise ThriftError(f"{where}: {method} failed: {body}" if body else f"{where}: {method} gave no result")
+        return body[0]
+
+    def register_read_all(self, name: str) -> list[int]:
+        """Every cell of register array ``name`` (its name in the BMv2 JSON)."""
+        return self._call("bm_register_read_all", [(_T_I32, 1, 0), (_T_STRING, 2, name)], service="standard")
 
     def _check(self, method: str, args: list[tuple[int, int, int]]) -> None:
-        code = self._call(method, args)
+        code = int(self._call(method, args))
         if code != 0:
             raise ThriftError(f"BMv2 Thrift {self.host}:{self.port}: {method}{tuple(a[2] for a in args)} "
                               f"returned error {code} (is the port or priority valid?)")

@@ -107,6 +107,15 @@ class Switch:
         dflt = [self.schema.table(t).id for t in with_defaults]
         return [TableEntry.decode(m, self.schema) for m in self.conn.read_table_entries(ids, dflt)]
 
+    def busy_service(self) -> dict[int, tuple[int, int]]:
+        """Per egress port with traffic: (service intervals, their total microseconds) measured
+        while the port was backlogged (the P4 program's ``busy_gaps`` / ``busy_gap_us``
+        registers, cumulative; see ``p4/include/control/stats.p4``). Their ratio is the rate
+        the port achieved while it had work."""
+        gaps = self.thrift.register_read_all("busy_gaps")
+        micros = self.thrift.register_read_all("busy_gap_us")
+        return {port: (n, us) for port, (n, us) in enumerate(zip(gaps, micros)) if n}
+
     def counters(self) -> dict:
         """Counters as ``{"ports": [rows...], "drop_reasons": {...}}`` with non-zero rows only."""
         raw = {name: self.conn.read_counter(self.schema.counter(name).id) for name in PORT_QUEUE_COUNTERS}

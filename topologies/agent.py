@@ -7,9 +7,11 @@ become ready from the output layer back to the input, ``compute_ms`` in total, a
 into buckets as they do (:mod:`hostagent.fusion`, DDP's caps scaled like the model, or one
 message per tensor without fusion); each full bucket is handed to DLCP at once, every packet
 tagged with the priority of the layer it carries.
-Iteration 0 warms up (connections, rates) and the last one, ``iterations + 1``, runs the
-communication alone, without compute, for the ordering-efficiency metric. It writes one JSON
-line of results per iteration to its output file. The server serves until SIGTERM.
+Iteration 0 warms up (connections, rates); after the measured iterations come
+``calibration_iterations`` (default 3) that run the communication alone, without compute, for
+the ordering-efficiency metric. It writes one JSON line of results per iteration to its output
+file, with monotonic start and end stamps (one clock for every process on the machine, so the
+runner can line iterations up with its CPU and counter samples). The server serves until SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
-from hostagent.fusion import Bucketer, FusionConfig, plan_buckets
-from hostagent.model_profiles import layer_sizes
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, layer_priorities
+from hostagent.fusion import Bucketer, FusionConfig
+from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+from topologies.workload import worker_plan
 
 
 def _endpoint(spec: dict, rank: int) -> Endpoint:
@@ -39,13 +40,6 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
                           connect_timeout=30.0, offload=spec.get("offload", False))
     return Endpoint(cfg).start()
-
-
-def fusion_for(spec: dict) -> FusionConfig:
-    """DDP's bucket caps scaled like the model (``scale``), at least ``bucket_floor_packets``
-    full packets; one message per tensor when ``fusion`` is off."""
-    floor = spec.get("bucket_floor_packets", 8) * elems_per_packet(spec["mtu"], np.float32) * 4
-    return FusionConfig(enabled=spec.get("fusion", True)).scaled(spec["scale"], min_bytes=floor)
 
 
 def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
@@ -60,24 +54,24 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     server = spec["workers"] if spec["pattern"] == "ps" else None
     ep.connect([server] if server is not None else [(rank + 1) % len(workers)])
     state = DLCPState(ep, spec["pattern"], workers=workers, server_rank=server, policy=ep.policy, max_inflight=64)
-    sizes = layer_sizes(spec["model"], spec["scale"])
-    prio = layer_priorities(sizes, ep.policy)
-    buckets = plan_buckets(sizes, [int(x) for x in prio], config=fusion_for(spec))
+    sizes, _, buckets = worker_plan(spec, ep.policy)
     packer = Bucketer(buckets)
     rng = np.random.default_rng(rank)
     grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     compute = spec["compute_ms"] / 1e3
     per_tensor = [compute * n / sum(sizes) for n in sizes]
     with open(out, "w") as f:
-        last = spec["iterations"] + 1
+        first_calib = spec["iterations"] + 1
+        last = spec["iterations"] + spec.get("calibration_iterations", 3)
         for it in range(last + 1):
+            calib = it >= first_calib
             retx0, ctl0 = ep.stats.retransmitted_pkts, _ctl_frames(ep)
             packer.reset()
             t0 = time.monotonic()
             state.announce(it, [b.index for b in buckets], [b.layout for b in buckets])  # one frame for all
             futures, ready_at = [], []
             for t in reversed(range(len(sizes))):  # backward: the output layer's gradient exists first
-                if it != last and per_tensor[t] > 0:
+                if not calib and per_tensor[t] > 0:
                     time.sleep(per_tensor[t])
                 ready_at.append(time.monotonic())
                 for bucket, flat in packer.add(t, grads[t]):
@@ -88,10 +82,11 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                 fut.result(timeout=spec["deadline"] + 5)
             end = time.monotonic()
             lost = state.stats.lost_fractions[-len(buckets):]
-            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "calibration" if it == last else
+            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "calibration" if calib else
                                 ("warmup" if it == 0 else "measured"), "iteration_time": end - t0,
+                                "t_start": t0, "t_end": end,
                                 "sync_time": end - ready_at[-1], "comm_span": end - first_send,
-                                "compute_time": ready_at[-1] - t0 if it != last else 0.0,
+                                "compute_time": ready_at[-1] - t0 if not calib else 0.0,
                                 "lost_fraction": float(np.mean(lost)) if lost else 0.0,
                                 "retransmissions": ep.stats.retransmitted_pkts - retx0,
                                 "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
@@ -135,7 +130,8 @@ def run_digits(spec: dict, rank: int, out: Path) -> None:
             end = time.monotonic()
             lost = session.state.stats.lost_fractions[n_lost:]
             f.write(json.dumps({"iteration": it, "rank": rank, "kind": "warmup" if it == 0 else "measured",
-                                "iteration_time": end - t0, "sync_time": end - t1, "comm_span": end - t1,
+                                "iteration_time": end - t0, "t_start": t0, "t_end": end,
+                                "sync_time": end - t1, "comm_span": end - t1,
                                 "compute_time": t1 - t0, "lost_fraction": float(np.mean(lost)) if lost else 0.0,
                                 "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0,
                                 "messages": max(1, len(opt.buckets)),

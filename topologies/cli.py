@@ -22,7 +22,9 @@ def _run_options(args: argparse.Namespace):
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
                       compute_ms=args.compute_ms, capacity_pps=args.capacity, buffer=args.buffer,
-                      cross_traffic=args.cross_traffic == "on", fusion=args.fusion == "on", out=args.out,
+                      cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
+                      cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
+                      calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet)
 
 
@@ -30,9 +32,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from topologies.report import summary
     from topologies.runner import run
 
-    run_dir, results = run(_run_options(args))
+    opts = _run_options(args)
+    run_dir, results = run(opts)
     print(summary(results))
     print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
+    invalid = [s["scheme"] for s in results["schemes"] if not (s.get("validity") or {}).get("valid", True)]
+    if invalid and opts.strict:
+        print(f"dlcp: error: invalid run(s) of {', '.join(sorted(set(invalid)))} (--strict); see the reasons above",
+              file=sys.stderr)
+        return 3
     return 0
 
 
@@ -60,6 +68,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
+    p.add_argument("--cross-rate", type=float, default=0.5,
+                   help="UDP cross traffic while on, as a fraction of the bottleneck capacity (default 0.5)")
+    p.add_argument("--cross-priority", type=int, default=None, metavar="QUEUE",
+                   help="switch queue of the cross traffic under priority queueing (default: best effort, 0)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per scheme, interleaved; >= 3 gives 95%% confidence intervals (default 1)")
+    p.add_argument("--calibration-iterations", type=int, default=3,
+                   help="communication-only iterations for the ordering efficiency E (default 3)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
     p.add_argument("--fusion", choices=["on", "off"], default="on",
                    help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")

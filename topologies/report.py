@@ -1,29 +1,62 @@
 """Turn a run's records into results.json, a summary table and PNG plots.
 
-Metrics per scheme, over the measured iterations (the warm-up iteration and the final
-communication-only calibration iteration are left out, the latter used only for E):
+Metrics per run of a scheme, over the measured iterations (the warm-up iteration and the
+communication-only calibration iterations are left out, the latter used only for E):
 
 * sync time: from the last gradient becoming ready to the last average arriving, p50/p99;
-* iteration time p50, and speedup = baseline's iteration p50 / this scheme's;
+* iteration time p50, and speedup = baseline's iteration p50 / this scheme's, paired by
+  repetition (run r of each, interleaved);
+* sync / bound: sync p50 over the line-rate bound (:mod:`topologies.bound`), how far from what
+  the bottlenecks allow;
 * lost fraction and retransmitted packets;
 * ordering efficiency E = (cost_max - U) / (cost_max - cost_min) (SysML'18, TicTac): with
-  comm = the calibration iteration's communication time and comp = the compute time,
-  cost_max = comm + comp, cost_min = max(comm, comp), U = measured iteration time;
+  comm = the median communication time of the calibration iterations and comp = the compute
+  time, cost_max = comm + comp, cost_min = max(comm, comp), U = mean iteration time. A value
+  outside [0, 1] is not a result: it is flagged with its reason and its inputs;
 * straggler spread (TicTac): per iteration, (max - min) / mean of the workers' iteration
   times, averaged;
 * messages and control frames (sent and received) per worker per iteration, medians: what
-  fusion and the batched control path cost.
+  fusion and the batched control path cost;
+* validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss.
+
+With ``--repeat N`` the summary gives, per scheme, medians over its runs with 95 % bootstrap
+intervals (:mod:`topologies.stats`) and calls a speedup only when its interval excludes 1.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
+from topologies.stats import Estimate, median_ci, paired_ratios, verdict
+
+
+def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
+    """E with its inputs, or a flag saying why there is no E (pure; seconds in, dict out)."""
+    out = {"comm_s": comm, "comp_s": comp, "iteration_s": u, "value": None, "flag": None}
+    cost_max, cost_min = comm + comp, max(comm, comp)
+    if math.isnan(comm) or cost_max <= cost_min:
+        out["flag"] = "undefined: needs both a communication and a compute time"
+        return out
+    e = (cost_max - u) / (cost_max - cost_min)
+    out["raw"] = e
+    if e > 1:
+        out["flag"] = (f"E = {e:.2f} > 1: the iteration ({u * 1e3:.0f} ms) was shorter than max(comm, comp) "
+                       f"= {cost_min * 1e3:.0f} ms, so the calibration overstated the communication time")
+    elif e < 0:
+        out["flag"] = (f"E = {e:.2f} < 0: the iteration ({u * 1e3:.0f} ms) was longer than comm + comp = "
+                       f"{cost_max * 1e3:.0f} ms, i.e. worse than no overlap: contention or stragglers that "
+                       "the communication-only calibration did not see")
+    else:
+        out["value"] = e
+    return out
+
 
 def scheme_metrics(s: dict) -> dict:
+    """The metrics of one run of one scheme (see the module docstring)."""
     recs = [r for r in s["iterations"] if r.get("kind") == "measured"]
     calib = [r for r in s["iterations"] if r.get("kind") == "calibration"]
     if not recs:
@@ -31,10 +64,8 @@ def scheme_metrics(s: dict) -> dict:
     sync = np.array([r["sync_time"] for r in recs])
     iters = np.array([r["iteration_time"] for r in recs])
     comp = float(np.mean([r["compute_time"] for r in recs]))
-    comm = float(np.mean([r["comm_span"] for r in calib])) if calib else float("nan")
-    u = float(np.mean(iters))
-    cost_max, cost_min = comm + comp, max(comm, comp)
-    eff = (cost_max - u) / (cost_max - cost_min) if cost_max > cost_min else float("nan")
+    comm = float(np.median([r["comm_span"] for r in calib])) if calib else float("nan")
+    eff = ordering_efficiency(comm, comp, float(np.mean(iters)))
     by_it: dict[int, list[float]] = {}
     for r in recs:
         by_it.setdefault(r["iteration"], []).append(r["iteration_time"])
@@ -49,33 +80,134 @@ def scheme_metrics(s: dict) -> dict:
     if all("control_frames" in r for r in recs):
         extra["messages_per_iteration"] = float(np.median([r["messages"] for r in recs]))
         extra["control_frames_per_iteration"] = float(np.median([r["control_frames"] for r in recs]))
-    return {**extra, "sync_p50_ms": 1e3 * float(np.percentile(sync, 50)), "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
+    sync_p50 = float(np.percentile(sync, 50))
+    bound = (s.get("bound") or {}).get("seconds")
+    if bound:
+        extra["sync_over_bound"] = sync_p50 / bound
+    return {**extra, "sync_p50_ms": 1e3 * sync_p50, "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
             "lost_fraction_mean": float(np.mean([r["lost_fraction"] for r in recs])),
             "retransmissions": int(sum(r["retransmissions"] for r in recs)),
-            "ordering_efficiency": eff, "straggler_spread": spread,
+            "ordering_efficiency": eff["value"], "ordering_efficiency_detail": eff, "straggler_spread": spread,
             "switch_selective_drops_by_class": drops_by_class, "switch_tail_drops": tail}
 
 
+def _runs(results: dict, scheme: str) -> list[dict]:
+    return sorted((s for s in results["schemes"] if s["scheme"] == scheme and s.get("metrics")),
+                  key=lambda s: s.get("repeat", 0))
+
+
+def _valid(s: dict) -> bool:
+    return bool((s.get("validity") or {}).get("valid", True))
+
+
+def aggregate(results: dict) -> dict[str, dict]:
+    """Per scheme: medians over its runs with bootstrap intervals, the paired speedup against
+    baseline (when it ran) and its verdict, and how many runs were valid."""
+    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+    base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in _runs(results, "baseline")}
+    out = {}
+    for name in names:
+        runs = _runs(results, name)
+        if not runs:
+            continue
+        m = [r["metrics"] for r in runs]
+
+        def est(key: str) -> Estimate:
+            return median_ci([x.get(key, float("nan")) if x.get(key) is not None else float("nan") for x in m])
+
+        row = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
+                                   "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
+                                   "control_frames_per_iteration", "accuracy", "straggler_spread")}
+        row["retransmissions"] = median_ci([x["retransmissions"] for x in m])
+        row["selective_drops"] = median_ci([sum(x["switch_selective_drops_by_class"].values()) for x in m])
+        row["tail_drops"] = median_ci([x["switch_tail_drops"] for x in m])
+        if base:
+            mine = [r["metrics"]["iteration_p50_ms"] for r in runs if r.get("repeat", 0) in base]
+            ref = [base[r.get("repeat", 0)] for r in runs if r.get("repeat", 0) in base]
+            row["speedup"] = median_ci(paired_ratios(ref, mine))
+        row["valid_runs"] = sum(_valid(r) for r in runs)
+        row["runs"] = len(runs)
+        row["e_flags"] = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in runs
+                          if r["metrics"]["ordering_efficiency_detail"]["flag"]]
+        row["cross"] = [r["cross"] for r in runs if r.get("cross")]
+        out[name] = row
+    return out
+
+
+def _jsonable(agg: dict) -> dict:
+    return {name: {k: v.as_dict() if isinstance(v, Estimate) else v for k, v in row.items()}
+            for name, row in agg.items()}
+
+
 def summary(results: dict) -> str:
-    rows = [(s["scheme"], s["metrics"]) for s in results["schemes"] if s.get("metrics")]
-    base = next((m["iteration_p50_ms"] for name, m in rows if name == "baseline"), None)
-    acc = any("accuracy" in m for _, m in rows)
-    head = (f"{'scheme':<10}{'sync p50':>10}{'sync p99':>10}{'iter p50':>10}{'speedup':>9}{'lost':>8}"
-            f"{'retx':>7}{'E':>7}{'stragg.':>9}{'sel.drops':>11}{'tail':>6}{'msgs':>6}{'ctl':>6}"
-            + (f"{'acc':>8}" if acc else ""))
-    lines = [head, "-" * len(head)]
-    for name, m in rows:
-        speed = f"{base / m['iteration_p50_ms']:.2f}x" if base else "-"
-        sel = sum(m["switch_selective_drops_by_class"].values())
-        lines.append(f"{name:<10}{m['sync_p50_ms']:>8.0f}ms{m['sync_p99_ms']:>8.0f}ms{m['iteration_p50_ms']:>8.0f}ms"
-                     f"{speed:>9}{m['lost_fraction_mean']:>8.2%}{m['retransmissions']:>7}"
-                     f"{m['ordering_efficiency']:>7.2f}{m['straggler_spread']:>9.2f}{sel:>11}{m['switch_tail_drops']:>6}"
-                     f"{m.get('messages_per_iteration', float('nan')):>6.0f}"
-                     f"{m.get('control_frames_per_iteration', float('nan')):>6.0f}"
-                     + (f"{m.get('accuracy', float('nan')):>8.4f}" if acc else ""))
-    lines.append("msgs, ctl: messages and control frames per worker per iteration (medians)")
+    agg = aggregate(results)
+    repeated = any(r["runs"] > 1 for r in agg.values())
+    fmt_ms = "{:.0f}"
+    lines = []
+    cols = [("sync p50 ms", "sync_p50_ms", fmt_ms), ("sync p99 ms", "sync_p99_ms", fmt_ms),
+            ("iter p50 ms", "iteration_p50_ms", fmt_ms), ("speedup", "speedup", "{:.2f}x"),
+            ("sync/bound", "sync_over_bound", "{:.1f}")]
+    width = 24 if repeated else 12
+    head = f"{'scheme':<10}{'valid':>7}" + "".join(f"{c:>{width}}" for c, _, _ in cols)
+    head += f"{'lost':>8}{'retx':>7}{'E':>6}{'sel.drops':>10}{'tail':>6}{'msgs':>6}{'ctl':>5}"
+    acc = any(not math.isnan(r["accuracy"].median) for r in agg.values())
+    head += f"{'acc':>8}" if acc else ""
+    lines += [head, "-" * len(head)]
+    for name, r in agg.items():
+        cells = "".join(f"{r[key].text(f) if key in r else '-':>{width}}" for _, key, f in cols)
+        e = r["ordering_efficiency"]
+        e_text = f"{e.median:.2f}" if not math.isnan(e.median) else ("flag" if r["e_flags"] else "-")
+        flag = "" if r["valid_runs"] == r["runs"] else "  INVALID"
+        line = (f"{name:<10}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['lost_fraction_mean'].median:>8.2%}"
+                f"{r['retransmissions'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
+                f"{r['tail_drops'].median:>6.0f}{r['messages_per_iteration'].median:>6.0f}"
+                f"{r['control_frames_per_iteration'].median:>5.0f}")
+        if acc:
+            line += f"{r['accuracy'].median:>8.4f}"
+        lines.append(line + flag)
+    lines.append("medians over runs" + (" [95 % bootstrap interval]" if repeated else "")
+                 + "; speedup = baseline's iteration p50 / the scheme's, paired by run; sync/bound = sync p50 / "
+                 "line-rate bound; msgs, ctl: messages and control frames per worker per iteration")
+    for name, r in agg.items():
+        if "speedup" in r and name != "baseline" and repeated:
+            lines.append(f"{name}: {verdict(r['speedup'])} than baseline (speedup {r['speedup'].text('{:.2f}')})")
+    for s in results["schemes"]:
+        v = s.get("validity") or {}
+        tag = f"{s['scheme']}" + (f" r{s.get('repeat', 0) + 1}" if repeated else "")
+        if v and not v.get("valid", True):
+            lines.append(f"INVALID {tag}: " + "; ".join(v.get("reasons", [])))
+        flag = (s.get("metrics") or {}).get("ordering_efficiency_detail", {}).get("flag")
+        if flag:
+            lines.append(f"E of {tag}: {flag}")
+    cross = cross_lines(results)
+    if cross:
+        lines += ["", "cross traffic (the cost to other tenants):", *cross]
     return "\n".join(lines)
+
+
+def cross_lines(results: dict) -> list[str]:
+    """One line per run: what the cross traffic delivered (filled by the runner's ``cross``)."""
+    out = []
+    for s in results["schemes"]:
+        c = s.get("cross")
+        if not c:
+            continue
+        tag = s["scheme"] + (f" r{s.get('repeat', 0) + 1}" if s.get("repeat") is not None else "")
+        parts = []
+        if c.get("udp"):
+            u = c["udp"]
+            rate, loss = u.get("delivered_pps"), u.get("loss")
+            parts.append(f"UDP {u['sent_pkts']} sent, " + (f"{rate:.0f} pps delivered, loss {loss:.1%}"
+                                                           if rate is not None and loss is not None else "no sink report"))
+        if c.get("tcp"):
+            t = c["tcp"]
+            good = t.get("goodput_mbps")
+            parts.append(f"TCP {good:.2f} Mbit/s goodput" if good is not None else "TCP: no sink report")
+            if t.get("retrans_pkts") is not None:
+                parts[-1] += f", {t['retrans_pkts']} retransmitted"
+        out.append(f"  {tag:<14}" + "; ".join(parts))
+    return out
 
 
 def plots(run_dir: Path, results: dict) -> list[Path]:
@@ -136,6 +268,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
 def finish(run_dir: Path, results: dict) -> str:
     for s in results["schemes"]:
         s["metrics"] = scheme_metrics(s)
+    results["aggregate"] = _jsonable(aggregate(results))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     plots(run_dir, results)
     text = summary(results)

@@ -21,12 +21,16 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy
+from topologies import traffic
 from topologies.bmv2 import terminate_group
+from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
+from topologies.validity import RunMonitor, judge, machine_busy
 from topologies.registry import REGISTRY, Registry
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 
@@ -66,6 +70,14 @@ class RunOptions:
     loss_bound: float = 0.05
     fusion: bool = True
     """Pack tensors into DDP-style buckets (caps scaled by ``scale``); off: one message per tensor."""
+    repeat: int = 1
+    """Runs of every scheme, interleaved (A B A B ...), for confidence intervals."""
+    calibration_iterations: int = 3
+    """Communication-only iterations after the measured ones, for the ordering efficiency E."""
+    cross_priority: int | None = None
+    """Switch queue of the cross traffic (its DSCP maps there); None: best effort (queue 0)."""
+    strict: bool = False
+    """``dlcp run`` exits non-zero when a scheme's run is invalid (see topologies.validity)."""
     out: str = "runs"
     quiet: bool = False
     timeout: float = 600.0
@@ -84,6 +96,12 @@ class RunOptions:
             raise DlcpUserError("--workers must be between 2 and 7")
         if self.iterations < 1 or self.capacity_pps < 10 or self.scale <= 0:
             raise DlcpUserError("--iterations >= 1, --capacity >= 10 pps and --scale > 0 are required")
+        if not 1 <= self.repeat <= 100 or not 1 <= self.calibration_iterations <= 20:
+            raise DlcpUserError("--repeat must be 1..100 and --calibration-iterations 1..20")
+        if self.cross_priority is not None and not 0 <= self.cross_priority <= 7:
+            raise DlcpUserError("--cross-priority must be a switch queue, 0..7")
+        if not 0 <= self.cross_rate <= 1:
+            raise DlcpUserError("--cross-rate is a fraction of the bottleneck capacity, 0..1")
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
@@ -98,6 +116,44 @@ def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
         ecn_threshold=max(1, buf // 4),
         loss_bound_push=opts.loss_bound if on["bounded"] else 0.0,
     )
+
+
+def cross_dscp(policy: Policy, opts: RunOptions) -> int:
+    """The DSCP of the cross traffic's packets: best effort (0), or with ``cross_priority`` the
+    DSCP that the scheme's switches map to that queue (the policy's DSCP of that priority).
+    Without priority queueing every packet shares queue 0 whatever its DSCP."""
+    return 0 if opts.cross_priority is None else policy.dscp[opts.cross_priority]
+
+
+def cross_pairs(topo: TopologyDesc) -> list[tuple]:
+    """(source, destination) hosts of the UDP and the TCP cross traffic: into the server's port
+    on the star; across the leaves (through the uplinks the workers' pushes use) elsewhere."""
+    xs = topo.role("cross")
+    if topo.name == "star":
+        server = topo.role("server")[0]
+        return [(xs[0], server), (xs[1], server)]
+    return [(xs[0], xs[1]), (xs[0], xs[1])]
+
+
+def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) -> dict | None:
+    """The line-rate bound of one scheme (:mod:`topologies.bound`); None for real training.
+
+    The capacity left to the gradients is the bottleneck's minus the UDP cross traffic's
+    average (rate x 50 % duty) where that traffic shares the gradients' queue: always without
+    priority queueing; with it, only when ``cross_priority`` lifts the cross traffic above best
+    effort. TCP cross traffic is elastic and not subtracted. Bounded loss lowers the packets a
+    message needs to (1 - p) of them."""
+    if opts.workload not in ("resnet50", "vgg16", "transformer"):
+        return None
+    traffic = iteration_traffic(spec, topo, bounded=SCHEMES[scheme]["bounded"])
+    shares = not SCHEMES[scheme]["prio"] or bool(opts.cross_priority)
+    cross = {}
+    if opts.cross_traffic and shares:
+        src, dst = cross_pairs(topo)[0]
+        cross = cross_traffic_load(topo, src.name, dst.name, opts.capacity_pps * opts.cross_rate, 0.5)
+    b = line_rate_bound(topo, traffic, opts.capacity_pps, cross)
+    return {"seconds": b.seconds, "port": [short(b.port[0]), b.port[1]] if b.port else None, "packets": b.packets,
+            "capacity_left_pps": b.capacity_left_pps, "cross_shares_queue": shares}
 
 
 def testbed_rate(capacity_pps: int, mtu: int) -> dict:
@@ -119,7 +175,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
             "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
-            "bucket_floor_packets": 8, "offload": False}
+            "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations}
     if ports is not None:
         spec["ports"] = [list(p) for p in ports]
     return spec
@@ -145,7 +201,7 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
-                index: int) -> dict:
+                index: int, repeat: int = 0) -> dict:
     from controller.apply import apply_network
     from controller.network import parse_network
     from controller.p4info import P4Schema
@@ -153,7 +209,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     from controller import pipeline
     from controller.switch import Switch
 
-    sdir = run_dir / scheme
+    sdir = run_dir / (scheme if opts.repeat == 1 else f"{scheme}-r{repeat + 1}")
     sdir.mkdir(parents=True, exist_ok=True)
     policy = scheme_policy(scheme, opts)
     # With priority queueing, the agents' control connections (TCP, top priority's DSCP) get
@@ -165,26 +221,45 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     network = parse_network(netfile, f"{scheme} network")
     apply_network(network)
     schema, pipe = P4Schema.load(pipeline.P4INFO), Pipeline.load(pipeline.P4INFO, pipeline.BMV2_JSON)
+    with ExitStack() as stack:
+        switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
+        label = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {scheme}" + (
+            f" r{repeat + 1}]" if opts.repeat > 1 else "]")
+        out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, label, switches)
+    return {**out, "repeat": repeat}
 
+
+def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, policy: Policy, sdir: Path,
+                    registry: Registry, label: str, switches: dict) -> dict:
+    """Run the agents (and cross traffic) of one scheme while the monitor samples; read results."""
     def counters() -> dict:
+        return {name: sw.counters() for name, sw in switches.items()}
+
+    bottlenecks = sorted(topo.bottlenecks)
+
+    def read_ports() -> dict:
         out = {}
-        for spec in network.switches.values():
-            with Switch(spec, schema, pipe) as sw:
-                out[spec.name] = sw.counters()
+        for name in sorted({sw for sw, _ in bottlenecks}):
+            service = switches[name].busy_service()
+            for sw, port in bottlenecks:
+                if sw == name:
+                    out[(short(name), port)] = service.get(port, (0, 0))
         return out
 
+    monitor = RunMonitor({f"switch:{short(s.name)}": s.bmv2.pid for s in net.switches if s.bmv2 and s.bmv2.pid},
+                         read_ports).start()
     before = counters()
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
     spec = agent_spec(opts, policy, peers)
     (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
+    bound = scheme_bound(topo, opts, scheme, spec)
     procs: list[subprocess.Popen] = []
     cross: list[subprocess.Popen] = []
     try:
         if opts.cross_traffic:
-            xs = topo.role("cross")
-            pairs = [(xs[0], server), (xs[1], server)] if topo.name == "star" else [(xs[0], xs[1]), (xs[0], xs[1])]
+            pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
             for d in dsts:
                 cross.append(_popen_in(net.get(d), [PYTHON, "-m", "topologies.traffic", "sink", "5001"],
@@ -193,19 +268,25 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             duration = str(opts.timeout)
             rate = str(opts.capacity_pps * opts.cross_rate)
             (src, dst), (src2, dst2) = pairs
+            tos = ["--dscp", str(cross_dscp(policy, opts))]
             cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", "udp", dst.ip, "5001", rate,
-                                                       "0.5", "0.5", duration], sdir / "cross-udp.log"))
+                                                       "0.5", "0.5", duration, *tos], sdir / "cross-udp.log"))
             cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", "tcp", dst2.ip, "5001",
-                                                        "0.5", "0.5", duration], sdir / "cross-tcp.log"))
+                                                        "0.5", "0.5", duration, *tos], sdir / "cross-tcp.log"))
+        for c, name in zip(cross, [f"sink:{short(d)}" for d in sorted(dsts)] + ["cross-udp", "cross-tcp"]
+                            if opts.cross_traffic else []):
+            monitor.add(name, c.pid)
         if opts.pattern == "ps":
             procs.append(_popen_in(net.get(server.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
                                                           str(len(workers))], sdir / "server.log"))
+            monitor.add("server", procs[-1].pid)
         outs = []
         for rank, w in enumerate(workers):
             out = sdir / f"worker{rank}.jsonl"
             outs.append(out)
             procs.append(_popen_in(net.get(w.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
                                                      str(rank), str(out)], sdir / f"worker{rank}.log"))
+            monitor.add(f"worker{rank}", procs[-1].pid)
         registry.pids += [p.pid for p in procs + cross]
         registry.save()
         worker_procs = procs[1:] if opts.pattern == "ps" else procs
@@ -214,25 +295,52 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
             if time.monotonic() - t0 > opts.timeout:
                 raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
                                     f"(logs in {sdir})")
-            done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs),
-                       (opts.iterations + 2) * len(workers))
-            total = (opts.iterations + 2) * len(workers)  # warm-up + measured + calibration or final
-            _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] {time.monotonic() - t0:5.0f} s  "
-                            f"iterations {done}/{total} " + "#" * int(30 * done / total))
+            # warm-up + measured + calibration (synthetic) or final (digits)
+            total = (opts.iterations + 1 + (1 if opts.workload == "digits" else opts.calibration_iterations)) \
+                * len(workers)
+            done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs), total)
+            _progress(opts, f"{label} {time.monotonic() - t0:5.0f} s  iterations {done}/{total} "
+                      + "#" * int(30 * done / total))
             time.sleep(0.5)
-        _progress(opts, f"[{index + 1}/{len(opts.schemes)} {scheme}] done in {time.monotonic() - t0:.0f} s", final=True)
+        _progress(opts, f"{label} done in {time.monotonic() - t0:.0f} s", final=True)
         failed = [i for i, p in enumerate(worker_procs) if p.returncode != 0]
         if failed:
             raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")
     finally:
-        for p in procs + cross:
+        samples = monitor.stop()
+        # agents, then the cross senders, then their sinks (a sink gone first would count the
+        # senders' last packets as lost)
+        for p in procs + cross[::-1]:
             terminate_group(p, 3.0)
     after = counters()
+    sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
+    received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
-    return {"scheme": scheme, "policy": policy.to_dict(),
-            "iterations": [r for r in records if r.get("kind") != "endpoint"],
+    iterations = [r for r in records if r.get("kind") != "endpoint"]
+    return {"scheme": scheme, "policy": policy.to_dict(), "iterations": iterations,
             "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},
-            "switches": _counter_delta(before, after)}
+            "switches": _counter_delta(before, after),
+            "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker"))),
+            "cpu_trace": _cpu_trace(samples), "bound": bound,
+            "cross": traffic.summarise(sent, received) if opts.cross_traffic else None}
+
+
+def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: RunOptions, workers: int) -> dict:
+    """The verdict over the measured iterations (from the first one's start to the last one's end)."""
+    measured = [r for r in iterations if r.get("kind") == "measured" and "t_start" in r]
+    if not measured:
+        return {"valid": False, "reasons": ["no measured iteration with timestamps"]}
+    agents = [f"worker{r}" for r in range(workers)] + (["server"] if opts.pattern == "ps" else [])
+    capacity = {(short(sw), port): float(opts.capacity_pps) for sw, port in bottlenecks}
+    return judge(samples, min(r["t_start"] for r in measured), max(r["t_end"] for r in measured), capacity,
+                 agents).as_dict()
+
+
+def _cpu_trace(samples: list) -> dict:
+    """The machine's CPU use over the scheme's run (for the report's plot), % of all cores."""
+    busy = machine_busy(samples)
+    return {"t": [round(s.t - samples[0].t, 2) for s in samples[1:]] if samples else [],
+            "machine_busy": [round(float(b), 1) for b in busy]}
 
 
 def _counter_delta(before: dict, after: dict) -> dict:
@@ -281,8 +389,9 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
         tnet.start(net)
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
-        for i, scheme in enumerate(opts.schemes):
-            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i))
+        runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...
+        for i, (r, scheme) in enumerate(runs):
+            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r))
     finally:
         _progress(opts, "tearing down ...")
         try:

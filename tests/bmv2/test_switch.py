@@ -156,6 +156,9 @@ def test_selective_drop_spares_class_0_and_counters_say_so(rig):
         c = {r["queue"]: r for r in sw.counters()["ports"] if r["port"] == 2}[0]
         assert c["selective_dropped_pkts"] == len(pkts) - len(got)
         assert c["tail_dropped_pkts"] == 0 and c["forwarded_pkts"] == len(got)
+        # the port was backlogged throughout: its service registers (read over Thrift) give R
+        intervals, micros = sw.busy_service()[2]
+        assert intervals >= 0.8 * len(got) and 0.9 * R <= intervals / (micros / 1e6) <= 1.1 * R
 
 
 def test_ecn_marked_above_threshold(rig):

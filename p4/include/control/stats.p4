@@ -1,6 +1,13 @@
 /* Stats: what the switch did, per egress port x queue (index port * 8 + queue), readable
  * through P4Runtime: forwarded (egress, so only packets that really left), selectively
- * dropped, tail dropped, ECN-marked; plus drops by reason and selective drops by drop class. */
+ * dropped, tail dropped, ECN-marked; plus drops by reason and selective drops by drop class.
+ *
+ * Service rate while backlogged, per egress port (registers; read over Thrift): when a packet
+ * leaves while its queue still holds others (deq_qdepth > 0), the next departure from that
+ * port is a pure service interval, so busy_gaps counts such intervals and busy_gap_us sums
+ * their length. busy_gaps / busy_gap_us is the rate the port really achieved while it had
+ * work, whatever the load: a testbed run checks it against the configured capacity, to tell
+ * a congested port from a switch starved of CPU. */
 #ifndef DLCP_STATS_P4
 #define DLCP_STATS_P4
 
@@ -10,6 +17,10 @@ counter(PORT_QUEUES, CounterType.packets_and_bytes) tail_dropped;
 counter(PORT_QUEUES, CounterType.packets_and_bytes) ecn_marked;
 counter(NUM_DROP_REASONS, CounterType.packets) drop_reason;
 counter(DROP_CLASSES, CounterType.packets_and_bytes) selective_dropped_class;
+register<bit<48>>(MAX_PORTS) dep_last_us;
+register<bit<8>>(MAX_PORTS) dep_last_busy;
+register<bit<64>>(MAX_PORTS) busy_gaps;
+register<bit<64>>(MAX_PORTS) busy_gap_us;
 
 control IngressStats(inout headers_t hdr, inout dlcp_metadata_t meta,
                      inout standard_metadata_t standard_metadata) {
@@ -32,6 +43,26 @@ control EgressStats(inout headers_t hdr, inout dlcp_metadata_t meta,
                     inout standard_metadata_t standard_metadata) {
     apply {
         forwarded.count(((bit<32>)standard_metadata.egress_port << LOG2_NUM_QUEUES) + (bit<32>)meta.queue);
+        bit<32> port = (bit<32>)standard_metadata.egress_port;
+        bit<48> now = standard_metadata.egress_global_timestamp;
+        bit<8> was_busy;
+        dep_last_busy.read(was_busy, port);
+        if (was_busy == 1) {
+            bit<48> last;
+            dep_last_us.read(last, port);
+            bit<64> gaps;
+            busy_gaps.read(gaps, port);
+            busy_gaps.write(port, gaps + 1);
+            bit<64> us;
+            busy_gap_us.read(us, port);
+            busy_gap_us.write(port, us + (bit<64>)(now - last));
+        }
+        dep_last_us.write(port, now);
+        if (standard_metadata.deq_qdepth > 0) {
+            dep_last_busy.write(port, 1);
+        } else {
+            dep_last_busy.write(port, 0);
+        }
     }
 }
 

@@ -1,0 +1,71 @@
+"""Report arithmetic: E with its flags, medians with intervals over repeated runs, paired
+speedups and what the summary is allowed to claim."""
+
+from __future__ import annotations
+
+import math
+
+from topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
+from topologies.stats import median_ci, paired_ratios, verdict
+
+
+def test_e_inside_0_1_is_a_value_with_its_inputs():
+    e = ordering_efficiency(comm=0.4, comp=0.5, u=0.6)  # cost_max 0.9, cost_min 0.5
+    assert math.isclose(e["value"], 0.75) and e["flag"] is None and e["comm_s"] == 0.4
+
+
+def test_e_outside_0_1_is_flagged_with_the_reason_not_reported():
+    above = ordering_efficiency(comm=0.4, comp=0.5, u=0.45)
+    below = ordering_efficiency(comm=0.4, comp=0.5, u=1.2)
+    assert above["value"] is None and "overstated" in above["flag"] and math.isclose(above["raw"], 1.125)
+    assert below["value"] is None and "worse than no overlap" in below["flag"]
+    assert "undefined" in ordering_efficiency(float("nan"), 0.5, 0.6)["flag"]
+
+
+def test_median_ci_needs_three_runs_and_brackets_the_median():
+    assert median_ci([1.0, 2.0]).low is None
+    est = median_ci([1.30, 1.35, 1.40, 1.32, 1.38])
+    assert est.low <= est.median <= est.high and est.n == 5
+    assert est.excludes(1.0) and not est.excludes(1.35)
+    assert median_ci([1.2, 1.2, 1.2]).text("{:.1f}") == "1.2 [1.2, 1.2]"
+    assert median_ci([float("nan")]).text() == "-"
+
+
+def test_verdict_calls_a_difference_only_when_the_interval_excludes_one():
+    assert verdict(median_ci([1.3, 1.4, 1.5, 1.35])) == "faster"
+    assert verdict(median_ci([0.7, 0.8, 0.75])) == "slower"
+    assert verdict(median_ci([0.9, 1.1, 1.0, 1.2, 0.8])) == "no significant difference"
+    assert "too few" in verdict(median_ci([2.0]))
+
+
+def test_paired_ratios_skip_missing_runs():
+    assert paired_ratios([2.0, 3.0, float("nan")], [1.0, 0.0, 1.0]) == [2.0]
+
+
+def _run(scheme: str, repeat: int, iter_s: float, valid: bool = True) -> dict:
+    its = [{"kind": "measured", "iteration": i, "rank": r, "sync_time": iter_s / 2, "iteration_time": iter_s,
+            "compute_time": 0.5, "comm_span": iter_s / 2, "lost_fraction": 0.0, "retransmissions": 1,
+            "messages": 5, "control_frames": 10} for i in range(1, 6) for r in range(2)]
+    its += [{"kind": "calibration", "iteration": 6, "rank": r, "comm_span": 0.3, "sync_time": 0.3,
+             "iteration_time": 0.3, "compute_time": 0.0, "lost_fraction": 0.0, "retransmissions": 0} for r in range(2)]
+    s = {"scheme": scheme, "repeat": repeat, "iterations": its, "switches": {}, "bound": {"seconds": 0.1},
+         "validity": {"valid": valid, "reasons": [] if valid else ["machine saturated: median CPU 97 %"]}}
+    s["metrics"] = scheme_metrics(s)
+    return s
+
+
+def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
+    runs = []
+    for r, (b, d) in enumerate([(1.0, 0.7), (1.1, 0.8), (0.9, 0.7), (1.0, 0.75)]):
+        runs += [_run("baseline", r, b), _run("dlcp", r, d, valid=r != 2)]
+    results = {"schemes": runs}
+    agg = aggregate(results)
+    sp = agg["dlcp"]["speedup"]
+    assert sp.n == 4 and math.isclose(sp.median, sorted([1 / 0.7, 1.1 / 0.8, 0.9 / 0.7, 1 / 0.75])[1:3][0] / 2
+                                      + sorted([1 / 0.7, 1.1 / 0.8, 0.9 / 0.7, 1 / 0.75])[1:3][1] / 2)
+    assert agg["dlcp"]["valid_runs"] == 3 and agg["baseline"]["valid_runs"] == 4
+    assert math.isclose(agg["baseline"]["sync_over_bound"].median, 5.0)  # sync 0.5 s / bound 0.1 s
+    text = summary(results)
+    assert "INVALID dlcp r3: machine saturated" in text
+    assert "dlcp: faster than baseline" in text
+    assert text.splitlines()[2].startswith("baseline") and "INVALID" not in text.splitlines()[2]

@@ -1,0 +1,92 @@
+"""Validity of a testbed run: the verdict from samples, and the monitor sampling real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from topologies.validity import RunMonitor, Sample, ValidityRules, judge, machine_busy
+
+PORT = ("l1", 8)
+
+
+def _samples(busy_pct: float, agent_pct: float, rate_pps: float, busy_share: float, n: int = 11) -> list[Sample]:
+    """One sample a second: the machine ``busy_pct`` busy on 2 cores, an agent using ``agent_pct``
+    of a core, and PORT backlogged ``busy_share`` of each second, serving ``rate_pps`` then."""
+    out = []
+    for i in range(n):
+        total = 2.0 * i
+        gaps = int(rate_pps * busy_share * i)
+        out.append(Sample(float(i), (total * busy_pct / 100, total), {"worker0": agent_pct / 100 * i},
+                          {PORT: (gaps, int(busy_share * i * 1e6))}))
+    return out
+
+
+def test_a_run_with_headroom_at_line_rate_is_valid():
+    v = judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert v.valid and v.reasons == []
+    assert abs(v.machine_busy_p50 - 60) < 1e-6 and abs(v.processes["worker0"] - 40) < 1e-6
+    row = v.bottlenecks[0]
+    assert abs(row["rate_pps"] - 1990) < 1 and abs(row["busy_share"] - 0.5) < 1e-6
+
+
+def test_a_saturated_machine_invalidates_and_says_so():
+    v = judge(_samples(97, 40, 2000, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and len(v.reasons) == 1 and "machine saturated" in v.reasons[0] and "97 %" in v.reasons[0]
+
+
+def test_a_cpu_bound_agent_invalidates():
+    v = judge(_samples(60, 99, 2000, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and v.reasons == ["worker0 CPU-bound: median 99 % of a core"]
+
+
+def test_a_backlogged_port_below_capacity_invalidates():
+    v = judge(_samples(60, 40, 1500, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and "l1:8 served 1500 pps while backlogged, 75% of its 2000 pps" in v.reasons[0]
+
+
+def test_a_port_hardly_ever_backlogged_gives_no_verdict():
+    v = judge(_samples(60, 40, 100, 0.01), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert v.valid and v.bottlenecks[0]["rate_pps"] is None and v.bottlenecks[0]["busy_intervals"] < 200
+
+
+def test_only_the_measured_window_counts():
+    busy = [100.0] * 5 + [50.0] * 10  # start-up at 100 % CPU for 5 s, then 50 %
+    samples, cpu = [], 0.0
+    for t in range(len(busy) + 1):
+        samples.append(Sample(float(t), (cpu, 2.0 * t), {"worker0": 0.4 * t}, {PORT: (1000 * t, 500_000 * t)}))
+        cpu += 2.0 * busy[t] / 100 if t < len(busy) else 0.0
+    assert judge(samples, 0.0, 8.0, {PORT: 2000.0}, ["worker0"]).reasons  # mostly start-up: saturated
+    assert judge(samples, 5.0, 15.0, {PORT: 2000.0}, ["worker0"]).valid  # the measured part is not
+
+
+def test_too_few_samples_is_invalid_not_a_crash():
+    v = judge(_samples(10, 10, 2000, 0.5, n=2), 0.0, 1.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and "samples" in v.reasons[0]
+
+
+def test_rules_are_configurable():
+    v = judge(_samples(95, 40, 2000, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"], ValidityRules(machine_busy_max=99))
+    assert v.valid
+
+
+def test_monitor_samples_a_real_busy_process_and_keeps_going_when_reads_fail():
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
+    calls = []
+
+    def read_ports():
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("switch gone")
+        return {PORT: (len(calls) * 100, len(calls) * 50_000)}
+
+    mon = RunMonitor({"spin": spin.pid}, read_ports, interval=0.2).start()
+    time.sleep(1.5)
+    samples = mon.stop()
+    spin.kill()
+    assert len(samples) >= 5 and len(calls) == len(samples)
+    assert samples[1].ports == {}  # the failed read is skipped, not fatal
+    cpu = [100 * (b.procs["spin"] - a.procs["spin"]) / (b.t - a.t) for a, b in zip(samples, samples[1:])]
+    assert max(cpu) > 50  # a spinning process shows as busy
+    assert all(0 <= b <= 100 for b in machine_busy(samples))

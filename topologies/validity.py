@@ -1,0 +1,228 @@
+"""Was the network the bottleneck? The validity of one scheme's run on the testbed.
+
+A testbed number means something only if the machine emulated the network faithfully: on
+two cores, four BMv2 switches, nine Python agents and cross traffic can saturate the CPU, and
+then a run measures scheduling, not congestion. So while a scheme runs, :class:`RunMonitor`
+samples, every ``interval`` seconds,
+
+* the machine's CPU time and that of every process the run started (switches, agents, cross
+  traffic), with psutil;
+* for every bottleneck port, its service intervals while backlogged and their total length
+  (the P4 program's ``busy_gaps`` / ``busy_gap_us`` registers: after a packet leaves with
+  others still queued, the time to the port's next departure is pure service time).
+
+The pure functions below turn those samples into a verdict over the measured iterations: the
+run is *invalid* when the machine was saturated, when an agent was CPU-bound (its host stack,
+not the network, set the pace), or when a bottleneck, while backlogged, served below
+``min_rate_ratio`` of its capacity (the switch could not keep its own line rate). A port that
+was hardly ever backlogged gives no verdict, and the report says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Port = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ValidityRules:
+    """Thresholds of a valid run (defaults: issue #10's)."""
+
+    machine_busy_max: float = 90.0
+    """Median machine CPU use over the measured window, % of all cores, above which it was saturated."""
+    process_busy_max: float = 95.0
+    """Median CPU use of one agent, % of one core, above which the agent itself set the pace."""
+    min_rate_ratio: float = 0.9
+    """A backlogged bottleneck must serve at least this share of its capacity."""
+    min_busy_intervals: int = 200
+    """Fewer service intervals while backlogged say nothing about the rate."""
+
+
+@dataclass
+class Sample:
+    """One observation: monotonic time, machine CPU times, process CPU seconds, port departures."""
+
+    t: float
+    machine: tuple[float, float]
+    """(busy seconds, total seconds) summed over all cores since boot."""
+    procs: dict[str, float]
+    """process label -> user + system CPU seconds (missing once the process has gone)."""
+    ports: dict[Port, tuple[int, int]]
+    """bottleneck port -> (service intervals while backlogged, their microseconds), cumulative."""
+
+
+@dataclass
+class Validity:
+    """The verdict on one scheme's run, with the numbers behind it."""
+
+    valid: bool
+    reasons: list[str]
+    machine_busy_p50: float
+    machine_busy_p90: float
+    processes: dict[str, float]
+    """label -> median CPU use, % of one core."""
+    bottlenecks: list[dict]
+    """Per bottleneck port: backlogged windows, median rate while backlogged, capacity, ratio."""
+    window_s: float
+    samples: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- pure: samples -> numbers -> verdict ------------------------------------------------------
+
+def _in_window(samples: list[Sample], t0: float, t1: float) -> list[Sample]:
+    """Samples in [t0, t1], plus the one just before t0 so the first interval is complete."""
+    inside = [s for s in samples if t0 <= s.t <= t1]
+    before = [s for s in samples if s.t < t0]
+    return ([before[-1]] if before else []) + inside
+
+
+def machine_busy(samples: list[Sample]) -> np.ndarray:
+    """Per interval between consecutive samples: % of all cores busy."""
+    out = []
+    for a, b in zip(samples, samples[1:]):
+        total = b.machine[1] - a.machine[1]
+        if total > 0:
+            out.append(100.0 * (b.machine[0] - a.machine[0]) / total)
+    return np.array(out)
+
+
+def process_busy(samples: list[Sample]) -> dict[str, np.ndarray]:
+    """Per process label, per interval: % of one core."""
+    out: dict[str, list[float]] = {}
+    for a, b in zip(samples, samples[1:]):
+        dt = b.t - a.t
+        if dt <= 0:
+            continue
+        for label, cpu in b.procs.items():
+            if label in a.procs:
+                out.setdefault(label, []).append(100.0 * (cpu - a.procs[label]) / dt)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def backlogged_service(samples: list[Sample], port: Port) -> tuple[int, float]:
+    """(service intervals, seconds) of ``port`` while backlogged, between the first and the
+    last sample that read it."""
+    seen = [s.ports[port] for s in samples if port in s.ports]
+    if len(seen) < 2:
+        return 0, 0.0
+    return seen[-1][0] - seen[0][0], (seen[-1][1] - seen[0][1]) / 1e6
+
+
+def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, float],
+          agents: list[str], rules: ValidityRules = ValidityRules()) -> Validity:
+    """The verdict over the measured window [t0, t1] (monotonic seconds).
+
+    ``capacity``: packets/s of each bottleneck port; ``agents``: the labels of the processes
+    whose own CPU limit would invalidate the run (workers and the parameter server).
+    """
+    win = _in_window(samples, t0, t1)
+    reasons: list[str] = []
+    if len(win) < 3:
+        return Validity(False, [f"only {len(win)} samples in the measured window of {t1 - t0:.1f} s"],
+                        float("nan"), float("nan"), {}, [], t1 - t0, len(win))
+    busy = machine_busy(win)
+    p50, p90 = float(np.median(busy)), float(np.percentile(busy, 90))
+    if p50 >= rules.machine_busy_max:
+        reasons.append(f"machine saturated: median CPU {p50:.0f} % of all cores >= {rules.machine_busy_max:.0f} %")
+    procs = {k: float(np.median(v)) for k, v in process_busy(win).items() if len(v)}
+    for label in agents:
+        if procs.get(label, 0.0) >= rules.process_busy_max:
+            reasons.append(f"{label} CPU-bound: median {procs[label]:.0f} % of a core")
+    ports = []
+    for port, cap in sorted(capacity.items()):
+        n, busy_s = backlogged_service(win, port)
+        judged = n >= rules.min_busy_intervals and busy_s > 0
+        row = {"switch": port[0], "port": port[1], "capacity_pps": cap, "busy_intervals": n,
+               "busy_share": busy_s / (t1 - t0) if t1 > t0 else None,
+               "rate_pps": n / busy_s if judged else None, "ratio": n / busy_s / cap if judged else None}
+        ports.append(row)
+        if judged and row["ratio"] < rules.min_rate_ratio:
+            reasons.append(f"bottleneck {port[0]}:{port[1]} served {row['rate_pps']:.0f} pps while backlogged, "
+                           f"{row['ratio']:.0%} of its {cap:.0f} pps")
+    return Validity(not reasons, reasons, p50, p90, procs, ports, t1 - t0, len(win))
+
+
+# --- I/O: sampling while a scheme runs ---------------------------------------------------------
+
+def _machine_times() -> tuple[float, float]:
+    import psutil
+
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    # guest time is already part of user time on Linux: leave it out of the total
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total - idle, total
+
+
+@dataclass
+class RunMonitor:
+    """Samples CPU and bottleneck service in a thread until :meth:`stop`.
+
+    ``processes``: label -> pid; ``read_ports``: a callable returning {port: (service intervals,
+    microseconds)} for every bottleneck port (read from the switches). A process that exits is
+    simply no longer sampled; a failed switch read is logged and skipped, never fatal.
+    """
+
+    processes: dict[str, int]
+    read_ports: Callable[[], dict[Port, tuple[int, int]]]
+    interval: float = 1.0
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
+        self._procs: dict[str, object] = {}
+
+    def add(self, label: str, pid: int) -> None:
+        self.processes[label] = pid
+
+    def start(self) -> "RunMonitor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+    def _proc_times(self) -> dict[str, float]:
+        import psutil
+
+        out = {}
+        for label, pid in list(self.processes.items()):
+            try:
+                proc = self._procs.get(label)
+                if proc is None or proc.pid != pid:
+                    proc = self._procs[label] = psutil.Process(pid)
+                t = proc.cpu_times()
+                out[label] = t.user + t.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return out
+
+    def sample(self) -> Sample:
+        try:
+            ports = self.read_ports()
+        except Exception as exc:  # a switch that does not answer must not end the run
+            log.warning("run monitor: reading bottleneck counters failed: %s", exc)
+            ports = {}
+        return Sample(time.monotonic(), _machine_times(), self._proc_times(), ports)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append(self.sample())
+            if self._stop.wait(self.interval):
+                self.samples.append(self.sample())
+                return

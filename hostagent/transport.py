@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
+IDLE_TICK = 0.05  # control-loop period of an endpoint with no message in flight (s)
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
@@ -434,6 +435,7 @@ class Endpoint:
             self._out[key] = msg  # before META: an empty message's STOP may come back at once
             self._rate.setdefault(dest, RateController(self.config.rate))
             self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
+        self._wake()  # the control loop ticks fast from now on
         if announce:
             self._queue_meta(dest, message_id, batch.payload.size, data.dtype, p, priority, iteration, tensor_id, layer)
         if len(batch) == 0:
@@ -509,7 +511,8 @@ class Endpoint:
                     log.debug("message %d from %d already announced: out= is copied into at the end", message_id, src)
             else:
                 self._waiting[key] = h
-            return h
+        self._wake()  # the control loop ticks fast from now on
+        return h
 
     def _recv_expected(self, src: int, message_id: int, out: np.ndarray | None, expect: Expect) -> RecvHandle:
         key = (src, message_id)
@@ -527,6 +530,7 @@ class Endpoint:
                             self.policy.top_priority)
             self._in[key] = msg
             self._recent_done.pop(key, None)
+            self._wake()  # the control loop ticks fast from now on
             replay = [d for _, d in self._parked.pop(key, [])]
             self._parked_count[src] -= len(replay)
             if expect.total_elems == 0:
@@ -781,7 +785,9 @@ class Endpoint:
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         while self._running:
-            if not poller.poll(5):
+            # short polls only while injected-delay packets wait; otherwise an idle receiver
+            # wakes 20 times a second (to see close()), not 200
+            if not poller.poll(5 if self._delayed else 50):
                 self._release_delayed()
                 continue
             t_batch = time.monotonic()
@@ -1008,7 +1014,12 @@ class Endpoint:
     def _ctl_loop(self) -> None:
         next_timer = 0.0
         while self._running:
-            timeout = max(0.0, min(0.001, next_timer - time.monotonic()))
+            # timers tick every millisecond while messages are in flight; an idle endpoint ticks
+            # every IDLE_TICK (deadlines, parked packets, clean reports), and send() / recv()
+            # wake it, so idle agents do not spin a core on a 2-core testbed
+            tick = 0.001 if (self._in or self._out or self._waiting) else IDLE_TICK
+            next_timer = min(next_timer, time.monotonic() + tick)  # idle -> busy: tick fast at once
+            timeout = max(0.0, next_timer - time.monotonic())
             try:
                 events = self._sel.select(timeout)
             except (OSError, ValueError):
@@ -1021,6 +1032,7 @@ class Endpoint:
                         self._wake_r.recv(4096)
                     except OSError:
                         pass
+                    next_timer = 0.0  # new work: run the timers now, not at the end of an idle tick
                 elif key.data is None:
                     self._accept()
                 else:
@@ -1031,7 +1043,7 @@ class Endpoint:
                     self._timers(now)
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
-                next_timer = now + 0.001
+                next_timer = now + (0.001 if (self._in or self._out or self._waiting) else IDLE_TICK)
             self._flush_all(connect=False)
 
     def _accept(self) -> None:

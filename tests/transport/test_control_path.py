@@ -165,7 +165,9 @@ def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
         np.testing.assert_array_equal(h.wait(20).data, x)
         assert st.how == "stopped"
     assert b.stats.ctl_records_sent["BITMAP"] >= 10  # every message lost something and asked for it
-    assert a.stats.ctl_records_sent["PROBE"] <= 2
+    # a PROBE is needed only when a pass's LAST packet itself is lost (about 7 % of some 25
+    # passes here, loss injection being random), never once per message
+    assert a.stats.ctl_records_sent["PROBE"] <= 5
 
 
 def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints):

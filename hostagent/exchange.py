@@ -69,6 +69,11 @@ def message_id(iteration: int, tensor: int, step: int) -> int:
     return ((iteration % ITERATION_WRAP) << 22) | (step << 16) | tensor
 
 
+def iteration_of(mid: int) -> int:
+    """The iteration (mod 1024) a :func:`message_id` belongs to."""
+    return (mid >> 22) % ITERATION_WRAP
+
+
 def _flat(g: np.ndarray) -> np.ndarray:
     g = np.asarray(g)
     if g.dtype not in (np.float32, np.float16):

@@ -56,6 +56,15 @@ class MessageStats:
     probes: int = 0
     completion_time: float = 0.0
     how: str = ""  # exact | bounded | idle (receiver) ; stopped (sender)
+    started: float = 0.0
+    """Monotonic time the message began (send() called; receiver: announced or posted)."""
+    first_arrival: float | None = None
+    """Receiver: monotonic time of its first data packet."""
+    recovery_started: float | None = None
+    """Monotonic time of its first recovery round (receiver: first BITMAP; sender: first pass
+    over with packets missing), None when nothing needed recovering."""
+    finished_at: float = 0.0
+    """Monotonic time it completed."""
     lost_packets: np.ndarray | None = field(default=None, repr=False, compare=False)
     """Sender side: sequence numbers the receiver never got (None when nothing was lost)."""
 
@@ -199,6 +208,7 @@ class OutMessage:
         self.probe_sent_at: float | None = None
         self.reported_missing = 0
         self.stopped = False
+        self.first_retx_at: float | None = None  # when the first retransmission was queued
 
     @property
     def sending_priority(self) -> int:
@@ -230,6 +240,7 @@ class OutMessage:
             packets=len(self.batch), bytes=self.batch.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             retransmissions=self.retransmissions, probes=self.probes,
             completion_time=time.monotonic() - self.started, how=how, lost_fraction=lost_fraction,
+            started=self.started, recovery_started=self.first_retx_at, finished_at=time.monotonic(),
         )
 
 
@@ -247,6 +258,8 @@ class InMessage:
         self.handle = handle
         self.started = time.monotonic()
         self.last_arrival = self.started
+        self.first_arrival: float | None = None
+        self.first_bitmap_at: float | None = None
         self.probe_pending = False
         self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
         self.probes = 0
@@ -260,6 +273,8 @@ class InMessage:
             packets=asm.total_pkts, bytes=asm.data.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             lost_fraction=asm.lost_fraction, retransmissions=self.retx_seen, duplicates=asm.duplicates,
             probes=self.probes, completion_time=time.monotonic() - self.started, how=how,
+            started=self.started, first_arrival=self.first_arrival, recovery_started=self.first_bitmap_at,
+            finished_at=time.monotonic(),
         )
         received = None if asm.is_exact() else asm.received.copy()
         self.result = RecvResult(asm.result(), stats, received, asm.elems_per_packet, asm.pkt_priority, asm.pkt_layer)

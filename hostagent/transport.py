@@ -50,7 +50,7 @@ import struct
 import termios
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
+MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
 IDLE_TICK = 0.05  # control-loop period of an endpoint with no message in flight (s)
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
@@ -143,6 +144,9 @@ class Endpoint:
         self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
         self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
         self._delayed: list[tuple[float, bytes]] = []
+        self.message_log: deque[MessageStats] = deque(maxlen=MESSAGE_LOG)
+        """The figures of the last MESSAGE_LOG messages finished, both directions, with their
+        monotonic times: what a report needs to say where an iteration's time went."""
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
         self._rng = np.random.default_rng(config.loss.seed)
@@ -933,6 +937,8 @@ class Endpoint:
                             continue
                         n_retx = retx_by_key.get(asm.key, 0)
                         msg.last_arrival = now
+                        if msg.first_arrival is None:
+                            msg.first_arrival = now
                         if asm.key in last_keys:  # the sender's pass ended: answer as to a PROBE
                             msg.probe_pending = True
                         if n_retx and msg.bitmap_sent_at is not None:
@@ -978,6 +984,7 @@ class Endpoint:
         self.reassembler.forget(*key)
         result = msg.finish(how)
         self.stats.messages_received += 1
+        self.message_log.append(result.stats)
         self._remember_done(key, msg.assembly.received_elems)
         h = msg.handle
         if h is not None:
@@ -1173,6 +1180,7 @@ class Endpoint:
                 lost = 0.0 if total == 0 else 1.0 - held / total
                 self.stats.messages_sent += 1
             stats = msg.stats("stopped", lost)
+            self.message_log.append(stats)
             if len(body) > wire.STOP_BODY.size:
                 bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.STOP_BODY.size))[: len(msg.batch)]
                 stats.lost_packets = np.flatnonzero(bits)
@@ -1196,6 +1204,8 @@ class Endpoint:
                     self._rate[src].on_feedback(n - len(missing), 0, new_lost)
                 msg.retx = seqs.astype(np.int64)
                 msg.retx_pos = 0
+                if len(seqs) and msg.first_retx_at is None:
+                    msg.first_retx_at = time.monotonic()
                 msg.awaiting_reply = False
                 msg.probe_sent_at = None
                 if len(seqs):
@@ -1283,6 +1293,8 @@ class Endpoint:
                         self._queue_ctl(msg.src, wire.PacketType.BITMAP, msg.message_id,
                                         wire.BITMAP_PREFIX.pack(asm.received_elems) + asm.missing_bitmap())
                         msg.bitmap_sent_at = now
+                        if msg.first_bitmap_at is None:
+                            msg.first_bitmap_at = now
                 elif idle >= max(self.config.idle_timeout, 8 * self._srtt.get(msg.src, 0.0)) and \
                         asm.received_pkts and asm.is_complete(msg.loss_bound):
                     self._complete_locked(msg, "idle")

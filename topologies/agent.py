@@ -26,10 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
+from hostagent.exchange import iteration_of
 from hostagent.fusion import Bucketer, FusionConfig
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+from topologies.breakdown import iteration_breakdown
 from topologies.workload import worker_plan
 
 
@@ -40,6 +42,12 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
                           connect_timeout=30.0, offload=spec.get("offload", False))
     return Endpoint(cfg).start()
+
+
+def _received_in(ep: Endpoint, iteration: int | None, since: float) -> list:
+    """The messages this endpoint received for ``iteration`` (None: any) that started after ``since``."""
+    return [m for m in list(ep.message_log) if m.direction == "recv" and m.started >= since
+            and (iteration is None or iteration_of(m.message_id) == iteration % 1024)]
 
 
 def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
@@ -82,7 +90,9 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                 fut.result(timeout=spec["deadline"] + 5)
             end = time.monotonic()
             lost = state.stats.lost_fractions[-len(buckets):]
-            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "calibration" if calib else
+            parts = iteration_breakdown(t0, ready_at[-1], end, _received_in(ep, it, t0))
+            f.write(json.dumps({"iteration": it, "rank": rank, "breakdown": parts,
+                                "kind": "calibration" if calib else
                                 ("warmup" if it == 0 else "measured"), "iteration_time": end - t0,
                                 "t_start": t0, "t_end": end,
                                 "sync_time": end - ready_at[-1], "comm_span": end - first_send,
@@ -129,7 +139,9 @@ def run_digits(spec: dict, rank: int, out: Path) -> None:
             opt.step()
             end = time.monotonic()
             lost = session.state.stats.lost_fractions[n_lost:]
-            f.write(json.dumps({"iteration": it, "rank": rank, "kind": "warmup" if it == 0 else "measured",
+            parts = iteration_breakdown(t0, t1, end, _received_in(session.endpoint, None, t0))
+            f.write(json.dumps({"iteration": it, "rank": rank, "breakdown": parts,
+                                "kind": "warmup" if it == 0 else "measured",
                                 "iteration_time": end - t0, "t_start": t0, "t_end": end,
                                 "sync_time": end - t1, "comm_span": end - t1,
                                 "compute_time": t1 - t0, "lost_fraction": float(np.mean(lost)) if lost else 0.0,

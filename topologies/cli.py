@@ -1,7 +1,7 @@
 """``dlcp``: the whole command line, host tools plus the testbed's commands.
 
 The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`; this module adds
-what needs the testbed: ``run``, ``clean``. It sits at the top of the package graph
+what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``. It sits at the top of the package graph
 (topologies -> controller -> hostagent), so nothing below imports it.
 """
 
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 from hostagent.cli import add_host_commands
 from hostagent.clikit import run_cli
+from hostagent.errors import DlcpUserError
 
 
 def _run_options(args: argparse.Namespace):
@@ -21,7 +23,8 @@ def _run_options(args: argparse.Namespace):
     return RunOptions(topology=args.topology, workers=args.workers,
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
-                      compute_ms=args.compute_ms, capacity_pps=args.capacity, buffer=args.buffer,
+                      compute_ms=args.compute_ms, capacity_pps=2000 if args.capacity == "auto" else int(args.capacity),
+                      buffer=args.buffer,
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
@@ -33,6 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from topologies.runner import run
 
     opts = _run_options(args)
+    if args.capacity == "auto":
+        opts = replace(opts, capacity_pps=_calibrated(opts))
     run_dir, results = run(opts)
     print(summary(results))
     print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
@@ -44,12 +49,56 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrated(opts) -> int:
+    from topologies.sweep import calibrate
+
+    cap, trials = calibrate(opts)
+    for t in trials:
+        print(f"capacity {t['capacity_pps']:>5} pps: " + ("valid" if t["valid"] else "invalid: " + "; ".join(t["reasons"])),
+              file=sys.stderr)
+    if cap is None:
+        raise DlcpUserError("no capacity tried gives valid runs on this machine (see the reasons above); "
+                            "try fewer workers or --cross-traffic off")
+    print(f"calibrated: {opts.topology} stays valid up to {cap} pps per bottleneck on this machine", file=sys.stderr)
+    return cap
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    _calibrated(_run_options(args))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from topologies.sweep import sweep
+
+    opts = _run_options(args)
+    if args.capacity == "auto":
+        opts = replace(opts, capacity_pps=_calibrated(opts))
+    out, rows = sweep(opts, args.param, [v.strip() for v in args.values.split(",") if v.strip()])
+    width = max(len(r["value"]) for r in rows)
+    for r in rows:
+        ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") is not None
+              else "")
+        sp = f"{r['speedup']:.2f}x{ci}" if r.get("speedup") is not None else "-"
+        print(f"{args.param}={r['value']:<{width}}  {r['scheme']:<9} valid {r['valid_runs']}/{r['runs']}  "
+              f"speedup {sp}  sync p50 {r['sync_p50_ms']:.0f} ms  p99 {r['sync_p99_ms']:.0f} ms  {r['verdict']}")
+    print(f"sweep directory: {out} (sweep.csv, sweep.png, one run directory per value)")
+    invalid = any(r["valid_runs"] < r["runs"] for r in rows)
+    return 3 if invalid and opts.strict else 0
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     from topologies.clean import clean
 
     removed = clean()
     print(f"removed {removed['processes']} processes, {removed['namespaces']} namespaces, {removed['links']} links")
     return 0
+
+
+def _capacity(text: str) -> str:
+    if text != "auto" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of packets per second nor auto")
+    return text
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +114,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
     p.add_argument("--compute-ms", type=float, default=500.0,
                    help="simulated backward time per iteration (synthetic workloads)")
-    p.add_argument("--capacity", type=int, default=2000, help="bottleneck capacity, packets per second")
+    p.add_argument("--capacity", type=_capacity, default="2000",
+                   help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
+                        "(dlcp calibrate)")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
     p.add_argument("--cross-rate", type=float, default=0.5,
@@ -93,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an experiment on a Mininet testbed of BMv2 switches (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("sweep", help="vary one parameter across schemes: sweep.csv and a speedup figure (root)")
+    from topologies.sweep import PARAMS
+
+    p.add_argument("--param", required=True, choices=sorted(PARAMS), help="the parameter to vary")
+    p.add_argument("--values", required=True, help="comma-separated values, e.g. 0,0.25,0.5")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
     p.set_defaults(func=cmd_clean)
     return parser

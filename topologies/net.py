@@ -25,10 +25,12 @@ log = logging.getLogger(__name__)
 class DlcpSwitch(Switch):
     """A BMv2 ``simple_switch_grpc --priority-queues 8`` as a Mininet switch."""
 
-    def __init__(self, name: str, run_dir: str = "/tmp", device_id: int = 1, **params) -> None:
+    def __init__(self, name: str, run_dir: str = "/tmp", device_id: int = 1, sock_dir: str | None = None,
+                 **params) -> None:
         params["inNamespace"] = True
         super().__init__(name, **params)
         self.run_dir = Path(run_dir)
+        self.sock_dir = Path(sock_dir or run_dir)
         self.device_id = device_id
         self.bmv2: Bmv2Switch | None = None
 
@@ -37,7 +39,7 @@ class DlcpSwitch(Switch):
         self.cmd("ip link set lo up")
         ports = {self.ports[intf]: intf.name for intf in self.intfList() if intf.name != "lo"}
         opts = Bmv2Options(name=self.name, device_id=self.device_id, ports=ports,
-                           grpc=f"unix:{self.run_dir}/{self.name}.grpc", thrift_port=9090,
+                           grpc=f"unix:{self.sock_dir}/{self.name}.grpc", thrift_port=9090,
                            log_dir=self.run_dir, netns=self.name)
         self.bmv2 = Bmv2Switch(opts).start()
 
@@ -49,11 +51,15 @@ class DlcpSwitch(Switch):
         super().stop(deleteIntfs)
 
 
-def build(topo: TopologyDesc, run_dir: Path) -> Mininet:
-    """Create (not start) the Mininet network of ``topo``, with explicit port numbers."""
+def build(topo: TopologyDesc, run_dir: Path, sock_dir: Path | None = None) -> Mininet:
+    """Create (not start) the Mininet network of ``topo``, with explicit port numbers.
+
+    ``sock_dir`` holds the switches' P4Runtime Unix sockets (default ``run_dir``): a socket's
+    path may not exceed 107 bytes, which a deep run directory does."""
     net = Mininet(topo=None, controller=None, build=False, autoSetMacs=False, autoStaticArp=False)
     for sw in topo.switches:
-        net.addSwitch(sw.name, cls=DlcpSwitch, run_dir=str(run_dir), device_id=sw.device_id)
+        net.addSwitch(sw.name, cls=DlcpSwitch, run_dir=str(run_dir), device_id=sw.device_id,
+                      sock_dir=str(sock_dir or run_dir))
     for h in topo.hosts:
         net.addHost(h.name, cls=Host, ip=f"{h.ip}/8", mac=h.mac)
     for h in topo.hosts:

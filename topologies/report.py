@@ -15,6 +15,8 @@ communication-only calibration iterations are left out, the latter used only for
   outside [0, 1] is not a result: it is flagged with its reason and its inputs;
 * straggler spread (TicTac): per iteration, (max - min) / mean of the workers' iteration
   times, averaged;
+* where the time goes (:mod:`topologies.breakdown`): compute, first byte, transmission,
+  recovery and straggler wait, means in ms, and a stacked-bar plot per scheme;
 * messages and control frames (sent and received) per worker per iteration, medians: what
   fusion and the batched control path cost;
 * validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss.
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from topologies.breakdown import PARTS, add_stragglers
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -80,6 +83,9 @@ def scheme_metrics(s: dict) -> dict:
     if all("control_frames" in r for r in recs):
         extra["messages_per_iteration"] = float(np.median([r["messages"] for r in recs]))
         extra["control_frames_per_iteration"] = float(np.median([r["control_frames"] for r in recs]))
+    parts = [r["breakdown"] for r in recs if "breakdown" in r]
+    if parts:
+        extra["breakdown_ms"] = {k: 1e3 * float(np.mean([b.get(k, 0.0) for b in parts])) for k in PARTS}
     sync_p50 = float(np.percentile(sync, 50))
     bound = (s.get("bound") or {}).get("seconds")
     if bound:
@@ -180,10 +186,24 @@ def summary(results: dict) -> str:
         flag = (s.get("metrics") or {}).get("ordering_efficiency_detail", {}).get("flag")
         if flag:
             lines.append(f"E of {tag}: {flag}")
+    parts = breakdown_lines(results)
+    if parts:
+        lines += ["", "where the time goes, per iteration and worker (ms, means):", *parts]
     cross = cross_lines(results)
     if cross:
         lines += ["", "cross traffic (the cost to other tenants):", *cross]
     return "\n".join(lines)
+
+
+def breakdown_lines(results: dict) -> list[str]:
+    out = []
+    for name in dict.fromkeys(s["scheme"] for s in results["schemes"]):
+        rows = [s["metrics"]["breakdown_ms"] for s in results["schemes"]
+                if s["scheme"] == name and "breakdown_ms" in s.get("metrics", {})]
+        if rows:
+            mean = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
+            out.append(f"  {name:<10}" + "  ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in mean.items()))
+    return out
 
 
 def cross_lines(results: dict) -> list[str]:
@@ -265,12 +285,47 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     return made
 
 
+def breakdown_plot(path: Path, results: dict) -> Path | None:
+    """One stacked bar per scheme: the mean iteration split into compute, first byte,
+    transmission, recovery and the straggler wait (ms; over measured iterations, workers, runs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+    means = {}
+    for name in names:
+        rows = [s["metrics"]["breakdown_ms"] for s in results["schemes"]
+                if s["scheme"] == name and "breakdown_ms" in s.get("metrics", {})]
+        if rows:
+            means[name] = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
+    if not means:
+        return None
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(means), 4.2))
+    bottom = np.zeros(len(means))
+    for part in PARTS:
+        vals = np.array([means[n][part] for n in means])
+        ax.bar(list(means), vals, bottom=bottom, label=part.replace("_", " "))
+        bottom += vals
+    ax.set_ylabel("time per iteration and worker (ms, mean)")
+    runs = max(s.get("repeat", 0) for s in results["schemes"]) + 1
+    ax.set_title(f"Where the time goes: {results.get('topology', '')}, {runs} run(s) per scheme", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def finish(run_dir: Path, results: dict) -> str:
     for s in results["schemes"]:
+        add_stragglers([r for r in s["iterations"] if r.get("kind") == "measured"])
         s["metrics"] = scheme_metrics(s)
     results["aggregate"] = _jsonable(aggregate(results))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     plots(run_dir, results)
+    breakdown_plot(run_dir / "breakdown.png", results)
     text = summary(results)
     (run_dir / "summary.txt").write_text(text + "\n")
     return text

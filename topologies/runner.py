@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -201,7 +203,7 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
-                index: int, repeat: int = 0) -> dict:
+                index: int, repeat: int, sock_dir: Path) -> dict:
     from controller.apply import apply_network
     from controller.network import parse_network
     from controller.p4info import P4Schema
@@ -216,7 +218,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     # the top queue; without it, everything shares queue 0.
     dscp = {policy.dscp[q]: policy.priority_map[q] for q in range(policy.num_priorities)} if SCHEMES[scheme]["prio"] \
         else None
-    netfile = topo.network(str(run_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp)
+    netfile = topo.network(str(sock_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp)
     (sdir / "network.json").write_text(json.dumps(netfile, indent=2))
     network = parse_network(netfile, f"{scheme} network")
     apply_network(network)
@@ -382,7 +384,8 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     topo = TOPOLOGIES[opts.topology](opts.workers)
     registry = Registry(REGISTRY / f"{stamp}-{os.getpid()}.json", netns=[s.name for s in topo.switches])
     registry.save()
-    net = tnet.build(topo, run_dir)
+    sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes
+    net = tnet.build(topo, run_dir, sock_dir)
     results: dict = {"config": asdict(opts), "topology": topo.name, "schemes": []}
     try:
         _progress(opts, "starting switches ...")
@@ -391,7 +394,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
         registry.save()
         runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...
         for i, (r, scheme) in enumerate(runs):
-            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r))
+            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
     finally:
         _progress(opts, "tearing down ...")
         try:
@@ -401,6 +404,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
 
             clean_namespaces(registry.netns)
             registry.remove()
+            shutil.rmtree(sock_dir, ignore_errors=True)
             _progress(opts, "")
     from topologies.report import finish
 

@@ -130,8 +130,12 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
     win = _in_window(samples, t0, t1)
     reasons: list[str] = []
     if len(win) < 3:
-        return Validity(False, [f"only {len(win)} samples in the measured window of {t1 - t0:.1f} s"],
-                        float("nan"), float("nan"), {}, [], t1 - t0, len(win))
+        # too short to judge; still show what the whole run looked like
+        reasons.append(f"the measured window ({t1 - t0:.1f} s) holds only {len(win)} samples: too short to judge "
+                       "(run more iterations)")
+        win = samples
+        if len(win) < 2:
+            return Validity(False, reasons, float("nan"), float("nan"), {}, [], t1 - t0, len(win))
     busy = machine_busy(win)
     p50, p90 = float(np.median(busy)), float(np.percentile(busy, 90))
     if p50 >= rules.machine_busy_max:

@@ -41,17 +41,44 @@ def test_star_ps_run_writes_every_field(tmp_path):
     assert results["topology"] == "star" and results["config"]["workers"] == 2
     scheme = results["schemes"][0]
     kinds = [r["kind"] for r in scheme["iterations"]]
-    assert kinds.count("measured") == 2 * 2 and kinds.count("calibration") == 2
+    assert kinds.count("measured") == 2 * 2 and kinds.count("calibration") == 2 * 3
     for r in scheme["iterations"]:
         assert {"iteration", "rank", "iteration_time", "sync_time", "lost_fraction", "retransmissions"} <= set(r)
     assert {"sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "lost_fraction_mean", "retransmissions",
             "ordering_efficiency", "straggler_spread", "switch_selective_drops_by_class"} <= set(scheme["metrics"])
+    # validity from real samples: CPU of every process the run started, bottleneck service
+    v = scheme["validity"]
+    assert {"valid", "reasons", "machine_busy_p50", "processes", "bottlenecks"} <= set(v)
+    assert {"switch:s1", "server", "worker0", "worker1", "cross-udp", "cross-tcp"} <= set(v["processes"])
+    assert {b["port"] for b in v["bottlenecks"]} == {1, 2, 3, 4, 5}
+    assert scheme["bound"]["seconds"] > 0 and scheme["bound"]["port"] == ["s1", 3]  # the server's port
+    cross = scheme["cross"]
+    assert cross["udp"]["sent_pkts"] > 0 and cross["udp"]["delivered_pkts"] > 0 and cross["tcp"]["delivered_bytes"] > 0
     sw = scheme["switches"]["s1"]
     assert {"ports", "drop_reasons", "selective_drops_by_class"} <= set(sw)
     assert sum(r["forwarded_pkts"] for r in sw["ports"]) > 0
     for png in ("sync_cdf.png", "iteration_time.png", "drops_per_class.png"):
         assert (run_dir / png).stat().st_size > 1000
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}
+
+
+def test_sweep_writes_a_csv_row_per_value_and_scheme_and_a_figure(tmp_path):
+    res = dlcp("sweep", "--param", "cross-rate", "--values", "0,0.5", "--topology", "star", "--workers", 2,
+               "--scheme", "baseline,dlcp", "--out", tmp_path, *SMALL, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = next(tmp_path.iterdir())
+    import csv
+
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert [(r["value"], r["scheme"]) for r in rows] == [("0", "baseline"), ("0", "dlcp"), ("0.5", "baseline"),
+                                                          ("0.5", "dlcp")]
+    assert all(float(r["speedup"]) > 0 for r in rows)
+    assert (out / "sweep.png").stat().st_size > 5000
+    runs = sorted(d for d in out.iterdir() if d.is_dir())
+    assert len(runs) == 2
+    first = json.loads((runs[0] / "results.json").read_text())
+    assert first["config"]["cross_traffic"] is False and all(s["cross"] is None for s in first["schemes"])
+    assert "cross-rate=0.5" in res.stdout and _ours_left() == {"bmv2": [], "netns": [], "links": []}
 
 
 def test_leafspine_sprays_dlcp_data_over_both_spines(tmp_path):

@@ -69,3 +69,22 @@ def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
     assert "INVALID dlcp r3: machine saturated" in text
     assert "dlcp: faster than baseline" in text
     assert text.splitlines()[2].startswith("baseline") and "INVALID" not in text.splitlines()[2]
+
+
+def test_breakdown_parts_add_up_and_stragglers_come_from_the_slowest_worker():
+    from hostagent.messages import MessageStats
+    from topologies.breakdown import add_stragglers, iteration_breakdown
+
+    def msg(first, rec, fin):
+        return MessageStats(0, 1, "recv", 10, 1, 40, 0.0, first_arrival=first, recovery_started=rec, finished_at=fin,
+                            started=0.0)
+
+    parts = iteration_breakdown(0.0, 0.5, 1.0, [msg(0.2, None, 0.4), msg(0.6, 0.8, 0.95), msg(0.55, None, 0.7)])
+    assert parts["compute"] == 0.5 and math.isclose(parts["first_byte"], 0.05)  # the 0.4 one finished before
+    assert math.isclose(parts["recovery"], 0.15) and math.isclose(parts["transmission"], 0.3)
+    assert math.isclose(sum(parts.values()), 1.0)
+    assert iteration_breakdown(0.0, 0.5, 1.0, []) == {"compute": 0.5, "first_byte": 0.5, "transmission": 0.0,
+                                                       "recovery": 0.0}
+    recs = [{"iteration": 1, "t_end": 2.0, "breakdown": {}}, {"iteration": 1, "t_end": 2.3, "breakdown": {}}]
+    add_stragglers(recs)
+    assert math.isclose(recs[0]["breakdown"]["straggler"], 0.3) and recs[1]["breakdown"]["straggler"] == 0.0

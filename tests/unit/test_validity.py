@@ -61,9 +61,11 @@ def test_only_the_measured_window_counts():
     assert judge(samples, 5.0, 15.0, {PORT: 2000.0}, ["worker0"]).valid  # the measured part is not
 
 
-def test_too_few_samples_is_invalid_not_a_crash():
-    v = judge(_samples(10, 10, 2000, 0.5, n=2), 0.0, 1.0, {PORT: 2000.0}, ["worker0"])
-    assert not v.valid and "samples" in v.reasons[0]
+def test_a_window_too_short_to_judge_is_invalid_but_shows_the_whole_run():
+    v = judge(_samples(10, 10, 2000, 0.5, n=6), 2.2, 2.6, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and "too short to judge" in v.reasons[0]
+    assert abs(v.machine_busy_p50 - 10) < 1e-6 and "worker0" in v.processes
+    assert not judge(_samples(10, 10, 2000, 0.5, n=1), 0.0, 1.0, {PORT: 2000.0}, ["worker0"]).valid
 
 
 def test_rules_are_configurable():

@@ -1,0 +1,45 @@
+"""Sweep plumbing without a testbed: option parsing per value, CSV rows, the figure."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from hostagent.errors import DlcpUserError
+from topologies.runner import RunOptions
+from topologies.sweep import options_at, plot, rows_of, write_csv
+from tests.unit.test_report import _run
+
+
+def test_options_at_sets_the_field_and_zero_cross_rate_means_none():
+    base = RunOptions()
+    assert options_at(base, "buffer", "32").buffer == 32
+    assert options_at(base, "pattern", "ring").pattern == "ring"
+    assert options_at(base, "fusion", "off").fusion is False
+    zero = options_at(base, "cross-rate", "0")
+    assert zero.cross_rate == 0 and zero.cross_traffic is False
+
+
+@pytest.mark.parametrize("param,value", [("buffer", "lots"), ("workers", "9"), ("pattern", "tree"),
+                                         ("cross-rate", "2"), ("fusion", "maybe")])
+def test_bad_values_are_refused_before_anything_runs(param, value):
+    with pytest.raises(DlcpUserError):
+        options_at(RunOptions(), param, value)
+
+
+def test_rows_csv_and_figure(tmp_path):
+    rows = []
+    for value, d in (("0.25", 0.8), ("0.5", 0.7)):
+        results = {"schemes": [_run("baseline", r, 1.0 + 0.05 * r) for r in range(3)]
+                   + [_run("dlcp", r, d + 0.01 * r) for r in range(3)]}
+        rows += rows_of("cross-rate", value, results, tmp_path / value)
+    assert [(r["value"], r["scheme"]) for r in rows] == [("0.25", "baseline"), ("0.25", "dlcp"), ("0.5", "baseline"),
+                                                         ("0.5", "dlcp")]
+    dlcp = rows[1]
+    assert dlcp["speedup_ci_low"] <= dlcp["speedup"] <= dlcp["speedup_ci_high"] and dlcp["verdict"] == "faster"
+    write_csv(tmp_path / "s.csv", rows)
+    back = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert len(back) == 4 and float(back[3]["speedup"]) == pytest.approx(rows[3]["speedup"])
+    plot(tmp_path / "s.png", rows, "cross-rate", RunOptions(topology="leafspine"))
+    assert (tmp_path / "s.png").stat().st_size > 5000

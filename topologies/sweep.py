@@ -1,0 +1,185 @@
+"""``dlcp sweep`` and ``dlcp calibrate``: experiments made of several ``dlcp run``s.
+
+A sweep varies one parameter of :class:`~topologies.runner.RunOptions` across values, runs
+every scheme (with ``--repeat``) at each value, and writes ``sweep.csv`` (one row per value and
+scheme: medians with their 95 % intervals, the verdict, validity) and ``sweep.png`` (speedup
+over baseline with interval bars against the parameter). Each value keeps its own run
+directory, with its own results.json and summary, under the sweep's directory.
+
+Calibration answers "at which bottleneck capacity does this machine still emulate the network
+faithfully?": it runs short experiments from the highest candidate capacity down and stops at
+the first at which every run is valid (:mod:`topologies.validity`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from hostagent.errors import DlcpUserError
+from topologies.report import aggregate
+from topologies.runner import RunOptions, run
+from topologies.stats import verdict
+
+
+@dataclass(frozen=True)
+class SweepParam:
+    """A parameter a sweep can vary: the RunOptions field and how to read a value."""
+
+    field: str
+    parse: Callable[[str], object]
+    unit: str
+
+
+def _on_off(v: str) -> bool:
+    if v not in ("on", "off"):
+        raise ValueError("on or off")
+    return v == "on"
+
+
+PARAMS: dict[str, SweepParam] = {
+    "cross-rate": SweepParam("cross_rate", float, "UDP cross traffic, fraction of capacity (0: no cross traffic)"),
+    "loss-bound": SweepParam("loss_bound", float, "loss bound p"),
+    "buffer": SweepParam("buffer", int, "bottleneck buffer (packets)"),
+    "workers": SweepParam("workers", int, "workers"),
+    "pattern": SweepParam("pattern", str, "pattern"),
+    "capacity": SweepParam("capacity_pps", int, "bottleneck capacity (packets/s)"),
+    "fusion": SweepParam("fusion", _on_off, "tensor fusion"),
+}
+
+CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "lost_fraction_mean")
+
+
+def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
+    """``base`` with ``param`` set to ``value`` (a cross rate of 0 turns the cross traffic off)."""
+    spec = PARAMS[param]
+    try:
+        parsed = spec.parse(value)
+    except ValueError as exc:
+        raise DlcpUserError(f"--values: {value!r} is not a valid {param} ({exc})") from None
+    opts = replace(base, **{spec.field: parsed})
+    if param == "cross-rate" and parsed == 0:
+        opts = replace(opts, cross_traffic=False)
+    opts.validate()
+    return opts
+
+
+def rows_of(param: str, value: str, results: dict, run_dir: Path) -> list[dict]:
+    """One CSV row per scheme of one run (pure: results in, rows out)."""
+    rows = []
+    for scheme, agg in aggregate(results).items():
+        row = {"param": param, "value": value, "scheme": scheme, "runs": agg["runs"], "valid_runs": agg["valid_runs"]}
+        for key in CSV_METRICS:
+            est = agg.get(key)
+            row[key] = est.median if est else None
+            row[f"{key}_ci_low"] = est.low if est else None
+            row[f"{key}_ci_high"] = est.high if est else None
+        row["verdict"] = verdict(agg["speedup"]) if "speedup" in agg and scheme != "baseline" else ""
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
+    """Speedup over baseline (with interval bars) and DLCP-relevant sync p99 against the parameter;
+    hollow markers are values where a scheme had invalid runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = list(dict.fromkeys(r["value"] for r in rows))
+    numeric = all(_is_number(v) for v in values)
+    xs = {v: (float(v) if numeric else i) for i, v in enumerate(values)}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for scheme in dict.fromkeys(r["scheme"] for r in rows):
+        pts = [r for r in rows if r["scheme"] == scheme]
+        x = [xs[r["value"]] for r in pts]
+        for ax, key in ((ax1, "speedup"), (ax2, "sync_p99_ms")):
+            y = [r[key] if r[key] is not None else float("nan") for r in pts]
+            lo = [r[key] - r[f"{key}_ci_low"] if r[f"{key}_ci_low"] is not None else 0 for r in pts]
+            hi = [r[f"{key}_ci_high"] - r[key] if r[f"{key}_ci_high"] is not None else 0 for r in pts]
+            line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=scheme)
+            bad = [(xx, yy) for xx, yy, r in zip(x, y, pts) if r["valid_runs"] < r["runs"]]
+            if bad:
+                ax.scatter(*zip(*bad), s=90, facecolors="none", edgecolors=line[0].get_color())
+    ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax1.set_ylabel("iteration speedup over baseline (x)")
+    ax2.set_ylabel("sync time p99 (ms)")
+    for ax in (ax1, ax2):
+        ax.set_xlabel(PARAMS[param].unit)
+        if not numeric:
+            ax.set_xticks(range(len(values)), values)
+        ax.legend(fontsize=8)
+    runs = rows[0]["runs"]
+    fig.suptitle(f"{base.topology}, {base.workers} workers, {base.pattern}, {base.workload}, "
+                 f"{base.capacity_pps} pps bottlenecks: {runs} run(s) per point"
+                 + (", bars: 95 % bootstrap interval" if runs >= 3 else "")
+                 + "; hollow: invalid runs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[dict]]:
+    """Run ``base`` at every value of ``param``; returns the sweep directory and the CSV rows."""
+    if param not in PARAMS:
+        raise DlcpUserError(f"unknown sweep parameter {param!r}; one of {sorted(PARAMS)}")
+    if not values:
+        raise DlcpUserError("--values needs at least one value")
+    all_opts = [options_at(base, param, v) for v in values]  # every value checked before the first run
+    out = Path(base.out).resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{param}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps({"param": param, "values": values, "base": asdict(base)}, indent=2))
+    rows: list[dict] = []
+    for value, opts in zip(values, all_opts):
+        run_dir, results = run(replace(opts, out=str(out)))
+        rows += rows_of(param, value, results, run_dir)
+        write_csv(out / "sweep.csv", rows)  # after every value: a long sweep that stops keeps what it has
+    plot(out / "sweep.png", rows, param, base)
+    return out, rows
+
+
+CALIBRATION_CAPACITIES = (500, 700, 1000, 1500, 2000, 3000, 4000, 6000)
+
+
+def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACITIES,
+              iterations: int = 5) -> tuple[int | None, list[dict]]:
+    """The largest of ``capacities`` (packets/s) at which every scheme's short run is valid.
+
+    Starts at the candidate nearest ``base.capacity_pps`` and walks up while runs stay valid,
+    or down until they become valid, so it usually needs two or three runs. Returns None when
+    none is valid, and the trials (capacity, valid, reasons, run directory)."""
+    caps = sorted(capacities)
+    i = min(range(len(caps)), key=lambda k: abs(caps[k] - base.capacity_pps))
+    trials: list[dict] = []
+    verdicts: dict[int, bool] = {}
+    while 0 <= i < len(caps) and caps[i] not in verdicts:
+        opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
+        opts.validate()
+        run_dir, results = run(opts)
+        reasons = [f"{s['scheme']}: {r}" for s in results["schemes"] for r in (s.get("validity") or {}).get("reasons", [])]
+        trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons, "run_dir": str(run_dir)})
+        verdicts[caps[i]] = not reasons
+        i += 1 if not reasons else -1
+    valid = [c for c, ok in verdicts.items() if ok]
+    return (max(valid) if valid else None), trials

@@ -51,7 +51,7 @@ import termios
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 _ECT0 = 0b10  # ECN-capable transport codepoint in the IP TOS byte
 _CE = 0b11  # congestion experienced
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
+CTL_WRITE_LIMIT = 4 << 20  # bytes queued on a control connection before its peer counts as not reading
 MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
 IDLE_TICK = 0.05  # control-loop period of an endpoint with no message in flight (s)
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
@@ -82,17 +83,67 @@ SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 
 
 class _Conn:
-    """One control connection: a socket, a write lock, and a read buffer."""
+    """One control connection: a socket, a read buffer, and a bounded queue of frames that its
+    own writer thread sends.
 
-    def __init__(self, sock: socket.socket, rank: int | None) -> None:
+    Why a writer per connection: a peer that stops reading fills its TCP window, and a blocking
+    send would then stall whoever sends, the control loop included, and with it every message
+    of the endpoint. Here only this connection's writer waits; :meth:`send` never blocks, and
+    refuses once more than ``CTL_WRITE_LIMIT`` bytes wait, so a dead or hostile peer costs only
+    its own messages. A send error is recorded in :attr:`error`; the control loop drops the
+    connection (it owns the selector).
+    """
+
+    def __init__(self, sock: socket.socket, rank: int | None, wake: Callable[[], None]) -> None:
         self.sock = sock
         self.rank = rank
-        self.wlock = threading.Lock()
+        self.wlock = threading.Lock()  # serialises take-records-then-send in Endpoint._flush
         self.buf = bytearray()
+        self.error: str | None = None
+        self._wake = wake
+        self._frames: deque[bytes] = deque()
+        self._pending = 0
+        self._closing = False
+        self._cv = threading.Condition()
+        self._writer = threading.Thread(target=self._write_loop, name=f"ctl-writer-{rank}", daemon=True)
+        self._writer.start()
 
-    def send(self, frame: bytes) -> None:
-        with self.wlock:
-            self.sock.sendall(frame)
+    def send(self, frame: bytes) -> bool:
+        """Queue ``frame``; False when the peer has more than CTL_WRITE_LIMIT bytes unread (or
+        the connection failed): it is not reading."""
+        with self._cv:
+            if self._closing or self.error or self._pending + len(frame) > CTL_WRITE_LIMIT:
+                return False
+            self._frames.append(frame)
+            self._pending += len(frame)
+            self._cv.notify()
+        return True
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._frames and not self._closing:
+                    self._cv.wait()
+                if not self._frames:
+                    return
+                frame = self._frames.popleft()
+            try:
+                self.sock.sendall(frame)
+            except OSError as exc:
+                self.error = f"control send failed: {exc}"
+                self._wake()
+                return
+            finally:
+                with self._cv:
+                    self._pending -= len(frame)
+                    self._cv.notify_all()
+
+    def finish(self, timeout: float) -> None:
+        """Let the writer send what is queued (for up to ``timeout`` s), then stop it."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._writer.join(timeout)
 
 
 class Endpoint:
@@ -237,6 +288,8 @@ class Endpoint:
             self._out.clear()
             self._in.clear()
             self._waiting.clear()
+        for c in list(self._all_conns):
+            c.finish(timeout=0.5)  # what is queued (last STOPs) still leaves
         for s in [*self._tx_socks.values(), *(c.sock for c in self._all_conns)]:
             s.close()
         for s in (self._udp, self._listener, self._wake_r, self._wake_w):
@@ -286,7 +339,7 @@ class Endpoint:
                 time.sleep(0.05)
                 continue
             s.settimeout(None)
-            conn = _Conn(s, rank)
+            conn = _Conn(s, rank, self._wake)
             self.stats.ctl_frames_sent += 1
             hello = wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
                                                 message_id=_HELLO, sender_rank=self.rank),
@@ -352,16 +405,15 @@ class Endpoint:
             if not records:
                 return
             frame = wire.pack_records(records, self.config.job_id, self.rank)
-            try:
-                conn.sock.sendall(frame)
-            except OSError as exc:
-                failed = exc
-            else:
-                failed = None
+            sent = conn.send(frame)
+            if sent:
                 self.stats.ctl_frames_sent += 1
                 self.stats.ctl_bytes_sent += len(frame)
-        if failed is not None:
-            self._peer_failed(rank, f"control send failed: {failed}")
+        if not sent:
+            why = conn.error or f"did not read its control connection ({CTL_WRITE_LIMIT >> 20} MB queued for it)"
+            conn.error = conn.error or why  # the control loop closes it, which also ends its writer
+            self._wake()
+            self._peer_failed(rank, why)
 
     def _flush_all(self, connect: bool = True) -> None:
         with self._ob_lock:
@@ -1044,6 +1096,8 @@ class Endpoint:
                     self._accept()
                 else:
                     self._read(key.data)
+            for conn in [c for c in self._all_conns if c.error]:
+                self._drop_conn(conn, conn.error)
             now = time.monotonic()
             if now >= next_timer:
                 try:
@@ -1060,7 +1114,7 @@ class Endpoint:
             return
         s.setblocking(True)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(s, None)
+        conn = _Conn(s, None, self._wake)
         with self._lock:
             self._all_conns.append(conn)
         self._sel.register(s, selectors.EVENT_READ, conn)
@@ -1119,6 +1173,7 @@ class Endpoint:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+        conn.finish(timeout=0)  # its writer stops; the close below ends a send in progress
         conn.sock.close()
         with self._lock:
             if conn in self._all_conns:

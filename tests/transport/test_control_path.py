@@ -189,3 +189,54 @@ def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints
     np.testing.assert_array_equal(got.data, x)
     assert s.wait(10).retransmissions == 0
     assert eps[1].endpoint_stats()["reassembly"]["rejected"].get("unknown_message", 0) >= 200 - 64
+
+
+def test_a_peer_that_stops_reading_costs_only_its_own_messages():
+    """Rank 2 accepts the control connection and never reads it. Rank 0 floods it with
+    announcements (more than its TCP window and the write limit). Sending never blocks rank 0:
+    the flood returns, rank 2 is declared failed (its connection is not read: the message in
+    flight to it fails with that reason), and rank 0's messages to rank 1 complete as usual
+    meanwhile."""
+    import threading
+
+    from hostagent.messages import PeerFailed
+    from hostagent.transport import CTL_WRITE_LIMIT, Endpoint, TransportConfig
+    from tests.conftest import loopback_peers
+
+    peers = loopback_peers(3)
+    mute = socket.socket()
+    mute.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    mute.bind((peers[2].host, peers[2].control_port))
+    mute.listen(4)
+    held = []
+    threading.Thread(target=lambda: held.append(mute.accept()), daemon=True).start()
+    a, b = (Endpoint(TransportConfig(rank=r, peers=peers, policy=Policy(loss_bound_push=0.0))).start() for r in (0, 1))
+    try:
+        flooded = threading.Event()
+
+        def flood() -> None:
+            try:
+                for i in range(2 * CTL_WRITE_LIMIT // 40):
+                    a.announce(2, (100_000 + i) % (1 << 22), 1_000_000, np.float32, 0.0)
+            except PeerFailed:
+                pass  # also fine: what matters is that it returns
+            flooded.set()
+
+        doomed = a.send(2, _grad(1000), 9)  # in flight to rank 2 when it turns out not to read
+        threading.Thread(target=flood, daemon=True).start()
+        t0 = time.monotonic()
+        for i in range(5):  # meanwhile, rank 0 and rank 1 go on
+            x = _grad(100_000, i)
+            h = b.recv(0, i)
+            a.send(1, x, i).wait(10)
+            np.testing.assert_array_equal(h.wait(10).data, x)
+        assert time.monotonic() - t0 < 10
+        assert flooded.wait(30), "announcing to a peer that does not read blocked the caller"
+        with pytest.raises(PeerFailed, match="not read"):
+            doomed.wait(10)
+    finally:
+        a.close()
+        b.close()
+        mute.close()
+        for conn, _ in held:
+            conn.close()

@@ -109,14 +109,21 @@ def _valid(s: dict) -> bool:
 
 def aggregate(results: dict) -> dict[str, dict]:
     """Per scheme: medians over its runs with bootstrap intervals, the paired speedup against
-    baseline (when it ran) and its verdict, and how many runs were valid."""
+    baseline (when it ran) and its verdict, and how many runs were valid.
+
+    Only valid runs count when a scheme has any (``basis`` says which): an invalid run measured
+    the machine, not the network. The speedup pairs run r of the scheme with baseline's run r,
+    both valid; the same fallback applies."""
     names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
-    base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in _runs(results, "baseline")}
+    base_runs = _runs(results, "baseline")
+    base_ok = [s for s in base_runs if _valid(s)] or base_runs
+    base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in base_ok}
     out = {}
     for name in names:
-        runs = _runs(results, name)
-        if not runs:
+        every = _runs(results, name)
+        if not every:
             continue
+        runs = [r for r in every if _valid(r)] or every
         m = [r["metrics"] for r in runs]
 
         def est(key: str) -> Estimate:
@@ -132,11 +139,12 @@ def aggregate(results: dict) -> dict[str, dict]:
             mine = [r["metrics"]["iteration_p50_ms"] for r in runs if r.get("repeat", 0) in base]
             ref = [base[r.get("repeat", 0)] for r in runs if r.get("repeat", 0) in base]
             row["speedup"] = median_ci(paired_ratios(ref, mine))
-        row["valid_runs"] = sum(_valid(r) for r in runs)
-        row["runs"] = len(runs)
-        row["e_flags"] = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in runs
+        row["valid_runs"] = sum(_valid(r) for r in every)
+        row["runs"] = len(every)
+        row["basis"] = "valid runs" if any(_valid(r) for r in every) else "all runs (none valid)"
+        row["e_flags"] = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in every
                           if r["metrics"]["ordering_efficiency_detail"]["flag"]]
-        row["cross"] = [r["cross"] for r in runs if r.get("cross")]
+        row["cross"] = [r["cross"] for r in every if r.get("cross")]
         out[name] = row
     return out
 
@@ -164,7 +172,8 @@ def summary(results: dict) -> str:
         cells = "".join(f"{r[key].text(f) if key in r else '-':>{width}}" for _, key, f in cols)
         e = r["ordering_efficiency"]
         e_text = f"{e.median:.2f}" if not math.isnan(e.median) else ("flag" if r["e_flags"] else "-")
-        flag = "" if r["valid_runs"] == r["runs"] else "  INVALID"
+        flag = ("" if r["valid_runs"] == r["runs"] else "  INVALID: no valid run" if not r["valid_runs"]
+                else f"  ({r['runs'] - r['valid_runs']} invalid run(s) left out)")
         line = (f"{name:<10}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['lost_fraction_mean'].median:>8.2%}"
                 f"{r['retransmissions'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
                 f"{r['tail_drops'].median:>6.0f}{r['messages_per_iteration'].median:>6.0f}"
@@ -172,7 +181,7 @@ def summary(results: dict) -> str:
         if acc:
             line += f"{r['accuracy'].median:>8.4f}"
         lines.append(line + flag)
-    lines.append("medians over runs" + (" [95 % bootstrap interval]" if repeated else "")
+    lines.append("medians over valid runs" + (" [95 % bootstrap interval]" if repeated else "")
                  + "; speedup = baseline's iteration p50 / the scheme's, paired by run; sync/bound = sync p50 / "
                  "line-rate bound; msgs, ctl: messages and control frames per worker per iteration")
     for name, r in agg.items():
@@ -230,53 +239,76 @@ def cross_lines(results: dict) -> list[str]:
     return out
 
 
+def describe(results: dict) -> str:
+    """What was run, for plot titles."""
+    c = results.get("config", {})
+    runs = max((s.get("repeat", 0) for s in results["schemes"]), default=0) + 1
+    cross = f"cross traffic {c.get('cross_rate', 0):g}x" if c.get("cross_traffic") else "no cross traffic"
+    return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, {c.get('pattern', '')}, "
+            f"{c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; {runs} run(s) per scheme")
+
+
 def plots(run_dir: Path, results: dict) -> list[Path]:
+    """Sync-time CDF (all runs of a scheme pooled), slowest worker's time per iteration (median
+    over runs, bars min..max), selective drops per class (median over runs, bars min..max)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    title = describe(results)
+    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+    runs_of = {n: [s for s in results["schemes"] if s["scheme"] == n] for n in names}
     made = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in results["schemes"]:
-        sync = np.sort([1e3 * r["sync_time"] for r in s["iterations"] if r.get("kind") == "measured"])
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for n in names:
+        sync = np.sort([1e3 * r["sync_time"] for s in runs_of[n] for r in s["iterations"] if r.get("kind") == "measured"])
         if len(sync):
-            ax.step(sync, np.arange(1, len(sync) + 1) / len(sync), where="post", label=s["scheme"])
+            ax.step(sync, np.arange(1, len(sync) + 1) / len(sync), where="post", label=n)
     ax.set_xlabel("sync time (ms)")
-    ax.set_ylabel("CDF")
-    ax.set_title("Sync time per scheme")
+    ax.set_ylabel("CDF (iterations x workers, runs pooled)")
+    ax.set_title(f"Sync time: {title}", fontsize=8)
     ax.legend()
     fig.tight_layout()
     made.append(run_dir / "sync_cdf.png")
     fig.savefig(made[-1])
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in results["schemes"]:
-        by_it: dict[int, list[float]] = {}
-        for r in s["iterations"]:
-            if r.get("kind") == "measured":
-                by_it.setdefault(r["iteration"], []).append(1e3 * r["iteration_time"])
-        its = sorted(by_it)
-        ax.plot(its, [max(by_it[i]) for i in its], marker="o", label=s["scheme"])
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for n in names:
+        per_it: dict[int, list[float]] = {}
+        for s in runs_of[n]:
+            by_it: dict[int, list[float]] = {}
+            for r in s["iterations"]:
+                if r.get("kind") == "measured":
+                    by_it.setdefault(r["iteration"], []).append(1e3 * r["iteration_time"])
+            for i, v in by_it.items():
+                per_it.setdefault(i, []).append(max(v))
+        its = sorted(per_it)
+        med = [float(np.median(per_it[i])) for i in its]
+        err = [[m - min(per_it[i]) for m, i in zip(med, its)], [max(per_it[i]) - m for m, i in zip(med, its)]]
+        ax.errorbar(its, med, yerr=err if len(runs_of[n]) > 1 else None, marker="o", capsize=3, label=n)
     ax.set_xlabel("iteration")
     ax.set_ylabel("iteration time, slowest worker (ms)")
-    ax.set_title("Time per iteration")
+    ax.set_title(f"Time per iteration: {title}", fontsize=8)
     ax.legend()
     fig.tight_layout()
     made.append(run_dir / "iteration_time.png")
     fig.savefig(made[-1])
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    names = [s["scheme"] for s in results["schemes"]]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     width = 0.8 / max(1, len(names))
-    for i, s in enumerate(results["schemes"]):
-        counts = s.get("metrics", {}).get("switch_selective_drops_by_class", {})
-        ax.bar([c + i * width for c in range(4)], [counts.get(str(c), 0) for c in range(4)], width, label=s["scheme"])
+    for i, n in enumerate(names):
+        counts = [[s.get("metrics", {}).get("switch_selective_drops_by_class", {}).get(str(c), 0) for s in runs_of[n]]
+                  for c in range(4)]
+        med = [float(np.median(v)) for v in counts]
+        err = [[m - min(v) for m, v in zip(med, counts)], [max(v) - m for m, v in zip(med, counts)]]
+        ax.bar([c + i * width for c in range(4)], med, width, yerr=err if len(runs_of[n]) > 1 else None, capsize=3,
+               label=n)
     ax.set_xticks([c + width * (len(names) - 1) / 2 for c in range(4)], [f"class {c}" for c in range(4)])
-    ax.set_ylabel("packets dropped selectively (all switches)")
-    ax.set_title("Switch drops per drop class")
+    ax.set_ylabel("packets dropped selectively per run (all switches)")
+    ax.set_title(f"Switch drops per drop class: {title}", fontsize=8)
     ax.legend()
     fig.tight_layout()
     made.append(run_dir / "drops_per_class.png")
@@ -309,8 +341,7 @@ def breakdown_plot(path: Path, results: dict) -> Path | None:
         ax.bar(list(means), vals, bottom=bottom, label=part.replace("_", " "))
         bottom += vals
     ax.set_ylabel("time per iteration and worker (ms, mean)")
-    runs = max(s.get("repeat", 0) for s in results["schemes"]) + 1
-    ax.set_title(f"Where the time goes: {results.get('topology', '')}, {runs} run(s) per scheme", fontsize=9)
+    ax.set_title(f"Where the time goes: {describe(results)}", fontsize=8)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)

@@ -71,7 +71,7 @@ def paired_ratios(reference: Sequence[float], other: Sequence[float]) -> list[fl
 def verdict(speedup: Estimate) -> str:
     """What a speedup interval allows us to say."""
     if speedup.low is None:
-        return "too few runs for an interval (use --repeat >= 3)"
+        return "too few (valid) runs for an interval (use --repeat >= 3)"
     if speedup.low > 1.0:
         return "faster"
     if speedup.high < 1.0:

@@ -2,8 +2,9 @@
 
 A sweep varies one parameter of :class:`~topologies.runner.RunOptions` across values, runs
 every scheme (with ``--repeat``) at each value, and writes ``sweep.csv`` (one row per value and
-scheme: medians with their 95 % intervals, the verdict, validity) and ``sweep.png`` (speedup
-over baseline with interval bars against the parameter). Each value keeps its own run
+scheme: medians with their 95 % intervals, the verdict, validity), ``sweep.md`` (the same as a
+Markdown table) and ``sweep.png`` (speedup over baseline with interval bars against the
+parameter). Each value keeps its own run
 directory, with its own results.json and summary, under the sweep's directory.
 
 Calibration answers "at which bottleneck capacity does this machine still emulate the network
@@ -91,6 +92,23 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def markdown(rows: list[dict], param: str) -> str:
+    """The sweep as a Markdown table (medians [95 % interval]), for papers and READMEs."""
+    def cell(r: dict, key: str, fmt: str) -> str:
+        if r.get(key) is None:
+            return "-"
+        ci = (f" [{fmt.format(r[key + '_ci_low'])}, {fmt.format(r[key + '_ci_high'])}]"
+              if r.get(key + "_ci_low") is not None else "")
+        return fmt.format(r[key]) + ci
+
+    head = (f"| {param} | scheme | valid | speedup | sync p50 (ms) | sync p99 (ms) | sync / bound | verdict |\n"
+            "|---|---|---|---|---|---|---|---|")
+    body = [f"| {r['value']} | {r['scheme']} | {r['valid_runs']}/{r['runs']} | {cell(r, 'speedup', '{:.2f}')} | "
+            f"{cell(r, 'sync_p50_ms', '{:.0f}')} | {cell(r, 'sync_p99_ms', '{:.0f}')} | "
+            f"{cell(r, 'sync_over_bound', '{:.1f}')} | {r['verdict']} |" for r in rows]
+    return "\n".join([head, *body]) + "\n"
+
+
 def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     """Speedup over baseline (with interval bars) and DLCP-relevant sync p99 against the parameter;
     hollow markers are values where a scheme had invalid runs."""
@@ -156,6 +174,7 @@ def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[d
         rows += rows_of(param, value, results, run_dir)
         write_csv(out / "sweep.csv", rows)  # after every value: a long sweep that stops keeps what it has
     plot(out / "sweep.png", rows, param, base)
+    (out / "sweep.md").write_text(markdown(rows, param))
     return out, rows
 
 

@@ -83,8 +83,8 @@ SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 
 
 class _Conn:
-    """One control connection: a socket, a read buffer, and a bounded queue of frames that its
-    own writer thread sends.
+    """One control connection: a socket, a read buffer, and a bounded queue of the frames the
+    socket did not take at once, which its own writer thread sends.
 
     Why a writer per connection: a peer that stops reading fills its TCP window, and a blocking
     send would then stall whoever sends, the control loop included, and with it every message
@@ -103,17 +103,33 @@ class _Conn:
         self._wake = wake
         self._frames: deque[bytes] = deque()
         self._pending = 0
+        self._writing = False  # the writer is sending a frame outside the lock
         self._closing = False
         self._cv = threading.Condition()
         self._writer = threading.Thread(target=self._write_loop, name=f"ctl-writer-{rank}", daemon=True)
         self._writer.start()
 
     def send(self, frame: bytes) -> bool:
-        """Queue ``frame``; False when the peer has more than CTL_WRITE_LIMIT bytes unread (or
-        the connection failed): it is not reading."""
+        """Send ``frame``, or queue what the socket does not take at once; False when the peer
+        has more than CTL_WRITE_LIMIT bytes unread (or the connection failed): it is not reading.
+
+        With nothing queued the caller writes directly (non-blocking), so the common case costs
+        no hand-over to the writer thread; order is kept because the writer is idle then."""
         with self._cv:
             if self._closing or self.error or self._pending + len(frame) > CTL_WRITE_LIMIT:
                 return False
+            if not self._frames and not self._writing:
+                try:
+                    sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    self.error = f"control send failed: {exc}"
+                    self._wake()
+                    return False
+                if sent == len(frame):
+                    return True
+                frame = frame[sent:]
             self._frames.append(frame)
             self._pending += len(frame)
             self._cv.notify()
@@ -127,6 +143,7 @@ class _Conn:
                 if not self._frames:
                     return
                 frame = self._frames.popleft()
+                self._writing = True
             try:
                 self.sock.sendall(frame)
             except OSError as exc:
@@ -136,6 +153,7 @@ class _Conn:
             finally:
                 with self._cv:
                     self._pending -= len(frame)
+                    self._writing = False
                     self._cv.notify_all()
 
     def finish(self, timeout: float) -> None:

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 UDP_PAYLOAD = 1000
 TCP_CHUNK = 16384
@@ -451,44 +452,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..65535, got {text!r}")
-    return port
+def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` the text, and refuse it (one line) unless ``ok``."""
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
 
 
-def _rate(text: str) -> float:
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
-    if not (math.isfinite(rate) and rate > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return rate
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
-    return value
-
-
-def _dscp(text: str) -> int:
-    try:
-        dscp = int(text)
-    except ValueError:
-        dscp = -1
-    if not 0 <= dscp <= 63:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..63, got {text!r}")
-    return dscp
+_port = _checked(int, lambda v: 1 <= v <= 65535, "an integer in 1..65535")
+_rate = _checked(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+_seconds = _checked(float, lambda v: not math.isnan(v) and v >= 0, "a number of seconds >= 0")
+_dscp = _checked(int, lambda v: 0 <= v <= 63, "an integer in 0..63")
 
 
 def _host(text: str) -> str:

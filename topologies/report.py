@@ -41,7 +41,10 @@ def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
     """E with its inputs, or a flag saying why there is no E (pure; seconds in, dict out)."""
     out = {"comm_s": comm, "comp_s": comp, "iteration_s": u, "value": None, "flag": None}
     cost_max, cost_min = comm + comp, max(comm, comp)
-    if math.isnan(comm) or cost_max <= cost_min:
+    if math.isnan(comm):
+        out["flag"] = "not measured: no communication-only iterations (real training has none)"
+        return out
+    if cost_max <= cost_min:
         out["flag"] = "undefined: needs both a communication and a compute time"
         return out
     e = (cost_max - u) / (cost_max - cost_min)
@@ -142,8 +145,8 @@ def aggregate(results: dict) -> dict[str, dict]:
         row["valid_runs"] = sum(_valid(r) for r in every)
         row["runs"] = len(every)
         row["basis"] = "valid runs" if any(_valid(r) for r in every) else "all runs (none valid)"
-        row["e_flags"] = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in every
-                          if r["metrics"]["ordering_efficiency_detail"]["flag"]]
+        flags = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in every]
+        row["e_flags"] = [f for f in flags if f and not f.startswith("not measured")]
         row["cross"] = [r["cross"] for r in every if r.get("cross")]
         out[name] = row
     return out
@@ -193,7 +196,7 @@ def summary(results: dict) -> str:
         if v and not v.get("valid", True):
             lines.append(f"INVALID {tag}: " + "; ".join(v.get("reasons", [])))
         flag = (s.get("metrics") or {}).get("ordering_efficiency_detail", {}).get("flag")
-        if flag:
+        if flag and not flag.startswith("not measured"):
             lines.append(f"E of {tag}: {flag}")
     parts = breakdown_lines(results)
     if parts:

@@ -19,7 +19,8 @@ def test_e_outside_0_1_is_flagged_with_the_reason_not_reported():
     below = ordering_efficiency(comm=0.4, comp=0.5, u=1.2)
     assert above["value"] is None and "overstated" in above["flag"] and math.isclose(above["raw"], 1.125)
     assert below["value"] is None and "worse than no overlap" in below["flag"]
-    assert "undefined" in ordering_efficiency(float("nan"), 0.5, 0.6)["flag"]
+    assert "not measured" in ordering_efficiency(float("nan"), 0.5, 0.6)["flag"]
+    assert "undefined" in ordering_efficiency(0.4, 0.0, 0.6)["flag"]
 
 
 def test_median_ci_needs_three_runs_and_brackets_the_median():

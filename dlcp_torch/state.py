@@ -14,16 +14,18 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
 from hostagent.exchange import PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 from hostagent.transport import Endpoint
+
+if TYPE_CHECKING:  # torch is imported where it is used: a testbed agent exchanging numpy arrays never loads it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +237,8 @@ class DLCPState:
         else:
             for i, t in enumerate(tensors):
                 data = ep.recv(root, message_id(0, i, BROADCAST_STEP)).wait(deadline).data
+                import torch
+
                 with torch.no_grad():
                     t.copy_(torch.from_numpy(data).reshape(t.shape))
 

@@ -75,3 +75,10 @@ def test_packages_depend_downward_only():
                     continue
                 found += [f"{pkg}/{f.name} imports {n}" for n in names if n.split(".")[0] in forbidden]
     assert found == []
+
+
+def test_a_testbed_agent_for_synthetic_gradients_does_not_load_torch():
+    """Nine agents start per scheme on two cores: importing torch (about 2.5 s of CPU each) only
+    where real training needs it keeps the start of every run short."""
+    code = "import sys, topologies.agent, dlcp_torch.state; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

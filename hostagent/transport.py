@@ -14,7 +14,13 @@ moment travel together in one frame (BATCH). Three threads do the I/O:
   :class:`~hostagent.reassembly.Reassembler`, and measures what it can drain while behind.
 * **ctl** reads control frames from every peer, runs the timers (answers to the end of a
   pass, idle completion, probes, deadlines, feedback) and flushes every peer's queued records
-  about once a millisecond. It never opens a connection, so a dead peer cannot stall it.
+  about once a millisecond while messages are in flight (every 50 ms when idle; send and recv
+  wake it). It never opens a connection and never blocks on one: a frame goes out directly
+  when the socket takes it, otherwise through that connection's own writer thread and a
+  bounded queue, so a dead or non-reading peer cannot stall it.
+
+Every finished message's figures, with monotonic times, stay in :attr:`Endpoint.message_log`
+(the testbed's time breakdown reads them).
 
 The protocol for one message, sender S to receiver R:
 

@@ -1202,10 +1202,16 @@ class Endpoint:
         with self._lock:
             if conn in self._all_conns:
                 self._all_conns.remove(conn)
-            if conn.rank is not None and self._conns.get(conn.rank) is conn:
+            primary = conn.rank is not None and self._conns.get(conn.rank) is conn
+            if primary:
                 del self._conns[conn.rank]
-        if conn.rank is not None and self._running:
+        # Only the connection the endpoint uses for a rank speaks for it: another one that
+        # merely claimed the rank (a stale duplicate, or a stranger's) closing must not fail
+        # the real peer's messages. (Authenticating connections is the full answer.)
+        if primary and self._running:
             self._peer_failed(conn.rank, why)
+        elif conn.rank is not None:
+            log.info("rank %d: a second control connection claiming rank %d %s", self.rank, conn.rank, why)
 
     def _peer_failed(self, rank: int, why: str) -> None:
         peer = self.config.peer(rank)

@@ -240,3 +240,26 @@ def test_a_peer_that_stops_reading_costs_only_its_own_messages():
         mute.close()
         for conn, _ in held:
             conn.close()
+
+
+def test_a_stranger_claiming_a_ranks_connection_cannot_fail_its_messages(endpoints):
+    """One well-formed frame on a new connection that claims to be rank 0, then a close: the
+    real rank 0's message in flight still completes (before, every in-flight message from rank
+    0 failed with PeerFailed)."""
+    from hostagent import wire
+
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    a.connect([1])
+    deadline = time.monotonic() + 5
+    while 0 not in b._conns and time.monotonic() < deadline:  # b has heard rank 0's hello
+        time.sleep(0.01)
+    h = b.recv(0, 1)
+    peer = b.config.peer(1)
+    with socket.create_connection((peer.host, peer.control_port)) as fake:
+        fake.sendall(wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=b.config.job_id,
+                                                 message_id=999, sender_rank=0), wire.FEEDBACK_BODY.pack(0, 0, 0, 0)))
+        time.sleep(0.2)
+    time.sleep(0.2)  # b has seen the close
+    x = _grad(20_000)
+    a.send(1, x, 1).wait(10)
+    np.testing.assert_array_equal(h.wait(10).data, x)

@@ -137,6 +137,9 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
         if len(win) < 2:
             return Validity(False, reasons, float("nan"), float("nan"), {}, [], t1 - t0, len(win))
     busy = machine_busy(win)
+    if len(busy) == 0:
+        return Validity(False, reasons + ["no CPU interval could be measured"], float("nan"), float("nan"), {}, [],
+                        t1 - t0, len(win))
     p50, p90 = float(np.median(busy)), float(np.percentile(busy, 90))
     if p50 >= rules.machine_busy_max:
         reasons.append(f"machine saturated: median CPU {p50:.0f} % of all cores >= {rules.machine_busy_max:.0f} %")

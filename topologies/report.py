@@ -207,15 +207,20 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
-def breakdown_lines(results: dict) -> list[str]:
-    out = []
+def breakdown_means(results: dict) -> dict[str, dict[str, float]]:
+    """Per scheme: the mean of each part of the time breakdown (ms) over its runs."""
+    means = {}
     for name in dict.fromkeys(s["scheme"] for s in results["schemes"]):
         rows = [s["metrics"]["breakdown_ms"] for s in results["schemes"]
                 if s["scheme"] == name and "breakdown_ms" in s.get("metrics", {})]
         if rows:
-            mean = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
-            out.append(f"  {name:<10}" + "  ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in mean.items()))
-    return out
+            means[name] = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
+    return means
+
+
+def breakdown_lines(results: dict) -> list[str]:
+    return [f"  {name:<10}" + "  ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in mean.items())
+            for name, mean in breakdown_means(results).items()]
 
 
 def cross_lines(results: dict) -> list[str]:
@@ -328,13 +333,7 @@ def breakdown_plot(path: Path, results: dict) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
-    means = {}
-    for name in names:
-        rows = [s["metrics"]["breakdown_ms"] for s in results["schemes"]
-                if s["scheme"] == name and "breakdown_ms" in s.get("metrics", {})]
-        if rows:
-            means[name] = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
+    means = breakdown_means(results)
     if not means:
         return None
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(means), 4.2))

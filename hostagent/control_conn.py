@@ -1,9 +1,10 @@
-"""One control connection and its writer thread (the control path's I/O primitive)."""
+"""One control connection: its handshake state and its writer (the control path's I/O primitive)."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import deque
 from typing import Callable
 
@@ -20,12 +21,27 @@ class ControlConn:
     of the endpoint. Here only this connection's writer waits; :meth:`send` never blocks, and
     refuses once more than ``CTL_WRITE_LIMIT`` bytes wait, so a dead or hostile peer costs only
     its own messages. A send error is recorded in :attr:`error`; the control loop drops the
-    connection (it owns the selector).
+    connection (it owns the selector). The writer thread starts only when a frame first has to
+    wait, so a connection that never gets that far (a stranger's) costs no thread.
+
+    Handshake state (:mod:`hostagent.auth`): ``rank`` is who the peer claims to be (or whom we
+    called); nothing but HELLO records is accepted until :attr:`authenticated`, which is when
+    :attr:`settled` is set; a failed handshake sets it too, with :attr:`error`.
     """
 
-    def __init__(self, sock: socket.socket, rank: int | None, wake: Callable[[], None]) -> None:
+    def __init__(self, sock: socket.socket, rank: int | None, wake: Callable[[], None], initiator: bool = False,
+                 peer_ip: str = "") -> None:
         self.sock = sock
         self.rank = rank
+        self.initiator = initiator
+        self.peer_ip = peer_ip
+        self.opened_at = time.monotonic()
+        self.step = 0  # last handshake step seen or sent
+        self.nonce_i = b""
+        self.nonce_a = b""
+        self.authenticated = False
+        self.auth_failed = False  # the peer answered with a wrong proof (a wrong secret; not retried)
+        self.settled = threading.Event()
         self.wlock = threading.Lock()  # serialises take-records-then-send in Endpoint._flush
         self.buf = bytearray()
         self.error: str | None = None
@@ -35,8 +51,7 @@ class ControlConn:
         self._writing = False  # the writer is sending a frame outside the lock
         self._closing = False
         self._cv = threading.Condition()
-        self._writer = threading.Thread(target=self._write_loop, name=f"ctl-writer-{rank}", daemon=True)
-        self._writer.start()
+        self._writer: threading.Thread | None = None
 
     def send(self, frame: bytes) -> bool:
         """Send ``frame``, or queue what the socket does not take at once; False when the peer
@@ -61,6 +76,9 @@ class ControlConn:
                 frame = frame[sent:]
             self._frames.append(frame)
             self._pending += len(frame)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name=f"ctl-writer-{self.rank}", daemon=True)
+                self._writer.start()
             self._cv.notify()
         return True
 
@@ -90,4 +108,12 @@ class ControlConn:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._writer.join(timeout)
+            writer = self._writer
+        if writer is not None:
+            writer.join(timeout)
+
+    def fail(self, why: str) -> None:
+        """Mark the connection failed (the control loop closes it) and release its waiters."""
+        self.error = self.error or why
+        self.settled.set()
+        self._wake()

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from hostagent import wire
+from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.messages import InMessage, OutMessage, PeerFailed, PeerUnreachable, TransportClosed, TransportError, TransportTimeout
 from hostagent.policy import retransmission_set
@@ -31,6 +31,15 @@ log = logging.getLogger("hostagent.transport")
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
 IDLE_TICK = 0.05  # control-loop period of an endpoint with no message in flight (s)
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
+MAX_PENDING_HANDSHAKES = 64  # accepted connections still in their handshake; past it the oldest goes
+
+
+class _Rejected(Exception):
+    """A control connection broke the rules; ``reason`` is the counter it goes under."""
+
+    def __init__(self, reason: str, why: str) -> None:
+        super().__init__(why)
+        self.reason, self.why = reason, why
 
 
 class ControlPath:
@@ -49,44 +58,74 @@ class ControlPath:
             self._conn_to(rank, deadline)
 
     def _conn_to(self, rank: int, deadline: float | None = None) -> ControlConn:
+        """The authenticated control connection to ``rank``, opening one (and running the
+        handshake of :mod:`hostagent.auth`) if there is none; application threads only.
+
+        Raises:
+            PeerUnreachable: no connection within the deadline, or the peer failed the handshake
+                (a wrong secret is not retried: it will not fix itself).
+        """
         with self._lock:
             conn = self._conns.get(rank)
+            dialing = self._dialing.get(rank)
         if conn is not None:
             return conn
         peer = self.config.peer(rank)
         deadline = time.monotonic() + self.config.connect_timeout if deadline is None else deadline
-        last: OSError | None = None
+        if dialing is not None:  # another thread is opening it: wait for its outcome
+            dialing.settled.wait(max(0.0, deadline - time.monotonic()))
+            if dialing.authenticated:
+                return dialing
+        last: str = "no attempt"
         while time.monotonic() < deadline:
             if not self._running:
                 raise TransportClosed(f"endpoint rank {self.rank} closed")
+            with self._lock:
+                conn = self._conns.get(rank)
+            if conn is not None:  # the peer opened one to us meanwhile
+                return conn
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.policy.dscp[self.policy.top_priority] << 2)
             s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
             try:
+                if self.me.host not in ("", "0.0.0.0"):
+                    s.bind((self.me.host, 0))  # leave from our configured address: the peer checks it
                 s.connect((peer.host, peer.control_port))
             except OSError as exc:
                 s.close()
-                last = exc
+                last = str(exc)
                 time.sleep(0.05)
                 continue
             s.settimeout(None)
-            conn = ControlConn(s, rank, self._wake)
-            self.stats.ctl_frames_sent += 1
-            hello = wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
-                                                message_id=_HELLO, sender_rank=self.rank),
-                                    wire.FEEDBACK_BODY.pack(0, 0, 0, self._drain_share_kBps()))
-            conn.send(hello)
+            conn = ControlConn(s, rank, self._wake, initiator=True, peer_ip=peer.host)
+            conn.nonce_i, conn.step = auth.new_nonce(), auth.STEP_HELLO
             with self._lock:
-                existing = self._conns.get(rank)
-                if existing is None:
-                    self._conns[rank] = conn
+                self._dialing[rank] = conn
                 self._all_conns.append(conn)
                 self._sel.register(s, selectors.EVENT_READ, conn)
+            self._send_hello(conn, auth.STEP_HELLO, nonce=conn.nonce_i)
             self._wake()
-            return existing or conn
+            conn.settled.wait(max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                if self._dialing.get(rank) is conn:
+                    del self._dialing[rank]
+            if conn.authenticated:
+                # Tell the peer at once what we can drain, so its first data is no faster.
+                self.stats.ctl_frames_sent += 1
+                conn.send(wire.pack_frame(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id,
+                                                      message_id=_HELLO, sender_rank=self.rank),
+                                          wire.FEEDBACK_BODY.pack(0, 0, 0, self._drain_share_kBps())))
+                with self._lock:
+                    return self._conns.get(rank, conn)
+            conn.fail("handshake timed out")
+            last = conn.error or "handshake failed"
+            if conn.auth_failed:
+                raise PeerUnreachable(f"rank {self.rank}: peer rank {rank} at {peer.host}:{peer.control_port} "
+                                      f"{last}")
+            time.sleep(0.05)
         raise PeerUnreachable(f"rank {self.rank}: peer rank {rank} at {peer.host}:{peer.control_port} did not "
-                              f"accept a control connection within the timeout ({last})")
+                              f"complete a control connection within the timeout ({last})")
 
     def _queue_ctl(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
                    flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
@@ -182,6 +221,9 @@ class ControlPath:
             for conn in [c for c in self._all_conns if c.error]:
                 self._drop_conn(conn, conn.error)
             now = time.monotonic()
+            for conn in [c for c in self._all_conns if not c.authenticated and not c.initiator
+                         and now - c.opened_at > self.config.connect_timeout]:
+                self._reject(conn, "handshake_timeout", "did not complete the handshake in time")
             if now >= next_timer:
                 try:
                     self._timers(now)
@@ -192,14 +234,24 @@ class ControlPath:
 
     def _accept(self) -> None:
         try:
-            s, _ = self._listener.accept()
+            s, addr = self._listener.accept()
         except OSError:
+            return
+        ip = addr[0] if addr else ""
+        if not self._address_ok(None, ip):  # from no configured peer's address: not even a handshake
+            self.stats.ctl_rejected["wrong_address"] += 1
+            log.info("rank %d: control connection from %s refused: no configured peer has that address", self.rank, ip)
+            s.close()
             return
         s.setblocking(True)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = ControlConn(s, None, self._wake)
+        conn = ControlConn(s, None, self._wake, peer_ip=ip)
         with self._lock:
+            pending = [c for c in self._all_conns if not c.initiator and not c.authenticated and not c.error]
             self._all_conns.append(conn)
+        if len(pending) >= MAX_PENDING_HANDSHAKES:  # a flood of connections: the oldest go first
+            pending[0].fail("too many connections awaiting a handshake")
+            self.stats.ctl_rejected["too_many_pending"] += 1
         self._sel.register(s, selectors.EVENT_READ, conn)
 
     def _read(self, conn: ControlConn) -> None:
@@ -211,10 +263,12 @@ class ControlPath:
             self._drop_conn(conn, "closed the control connection")
             return
         conn.buf += chunk
-        while len(conn.buf) >= wire.FRAME_PREFIX.size:
+        # Before the handshake, only a HELLO frame is possible: a stranger cannot make us hold more.
+        largest = wire.MAX_FRAME if conn.authenticated else wire.HEADER_SIZE + wire.HELLO_BODY.size
+        while len(conn.buf) >= wire.FRAME_PREFIX.size and not conn.error:
             (size,) = wire.FRAME_PREFIX.unpack_from(conn.buf)
-            if not wire.HEADER_SIZE <= size <= wire.MAX_FRAME:
-                self._drop_conn(conn, f"sent a control frame of {size} bytes")
+            if not wire.HEADER_SIZE <= size <= largest:
+                self._reject(conn, "malformed", f"sent a control frame of {size} bytes")
                 return
             if len(conn.buf) < wire.FRAME_PREFIX.size + size:
                 break
@@ -237,21 +291,141 @@ class ControlPath:
                         raise wire.MalformedHeader("wrong_sender", f"rank {header.sender_rank} on the connection "
                                                    f"of rank {conn.rank}")
             except ValueError as exc:
-                self._drop_conn(conn, f"sent a malformed control frame ({exc})")
+                self._reject(conn, "malformed", f"sent a malformed control frame ({exc})")
                 return
-            if conn.rank is None:
-                conn.rank = records[0][0].sender_rank
-                with self._lock:
-                    self._conns.setdefault(conn.rank, conn)
             for header, body in records:
                 self.stats.ctl_records_received[header.ptype.name] += 1
+                if header.ptype == wire.PacketType.HELLO or not conn.authenticated:
+                    # Nothing but the handshake before it completes: without the secret, a
+                    # frame never reaches a message.
+                    try:
+                        self._on_hello(conn, header, body)
+                    except _Rejected as rej:
+                        self._reject(conn, rej.reason, rej.why)
+                        return
+                    continue
                 try:
                     self._on_frame(header, body)
                 except Exception:  # a bad frame must not kill the control thread
                     log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
                                   header.sender_rank)
 
+    # ------------------------------------------------------------------ handshake
+    def _on_hello(self, conn: ControlConn, h: wire.Header, body: bytes) -> None:
+        """One step of the handshake of :mod:`hostagent.auth` on ``conn``.
+
+        Raises:
+            _Rejected: anything out of order, from the wrong address, or with a wrong proof.
+        """
+        if h.ptype != wire.PacketType.HELLO:
+            raise _Rejected("unauthenticated", f"sent {h.ptype.name} before completing the handshake")
+        if conn.authenticated:
+            raise _Rejected("bad_handshake", "sent a HELLO after the handshake")
+        if len(body) != wire.HELLO_BODY.size:
+            raise _Rejected("bad_handshake", f"sent a HELLO of {len(body)} bytes")
+        step, nonce, proof, key = wire.HELLO_BODY.unpack(body)
+        cfg, rank = self.config, h.sender_rank
+        if not conn.initiator:
+            if step == auth.STEP_HELLO and conn.step == 0:
+                if rank == self.rank:
+                    raise _Rejected("unknown_rank", f"claimed to be this endpoint's own rank {rank}")
+                if not self._address_ok(rank, conn.peer_ip):
+                    raise _Rejected("wrong_address", f"claimed rank {rank} from {conn.peer_ip}, not from "
+                                    f"{cfg.peer(rank).host}")
+                conn.rank, conn.nonce_i, conn.nonce_a, conn.step = rank, nonce, auth.new_nonce(), auth.STEP_CHALLENGE
+                self._send_hello(conn, auth.STEP_CHALLENGE, nonce=conn.nonce_a,
+                                 proof=auth.proof(cfg.secret, "accept", cfg.job_id, rank, self.rank, conn.nonce_i,
+                                                  conn.nonce_a))
+            elif step == auth.STEP_RESPONSE and conn.step == auth.STEP_CHALLENGE:
+                if not auth.proof_ok(cfg.secret, proof, "initiate", cfg.job_id, rank, self.rank, conn.nonce_i,
+                                     conn.nonce_a):
+                    raise _Rejected("bad_proof", f"claimed rank {rank} without proving the job secret")
+                conn.step = auth.STEP_KEY
+                self._tx_keys[rank] = key
+                self._authenticated(conn)  # before the key leaves: data may follow it at once
+                self._send_hello(conn, auth.STEP_KEY, key=self._rx_key(rank))
+            else:
+                raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
+            return
+        if step == auth.STEP_CHALLENGE and conn.step == auth.STEP_HELLO:
+            if not auth.proof_ok(cfg.secret, proof, "accept", cfg.job_id, self.rank, rank, conn.nonce_i, nonce):
+                conn.auth_failed = True
+                raise _Rejected("bad_proof", "did not prove the job secret (is the secret the same on every rank?)")
+            conn.nonce_a, conn.step = nonce, auth.STEP_RESPONSE
+            self._send_hello(conn, auth.STEP_RESPONSE, key=self._rx_key(rank),
+                             proof=auth.proof(cfg.secret, "initiate", cfg.job_id, self.rank, rank, conn.nonce_i,
+                                              conn.nonce_a))
+        elif step == auth.STEP_KEY and conn.step == auth.STEP_RESPONSE:
+            self._tx_keys[rank] = key
+            self._authenticated(conn)
+        else:
+            raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
+
+    def _send_hello(self, conn: ControlConn, step: int, nonce: bytes = b"", proof: bytes = b"",
+                    key: bytes = b"") -> None:
+        frame = wire.pack_frame(wire.Header(ptype=wire.PacketType.HELLO, job_id=self.config.job_id, message_id=0,
+                                            sender_rank=self.rank, priority=self.policy.top_priority),
+                                wire.HELLO_BODY.pack(step, nonce, proof, key))
+        if conn.send(frame):
+            self.stats.ctl_frames_sent += 1
+            self.stats.ctl_bytes_sent += len(frame)
+
+    def _authenticated(self, conn: ControlConn) -> None:
+        """The handshake on ``conn`` succeeded: it may carry records; the first such for a rank
+        is the one the endpoint uses (and whose loss fails the rank's messages)."""
+        conn.authenticated = True
+        with self._lock:
+            self._conns.setdefault(conn.rank, conn)
+            self._authed.add(conn.rank)
+        conn.settled.set()
+        log.debug("rank %d: control connection with rank %d authenticated", self.rank, conn.rank)
+
+    def _rx_key(self, rank: int) -> bytes:
+        """This endpoint's receive key for sender ``rank`` (drawn once, kept for its lifetime)."""
+        key = self._rx_keys.get(rank)
+        if key is None:
+            key = self._rx_keys.setdefault(rank, auth.new_key())
+        return key
+
+    def _rx_token(self, src: int, message_id: int) -> int:
+        """The token packets of message ``message_id`` from ``src`` must carry to be accepted."""
+        return auth.message_token(self._rx_key(src), self.config.job_id, src, message_id)
+
+    def _park_token(self, src: int, message_id: int) -> int | None:
+        """For data of a message not announced yet: its token if ``src`` authenticated, else
+        None (nothing of an unauthenticated sender is held)."""
+        return self._rx_token(src, message_id) if src in self._authed and src != self.rank else None
+
+    def _address_ok(self, rank: int | None, ip: str) -> bool:
+        """Whether a connection from ``ip`` may speak for ``rank`` (for any peer when None):
+        it must come from the address the rank is configured at (a host name may resolve to
+        several; an unspecified address, 0.0.0.0, allows any)."""
+        if not self.config.check_address:
+            return True
+        ranks = [p.rank for p in self.config.peers if p.rank != self.rank] if rank is None else [rank]
+        for r in ranks:
+            allowed = self._allowed_ips.get(r)
+            if allowed is None:
+                host = self.config.peer(r).host
+                try:
+                    allowed = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
+                except OSError:
+                    allowed = {host}
+                self._allowed_ips[r] = allowed
+            if ip in allowed or "0.0.0.0" in allowed:
+                return True
+        return False
+
+    def _reject(self, conn: ControlConn, reason: str, why: str) -> None:
+        """Count a refused connection under ``reason`` and drop it."""
+        self.stats.ctl_rejected[reason] += 1
+        who = f"rank {conn.rank}" if conn.rank is not None else "an unidentified peer"
+        (log.info if conn.authenticated else log.debug)("rank %d: control connection from %s (%s) dropped: %s",
+                                                        self.rank, who, conn.peer_ip, why)
+        self._drop_conn(conn, why)
+
     def _drop_conn(self, conn: ControlConn, why: str) -> None:
+        conn.fail(why)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -264,13 +438,12 @@ class ControlPath:
             primary = conn.rank is not None and self._conns.get(conn.rank) is conn
             if primary:
                 del self._conns[conn.rank]
-        # Only the connection the endpoint uses for a rank speaks for it: another one that
-        # merely claimed the rank (a stale duplicate, or a stranger's) closing must not fail
-        # the real peer's messages. (Authenticating connections is the full answer.)
+        # Only the connection the endpoint uses for a rank speaks for it: another one (a stale
+        # duplicate, or one that never authenticated) closing must not fail the peer's messages.
         if primary and self._running:
             self._peer_failed(conn.rank, why)
-        elif conn.rank is not None:
-            log.info("rank %d: a second control connection claiming rank %d %s", self.rank, conn.rank, why)
+        elif conn.rank is not None and conn.authenticated:
+            log.info("rank %d: a second control connection with rank %d %s", self.rank, conn.rank, why)
 
     def _peer_failed(self, rank: int, why: str) -> None:
         peer = self.config.peer(rank)
@@ -291,6 +464,12 @@ class ControlPath:
                     f"rank {self.rank}: peer rank {rank} ({peer.host}:{peer.control_port}) {why} before "
                     f"announcing message {key[1]}"))
             self._conns.pop(rank, None)
+            # Another authenticated connection with the rank (the peer reconnected) takes over.
+            spare = [c for c in self._all_conns if c.rank == rank and c.authenticated and not c.error]
+            if spare:
+                self._conns[rank] = spare[-1]
+            else:
+                self._authed.discard(rank)
         (log.warning if in_flight else log.info)("rank %d: peer rank %d %s", self.rank, rank, why)
 
     def _on_frame(self, h: wire.Header, body: bytes) -> None:
@@ -387,7 +566,8 @@ class ControlPath:
                                         f"out is {out.shape} {out.dtype}"))
                 handle, out = None, None
             try:
-                asm = self.reassembler.expect(src, h.message_id, total, dtype, per, out=out)
+                asm = self.reassembler.expect(src, h.message_id, total, dtype, per, out=out,
+                                              token=self._rx_token(src, h.message_id))
             except ValueError as exc:
                 if handle:
                     handle._fail(exc)

@@ -38,9 +38,11 @@ class MessageMeta:
     tensor_id: int = 0
     layer: int = 0
     priority: int = 0
+    token: int = 0
+    """The message token the receiver checks (see :func:`hostagent.auth.message_token`)."""
 
     def __post_init__(self) -> None:
-        for name in ("job_id", "message_id", "sender_rank", "iteration", "tensor_id", "layer", "priority"):
+        for name in ("job_id", "message_id", "sender_rank", "iteration", "tensor_id", "layer", "priority", "token"):
             value = getattr(self, name)
             limit = wire.FIELD_MAX[name]
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= limit:
@@ -53,7 +55,7 @@ def elems_per_packet(mtu: int, dtype: np.dtype | type | str) -> int:
     Raises:
         ValueError: the MTU leaves no room for one element, or more than ``elem_count`` can say.
 
-    Example: ``elems_per_packet(1500, np.float32) == 358``
+    Example: ``elems_per_packet(1500, np.float32) == 357``
     """
     itemsize = np.dtype(dtype).itemsize
     room = mtu - wire.IP_UDP_OVERHEAD - wire.HEADER_SIZE
@@ -199,6 +201,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
         sender_rank=meta.sender_rank,
         job_id=meta.job_id,
         message_id=meta.message_id,
+        token=meta.token,
         iteration=meta.iteration,
         tensor_id=meta.tensor_id,
         layer=layer,

@@ -38,6 +38,7 @@ REASONS: tuple[str, ...] = (
     "bad_version",  # header version is not wire.VERSION
     "not_data",  # a control packet type on the data path
     "wrong_job",  # job id differs from this receiver's
+    "bad_token",  # the message token is not the one its sender was given (forged or stale)
     "unknown_message",  # (sender, message id) was never announced, or already finished
     "wrong_dtype",  # element type differs from the announced one
     "bad_seq",  # seq or total_pkts does not fit the announced message
@@ -59,12 +60,14 @@ class Assembly:
         dtype: np.dtype | type | str,
         elems_per_packet: int,
         out: np.ndarray | None = None,
+        token: int = 0,
     ) -> None:
         if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
             raise ValueError(f"total_elems={total_elems} outside 0..{wire.FIELD_MAX['elem_offset']}")
         if not 1 <= elems_per_packet <= wire.FIELD_MAX["elem_count"]:
             raise ValueError(f"elems_per_packet={elems_per_packet} outside 1..{wire.FIELD_MAX['elem_count']}")
         self.key = (sender_rank, message_id)
+        self.token = token
         self.dtype_code = wire.dtype_code(dtype)
         self.wire_dtype = wire.NUMPY_DTYPES[self.dtype_code]
         self.total_elems = total_elems
@@ -145,6 +148,7 @@ class Assembly:
         itemsize = self.wire_dtype.itemsize
         local = np.zeros(len(rows), dtype=np.uint8)
         checks = (
+            ("bad_token", h["token"] != self.token),  # first: a forged packet counts for nothing else
             ("wrong_dtype", h["dtype"] != self.dtype_code),
             ("bad_seq", (h["total_pkts"] != self.total_pkts) | ~in_range),
             ("bad_offset", h["elem_offset"].astype(np.int64) != safe_seq * per),
@@ -239,21 +243,26 @@ class Reassembler:
 
         r = Reassembler(job_id=1)
         asm = r.expect(sender_rank=0, message_id=7, total_elems=10_000,
-                       dtype=np.float32, elems_per_packet=358)
+                       dtype=np.float32, elems_per_packet=357)
         r.ingest(datagram)            # any order, duplicates fine
         if asm.is_complete(0.05): grad = asm.result()
     """
 
-    def __init__(self, job_id: int) -> None:
+    def __init__(self, job_id: int, token_of: Callable[[int, int], int | None] | None = None) -> None:
+        """``token_of(sender, message_id)``: the token a packet of a message not announced yet
+        must carry to be handed to ``park`` (None: that sender has no key, so nothing of it is
+        parked); without it, unannounced packets go to ``park`` unchecked."""
         if not 0 <= job_id <= wire.FIELD_MAX["job_id"]:
             raise ValueError(f"job_id={job_id} outside 0..{wire.FIELD_MAX['job_id']}")
         self.job_id = job_id
+        self.token_of = token_of
         self.stats = ReassemblyStats()
         self._messages: dict[tuple[int, int], Assembly] = {}
 
     def expect(self, sender_rank: int, message_id: int, total_elems: int, dtype: np.dtype | type | str,
-               elems_per_packet: int, out: np.ndarray | None = None) -> Assembly:
-        """Announce a message and preallocate (or adopt ``out`` as) its destination.
+               elems_per_packet: int, out: np.ndarray | None = None, token: int = 0) -> Assembly:
+        """Announce a message and preallocate (or adopt ``out`` as) its destination; its packets
+        must carry ``token`` (see :func:`hostagent.auth.message_token`).
 
         Raises:
             ValueError: the message is already expected, or its parameters are invalid.
@@ -261,7 +270,7 @@ class Reassembler:
         key = (sender_rank, message_id)
         if key in self._messages:
             raise ValueError(f"message {message_id} from rank {sender_rank} is already expected")
-        asm = Assembly(sender_rank, message_id, total_elems, dtype, elems_per_packet, out)
+        asm = Assembly(sender_rank, message_id, total_elems, dtype, elems_per_packet, out, token)
         self._messages[key] = asm
         return asm
 
@@ -331,7 +340,15 @@ class Reassembler:
                 asm = self._messages.get((key >> 32, key & 0xFFFFFFFF))
                 if asm is None:
                     reason[rows] = _CODE["unknown_message"]
-                    if park is not None:
+                    if self.token_of is not None:
+                        token = self.token_of(key >> 32, key & 0xFFFFFFFF)
+                        if token is None:
+                            continue  # a sender without a key: nothing of it is kept
+                        forged = hdr["token"][rows] != token
+                        if forged.any():
+                            reason[rows[forged]] = _CODE["bad_token"]
+                            rows = rows[~forged]
+                    if park is not None and rows.size:
                         kept = np.asarray(park(rows), dtype=bool)
                         reason[rows[kept]] = 0
                         parked += int(kept.sum())

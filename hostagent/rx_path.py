@@ -114,29 +114,28 @@ class ReceivePath:
                 per_read = max(per_read, float(m))
                 k += m
                 nbytes_batch += nbytes
+            senders = self._on_datagrams(slots[:k], lengths[:k], ce[:k]) if k else None
             if overflows != self.stats.rx_overflows:
                 # SO_RXQ_OVFL counts dropped socket-buffer entries; with GRO one entry holds a
                 # whole read's worth of datagrams, so scale by what a read held in this batch.
                 dropped = round((overflows - self.stats.rx_overflows) * per_read)
-                self._on_overflow(dropped, slots[:k], lengths[:k])
+                if senders is not None:
+                    self._on_overflow(dropped, senders)
                 self.stats.rx_overflows = overflows
                 self.stats.rx_dropped_estimate += dropped
-            if k:
-                self._on_datagrams(slots[:k], lengths[:k], ce[:k])
             self._drain.batch(t_batch, nbytes_batch, emptied, time.monotonic())
             self._release_delayed()
 
-    def _on_overflow(self, dropped: int, slots: np.ndarray, lengths: np.ndarray) -> None:
-        """The kernel dropped datagrams: blame the senders of this batch in proportion."""
-        ok = lengths >= wire.HEADER_SIZE
-        senders = slots[ok, 6:8].view(">u2").reshape(-1)  # sender_rank sits at byte 6
+    def _on_overflow(self, dropped: int, senders: np.ndarray) -> None:
+        """The kernel dropped datagrams: blame, in proportion, the senders whose packets in this
+        batch were accepted (their tokens were right, so they authenticated); bytes a stranger
+        wrote in a header blame nobody."""
         if not senders.size:
             return
         ranks, counts = np.unique(senders, return_counts=True)
-        known = {p.rank for p in self.config.peers} - {self.rank}  # never a rank that does not exist, nor self
         with self._lock:
             for rank, c in zip(ranks.tolist(), counts.tolist()):
-                if rank in known:
+                if rank in self._authed and rank != self.rank:
                     self._fb[rank][2] += max(1, round(dropped * c / senders.size))
 
     def _release_delayed(self) -> None:
@@ -152,7 +151,8 @@ class ReceivePath:
             slots[i, : len(d)] = np.frombuffer(d, np.uint8)
         self._ingest(slots, np.array([len(d) for d in due]), np.zeros(len(due), dtype=bool))
 
-    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> None:
+    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> np.ndarray:
+        """Loss injection, then reassembly; returns the sender ranks of the datagrams accepted."""
         loss = self.config.loss
         if loss.enabled:
             n = len(lengths)
@@ -176,13 +176,16 @@ class ReceivePath:
             if len(idx) < n or loss.reorder:
                 slots, lengths, ce = slots[idx], lengths[idx], ce[idx]
         if len(lengths):
-            self._ingest(slots, lengths, ce)
+            return self._ingest(slots, lengths, ce)
+        return np.zeros(0, np.uint16)
 
-    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> None:
+    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> np.ndarray:
+        """Reassemble a batch; returns the sender ranks of the datagrams accepted."""
         now = time.monotonic()
         n = len(lengths)
         hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n) if slots.shape[1] >= wire.HEADER_SIZE else None
         finished: list[tuple[InMessage, str]] = []
+        senders = np.zeros(0, np.uint16)
         with self._lock:
             late_before = self.stats.late
             res = self.reassembler.ingest_batch(slots, lengths, park=lambda rows: self._park(slots, lengths, hdr, rows, now))
@@ -232,12 +235,15 @@ class ReceivePath:
                 self._complete_locked(msg, how)
         for msg, _ in finished:
             self._send_stop(msg)
+        return senders
 
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray:
-        """Keep early data of known peers until its META arrives (at most ``park_limit`` per
-        sender, so one sender's junk cannot crowd out another's real early packets)."""
+        """Keep early data of authenticated peers until its META arrives (at most
+        ``park_limit`` per sender, so one sender cannot crowd out another's early packets).
+        The reassembler has checked the rows' tokens (``_park_token``): nothing forged or from
+        an unauthenticated rank gets here."""
         kept = np.zeros(len(rows), dtype=bool)
-        known = {p.rank for p in self.config.peers}
+        known = self._authed
         for i, r in enumerate(rows.tolist()):
             key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
             if key in self._recent_done:  # a straggler of a finished message: not malformed

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import wire
+from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.control_path import IDLE_TICK, ControlPath
 from hostagent.fusion import Layout
@@ -97,7 +97,7 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self.me = config.peer(config.rank)
         self.policy = config.policy
         self.stats = EndpointStats()
-        self.reassembler = Reassembler(config.job_id)
+        self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
         self._lock = threading.Lock()
         self._tx_cv = threading.Condition(self._lock)
         self._running = False
@@ -109,8 +109,13 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self._done_in: dict[tuple[int, int], RecvResult] = {}
         self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
         self._parked_count: dict[int, int] = defaultdict(int)  # early packets held, per sender
-        self._conns: dict[int, ControlConn] = {}
+        self._conns: dict[int, ControlConn] = {}  # rank -> the authenticated connection used for it
         self._all_conns: list[ControlConn] = []
+        self._dialing: dict[int, ControlConn] = {}  # rank -> connection an application thread is opening
+        self._authed: set[int] = set()  # ranks that completed a handshake (whose data may be parked)
+        self._rx_keys: dict[int, bytes] = {}  # sender rank -> our key for its tokens (auth.message_token)
+        self._tx_keys: dict[int, bytes] = {}  # destination rank -> its key for our tokens
+        self._allowed_ips: dict[int, set[str]] = {}  # rank -> addresses it may connect from
         self._rate: dict[int, RateController] = {}
         self._pacer: dict[int, Pacer] = {}
         self._srtt: dict[int, float] = {}
@@ -284,8 +289,10 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         p = self.policy.loss_bound_push if loss_bound is None else loss_bound
         if not 0 <= p < 1:
             raise ValueError(f"loss_bound must be in [0, 1), got {p}")
+        self._conn_to(dest)  # authenticated: we hold dest's key for our tokens
+        token = auth.message_token(self._tx_keys[dest], self.config.job_id, self.rank, message_id)
         meta = MessageMeta(job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank,
-                           iteration=iteration, tensor_id=tensor_id, layer=layer, priority=priority)
+                           iteration=iteration, tensor_id=tensor_id, layer=layer, priority=priority, token=token)
         tags: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
         if layout is not None:
             if layout.total != np.asarray(data).size:
@@ -293,7 +300,6 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             tags = layout.packet_tags(elems_per_packet(self.config.mtu, np.asarray(data).dtype))
         batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=tags[0],
                           packet_layers=None if tags[1] is None else tags[1] % 65536)
-        self._conn_to(dest)
         msg = OutMessage(dest, batch, priority, p, time.monotonic() + self.config.message_deadline, next(self._order),
                          announce)
         key = (dest, message_id)
@@ -395,7 +401,8 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             if key in self._waiting or key in self._in or key in self._done_in:
                 raise ValueError(f"message {message_id} from rank {src} is already being received")
             h = RecvHandle(src, message_id, out)
-            asm = self.reassembler.expect(src, message_id, expect.total_elems, dtype, per, out=out)
+            asm = self.reassembler.expect(src, message_id, expect.total_elems, dtype, per, out=out,
+                                          token=self._rx_token(src, message_id))
             msg = InMessage(src, asm, expect.loss_bound, time.monotonic() + self.config.message_deadline, h,
                             self.policy.top_priority)
             self._in[key] = msg
@@ -445,7 +452,8 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
-            "probes_unknown": s.probes_unknown, "drain_bytes_per_s": self._drain.rate,
+            "probes_unknown": s.probes_unknown, "ctl_rejected": dict(s.ctl_rejected),
+            "authenticated_peers": sorted(self._authed), "drain_bytes_per_s": self._drain.rate,
             "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self._gro,
             "gso_off": sorted({x.gso_off_reason for x in self._senders.values() if x.gso_off_reason} if self.config.offload else set()),
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,

@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hostagent import wire
+from hostagent.auth import parse_secret
 from hostagent.packetizer import DEFAULT_MTU
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
@@ -134,7 +135,15 @@ class TransportConfig:
     packet of its own but would be handed a GSO super-packet, such as a software switch
     reading a veth with a packet socket (the testbed turns it off)."""
 
+    secret: bytes | None = field(default=None, repr=False)
+    """The job secret (at least 16 bytes; hex text is accepted): control connections must prove
+    it (:mod:`hostagent.auth`). Every rank of the job needs the same one. Never printed."""
+
+    check_address: bool = True
+    """Accept a control connection for a rank only from the address that rank is configured at."""
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "secret", parse_secret(self.secret))
         ranks = [p.rank for p in self.peers]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
@@ -183,6 +192,8 @@ class EndpointStats:
     ctl_records_sent: Counter = field(default_factory=Counter)
     ctl_records_received: Counter = field(default_factory=Counter)
     probes_unknown: int = 0
+    ctl_rejected: Counter = field(default_factory=Counter)
+    """Control connections refused or dropped, by reason (wrong_address, bad_proof, ...)."""
     gso_calls: int = 0
     gro_reads: int = 0
 

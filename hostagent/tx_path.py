@@ -145,17 +145,11 @@ class SendPath:
             hdr["priority"] = self.policy.top_priority
             hdr["drop_class"] = 0
             hdr["flags"] = (hdr["flags"] & ~np.uint8(wire.Flags.LAST)) | int(wire.Flags.RETX)
-            if last and k:
-                hdr["flags"][-1] |= int(wire.Flags.LAST)
             hrows, hidx = hdr.view(np.uint8).reshape(k, wire.HEADER_SIZE), np.arange(k)
             priority = self.policy.top_priority
             contiguous = False
         else:
             hrows, hidx = msg.header_rows, seqs
-            if last and k:
-                batch.headers["flags"][seqs[-1]] |= int(wire.Flags.LAST)
-                if short_seq >= 0 and int(seqs[-1]) != short_seq and (seqs == short_seq).any():
-                    batch.headers["flags"][short_seq] |= int(wire.Flags.LAST)  # it leaves after the GSO run
             priority = int(batch.headers["priority"][seqs[0]]) if k else msg.priority
             contiguous = k > 0 and int(seqs[-1]) - int(seqs[0]) + 1 == k
         short_pos = -1
@@ -174,10 +168,23 @@ class SendPath:
         w = max(pacer.wait_time(total, rate, now), self._host_pacer.wait_time(total, self.config.rate.line_rate, now))
         if w > 0:
             time.sleep(w)
+        use_gso = sender.gso and n_full > 1
+        if last and k:
+            # LAST goes on the packet that really leaves last: with a GSO run, the short packet
+            # leaves first and the run's final row last (the receiver answers LAST once nothing
+            # came for probe_grace, so a straggler after it could be reported missing).
+            last_pos = k - 2 if use_gso and short_pos == k - 1 else k - 1
+            if retx:
+                hdr["flags"][last_pos] |= int(wire.Flags.LAST)
+            else:
+                batch.headers["flags"][seqs[last_pos]] |= int(wire.Flags.LAST)
         calls0, errors0 = sender.syscalls, sender.errors
         n = nbytes = 0
-        rest: list[int] = list(range(k)) if not (sender.gso and n_full > 1) else ([short_pos] if short_pos >= 0 else [])
-        if sender.gso and n_full > 1:
+        rest: list[int] = list(range(k)) if not use_gso else ([short_pos] if short_pos >= 0 else [])
+        if use_gso and rest:  # the short packet first, so the run's last row is the last packet
+            n, nbytes = self._send_one_by_one(sender, batch, hrows, hidx, seqs, rest)
+            rest = []
+        if use_gso:
             if self._stage is None or self._stage.shape[0] < n_full or self._stage.shape[1] != width:
                 self._stage = np.empty((max(n_full, 64), width), dtype=np.uint8)
             stage = self._stage[:n_full]
@@ -191,11 +198,10 @@ class SendPath:
                     keep[short_pos] = False
                 stage[:, : wire.HEADER_SIZE] = hrows[hidx[keep]]
                 stage[:, wire.HEADER_SIZE :] = msg.payload_rows[seqs[keep]]
-            n, nbytes = sender.send_rows(stage)
+            n2, b2 = sender.send_rows(stage)
+            n, nbytes = n + n2, nbytes + b2
         if rest:
-            buffers = [(memoryview(hrows[int(hidx[i])]), batch.payload_of(int(seqs[i]))) for i in rest]
-            sizes = np.array([wire.HEADER_SIZE + len(p) for _, p in buffers], dtype=np.int64)
-            n2, b2 = sender.send(buffers, sizes)
+            n2, b2 = self._send_one_by_one(sender, batch, hrows, hidx, seqs, rest)
             n, nbytes = n + n2, nbytes + b2
         self.stats.gso_calls += sender.syscalls - calls0 if sender.gso else 0
         if sender.errors != errors0:  # e.g. ICMP unreachable from a dead peer; its TCP loss tells
@@ -204,3 +210,12 @@ class SendPath:
         pacer.consume(nbytes)
         self._host_pacer.consume(nbytes)
         return n, nbytes
+
+    @staticmethod
+    def _send_one_by_one(sender: DatagramSender, batch, hrows: np.ndarray, hidx: np.ndarray, seqs: np.ndarray,
+                         positions: list[int]) -> tuple[int, int]:
+        """Send the packets at ``positions`` of ``seqs`` as datagrams of their own (header + payload
+        gathered by the kernel, no copy)."""
+        buffers = [(memoryview(hrows[int(hidx[i])]), batch.payload_of(int(seqs[i]))) for i in positions]
+        sizes = np.array([wire.HEADER_SIZE + len(p) for _, p in buffers], dtype=np.int64)
+        return sender.send(buffers, sizes)

@@ -10,7 +10,9 @@ Why these fields: the receiver places a payload by ``elem_offset`` alone, so
 packets of one message may arrive in any order over any path (per-packet
 spraying); ``priority`` and ``drop_class`` are what the switch queues and drops on;
 ``total_pkts``/``seq`` let the receiver keep a per-packet bitmap for bounded-loss
-completion and selective retransmission.
+completion and selective retransmission; ``token`` is what a receiver checks before a
+payload touches a tensor: a value only the authenticated sender of that message can compute
+(:mod:`hostagent.auth`), so data cannot be forged by guessing the other fields.
 
 Layout rules: fixed size, network byte order (big-endian), every field a whole
 number of bytes so BMv2 (which needs headers whose width is a multiple of 8 bits)
@@ -38,7 +40,8 @@ import numpy as np
 DLCP_UDP_PORT = 17649
 
 #: Header version carried in every packet; a receiver rejects any other value.
-VERSION = 1
+#: 2: the ``token`` field (version 1 had none).
+VERSION = 2
 
 
 class PacketType(enum.IntEnum):
@@ -51,6 +54,7 @@ class PacketType(enum.IntEnum):
     META = 5  #: sender announces a message (size, element type, loss bound) before its data
     FEEDBACK = 6  #: receiver reports packets received and CE-marked, for rate control
     BATCH = 7  #: several control records in one frame (control path only; never on the data path)
+    HELLO = 8  #: a step of the handshake that opens a control connection (control path only)
 
 
 class Flags(enum.IntFlag):
@@ -116,6 +120,7 @@ FIELDS: tuple[Field, ...] = (
     Field("sender_rank", 16, "rank of the sending worker"),
     Field("job_id", 32, "training job; packets of other jobs are rejected"),
     Field("message_id", 32, "message, unique per sender and job"),
+    Field("token", 32, "message token: keyed hash of (job, sender, message) under the receiver's key for the sender"),
     Field("iteration", 32, "training iteration the message belongs to"),
     Field("tensor_id", 32, "tensor or bucket id"),
     Field("layer", 16, "layer index (0 = nearest the input)"),
@@ -150,6 +155,7 @@ class Header:
     job_id: int
     message_id: int
     version: int = VERSION
+    token: int = 0
     flags: Flags = Flags.NONE
     priority: int = 0
     drop_class: int = 0
@@ -278,6 +284,10 @@ BITMAP_PREFIX = struct.Struct("!I")
 #: may send at so the receiver can drain it (its measured drain capacity shared among its
 #: current senders; 0 = not measured yet).
 FEEDBACK_BODY = struct.Struct("!IIII")
+#: HELLO body: handshake step (1-4), the sender's nonce (steps 1, 2), its proof that it holds
+#: the job secret (steps 2, 3; zeros without a secret) and its receive key for the peer (steps
+#: 3, 4). See :mod:`hostagent.auth` for the exchange.
+HELLO_BODY = struct.Struct("!B16s32s16s")
 #: BATCH body: records back to back, each a 4-byte length and a record (header + body), so a
 #: peer's META, PROBE, STOP, BITMAP and FEEDBACK records of one moment cost one frame.
 RECORD_PREFIX = struct.Struct("!I")

@@ -47,7 +47,7 @@ header tcp_t {
 }
 
 /* The DLCP header: field for field hostagent/wire.py FIELDS (tests/test_p4_artifacts.py
- * compares this header in the compiled JSON with it). Network byte order, 40 bytes. */
+ * compares this header in the compiled JSON with it). Network byte order, 44 bytes. */
 header dlcp_t {
     bit<8> version;
     bit<8> ptype;
@@ -58,6 +58,7 @@ header dlcp_t {
     bit<16> sender_rank;
     bit<32> job_id;
     bit<32> message_id;
+    bit<32> token;
     bit<32> iteration;
     bit<32> tensor_id;
     bit<16> layer;

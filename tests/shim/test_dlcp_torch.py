@@ -206,6 +206,6 @@ def test_layout_of_a_bucket_follows_forward_order_and_sizes(endpoints):
     assert lay.total == sum(p.numel() for p in params)
     assert lay.starts.tolist() == [0, 4, 4 + 1200, 4 + 1200 + 300]
     assert lay.priorities.tolist() == [0, 0, 1, 1]  # the second Linear is the less urgent
-    prio, layers = lay.packet_tags(358)
-    assert prio[:3].tolist() == [0, 0, 0]  # elements 0..1073: the output layer only
-    assert prio[3] == 1 and layers[3] == 0  # elements 1074..1431 reach into the input layer: urgent
+    prio, layers = lay.packet_tags(357)  # elements per packet at MTU 1500
+    assert prio[:3].tolist() == [0, 0, 0]  # elements 0..1070: the output layer only
+    assert prio[3] == 1 and layers[3] == 0  # elements 1071..1427 reach into the input layer: urgent

@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 
-from hostagent import wire
 from hostagent.policy import Policy
 from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig,
                                  TransportTimeout)
@@ -270,14 +269,16 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     s = a.send(1, x, message_id=4, loss_bound=0.0)
     s.wait(T)
     r.wait(T)
-    from hostagent.packetizer import MessageMeta, packetize
+    from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 
-    batch = packetize(_grad(358 * 4), MessageMeta(job_id=1, message_id=5, sender_rank=0), Policy())
+    per = elems_per_packet(1500, np.float32)
+    batch = packetize(_grad(per * 4), MessageMeta(job_id=1, message_id=5, sender_rank=0, token=b._rx_token(0, 5)),
+                      Policy())
     b.recv(0, 5)
     ce = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     ce.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0b11)
     rate_before = a.endpoint_stats()["rate_bytes_per_s"][1]
-    a.announce(1, 5, 358 * 4, np.float32, 0.0)
+    a.announce(1, 5, per * 4, np.float32, 0.0)
     time.sleep(0.05)
     for d in batch:
         ce.sendto(d, ("127.0.0.1", b.me.data_port))

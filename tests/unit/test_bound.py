@@ -13,7 +13,7 @@ from topologies.bound import (bucket_sizes, cross_traffic_load, iteration_traffi
 from topologies.runner import RunOptions, agent_spec, scheme_policy
 from topologies.topos import leafspine, star
 
-PER = elems_per_packet(1500, np.float32)  # 358
+PER = elems_per_packet(1500, np.float32)  # 357
 
 
 def _spec(scheme: str = "baseline", **kw) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from hostagent import wire
 from hostagent.fusion import Bucketer, FusionConfig, Layout, plan_buckets
 from hostagent.messages import OutMessage
-from hostagent.packetizer import MessageMeta, packetize
+from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import Policy, packet_tags
 
 
@@ -123,9 +123,10 @@ def test_bucketer_packs_completes_and_unpacks():
 
 
 def test_packetize_tags_each_packet_and_out_message_sends_urgent_packets_first():
-    data = np.arange(358 * 5, dtype=np.float32)
-    lay = Layout.of_sizes([358 * 3 + 10, 358 * 2 - 10], [1, 6], [4, 2])  # tensor 1 is more urgent
-    prio, layers = lay.packet_tags(358)
+    per = elems_per_packet(1500, np.float32)
+    data = np.arange(per * 5, dtype=np.float32)
+    lay = Layout.of_sizes([per * 3 + 10, per * 2 - 10], [1, 6], [4, 2])  # tensor 1 is more urgent
+    prio, layers = lay.packet_tags(per)
     batch = packetize(data, MessageMeta(job_id=1, message_id=2, priority=6), Policy(), packet_priorities=prio,
                       packet_layers=layers)
     assert batch.headers["priority"].tolist() == [1, 1, 1, 6, 6]

@@ -9,7 +9,7 @@ from hostagent.policy import Policy
 from hostagent.reassembly import REASONS, Reassembler
 
 H = wire.HEADER_SIZE
-DATA = np.arange(1, 1001, dtype=np.float32)  # 3 packets at MTU 1500: 358, 358, 284
+DATA = np.arange(1, 1001, dtype=np.float32)  # 3 packets at MTU 1500: 357, 357, 286
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ def _with(datagram: bytes, **fields) -> bytes:
 
 CASES = {
     "truncated": lambda d: d[: H - 1],
-    "bad_version": lambda d: _with(d, version=2),
+    "bad_version": lambda d: _with(d, version=wire.VERSION - 1),
+    "bad_token": lambda d: _with(d, token=12345),
     "not_data": lambda d: _with(d, ptype=wire.PacketType.PROBE),
     "wrong_job": lambda d: _with(d, job_id=6),
     "unknown_message": lambda d: _with(d, message_id=8),
@@ -125,7 +126,8 @@ def test_random_garbage_never_raises_or_writes():
     slots = rng.integers(0, 256, size=(n, 1500), dtype=np.uint8)
     # make half of them look plausible so deeper checks run
     hdr = slots[: n // 2, :H].view(wire.HEADER_DTYPE).reshape(-1)
-    hdr["version"], hdr["ptype"], hdr["job_id"], hdr["sender_rank"], hdr["message_id"] = 1, 1, 5, 1, 7
+    hdr["version"], hdr["ptype"], hdr["job_id"], hdr["sender_rank"], hdr["message_id"] = wire.VERSION, 1, 5, 1, 7
+    hdr["token"] = 0  # the expected message's token, so the deeper checks run
     hdr["dtype"] = 0
     res = r.ingest_batch(slots, rng.integers(0, 1500, size=n))
     assert res.accepted == 0 and res.rejected == n
@@ -151,3 +153,28 @@ def test_completion_under_bound(setup):
     assert asm.is_complete(0.3)
     r.ingest(batch.datagram(2))
     assert asm.is_complete(0.0) and asm.is_exact()
+
+
+def test_unannounced_packets_reach_park_only_with_their_senders_token():
+    """Data that overtakes its announcement is parked only when its token is the one its sender
+    was given; a wrong token is counted as bad_token, and a sender without a key (one that never
+    authenticated) gets nothing parked."""
+    tokens = {1: 77}  # sender 1 authenticated; sender 2 did not
+    r = Reassembler(job_id=5, token_of=lambda sender, message_id: tokens.get(sender))
+    good = packetize(DATA, MessageMeta(job_id=5, message_id=9, sender_rank=1, token=77), Policy())
+    forged = packetize(DATA, MessageMeta(job_id=5, message_id=10, sender_rank=1, token=78), Policy())
+    stranger = packetize(DATA, MessageMeta(job_id=5, message_id=11, sender_rank=2, token=77), Policy())
+    offered: list[int] = []
+
+    def park(rows: np.ndarray) -> np.ndarray:
+        offered.extend(rows.tolist())
+        return np.ones(len(rows), dtype=bool)
+
+    datagrams = [*good, *forged, *stranger]
+    slots = np.zeros((len(datagrams), max(len(d) for d in datagrams)), np.uint8)
+    for i, d in enumerate(datagrams):
+        slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+    res = r.ingest_batch(slots, np.array([len(d) for d in datagrams]), park=park)
+    assert offered == list(range(len(good)))
+    assert res.parked == len(good)
+    assert r.stats.rejected == {"bad_token": len(forged), "unknown_message": len(stranger)}

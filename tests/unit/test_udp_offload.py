@@ -31,7 +31,7 @@ from hostagent.udp_offload import (
     split_segments,
 )
 
-FULL = 1472  # 40-byte DLCP header + 358 float32 = a 1500-byte IP packet
+FULL = 1472  # 44-byte DLCP header + 357 float32 = a 1500-byte IP packet
 SO_NO_CHECK = getattr(socket, "SO_NO_CHECK", 11)
 
 

@@ -86,7 +86,7 @@ def test_scapy_dissects_an_encoded_packet():
     pkt = Ether(frame)
     assert DLCP in pkt
     d = pkt[DLCP]
-    assert (d.version, d.job_id, d.message_id, d.sender_rank, d.layer, d.priority, d.tensor_id) == (1, 3, 11, 2, 4, 6, 8)
+    assert (d.version, d.job_id, d.message_id, d.sender_rank, d.layer, d.priority, d.tensor_id) == (wire.VERSION, 3, 11, 2, 4, 6, 8)
     assert d.ptype == wire.PacketType.DATA and d.seq == 1 and d.total_pkts == 2
     assert d.elem_offset == batch.elems_per_packet and d.elem_count == 400 - batch.elems_per_packet
     payload = np.frombuffer(bytes(d.payload), dtype="<f4")

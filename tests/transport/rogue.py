@@ -1,0 +1,81 @@
+"""A scripted control peer on real sockets, for tests of what a hostile or faulty peer can do.
+
+It speaks the handshake of :mod:`hostagent.auth` step by step, with whatever secret (or none)
+the test gives it, so a test can stop anywhere: never answer, answer wrongly, complete the
+handshake and then stop reading, or claim a rank it is not.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from hostagent import auth, wire
+
+
+def send_hello(sock: socket.socket, rank: int, job_id: int, step: int, nonce: bytes = b"", proof: bytes = b"",
+               key: bytes = b"") -> None:
+    sock.sendall(wire.pack_frame(wire.Header(ptype=wire.PacketType.HELLO, job_id=job_id, message_id=0,
+                                             sender_rank=rank), wire.HELLO_BODY.pack(step, nonce, proof, key)))
+
+
+def read_frame(sock: socket.socket, timeout: float = 5.0) -> tuple[wire.Header, bytes]:
+    """The next control frame (header, body); raises ``ConnectionError`` when the peer closed."""
+    sock.settimeout(timeout)
+    prefix = _read_exact(sock, wire.FRAME_PREFIX.size)
+    (size,) = wire.FRAME_PREFIX.unpack(prefix)
+    return wire.split_frame(_read_exact(sock, size))
+
+
+def read_hello(sock: socket.socket, timeout: float = 5.0) -> tuple[wire.Header, int, bytes, bytes, bytes]:
+    """The next frame, which must be a HELLO: (header, step, nonce, proof, key)."""
+    h, body = read_frame(sock, timeout)
+    assert h.ptype == wire.PacketType.HELLO, f"expected a HELLO, got {h.ptype.name}"
+    step, nonce, proof, key = wire.HELLO_BODY.unpack(body)
+    return h, step, nonce, proof, key
+
+
+def accept_as(listener: socket.socket, rank: int, job_id: int = 1, secret: bytes | None = None,
+              timeout: float = 10.0) -> tuple[socket.socket, bytes, bytes]:
+    """Accept one connection on ``listener`` and complete the handshake as ``rank``.
+
+    Returns (socket, the initiator's key for our tokens, our key for its tokens)."""
+    listener.settimeout(timeout)
+    sock, _ = listener.accept()
+    h, step, nonce_i, _, _ = read_hello(sock, timeout)
+    assert step == auth.STEP_HELLO
+    nonce_a = auth.new_nonce()
+    send_hello(sock, rank, job_id, auth.STEP_CHALLENGE, nonce=nonce_a,
+               proof=auth.proof(secret, "accept", job_id, h.sender_rank, rank, nonce_i, nonce_a))
+    _, step, _, _, their_key = read_hello(sock, timeout)
+    assert step == auth.STEP_RESPONSE
+    our_key = auth.new_key()
+    send_hello(sock, rank, job_id, auth.STEP_KEY, key=our_key)
+    return sock, their_key, our_key
+
+
+def dial_as(host: str, port: int, rank: int, acceptor: int, job_id: int = 1, secret: bytes | None = None,
+            timeout: float = 5.0) -> tuple[socket.socket, bytes]:
+    """Connect and run the initiator's side of the handshake claiming ``rank``.
+
+    Returns (socket, the acceptor's key for tokens of data we send it). Raises
+    ``ConnectionError`` if the acceptor closes on us (it refused the claim or the proof)."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    nonce_i = auth.new_nonce()
+    send_hello(sock, rank, job_id, auth.STEP_HELLO, nonce=nonce_i)
+    _, step, nonce_a, _, _ = read_hello(sock, timeout)
+    assert step == auth.STEP_CHALLENGE
+    send_hello(sock, rank, job_id, auth.STEP_RESPONSE, key=auth.new_key(),
+               proof=auth.proof(secret, "initiate", job_id, rank, acceptor, nonce_i, nonce_a))
+    _, step, _, _, key = read_hello(sock, timeout)
+    assert step == auth.STEP_KEY
+    return sock, key
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        buf += chunk
+    return bytes(buf)

@@ -9,6 +9,12 @@ One script runs unchanged on localhost, in the Mininet testbed and on real machi
 * **explicit peers**: ``peers=["10.0.0.1:17649:17650", ...]`` (host:data_port:control_port per
   worker rank; with ``pattern="ps"`` one more entry for the server).
 
+**The job secret** that control connections must prove (:mod:`hostagent.auth`): ``secret=``
+if given, else ``DLCP_SECRET`` (hex) if set, else, under env://, one that rank 0 draws and
+publishes in the rendezvous store for the others; with explicit peers and neither, there is
+none (control connections are then checked by address only). The store is as trusted as
+torchrun's own: whoever can read it during the rendezvous learns the secret.
+
 The parameter server (``pattern="ps"``) runs beside worker 0 by default (its own endpoint,
 a thread of that process), or wherever ``peers`` says when it is started separately.
 """
@@ -25,6 +31,7 @@ from typing import Sequence
 import torch
 
 from dlcp_torch.state import DLCPState, start_server
+from hostagent.auth import new_secret, parse_secret
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig, reserve_ports
@@ -80,15 +87,17 @@ def _parse_peer(rank: int, text: str) -> Peer:
         raise ValueError(f"peer {rank}: {text!r} is not host:data_port:control_port") from None
 
 
-def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60.0
-                   ) -> tuple[tuple[Peer, ...], dict[int, Bound]]:
-    """Exchange DLCP addresses through a TCPStore at MASTER_ADDR (torchrun's environment).
+def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60.0, secret: bytes | None = None
+                   ) -> tuple[tuple[Peer, ...], dict[int, Bound], bytes]:
+    """Exchange DLCP addresses (and, without ``secret``, the job secret) through a TCPStore at
+    MASTER_ADDR (torchrun's environment).
 
-    Returns the peers and the sockets this process already holds for its own ranks (its
-    worker rank, and the server's on rank 0 with a colocated server): the ports announced are
-    the ones held, to be handed to :meth:`Endpoint.start`. The store's host (rank 0) leaves
-    last: every rank says it is done reading, and the host waits for all of them, so nobody is
-    still waiting on a store that has gone.
+    Returns the peers, the sockets this process already holds for its own ranks (its worker
+    rank, and the server's on rank 0 with a colocated server): the ports announced are the
+    ones held, to be handed to :meth:`Endpoint.start`; and the job secret (``secret``, or the
+    one rank 0 drew and published). The store's host (rank 0) leaves last: every rank says it
+    is done reading, and the host waits for all of them, so nobody is still waiting on a store
+    that has gone.
     """
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("DLCP_STORE_PORT", int(os.environ.get("MASTER_PORT", "29500")) + 1))
@@ -98,6 +107,10 @@ def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60
     if with_server and rank == 0:
         held[world] = reserve_ports(host)
     try:
+        if secret is None:
+            if rank == 0:
+                store.set("dlcp/secret", new_secret())
+            secret = parse_secret(store.get("dlcp/secret").decode())
         for r, bound in held.items():
             store.set(f"dlcp/peer/{r}", _address(host, bound))
         n = world + (1 if with_server else 0)
@@ -112,14 +125,15 @@ def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60
             udp.close()
             tcp.close()
         raise
-    return peers, held
+    return peers, held, secret
 
 
 def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None = None,
          peers: Sequence[str] | None = None, policy: Policy | None = None, loss: LossInjection | None = None,
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
          error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
-         connect_timeout: float = 30.0, rate: RateConfig | None = None, offload: bool = True) -> DLCPSession:
+         connect_timeout: float = 30.0, rate: RateConfig | None = None, offload: bool = True,
+         secret: str | bytes | None = None) -> DLCPSession:
     """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
 
     Args:
@@ -128,7 +142,10 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
         peers: explicit addresses instead of the env:// rendezvous.
         loss, server_loss: loss injection at this worker's / the server's receiver.
         colocated_server: run the server beside worker 0 (``pattern="ps"``); otherwise it is
-            started elsewhere (``python -m dlcp_torch.server``) at the last peer address.
+            started elsewhere (:func:`dlcp_torch.state.start_server` on an endpoint at the
+            last peer address, as the testbed's agent does).
+        secret: the job secret (hex text or bytes); default ``DLCP_SECRET``, else see the
+            module docstring.
         offload: UDP GSO/GRO where the kernel takes them (off where a software switch reads
             the hosts' links, as in the testbed).
 
@@ -138,8 +155,9 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
     world = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
     with_server = pattern == "ps"
     held: dict[int, Bound] = {}
+    key = parse_secret(secret if secret is not None else os.environ.get("DLCP_SECRET"))
     if peers is None:
-        all_peers, held = peers_from_env(rank, world, with_server and colocated_server)
+        all_peers, held, key = peers_from_env(rank, world, with_server and colocated_server, secret=key)
     else:
         all_peers = tuple(_parse_peer(r, p) for r, p in enumerate(peers))
     expected = world + (1 if with_server else 0)
@@ -148,7 +166,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
                          f"{' and a server' if with_server else ''}: expected {expected}")
     policy = policy or Policy()
     base = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
-                connect_timeout=connect_timeout, rate=rate or RateConfig(), offload=offload)
+                connect_timeout=connect_timeout, rate=rate or RateConfig(), offload=offload, secret=key)
     server_rank = world if with_server else None
     server_ep, server = None, ()
     if with_server and colocated_server and rank == 0:

@@ -446,7 +446,7 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             "data_pkts_sent": s.data_pkts_sent, "data_bytes_sent": s.data_bytes_sent,
             "retransmitted_pkts": s.retransmitted_pkts,
             "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,
-            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "rx_dropped_estimate": s.rx_dropped_estimate, "parked_early": s.parked, "late_after_completion": s.late, "send_errors": s.send_errors,
+            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "rx_dropped_estimate": s.rx_dropped_estimate, "parked_early": s.parked, "parked_now": sum(self._parked_count.values()), "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "duplicate_pkts": self.reassembler.stats.duplicates,
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,

@@ -80,14 +80,18 @@ def test_a_clean_exchange_sends_no_probe_and_few_frames(endpoints):
         h.wait(10)
     probes0, frames0 = a.stats.ctl_records_sent["PROBE"], a.stats.ctl_frames_sent
     rframes0 = b.stats.ctl_frames_sent
+    t0 = time.monotonic()
     for i in range(5, 25):
         h = b.recv(0, i)
         a.send(1, x, i).wait(10)
         h.wait(10)
+    # a clean report that found no record to ride along leaves on its own every
+    # clean_feedback_interval: a few on a loaded machine, where 20 messages take longer
+    lone_feedback = int((time.monotonic() - t0) / b.config.clean_feedback_interval) + 1
     sent = a.stats.ctl_frames_sent - frames0
     answered = b.stats.ctl_frames_sent - rframes0
     assert sent <= 20 + 3  # the META of each message, a probe now and then at most
-    assert answered <= 20 + 3  # one STOP frame each (feedback rides along)
+    assert answered <= 20 + 3 + lone_feedback  # one STOP frame each (feedback rides along)
     assert a.stats.ctl_records_sent["PROBE"] - probes0 <= 3
 
 

@@ -50,6 +50,7 @@ demo-drop: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/packetizer.py
 	$(PY) bench/transport.py
+	$(PY) bench/hostile.py
 
 p4:
 	@command -v $(P4C) >/dev/null || { echo "$(P4C) not found: install p4c (p4lang's packages) first"; exit 1; }

@@ -20,6 +20,11 @@ moment travel together in one frame (BATCH). Three threads do the I/O, each in i
   when the socket takes it, otherwise through that connection's own writer thread and a
   bounded queue, so a dead or non-reading peer cannot stall it.
 
+Every control connection opens with the handshake of :mod:`hostagent.auth` (a proof of the
+job secret both ways, the peer's configured address, and each side's key for the other's
+message tokens); every data packet carries its message's token, which the receiver checks
+before anything else, so neither a frame nor a datagram from outside the job reaches a message.
+
 Every finished message's figures, with monotonic times, stay in :attr:`Endpoint.message_log`
 (the testbed's time breakdown reads them).
 

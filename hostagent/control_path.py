@@ -342,8 +342,10 @@ class ControlPath:
                     raise _Rejected("bad_proof", f"claimed rank {rank} without proving the job secret")
                 conn.step = auth.STEP_KEY
                 self._tx_keys[rank] = key
-                self._authenticated(conn)  # before the key leaves: data may follow it at once
+                with self._lock:
+                    self._authed.add(rank)  # before the key leaves: data may follow it at once
                 self._send_hello(conn, auth.STEP_KEY, key=self._rx_key(rank))
+                self._authenticated(conn)  # after: no record of ours may overtake the key
             else:
                 raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
             return

@@ -1,15 +1,20 @@
-"""A scripted control peer on real sockets, for tests of what a hostile or faulty peer can do.
+"""A scripted hostile or faulty peer on real sockets: control handshakes and data datagrams.
 
 It speaks the handshake of :mod:`hostagent.auth` step by step, with whatever secret (or none)
 the test gives it, so a test can stop anywhere: never answer, answer wrongly, complete the
-handshake and then stop reading, or claim a rank it is not.
+handshake and then stop reading, or claim a rank it is not. :func:`hostile_datagrams` makes
+data packets of every hostile kind. (``bench/hostile.py`` uses both.)
 """
 
 from __future__ import annotations
 
 import socket
 
+import numpy as np
+
 from hostagent import auth, wire
+from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from hostagent.policy import Policy
 
 
 def send_hello(sock: socket.socket, rank: int, job_id: int, step: int, nonce: bytes = b"", proof: bytes = b"",
@@ -79,3 +84,30 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError("the peer closed the connection")
         buf += chunk
     return bytes(buf)
+
+
+def hostile_datagrams(n: int, job: int, victim: int, real: list[tuple[int, int]], seed: int = 0) -> list[bytes]:
+    """``n`` datagrams of every hostile kind, in turn: forged copies of the headers of the real
+    messages ``real`` (sender, message id), with the right job, sender, message and offsets, a
+    guessed token and a garbage payload; data for unknown messages from a configured rank (0),
+    from the ``victim`` itself and from a rank that does not exist (7); random bytes; a
+    truncated header; another version; another job."""
+    rng = np.random.default_rng(seed)
+    policy = Policy(loss_bound_push=0.0)
+    garbage = rng.standard_normal(elems_per_packet(1500, np.float32) * 4).astype(np.float32) * 1e6
+    kinds: list[list[bytes]] = []
+    kinds.append([d for sender, mid in real for d in  # one kind: forgeries of every real message in turn
+                  packetize(garbage, MessageMeta(job_id=job, message_id=mid, sender_rank=sender,
+                                                 token=int(rng.integers(1 << 32))), policy)])
+    for sender in (0, victim, 7):
+        kinds.append([d for _ in range(16) for d in
+                      packetize(garbage, MessageMeta(job_id=job, message_id=int(rng.integers(1 << 30)),
+                                                     sender_rank=sender), policy)])
+    kinds.append([rng.integers(0, 256, int(rng.integers(1, 1500)), dtype=np.uint8).tobytes() for _ in range(64)])
+    kinds.append([bytes(wire.HEADER_SIZE - 1)])
+    other_job = list(packetize(garbage, MessageMeta(job_id=job + 1, message_id=1, sender_rank=0), policy))
+    kinds.append(other_job)
+    old = bytearray(other_job[0])
+    old[0] = wire.VERSION - 1
+    kinds.append([bytes(old)])
+    return [kinds[i % len(kinds)][(i // len(kinds)) % len(kinds[i % len(kinds)])] for i in range(n)]

@@ -39,34 +39,6 @@ def _blast(port: int, datagrams: list[bytes]) -> None:
     s.close()
 
 
-def _hostile_datagrams(n: int, job: int, victim: int, real: list[tuple[int, int]], seed: int = 0) -> list[bytes]:
-    """``n`` datagrams of every hostile kind, round robin: forged copies of real messages'
-    headers (right job, sender, message, offsets; guessed token, garbage payload), data for
-    unknown messages from a configured rank, from the victim itself and from a rank that does
-    not exist, random bytes, truncated headers, other versions and other jobs."""
-    rng = np.random.default_rng(seed)
-    garbage = rng.standard_normal(PER * 4).astype(np.float32) * 1e6
-    kinds = []
-    for sender, mid in real:  # forged copies of messages in flight
-        kinds.append(list(packetize(garbage, MessageMeta(job_id=job, message_id=mid, sender_rank=sender,
-                                                         token=int(rng.integers(1 << 32))), EXACT)))
-    for sender in (0, victim, 7):  # unknown messages: a real rank, the victim itself, a rank that does not exist
-        kinds.append(list(packetize(garbage, MessageMeta(job_id=job, message_id=int(rng.integers(1 << 20)),
-                                                         sender_rank=sender), EXACT)))
-    kinds.append([rng.integers(0, 256, int(rng.integers(1, 1500)), dtype=np.uint8).tobytes() for _ in range(8)])
-    kinds.append([bytes(wire.HEADER_SIZE - 1)])
-    other = list(packetize(garbage, MessageMeta(job_id=job + 1, message_id=1, sender_rank=0), EXACT))
-    kinds.append(other)
-    old = bytearray(other[0])
-    old[0] = wire.VERSION - 1
-    kinds.append([bytes(old)])
-    out = []
-    for i in range(n):
-        kind = kinds[i % len(kinds)]
-        out.append(kind[(i // len(kinds)) % len(kind)])
-    return out
-
-
 def test_forged_data_arriving_first_never_reaches_the_tensor(endpoints):
     """Copies of a real message's headers with a guessed token and garbage payloads, sent
     before the real data, to a receiver that already expects the message with bound 0: the
@@ -92,7 +64,7 @@ def test_hostile_datagrams_of_every_kind_change_no_tensor_and_delay_no_message(e
     a, b = endpoints(2, policy=EXACT, secret=SECRET)
     a.connect([1])
     mids = list(range(100, 120))
-    hostile = _hostile_datagrams(20_000, 1, victim=1, real=[(0, m) for m in mids])
+    hostile = rogue.hostile_datagrams(20_000, 1, victim=1, real=[(0, m) for m in mids])
     attack = threading.Thread(target=_blast, args=(b.me.data_port, hostile))
     attack.start()
     worst = 0.0
@@ -126,7 +98,7 @@ def test_junk_at_an_overrun_receiver_blames_no_one(endpoints, caplog):
     time.sleep(0.5)  # quiet: the clean feedback of that message has gone
     rate = a.endpoint_stats()["rate_bytes_per_s"][1]
     feedback = b.endpoint_stats()["ctl_records_sent"].get("FEEDBACK", 0)
-    _blast(b.me.data_port, _hostile_datagrams(30_000, 1, victim=1, real=[(0, 1)]))
+    _blast(b.me.data_port, rogue.hostile_datagrams(30_000, 1, victim=1, real=[(0, 1)]))
     time.sleep(0.5)
     st = b.endpoint_stats()
     assert st["rx_socket_overflows"] > 0, "the flood did not overrun the receiver; the test proves nothing"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,11 +94,33 @@ def rig(tmp_path):
         netns.del_netns(ns)
 
 
-def capture(iface: str):
-    """Start capturing on ``iface``; returns the sniffer (``.stop()`` gives the packets)."""
-    from scapy.sendrecv import AsyncSniffer
+class Capture:
+    """Packets seen on an interface from now on; ``.stop()`` ends the capture and gives them.
 
-    s = AsyncSniffer(iface=iface, store=True)
-    s.start()
-    time.sleep(0.3)
-    return s
+    Returns only once the sniffer really listens (its start can take a while on a loaded
+    machine), and keeps what it has seen so far in ``packets`` (with the time of the last)."""
+
+    def __init__(self, iface: str) -> None:
+        from scapy.sendrecv import AsyncSniffer
+
+        self.packets: list = []
+        self.last = time.monotonic()
+        started = threading.Event()
+        self._sniffer = AsyncSniffer(iface=iface, store=False, prn=self._add, started_callback=started.set)
+        self._sniffer.start()
+        if not started.wait(10):
+            raise RuntimeError(f"the packet capture on {iface} did not start within 10 s")
+        time.sleep(0.05)
+
+    def _add(self, pkt) -> None:
+        self.packets.append(pkt)
+        self.last = time.monotonic()
+
+    def stop(self) -> list:
+        self._sniffer.stop()
+        return self.packets
+
+
+def capture(iface: str) -> Capture:
+    """Start capturing on ``iface``."""
+    return Capture(iface)

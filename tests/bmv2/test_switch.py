@@ -24,9 +24,20 @@ def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000)
             DLCP(job_id=1, priority=priority, drop_class=drop_class, seq=seq) / Raw(b"\0" * 64))
 
 
-def received(sniffer, wait=0.5):
+def _ours(packets: list) -> list:
+    return [p for p in packets if IP in p and p[IP].src == "10.0.1.1"]
+
+
+def received(sniffer, wait=0.5, expect=0):
+    """The test's packets ``sniffer`` saw in ``wait`` seconds; with ``expect``, waiting up to
+    5 s more for that many (a loaded machine forwards late), then until 0.3 s pass quietly,
+    so a packet that should not come has had its chance."""
     time.sleep(wait)
-    return [p for p in sniffer.stop() if IP in p and p[IP].src == "10.0.1.1"]
+    deadline = time.monotonic() + 5
+    while expect and time.monotonic() < deadline and (
+            len(_ours(sniffer.packets)) < expect or time.monotonic() - sniffer.last < 0.3):
+        time.sleep(0.05)
+    return _ours(sniffer.stop())
 
 
 def test_apply_is_idempotent_and_converges_after_restart(rig):
@@ -56,7 +67,7 @@ def test_lpm_forwarding_rewrites_macs_and_ttl(rig):
         s3, s4 = capture(rig.host_ifaces[3]), capture(rig.host_ifaces[4])
         sendp([dlcp_pkt(dst="10.0.3.7"), dlcp_pkt(dst="10.0.3.200"), dlcp_pkt(dst="10.0.99.1")],
               iface=rig.host_ifaces[1], verbose=False)
-        got3, got4 = received(s3), received(s4, 0)
+        got3, got4 = received(s3, expect=1), received(s4, 0, expect=1)
         assert [p[IP].dst for p in got3] == ["10.0.3.7"] and [p[IP].dst for p in got4] == ["10.0.3.200"]
         p = got3[0]
         assert (p[Ether].src, p[Ether].dst, p[IP].ttl) == (switch_mac(3), host_mac(3), 63)

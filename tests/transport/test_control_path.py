@@ -171,10 +171,14 @@ def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
         st = a.send(1, x, i).wait(20)
         np.testing.assert_array_equal(h.wait(20).data, x)
         assert st.how == "stopped"
-    assert b.stats.ctl_records_sent["BITMAP"] >= 10  # every message lost something and asked for it
-    # a PROBE is needed only when a pass's LAST packet itself is lost (about 7 % of some 25
-    # passes here, loss injection being random), never once per message
-    assert a.stats.ctl_records_sent["PROBE"] <= 5
+    bitmaps = b.stats.ctl_records_sent["BITMAP"]
+    assert bitmaps >= 10  # every message lost something and asked for it
+    # A PROBE is needed only when a pass's LAST packet itself is lost (about 7 % of the passes
+    # here, loss injection being random) or the answer is later than the sender's measured
+    # answer time (a loaded machine), never once per pass: each message's first pass and each
+    # retransmission round a bitmap asked for.
+    passes = 10 + bitmaps
+    assert a.stats.ctl_records_sent["PROBE"] < passes / 2
 
 
 def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints):

@@ -90,5 +90,6 @@ def test_monitor_samples_a_real_busy_process_and_keeps_going_when_reads_fail():
     assert len(samples) >= 5 and len(calls) == len(samples)
     assert samples[1].ports == {}  # the failed read is skipped, not fatal
     cpu = [100 * (b.procs["spin"] - a.procs["spin"]) / (b.t - a.t) for a, b in zip(samples, samples[1:])]
-    assert max(cpu) > 50  # a spinning process shows as busy
+    assert max(cpu) > 20  # a spinning process shows as busy (an idle one is near 0; on an
+    # oversubscribed machine a spinning one gets only its share of a core)
     assert all(0 <= b <= 100 for b in machine_busy(samples))

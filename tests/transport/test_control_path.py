@@ -90,9 +90,13 @@ def test_a_clean_exchange_sends_no_probe_and_few_frames(endpoints):
     lone_feedback = int((time.monotonic() - t0) / b.config.clean_feedback_interval) + 1
     sent = a.stats.ctl_frames_sent - frames0
     answered = b.stats.ctl_frames_sent - rframes0
-    assert sent <= 20 + 3  # the META of each message, a probe now and then at most
+    probes = a.stats.ctl_records_sent["PROBE"] - probes0
+    # The META of each message, and a probe only where a STOP came later than the sender's
+    # measured answer time allows: none on an idle machine, a few on a loaded one, never one
+    # per message.
+    assert sent <= 20 + probes + 1
+    assert probes < 10
     assert answered <= 20 + 3 + lone_feedback  # one STOP frame each (feedback rides along)
-    assert a.stats.ctl_records_sent["PROBE"] - probes0 <= 3
 
 
 @pytest.mark.parametrize("offload", [True, False])

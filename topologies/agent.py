@@ -32,7 +32,7 @@ from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 from topologies.breakdown import iteration_breakdown
-from topologies.workload import worker_plan
+from topologies.workload import TRAINING_WORKLOADS, worker_plan
 
 
 def _endpoint(spec: dict, rank: int) -> Endpoint:
@@ -40,7 +40,7 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     peers = tuple(Peer(r, ip, d, c) for r, (ip, (d, c)) in enumerate(zip(spec["peer_ips"], ports)))
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
-                          connect_timeout=30.0, offload=spec.get("offload", False))
+                          connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"))
     return Endpoint(cfg).start()
 
 
@@ -108,23 +108,27 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     ep.close()
 
 
-def run_digits(spec: dict, rank: int, out: Path) -> None:
-    """Real PyTorch training (examples/train_digits.py's model and data) through dlcp_torch."""
+def run_training(spec: dict, rank: int, out: Path) -> None:
+    """Real PyTorch training through dlcp_torch: the model, data and optimiser of the example
+    named ``spec["model"]`` (examples/train_digits.py or examples/train_mnist1d.py)."""
     import torch
 
     import dlcp_torch
-    from examples.train_digits import load_data, make_model
+    from examples.dptrain import get_workload
 
     torch.set_num_threads(1)
-    (xtr, ytr), (xte, yte) = load_data()
-    model = make_model()
-    peers = [f"{ip}:{spec['data_port']}:{spec['control_port']}" for ip in spec["peer_ips"]]
+    workload = get_workload(spec["model"])
+    (xtr, ytr), (xte, yte) = workload.load_data()
+    model = workload.make_model(0)
+    ports = spec.get("ports") or [(spec["data_port"], spec["control_port"])] * len(spec["peer_ips"])
+    peers = [f"{ip}:{d}:{c}" for ip, (d, c) in zip(spec["peer_ips"], ports)]
     session = dlcp_torch.init(spec["pattern"], rank=rank, world_size=spec["workers"], peers=peers, model=model,
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
-                              offload=spec.get("offload", False))
-    opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
-                                          session.state, fusion=FusionConfig(enabled=spec.get("fusion", True)))
+                              offload=spec.get("offload", False), secret=spec.get("secret"))
+    inner, schedule = workload.make_optimizer(model.parameters(), workload.lr, spec["iterations"] + 1)
+    opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,
+                                          fusion=FusionConfig(enabled=spec.get("fusion", True)))
     shard = torch.arange(rank, len(ytr), spec["workers"])
     g = torch.Generator().manual_seed(100 + rank)
     with open(out, "w") as f:
@@ -132,11 +136,13 @@ def run_digits(spec: dict, rank: int, out: Path) -> None:
             retx0, ctl0 = session.endpoint.stats.retransmitted_pkts, _ctl_frames(session.endpoint)
             n_lost = len(session.state.stats.lost_fractions)
             t0 = time.monotonic()
-            idx = shard[torch.randint(0, len(shard), (32,), generator=g)]
+            idx = shard[torch.randint(0, len(shard), (workload.batch,), generator=g)]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
             t1 = time.monotonic()
             opt.step()
+            if schedule is not None:
+                schedule.step()
             end = time.monotonic()
             lost = session.state.stats.lost_fractions[n_lost:]
             parts = iteration_breakdown(t0, t1, end, _received_in(session.endpoint, None, t0))
@@ -173,8 +179,8 @@ def main() -> None:
     rank = int(sys.argv[2])
     if rank == spec["workers"] and spec["pattern"] == "ps":
         run_server(spec, rank)
-    elif spec["model"] == "digits":
-        run_digits(spec, rank, Path(sys.argv[3]))
+    elif spec["model"] in TRAINING_WORKLOADS:
+        run_training(spec, rank, Path(sys.argv[3]))
     else:
         run_worker(spec, rank, Path(sys.argv[3]))
 

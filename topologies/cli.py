@@ -1,7 +1,8 @@
 """``dlcp``: the whole command line, host tools plus the testbed's commands.
 
 The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`; this module adds
-what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``. It sits at the top of the package graph
+what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``; and ``converge``, real
+training on loopback (:mod:`topologies.converge_run`). It sits at the top of the package graph
 (topologies -> controller -> hostagent), so nothing below imports it.
 """
 
@@ -108,8 +109,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", default="baseline,dlcp",
                    help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (default baseline,dlcp)")
     p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer", "digits"], default="resnet50",
-                   help="synthetic gradients with this model's per-tensor sizes, or real training on digits")
+    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer", "digits", "mnist1d"],
+                   default="resnet50", help="synthetic gradients with this model's per-tensor sizes, or real "
+                   "training on digits or MNIST-1D (needs pip install -e '.[mnist1d]')")
     p.add_argument("--pattern", choices=["ps", "ring"], default="ps")
     p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
     p.add_argument("--compute-ms", type=float, default=500.0,
@@ -154,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
+                       "on loopback (real training; no root)")
+    from topologies.converge_run import add_converge_arguments, cmd_converge
+
+    add_converge_arguments(p)
+    p.set_defaults(func=cmd_converge)
     p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
     p.set_defaults(func=cmd_clean)
     return parser

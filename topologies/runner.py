@@ -27,6 +27,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy
 from topologies import traffic
@@ -35,6 +36,7 @@ from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bo
 from topologies.validity import RunMonitor, judge, machine_busy
 from topologies.registry import REGISTRY, Registry
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
+from topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,8 @@ SCHEMES: dict[str, dict[str, bool]] = {
     "drop": dict(prio=False, lb=False, drop=True, bounded=False),
     "bounded": dict(prio=False, lb=False, drop=False, bounded=True),
 }
-#: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits).
-WORKLOADS = ("resnet50", "vgg16", "transformer", "digits")
+#: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits, mnist1d).
+WORKLOADS = ("resnet50", "vgg16", "transformer") + TRAINING_WORKLOADS
 PYTHON = sys.executable
 
 
@@ -177,7 +179,8 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
             "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
-            "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations}
+            "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
+            "secret": new_secret()}  # a fresh job secret per run: control connections must prove it
     if ports is not None:
         spec["ports"] = [list(p) for p in ports]
     return spec
@@ -256,6 +259,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
     spec = agent_spec(opts, policy, peers)
     (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
+    (sdir / "agent.json").chmod(0o600)  # it holds the job secret
     bound = scheme_bound(topo, opts, scheme, spec)
     procs: list[subprocess.Popen] = []
     cross: list[subprocess.Popen] = []
@@ -297,9 +301,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             if time.monotonic() - t0 > opts.timeout:
                 raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
                                     f"(logs in {sdir})")
-            # warm-up + measured + calibration (synthetic) or final (digits)
-            total = (opts.iterations + 1 + (1 if opts.workload == "digits" else opts.calibration_iterations)) \
-                * len(workers)
+            # warm-up + measured + calibration (synthetic) or final (training)
+            last = 1 if opts.workload in TRAINING_WORKLOADS else opts.calibration_iterations
+            total = (opts.iterations + 1 + last) * len(workers)
             done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs), total)
             _progress(opts, f"{label} {time.monotonic() - t0:5.0f} s  iterations {done}/{total} "
                       + "#" * int(30 * done / total))

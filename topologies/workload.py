@@ -16,6 +16,10 @@ from hostagent.model_profiles import layer_sizes
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 
+#: Testbed workloads that train a real model (an example's, :mod:`examples.dptrain`) instead of
+#: exchanging synthetic gradients; the agent runs them with ``run_training``.
+TRAINING_WORKLOADS = ("digits", "mnist1d")
+
 
 def fusion_for(spec: Mapping) -> FusionConfig:
     """DDP's bucket caps scaled like the model (``scale``), at least ``bucket_floor_packets``

@@ -1,0 +1,324 @@
+"""What the training examples share: one data-parallel training loop through DLCP.
+
+The examples (``train_digits.py``, ``train_mnist1d.py``) differ only in their data and model,
+a :class:`Workload`; the loop, the loss injection, the local process launcher, the
+side-by-side comparison and the command line live here once, so a change to how DLCP is
+driven (or measured) reaches every workload, and ``dlcp converge`` and the testbed agent
+train exactly what the examples train.
+
+A run is seeded by :attr:`TrainConfig.seed`: model initialisation, every worker's batches and
+the injected loss. Seed 0 reproduces the examples' historical runs exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import dlcp_torch
+from hostagent.policy import Policy
+from hostagent.transport import LossInjection
+
+#: (train inputs, train labels), (test inputs, test labels)
+Data = tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+#: Workload name -> the example module that defines ``WORKLOAD``.
+WORKLOAD_MODULES = {"digits": "examples.train_digits", "mnist1d": "examples.train_mnist1d"}
+
+#: Seeds of different runs are this far apart, so no two runs share a generator stream.
+SEED_STRIDE = 1000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and its data, with the optimiser settings that train it well."""
+
+    name: str
+    title: str
+    """How reports name it, e.g. ``digits MLP``."""
+    load_data: Callable[[], Data]
+    make_model: Callable[[int], torch.nn.Module]
+    """Builds the model with its parameters initialised from the given seed."""
+    steps: int
+    batch: int
+    """Samples per worker per step."""
+    lr: float
+    cosine: bool = False
+    """Anneal the learning rate to 0 over the run (cosine): the last steps then settle, so the
+    final accuracy of a run varies far less from seed to seed and small differences resolve."""
+    prerequisite: Callable[[], object] | None = None
+    """Raises (one line, saying how to install it) when an optional package is missing."""
+
+    def make_optimizer(self, params, lr: float, steps: int
+                       ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        """SGD with momentum 0.9, and the schedule to step after every optimiser step (or None)."""
+        opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if self.cosine else None
+
+
+def get_workload(name: str) -> Workload:
+    """The :class:`Workload` called ``name`` (imports its example module only now)."""
+    if name not in WORKLOAD_MODULES:
+        raise ValueError(f"unknown training workload {name!r}; one of {sorted(WORKLOAD_MODULES)}")
+    return importlib.import_module(WORKLOAD_MODULES[name]).WORKLOAD
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One data-parallel training run on this machine (every worker reads the same one)."""
+
+    workers: int = 4
+    pattern: str = "ps"
+    mode: str = "ddp"
+    """``ddp``: DDP with the DLCP comm hook; ``optimizer``: DLCP's DistributedOptimizer."""
+    steps: int = 300
+    batch: int = 32
+    lr: float = 0.05
+    loss: float = 0.0
+    """Injected drop probability of drop classes 1..n-1 at every receiver (class 0 never)."""
+    bound: float = 0.0
+    """Loss bound p of gradient pushes."""
+    error_feedback: bool = False
+    mtu: int = 1500
+    timeout: float = 600.0
+    seed: int = 0
+    eval_every: int = 0
+    """Evaluate on the test set every this many steps on worker 0 (0: only after the last)."""
+
+    def __post_init__(self) -> None:
+        if self.pattern not in ("ps", "ring"):
+            raise ValueError(f"pattern must be ps or ring, got {self.pattern!r}")
+        if self.mode not in ("ddp", "optimizer"):
+            raise ValueError(f"mode must be ddp or optimizer, got {self.mode!r}")
+        if self.workers < 1 or self.steps < 1 or self.batch < 1:
+            raise ValueError(f"workers, steps and batch must be >= 1, got {self.workers}, {self.steps}, {self.batch}")
+        if not 0 <= self.loss <= 1 or not 0 <= self.bound < 1:
+            raise ValueError(f"loss must be in [0, 1] and bound in [0, 1), got {self.loss} and {self.bound}")
+        if self.seed < 0 or self.eval_every < 0:
+            raise ValueError(f"seed and eval_every must be >= 0, got {self.seed} and {self.eval_every}")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> TrainConfig:
+        """The fields ``ns`` has (the rest keep their defaults); other attributes are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).float().mean().item()
+    model.train(was_training)
+    return acc
+
+
+def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
+    """One worker's run; returns its figures (worker 0 also its accuracy-vs-time ``trace``).
+
+    Time-to-accuracy needs the accuracy during training, but evaluating is not training: the
+    trace's clock (``train_s``) leaves out worker 0's evaluations (the other workers wait for
+    it at the next exchange, so the job's wall time grows by the same amount).
+    """
+    (xtr, ytr), (xte, yte) = workload.load_data()
+    model = workload.make_model(cfg.seed)
+    policy = Policy(loss_bound_push=cfg.bound)
+    base = SEED_STRIDE * cfg.seed
+    drop = (0.0,) + (cfg.loss,) * (policy.num_drop_classes - 1)  # droppable classes only
+    server_loss = LossInjection(drop_probabilities=drop, seed=base + 1) if cfg.loss > 0 else None
+    worker_loss = LossInjection(drop_probabilities=drop, seed=base + 2 + rank) if cfg.loss > 0 else None
+    if cfg.mode == "ddp":
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        net = model
+    session = dlcp_torch.init(cfg.pattern, rank=rank, world_size=world, model=model, policy=policy,  # DLCP
+                              loss=worker_loss, server_loss=server_loss, error_feedback=cfg.error_feedback,
+                              mtu=cfg.mtu)
+    inner, schedule = workload.make_optimizer(model.parameters(), cfg.lr, cfg.steps)
+    if cfg.mode == "ddp":
+        net.register_comm_hook(session.state, dlcp_torch.dlcp_hook)  # DLCP
+        opt = inner
+    else:
+        opt = dlcp_torch.DistributedOptimizer(inner, model, session.state)  # DLCP
+    shard = torch.arange(rank, len(ytr), world)
+    g = torch.Generator().manual_seed(base + 100 + rank)
+    tracing = cfg.eval_every > 0 and rank == 0
+    trace = [(0.0, 0, _accuracy(model, xte, yte))] if tracing else []
+    t0 = time.monotonic()
+    evaluating = 0.0
+    step_times = []
+    try:
+        for step in range(cfg.steps):
+            idx = shard[torch.randint(0, len(shard), (cfg.batch,), generator=g)]
+            ts = time.monotonic()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+            opt.step()
+            if schedule is not None:
+                schedule.step()
+            step_times.append(time.monotonic() - ts)
+            if tracing and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                te = time.monotonic()
+                trace.append((te - t0 - evaluating, step + 1, _accuracy(model, xte, yte)))
+                evaluating += time.monotonic() - te
+        train_s = time.monotonic() - t0 - evaluating
+        acc = _accuracy(model, xte, yte)
+        if tracing:
+            trace.append((train_s, cfg.steps, acc))
+        stats = session.state.stats
+        res = {"rank": rank, "accuracy": acc, "wall": time.monotonic() - t0, "train_s": train_s,
+               "sync_ms_p50": 1e3 * statistics.median(stats.sync_times),
+               "sync_ms_p99": 1e3 * float(np.percentile(stats.sync_times, 99)),
+               "step_ms_p50": 1e3 * statistics.median(step_times),
+               "lost_mean": float(np.mean(stats.lost_fractions)) if stats.lost_fractions else 0.0}
+        if tracing:
+            res["trace"] = [list(p) for p in trace]
+        return res
+    finally:
+        if cfg.mode == "ddp":
+            dist.barrier()
+        time.sleep(0.2)
+        session.close()
+        if cfg.mode == "ddp":
+            dist.destroy_process_group()
+
+
+def _worker(rank: int, cfg: TrainConfig, workload: Workload, ports: tuple[int, int], out) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(ports[0]), DLCP_STORE_PORT=str(ports[1]))
+    torch.set_num_threads(1)
+    try:
+        out.put(train(cfg, workload, rank, cfg.workers))
+    except BaseException as exc:
+        out.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def free_ports(n: int = 2) -> tuple[int, ...]:
+    """``n`` distinct free TCP ports on loopback (torch's store and DLCP's store)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = tuple(s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
+    """Start ``cfg.workers`` worker processes on this machine and collect their results.
+
+    The data is loaded once here first, so a workload that generates and caches its data
+    does so once, not in every worker at the same time.
+    """
+    import torch.multiprocessing as mp
+
+    workload.load_data()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    ports = free_ports(2)
+    procs = [ctx.Process(target=_worker, args=(r, cfg, workload, ports, out)) for r in range(cfg.workers)]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:
+            results.append(out.get(timeout=cfg.timeout))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    errors = [r for r in results if "error" in r]
+    if errors:
+        raise RuntimeError(f"worker {errors[0]['rank']} failed: {errors[0]['error']}")
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None) -> list[dict]:
+    """Lossless, loss with a reliable push (p = 0), bounded loss, and bounded loss with error
+    feedback, one after the other, printed as a table."""
+    configs = [("lossless, p = 0", dict(loss=0.0, bound=0.0, error_feedback=False)),
+               (f"{cfg.loss:.0%} loss, p = 0 (reliable)", dict(loss=cfg.loss, bound=0.0, error_feedback=False)),
+               (f"{cfg.loss:.0%} loss, p = {cfg.bound}", dict(loss=cfg.loss, bound=cfg.bound, error_feedback=False)),
+               (f"{cfg.loss:.0%} loss, p = {cfg.bound}, EF", dict(loss=cfg.loss, bound=cfg.bound,
+                                                               error_feedback=True))]
+    server = " + parameter server" if cfg.pattern == "ps" else ""
+    print(f"{workload.title}, {cfg.workers} workers{server} on loopback ({cfg.pattern}, {cfg.mode}), "
+          f"{cfg.steps} steps of {cfg.batch} per worker; loss injected on drop classes 1-3 at every receiver")
+    print(f"{'configuration':<30}{'accuracy':>9}{'sync p50 ms':>13}{'sync p99 ms':>13}{'lost':>8}{'wall s':>8}")
+    rows = []
+    for name, change in configs:
+        res = run_local(dataclasses.replace(cfg, **change), workload)
+        r0 = res[0]
+        lost = float(np.mean([r["lost_mean"] for r in res]))
+        print(f"{name:<30}{r0['accuracy']:>9.4f}{r0['sync_ms_p50']:>13.1f}{r0['sync_ms_p99']:>13.1f}"
+              f"{lost:>8.2%}{max(r['wall'] for r in res):>8.1f}", flush=True)
+        rows.append({"config": name, **change, "results": res})
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def parser(workload: Workload, doc: str | None) -> argparse.ArgumentParser:
+    """The examples' command line; step, batch and learning-rate defaults come from ``workload``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--pattern", choices=["ps", "ring"], default="ps")
+    ap.add_argument("--mode", choices=["ddp", "optimizer"], default="ddp",
+                    help="DDP with the DLCP comm hook, or DLCP's DistributedOptimizer without DDP")
+    ap.add_argument("--steps", type=int, default=workload.steps)
+    ap.add_argument("--batch", type=int, default=workload.batch)
+    ap.add_argument("--lr", type=float, default=workload.lr)
+    ap.add_argument("--loss", type=float, default=0.0, help="injected drop probability of drop classes 1-3")
+    ap.add_argument("--bound", type=float, default=0.0, help="loss bound p of gradient pushes")
+    ap.add_argument("--error-feedback", action="store_true")
+    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the model, the batches and the injected loss")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="also record worker 0's test accuracy every N steps (a time-to-accuracy trace)")
+    ap.add_argument("--compare", action="store_true", help="lossless vs bounded loss vs error feedback")
+    ap.add_argument("--json", help="also write the results here")
+    return ap
+
+
+def main(workload: Workload, doc: str | None = None, argv: Sequence[str] | None = None) -> None:
+    """Under torchrun: this process's worker; otherwise start the workers here (or ``--compare``)."""
+    ap = parser(workload, doc)
+    args = ap.parse_args(argv)
+    if workload.prerequisite is not None:
+        try:
+            workload.prerequisite()
+        except RuntimeError as exc:
+            ap.exit(2, f"{ap.prog}: {exc}\n")
+    if args.compare and args.loss == 0:
+        args.loss, args.bound = 0.05, 0.1
+    try:
+        cfg = TrainConfig.from_namespace(args)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.compare:
+        compare(cfg, workload, args.json)
+    elif "RANK" in os.environ:
+        print(json.dumps(train(cfg, workload, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))))
+    else:
+        results = run_local(cfg, workload)
+        for r in results:
+            print(json.dumps({k: v for k, v in r.items() if k != "trace"}))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))

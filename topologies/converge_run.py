@@ -1,0 +1,186 @@
+"""Running a ``dlcp converge`` study: each run is the example's workers in a child process
+tree (``python -m examples.train_<workload>``), one after the other by default; rows go into
+the study's CSV as runs finish, and the table and plots are written from it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from hostagent.errors import DlcpUserError
+from topologies.converge import (Config, Grid, Settings, Summary, append_row, key_of, markdown_table, read_rows,
+                                 row_of, rows_for, run_key, summarise)
+from topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
+
+if TYPE_CHECKING:  # the examples live in the source tree, imported when a study starts
+    from examples.dptrain import Workload
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def max_jobs(workers: int, cpus: int | None = None) -> int:
+    """Runs at once that this machine can take: each run's workers need a core each, or the
+    measured times are contention (at least one run, however small the machine)."""
+    return max(1, (cpus or os.cpu_count() or 1) // workers)
+
+
+def check_workload(workload: str) -> Workload:
+    """The example's :class:`~examples.dptrain.Workload` called ``workload``, checked to be
+    trainable here (its optional packages installed). The examples are not installed with the
+    package; they are imported from the source tree."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    try:
+        from examples.dptrain import get_workload
+    except ImportError as exc:
+        raise DlcpUserError(f"dlcp converge trains the examples in {REPO / 'examples'}: run it from a source "
+                            f"checkout ({exc})") from None
+    try:
+        w = get_workload(workload)
+        if w.prerequisite is not None:
+            w.prerequisite()
+    except (ValueError, RuntimeError) as exc:
+        raise DlcpUserError(str(exc)) from None
+    return w
+
+
+def run_one(settings: Settings, config: Config, seed: int, out: Path, timeout: float) -> list[dict]:
+    """One run: the example's workers as a child process tree, its log under ``out/logs``."""
+    check_workload(settings.workload)
+    from examples.dptrain import WORKLOAD_MODULES
+
+    module = WORKLOAD_MODULES[settings.workload]
+    name = (f"{config.pattern}-p{config.bound:g}-loss{config.loss:g}{'-ef' if config.error_feedback else ''}"
+            f"-seed{seed}")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    result = out / "logs" / f"{name}.json"
+    result.unlink(missing_ok=True)  # a failed attempt's leftovers are never read as this run's
+    cmd = [sys.executable, "-m", module, "--workers", str(settings.workers), "--pattern", config.pattern,
+           "--mode", settings.mode, "--steps", str(settings.steps), "--loss", str(config.loss),
+           "--bound", str(config.bound), "--seed", str(seed), "--eval-every", str(settings.eval_every),
+           "--timeout", str(timeout), "--json", str(result)] + (["--error-feedback"] if config.error_feedback else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    with open(out / "logs" / f"{name}.log", "w") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise DlcpUserError(f"run {name} did not finish within {timeout + 60:g} s (log: {log.name})") from None
+    if proc.returncode != 0:
+        raise DlcpUserError(f"run {name} failed with exit code {proc.returncode} (log: {out / 'logs' / name}.log)")
+    return json.loads(result.read_text())
+
+
+def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: float = 900.0,
+          progress: Callable[[str], None] = print) -> tuple[list[Summary], list[str]]:
+    """Run every run of ``grid`` not yet in ``out/converge.csv``, then write the table and plots.
+
+    Returns the summaries and the failures (one line each; a failed run has no row, so the
+    next call retries it).
+    """
+    if not 1 <= jobs <= max_jobs(settings.workers):
+        raise DlcpUserError(f"--jobs {jobs}: at most {max_jobs(settings.workers)} run(s) of {settings.workers} "
+                            f"workers at once on {os.cpu_count()} CPUs")
+    check_workload(settings.workload)  # fails now, not after the first run, when it cannot train
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "converge.csv"
+    done = {run_key(r) for r in read_rows(csv_path)}
+    todo = [(c, s) for c, s in grid.runs() if key_of(settings, c, s) not in done]
+    total = len(grid.runs())
+    progress(f"{total - len(todo)} of {total} runs already in {csv_path}; {len(todo)} to run")
+    failures: list[str] = []
+
+    def finish(i: int, c: Config, s: int, results: list[dict] | Exception) -> None:
+        if isinstance(results, Exception):
+            failures.append(str(results))
+            progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: FAILED: {results}")
+            return
+        row = row_of(settings, c, s, results)
+        append_row(csv_path, row)
+        progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: accuracy {row['accuracy']:.4f}, "
+                 f"{row['train_s']:.1f} s, lost {row['lost_mean']:.1%}")
+
+    def attempt(c: Config, s: int) -> list[dict] | Exception:
+        try:
+            return run_one(settings, c, s, out, timeout)
+        except DlcpUserError as exc:
+            return exc
+
+    if jobs == 1:
+        for i, (c, s) in enumerate(todo, 1):
+            finish(i, c, s, attempt(c, s))
+    else:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = {pool.submit(attempt, c, s): (c, s) for c, s in todo}
+            for i, fut in enumerate(as_completed(futures), 1):
+                finish(i, *futures[fut], fut.result())
+    return report(out, settings, grid), failures
+
+
+def report(out: Path, settings: Settings, grid: Grid) -> list[Summary]:
+    """converge.md and the two plots from the rows of this study in ``out/converge.csv``."""
+    rows = rows_for(read_rows(out / "converge.csv"), settings, grid)
+    summaries = summarise(rows, settings, grid)
+    if summaries:
+        (out / "converge.md").write_text(markdown_table(summaries))
+        plot_accuracy_vs_bound(out / "accuracy-vs-bound.png", summaries, rows, settings, grid)
+        plot_accuracy_vs_time(out / "accuracy-vs-time.png", summaries, rows, settings, grid)
+    return summaries
+
+
+def cmd_converge(args: argparse.Namespace) -> int:
+    """``dlcp converge``: run the study the options describe, print its table."""
+    from topologies import converge as cv
+
+    steps = args.steps or check_workload(args.workload).steps
+    settings = cv.Settings(workload=args.workload, workers=args.workers, steps=steps,
+                           eval_every=args.eval_every or max(1, steps // 20), mode=args.mode)
+    grid = cv.Grid(seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)),
+                   bounds=cv.parse_floats(args.bounds, "--bounds"),
+                   losses=None if args.losses == "same" else cv.parse_floats(args.losses, "--losses"),
+                   error_feedback=cv.parse_switches(args.error_feedback, "--error-feedback"),
+                   patterns=tuple(p.strip() for p in args.patterns.split(",")), reliable=args.reliable)
+    out = Path(args.out)
+    summaries, failures = study(settings, grid, out, jobs=args.jobs, timeout=args.timeout,
+                                progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(cv.markdown_table(summaries), end="")
+    print(f"study directory: {out} (converge.csv, converge.md, accuracy-vs-bound.png, accuracy-vs-time.png, logs/)")
+    if failures:
+        print(f"dlcp: error: {len(failures)} run(s) failed (first: {failures[0]}); the same command retries them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_converge_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``dlcp converge`` (registered by :mod:`topologies.cli`)."""
+    p.add_argument("--workload", choices=["mnist1d", "digits"], default="mnist1d",
+                   help="the example to train (mnist1d needs: pip install -e '.[mnist1d]')")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between test evaluations for time-to-accuracy (default: steps / 20)")
+    p.add_argument("--mode", choices=["ddp", "optimizer"], default="ddp")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--bounds", default="0,0.1,0.2", help="loss bounds p, comma-separated (default 0,0.1,0.2)")
+    p.add_argument("--losses", default="same",
+                   help="injected drop probabilities of drop classes 1-3, crossed with the bounds; "
+                        "same (default): each bound with a loss equal to it")
+    p.add_argument("--reliable", action="store_true",
+                   help="also each nonzero bound's loss with p = 0 (recovered in full): the time baseline")
+    p.add_argument("--error-feedback", default="off,on", help="off, on or off,on (default)")
+    p.add_argument("--patterns", default="ps,ring", help="ps, ring or ps,ring (default)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once (default 1; at most one per --workers cores of this machine)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    p.add_argument("--out", default="runs/converge",
+                   help="study directory; runs already in its converge.csv are skipped (default runs/converge)")

@@ -94,7 +94,9 @@ def machine_busy(samples: list[Sample]) -> np.ndarray:
     for a, b in zip(samples, samples[1:]):
         total = b.machine[1] - a.machine[1]
         if total > 0:
-            out.append(100.0 * (b.machine[0] - a.machine[0]) / total)
+            # clamped: Linux's iowait counter can step backwards, which puts a busy share of a
+            # short interval a little outside 0..100 on a loaded machine
+            out.append(min(100.0, max(0.0, 100.0 * (b.machine[0] - a.machine[0]) / total)))
     return np.array(out)
 
 

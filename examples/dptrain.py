@@ -57,8 +57,8 @@ class Workload:
     """Samples per worker per step."""
     lr: float
     cosine: bool = False
-    """Anneal the learning rate to 0 over the run (cosine): the last steps then settle, so the
-    final accuracy of a run varies far less from seed to seed and small differences resolve."""
+    """Anneal the learning rate to 0 over the run (cosine): the last steps settle, so the final
+    accuracy is not read in the middle of the noise that a constant rate keeps up to the end."""
     prerequisite: Callable[[], object] | None = None
     """Raises (one line, saying how to install it) when an optional package is missing."""
 

@@ -5,9 +5,9 @@ one sample is 0.28 points). MNIST-1D (Greydanus, 2020) is generated on this mach
 ``mnist1d`` package's ``make_dataset`` with its default arguments except the number of samples
 (10,000 instead of 5,000, so the test set has 2,000 samples and one sample is 0.05 points);
 nothing is downloaded. The data set is cached under ``~/.cache/dlcp`` (``DLCP_CACHE_DIR``)
-after the first run. The CNN (22,858 parameters, 64 packets per gradient at MTU 1500) reaches
-about 91 % in 1,000 steps of 4 x 32 samples with a cosine learning-rate schedule: room on both
-sides, and seeds agree to about 0.3 points.
+after the first run. The CNN (22,858 parameters, 65 packets per gradient at MTU 1500) reaches
+about 90.5 % in 1,000 steps of 4 x 32 samples with a cosine learning-rate schedule: room on
+both sides (seeds spread it by about 1.3 points, standard deviation; README, Convergence).
 
 Needs ``mnist1d``: ``pip install -e '.[mnist1d]'`` in the repository (or ``pip install mnist1d``).
 

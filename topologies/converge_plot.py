@@ -23,7 +23,7 @@ def _title(settings: Settings, grid: Grid, summaries: Sequence[Summary]) -> str:
     ns = sorted({s.accuracy.n for s in summaries}) or [0]
     seeds = f"{ns[0]}" if ns[0] == ns[-1] else f"{ns[0]}-{ns[-1]}"
     return (f"{settings.workload}, {settings.workers} workers on loopback, {settings.steps} steps, "
-            f"{seeds} seeds per configuration; {loss} on drop classes 1-3")
+            f"{seeds} seeds per configuration\n{loss} on drop classes 1-3")
 
 
 def plot_accuracy_vs_bound(path: Path, summaries: Sequence[Summary], rows: Sequence[dict], settings: Settings,
@@ -59,7 +59,7 @@ def plot_accuracy_vs_bound(path: Path, summaries: Sequence[Summary], rows: Seque
     ax.set_ylabel("final test accuracy (%)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    ax.set_title(_title(settings, grid, summaries) + "\nmean, bars: 95 % t interval, dots: seeds", fontsize=8)
+    ax.set_title(_title(settings, grid, summaries) + "; mean, bars: 95 % t interval, dots: seeds", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

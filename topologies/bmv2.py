@@ -6,6 +6,11 @@ server binds every address of that namespace), with its P4Runtime server on a Un
 or on loopback, and ``--priority-queues 8`` so v1model's ``standard_metadata.priority``
 selects a real priority queue. Its output goes to a log file in the run directory; if it does
 not come up, the error quotes the log's tail.
+
+Before the switch starts, its ports' segmentation and receive offloads are turned off
+(:func:`quiet_offloads`): BMv2 reads each port through libpcap, which sizes its capture ring
+for 64 KB frames when an interface has any such offload on, so a veth port's ring held about
+32 frames and a burst beyond that was lost before the P4 program saw it, counted nowhere.
 """
 
 from __future__ import annotations
@@ -79,6 +84,41 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+#: ``ethtool -k`` names of the offloads that make libpcap expect 64 KB frames.
+PCAP_SIZING_OFFLOADS = {"tso": "tcp-segmentation-offload", "gso": "generic-segmentation-offload",
+                        "gro": "generic-receive-offload", "lro": "large-receive-offload"}
+
+
+def _offloads_on(text: str) -> list[str]:
+    """The offloads an ``ethtool -k`` listing shows on (fixed or not)."""
+    on = []
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(":")
+        if name in PCAP_SIZING_OFFLOADS.values() and value.split()[:1] == ["on"]:
+            on.append(name)
+    return on
+
+
+def quiet_offloads(iface: str, netns: str | None = None) -> None:
+    """Turn off the offloads of ``iface`` that make libpcap size BMv2's capture ring for 64 KB
+    frames (libpcap then holds about 2 MB / 64 KB = 32 frames per port; with them off, about a
+    thousand). Raises :class:`Bmv2Error` naming any that stay on."""
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    if shutil.which("ethtool") is None:
+        raise Bmv2Error("ethtool is not installed (Debian package ethtool): it is needed to turn off "
+                        f"{iface}'s offloads, without which BMv2 loses bursts of more than ~32 packets")
+    args = [a for key in PCAP_SIZING_OFFLOADS for a in (key, "off")]
+    # A fixed-off feature makes ethtool complain and exit non-zero; what counts is the state after.
+    subprocess.run([*prefix, "ethtool", "-K", iface, *args], capture_output=True)
+    shown = subprocess.run([*prefix, "ethtool", "-k", iface], capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise Bmv2Error(f"ethtool -k {iface}: {shown.stderr.strip() or shown.returncode}")
+    still = _offloads_on(shown.stdout)
+    if still:
+        raise Bmv2Error(f"{iface}: could not turn off {', '.join(still)}; BMv2 would lose bursts of "
+                        "more than ~32 packets on it")
+
+
 class Bmv2Switch:
     """One simple_switch_grpc process."""
 
@@ -107,6 +147,8 @@ class Bmv2Switch:
         import grpc
 
         Path(self.options.log_dir).mkdir(parents=True, exist_ok=True)
+        for iface in self.options.ports.values():
+            quiet_offloads(iface, self.options.netns)
         if self.options.grpc.startswith("unix:"):
             sock = Path(self.options.grpc[5:])
             sock.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@
  *
  * The real BMv2 queues of the port stay in place, each rate-limited to R and at least as
  * deep as the virtual buffer: packets still queue physically (delay that hosts see), and a
- * later high-priority packet leaves before an earlier low-priority backlog. Limits, against
+ * later high-priority packet waits only for the high-priority packets ahead of it, not for an
+ * earlier low-priority backlog. Limits, against
  * a real strict-priority port: the admitted traffic never exceeds R*T + B in any interval T
  * (B = the virtual buffer), but while a lower-priority real queue still holds packets and a
  * higher one receives, both drain at R, so the wire can carry up to 2R for at most B packets.

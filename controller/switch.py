@@ -27,7 +27,7 @@ from controller.reconcile import Change, check_unique, diff
 log = logging.getLogger(__name__)
 
 #: Counters per egress port x queue, in the order reports show them.
-PORT_QUEUE_COUNTERS = ("forwarded", "selective_dropped", "tail_dropped", "ecn_marked")
+PORT_QUEUE_COUNTERS = ("admitted", "forwarded", "selective_dropped", "tail_dropped", "ecn_marked")
 DROP_REASONS = ("none", "no_route", "ttl_expired", "not_ipv4", "tail", "selective", "no_group")
 NUM_QUEUES = 8
 
@@ -117,7 +117,9 @@ class Switch:
         return {port: (n, us) for port, (n, us) in enumerate(zip(gaps, micros)) if n}
 
     def counters(self) -> dict:
-        """Counters as ``{"ports": [rows...], "drop_reasons": {...}}`` with non-zero rows only."""
+        """Counters, non-zero rows only: ``ports`` (per egress port x queue: admitted, forwarded,
+        dropped, marked), ``drop_reasons``, ``selective_drops_by_class`` and ``received`` (frames the
+        pipeline took in, per ingress port)."""
         raw = {name: self.conn.read_counter(self.schema.counter(name).id) for name in PORT_QUEUE_COUNTERS}
         rows = []
         for index in sorted(set().union(*(set(k for k, v in c.items() if v[0]) for c in raw.values()))):
@@ -131,7 +133,9 @@ class Switch:
         drops = {DROP_REASONS[i] if i < len(DROP_REASONS) else str(i): v[0] for i, v in sorted(reasons.items()) if v[0]}
         by_class = self.conn.read_counter(self.schema.counter("selective_dropped_class").id)
         classes = {i: v[0] for i, v in sorted(by_class.items()) if v[0]}
-        return {"switch": self.spec.name, "ports": rows, "drop_reasons": drops, "selective_drops_by_class": classes}
+        received = self.conn.read_counter(self.schema.counter("received").id)
+        return {"switch": self.spec.name, "ports": rows, "drop_reasons": drops, "selective_drops_by_class": classes,
+                "received": {port: v[0] for port, v in sorted(received.items()) if v[0]}}
 
     # --- converging -----------------------------------------------------------------------
     def plan(self, net: Network, tables: Iterable[str] | None = None) -> tuple[bool, list[Change]]:

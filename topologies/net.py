@@ -16,6 +16,7 @@ from pathlib import Path
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
+from topologies import netns
 from topologies.bmv2 import Bmv2Options, Bmv2Switch
 from topologies.topos import TopologyDesc
 
@@ -42,6 +43,14 @@ class DlcpSwitch(Switch):
                            grpc=f"unix:{self.sock_dir}/{self.name}.grpc", thrift_port=9090,
                            log_dir=self.run_dir, netns=self.name)
         self.bmv2 = Bmv2Switch(opts).start()
+
+    def port_rx_frames(self) -> dict[int, int]:
+        """Per BMv2 port: frames its interface received (the kernel's count). Set beside the
+        pipeline's ``received`` counter, the difference is what BMv2 lost before its pipeline."""
+        if self.bmv2 is None:
+            return {}
+        names = {iface: port for port, iface in self.bmv2.options.ports.items()}
+        return {names[i]: n for i, n in netns.rx_frames(list(names), self.name).items()}
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's signature
         if self.bmv2 is not None:

@@ -33,7 +33,7 @@ from hostagent.policy import Policy
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
-from topologies.validity import RunMonitor, judge, machine_busy
+from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.registry import REGISTRY, Registry
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 from topologies.workload import TRAINING_WORKLOADS
@@ -238,7 +238,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                     registry: Registry, label: str, switches: dict) -> dict:
     """Run the agents (and cross traffic) of one scheme while the monitor samples; read results."""
     def counters() -> dict:
-        return {name: sw.counters() for name, sw in switches.items()}
+        # the kernel's count first: a frame still in a capture ring then counts in both
+        frames = {s.name: s.port_rx_frames() for s in net.switches}
+        return {name: {**sw.counters(), "port_rx_frames": frames.get(name, {})} for name, sw in switches.items()}
 
     bottlenecks = sorted(topo.bottlenecks)
 
@@ -326,12 +328,37 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     return {"scheme": scheme, "policy": policy.to_dict(), "iterations": iterations,
             "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},
             "switches": _counter_delta(before, after),
-            "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker"))),
+            "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker")),
+                                  _silent_losses(before, after)),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None}
 
 
-def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: RunOptions, workers: int) -> dict:
+def _silent_losses(before: dict, after: dict) -> dict:
+    """Per place and switch port, (packets, packets lost there without a drop counter) over the
+    run: frames the interface received against those the pipeline took in; packets the
+    pipeline admitted to a port against those that left it."""
+    def delta(key: str) -> dict:
+        return {(short(sw), int(port)): n - before.get(sw, {}).get(key, {}).get(port, 0)
+                for sw, a in after.items() for port, n in a.get(key, {}).items()}
+
+    def per_port(rows_of: dict, name: str) -> dict:
+        out: dict = {}
+        for sw, c in rows_of.items():
+            for r in c["ports"]:
+                out[(short(sw), r["port"])] = out.get((short(sw), r["port"]), 0) + r.get(f"{name}_pkts", 0)
+        return out
+
+    def port_delta(name: str) -> dict:
+        a, b = per_port(after, name), per_port(before, name)
+        return {k: v - b.get(k, 0) for k, v in a.items()}
+
+    return {"ingress": losses(delta("port_rx_frames"), delta("received")),
+            "buffer": losses(port_delta("admitted"), port_delta("forwarded"))}
+
+
+def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: RunOptions, workers: int,
+              silent: dict | None = None) -> dict:
     """The verdict over the measured iterations (from the first one's start to the last one's end)."""
     measured = [r for r in iterations if r.get("kind") == "measured" and "t_start" in r]
     if not measured:
@@ -339,7 +366,7 @@ def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: Ru
     agents = [f"worker{r}" for r in range(workers)] + (["server"] if opts.pattern == "ps" else [])
     capacity = {(short(sw), port): float(opts.capacity_pps) for sw, port in bottlenecks}
     return judge(samples, min(r["t_start"] for r in measured), max(r["t_end"] for r in measured), capacity,
-                 agents).as_dict()
+                 agents, silent=silent).as_dict()
 
 
 def _cpu_trace(samples: list) -> dict:

@@ -13,9 +13,18 @@ samples, every ``interval`` seconds,
 
 The pure functions below turn those samples into a verdict over the measured iterations: the
 run is *invalid* when the machine was saturated, when an agent was CPU-bound (its host stack,
-not the network, set the pace), or when a bottleneck, while backlogged, served below
-``min_rate_ratio`` of its capacity (the switch could not keep its own line rate). A port that
-was hardly ever backlogged gives no verdict, and the report says so.
+not the network, set the pace), when a bottleneck, while backlogged, served below
+``min_rate_ratio`` of its capacity (the switch could not keep its own line rate), or when a
+switch lost packets where no drop counter sees them (more than ``max_silent_loss`` of a port's
+packets), which the hosts would take for congestion:
+
+* before its pipeline: the kernel delivered frames to BMv2's libpcap capture ring, which
+  overflowed while the switch waited for CPU (the interface's ``rx_packets`` against the
+  pipeline's ``received`` counter);
+* in its buffer: the pipeline admitted packets that BMv2's real queue, full while the egress
+  thread waited for CPU, then dropped (``admitted`` against ``forwarded``).
+
+A port that was hardly ever backlogged gives no rate verdict, and the report says so.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ class ValidityRules:
     """A backlogged bottleneck must serve at least this share of its capacity."""
     min_busy_intervals: int = 200
     """Fewer service intervals while backlogged say nothing about the rate."""
+    max_silent_loss: float = 0.001
+    """Share of a switch port's packets BMv2 may lose uncounted (before its pipeline or in its buffer)."""
 
 
 @dataclass
@@ -74,6 +85,8 @@ class Validity:
     """Per bottleneck port: backlogged windows, median rate while backlogged, capacity, ratio."""
     window_s: float
     samples: int
+    silent_losses: list[dict] = field(default_factory=list)
+    """Per switch port and place ("ingress", "buffer") with uncounted losses: packets, lost."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -122,13 +135,32 @@ def backlogged_service(samples: list[Sample], port: Port) -> tuple[int, float]:
     return seen[-1][0] - seen[0][0], (seen[-1][1] - seen[0][1]) / 1e6
 
 
+def losses(into: Mapping[Port, int], out_of: Mapping[Port, int]) -> dict[Port, tuple[int, int]]:
+    """Per switch port: (packets that went into a stage, packets of those that never came out),
+    from two counts' changes over the same quiet-to-quiet interval."""
+    return {port: (n, max(0, n - out_of.get(port, 0))) for port, n in sorted(into.items())}
+
+
+_WHERE = {"ingress": "frames before its pipeline (BMv2's capture ring overflowed)",
+          "buffer": "admitted packets in BMv2's queue (full while its egress thread waited)"}
+
+
 def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, float],
-          agents: list[str], rules: ValidityRules = ValidityRules()) -> Validity:
+          agents: list[str], rules: ValidityRules = ValidityRules(),
+          silent: Mapping[str, Mapping[Port, tuple[int, int]]] | None = None) -> Validity:
     """The verdict over the measured window [t0, t1] (monotonic seconds).
 
     ``capacity``: packets/s of each bottleneck port; ``agents``: the labels of the processes
-    whose own CPU limit would invalidate the run (workers and the parameter server).
+    whose own CPU limit would invalidate the run (workers and the parameter server);
+    ``silent``: per place (``"ingress"``, ``"buffer"``) and switch port, (packets, packets
+    lost there uncounted) over the whole run (see :func:`losses`).
     """
+    lost_rows = [{"switch": p[0], "port": p[1], "where": where, "packets": n, "lost": lost}
+                 for where, by_port in sorted((silent or {}).items()) for p, (n, lost) in sorted(by_port.items())
+                 if lost]
+    lost_reasons = [f"switch {r['switch']} port {r['port']} lost {r['lost']} of {r['packets']} "
+                    f"{_WHERE.get(r['where'], r['where'])}: the switch was starved of CPU"
+                    for r in lost_rows if r["lost"] > rules.max_silent_loss * r["packets"]]
     win = _in_window(samples, t0, t1)
     reasons: list[str] = []
     if len(win) < 3:
@@ -137,11 +169,12 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
                        "(run more iterations)")
         win = samples
         if len(win) < 2:
-            return Validity(False, reasons, float("nan"), float("nan"), {}, [], t1 - t0, len(win))
+            return Validity(False, reasons + lost_reasons, float("nan"), float("nan"), {}, [], t1 - t0, len(win),
+                            lost_rows)
     busy = machine_busy(win)
     if len(busy) == 0:
-        return Validity(False, reasons + ["no CPU interval could be measured"], float("nan"), float("nan"), {}, [],
-                        t1 - t0, len(win))
+        return Validity(False, reasons + ["no CPU interval could be measured"] + lost_reasons, float("nan"),
+                        float("nan"), {}, [], t1 - t0, len(win), lost_rows)
     p50, p90 = float(np.median(busy)), float(np.percentile(busy, 90))
     if p50 >= rules.machine_busy_max:
         reasons.append(f"machine saturated: median CPU {p50:.0f} % of all cores >= {rules.machine_busy_max:.0f} %")
@@ -160,7 +193,8 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
         if judged and row["ratio"] < rules.min_rate_ratio:
             reasons.append(f"bottleneck {port[0]}:{port[1]} served {row['rate_pps']:.0f} pps while backlogged, "
                            f"{row['ratio']:.0%} of its {cap:.0f} pps")
-    return Validity(not reasons, reasons, p50, p90, procs, ports, t1 - t0, len(win))
+    reasons += lost_reasons
+    return Validity(not reasons, reasons, p50, p90, procs, ports, t1 - t0, len(win), lost_rows)
 
 
 # --- I/O: sampling while a scheme runs ---------------------------------------------------------

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from topologies.validity import RunMonitor, Sample, ValidityRules, judge, machine_busy
+from topologies.validity import RunMonitor, Sample, ValidityRules, judge, losses, machine_busy
 
 PORT = ("l1", 8)
 
@@ -44,6 +44,25 @@ def test_a_cpu_bound_agent_invalidates():
 def test_a_backlogged_port_below_capacity_invalidates():
     v = judge(_samples(60, 40, 1500, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
     assert not v.valid and "l1:8 served 1500 pps while backlogged, 75% of its 2000 pps" in v.reasons[0]
+
+
+def test_packets_a_switch_lost_uncounted_invalidate_beyond_the_tolerance():
+    ingress = losses({("s1", 1): 10_000, ("s1", 2): 5_000, ("s2", 1): 7},
+                     {("s1", 1): 9_950, ("s1", 2): 4_999, ("s2", 1): 9})
+    assert ingress == {("s1", 1): (10_000, 50), ("s1", 2): (5_000, 1), ("s2", 1): (7, 0)}
+    buffer = losses({("s2", 3): 2_000}, {("s2", 3): 1_900})
+    v = judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"],
+              silent={"ingress": ingress, "buffer": buffer})
+    # 50 of 10,000 and 100 of 2,000 are beyond 0.1 %; 1 of 5,000 is within it but still reported
+    assert not v.valid and v.reasons == [
+        "switch s2 port 3 lost 100 of 2000 admitted packets in BMv2's queue (full while its egress thread "
+        "waited): the switch was starved of CPU",
+        "switch s1 port 1 lost 50 of 10000 frames before its pipeline (BMv2's capture ring overflowed): "
+        "the switch was starved of CPU"]
+    assert [(r["where"], r["port"], r["lost"]) for r in v.silent_losses] == [
+        ("buffer", 3, 100), ("ingress", 1, 50), ("ingress", 2, 1)]
+    assert judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"],
+                 ValidityRules(max_silent_loss=0.1), silent={"ingress": ingress, "buffer": buffer}).valid
 
 
 def test_a_port_hardly_ever_backlogged_gives_no_verdict():

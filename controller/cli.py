@@ -114,6 +114,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print("  (no traffic yet)")
     drops = ", ".join(f"{k}: {v:,}" for k, v in stats["drop_reasons"].items()) or "none"
     print(f"drops by reason: {drops}")
+    received = ", ".join(f"{p}: {n:,}" for p, n in stats["received"].items()) or "none"
+    print(f"frames received per ingress port: {received}")
     return 0
 
 

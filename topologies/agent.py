@@ -131,6 +131,15 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))
     shard = torch.arange(rank, len(ytr), spec["workers"])
     g = torch.Generator().manual_seed(100 + rank)
+    eval_every = spec.get("eval_every", 0)
+
+    def accuracy() -> float:
+        model.eval()
+        with torch.no_grad():
+            acc = (model(xte).argmax(1) == yte).float().mean().item()
+        model.train()
+        return acc
+
     with open(out, "w") as f:
         for it in range(spec["iterations"] + 1):
             retx0, ctl0 = session.endpoint.stats.retransmitted_pkts, _ctl_frames(session.endpoint)
@@ -155,11 +164,13 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                 "messages": max(1, len(opt.buckets)),
                                 "control_frames": _ctl_frames(session.endpoint)[0] - ctl0[0],
                                 "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1]}) + "\n")
+            # every worker evaluates at the same iterations, outside the timed part, so none
+            # waits for another's evaluation (topologies/tta.py: time-to-accuracy)
+            if eval_every and (it % eval_every == 0 or it == spec["iterations"]):
+                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval", "accuracy": accuracy()}) + "\n")
             f.flush()
-        with torch.no_grad():
-            acc = (model(xte).argmax(1) == yte).float().mean().item()
-        f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final", "accuracy": acc})
-                + "\n")
+        f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final",
+                            "accuracy": accuracy()}) + "\n")
     time.sleep(0.5)
     session.close()
 

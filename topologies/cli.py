@@ -29,7 +29,7 @@ def _run_options(args: argparse.Namespace):
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
-                      quiet=args.quiet)
+                      quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -133,6 +133,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
     p.add_argument("--fusion", choices=["on", "off"], default="on",
                    help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
+    p.add_argument("--target-accuracy", type=float, default=None,
+                   help="training workloads: the accuracy whose time-to-accuracy is reported (default: the "
+                        "baseline's final accuracy minus 0.5 points)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="training workloads: evaluate the test set every this many iterations "
+                        "(default: iterations / 20)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 

@@ -19,7 +19,10 @@ communication-only calibration iterations are left out, the latter used only for
   recovery and straggler wait, means in ms, and a stacked-bar plot per scheme;
 * messages and control frames (sent and received) per worker per iteration, medians: what
   fusion and the batched control path cost;
-* validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss.
+* validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss;
+* training workloads: final accuracy, and time-to-accuracy (:mod:`topologies.tta`): training
+  seconds to a target accuracy (``--target-accuracy``, default the baseline's final accuracy
+  minus 0.5 points), its speedup paired by run, and a plot of accuracy against training time.
 
 With ``--repeat N`` the summary gives, per scheme, medians over its runs with 95 % bootstrap
 intervals (:mod:`topologies.stats`) and calls a speedup only when its interval excludes 1.
@@ -35,6 +38,7 @@ import numpy as np
 
 from topologies.breakdown import PARTS, add_stragglers
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
+from topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
 
 def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
@@ -83,6 +87,9 @@ def scheme_metrics(s: dict) -> dict:
     tail = sum(r.get("tail_dropped_pkts", 0) for sw in s["switches"].values() for r in sw["ports"])
     final = [r["accuracy"] for r in s["iterations"] if r.get("kind") == "final"]
     extra = {"accuracy": float(np.mean(final))} if final else {}
+    trace = accuracy_trace(s["iterations"])
+    if trace:
+        extra["accuracy_trace"] = trace
     if all("control_frames" in r for r in recs):
         extra["messages_per_iteration"] = float(np.median([r["messages"] for r in recs]))
         extra["control_frames_per_iteration"] = float(np.median([r["control_frames"] for r in recs]))
@@ -121,6 +128,11 @@ def aggregate(results: dict) -> dict[str, dict]:
     base_runs = _runs(results, "baseline")
     base_ok = [s for s in base_runs if _valid(s)] or base_runs
     base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in base_ok}
+    target = results.get("config", {}).get("target_accuracy")
+    if target is None:
+        target = default_target([s["metrics"].get("accuracy", math.nan) for s in base_ok])
+    base_tta = {s.get("repeat", 0): time_to_accuracy(s["metrics"].get("accuracy_trace", []), target)
+                for s in base_ok} if target is not None else {}
     out = {}
     for name in names:
         every = _runs(results, name)
@@ -135,6 +147,13 @@ def aggregate(results: dict) -> dict[str, dict]:
         row = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
                                    "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
                                    "control_frames_per_iteration", "accuracy", "straggler_spread")}
+        if target is not None and any("accuracy_trace" in x for x in m):
+            tta = {r.get("repeat", 0): time_to_accuracy(r["metrics"].get("accuracy_trace", []), target) for r in runs}
+            row["tta_s"] = median_ci(list(tta.values()))
+            row["tta_reached"] = sum(not math.isnan(t) for t in tta.values())
+            if base_tta:
+                keys = [k for k in tta if k in base_tta]
+                row["tta_speedup"] = median_ci(paired_ratios([base_tta[k] for k in keys], [tta[k] for k in keys]))
         row["retransmissions"] = median_ci([x["retransmissions"] for x in m])
         row["selective_drops"] = median_ci([sum(x["switch_selective_drops_by_class"].values()) for x in m])
         row["tail_drops"] = median_ci([x["switch_tail_drops"] for x in m])
@@ -148,6 +167,8 @@ def aggregate(results: dict) -> dict[str, dict]:
         flags = [r["metrics"]["ordering_efficiency_detail"]["flag"] for r in every]
         row["e_flags"] = [f for f in flags if f and not f.startswith("not measured")]
         row["cross"] = [r["cross"] for r in every if r.get("cross")]
+        if "tta_s" in row:
+            row["tta_target"] = target
         out[name] = row
     return out
 
@@ -189,7 +210,10 @@ def summary(results: dict) -> str:
                  "line-rate bound; msgs, ctl: messages and control frames per worker per iteration")
     for name, r in agg.items():
         if "speedup" in r and name != "baseline" and repeated:
-            lines.append(f"{name}: {verdict(r['speedup'])} than baseline (speedup {r['speedup'].text('{:.2f}')})")
+            sp = r["speedup"]
+            lines.append(f"{name}: {verdict(sp)} than baseline (speedup {sp.text('{:.2f}')})" if sp.low is not None
+                         else f"{name}: speedup {sp.text('{:.2f}')}, {verdict(sp)}")
+    lines += tta_lines(results, agg)
     for s in results["schemes"]:
         v = s.get("validity") or {}
         tag = f"{s['scheme']}" + (f" r{s.get('repeat', 0) + 1}" if repeated else "")
@@ -205,6 +229,25 @@ def summary(results: dict) -> str:
     if cross:
         lines += ["", "cross traffic (the cost to other tenants):", *cross]
     return "\n".join(lines)
+
+
+def tta_lines(results: dict, agg: dict) -> list[str]:
+    """Time-to-accuracy per scheme, with the target and how many runs reached it."""
+    rows = {n: r for n, r in agg.items() if "tta_s" in r}
+    if not rows:
+        return []
+    target = next(iter(rows.values()))["tta_target"]
+    given = results.get("config", {}).get("target_accuracy") is not None
+    out = ["", f"time to accuracy {target:.4f} ({'--target-accuracy' if given else 'baseline final - 0.5 points'}),"
+               " training seconds (evaluations left out):"]
+    for name, r in rows.items():
+        line = (f"  {name:<10}{r['tta_s'].text('{:.1f}') + ' s' if r['tta_reached'] else 'not reached':>24}"
+                f"  reached in {r['tta_reached']}/{r['runs']} run(s); final accuracy {r['accuracy'].text('{:.4f}')}")
+        sp = r.get("tta_speedup")
+        if sp is not None and name != "baseline" and sp.n:
+            line += f"; speedup {sp.text('{:.2f}')}x" + (f", {verdict(sp)}" if sp.low is not None else "")
+        out.append(line)
+    return out
 
 
 def breakdown_means(results: dict) -> dict[str, dict[str, float]]:
@@ -322,6 +365,28 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     made.append(run_dir / "drops_per_class.png")
     fig.savefig(made[-1])
     plt.close(fig)
+
+    if any("accuracy_trace" in s.get("metrics", {}) for s in results["schemes"]):
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        colors = {}
+        for n in names:
+            for s in runs_of[n]:
+                trace = s.get("metrics", {}).get("accuracy_trace")
+                if trace:
+                    line, = ax.plot([t for t, _ in trace], [a for _, a in trace], color=colors.get(n), alpha=0.7,
+                                    label=None if n in colors else n)
+                    colors[n] = line.get_color()
+        target = next((r.get("tta_target") for r in aggregate(results).values() if r.get("tta_target")), None)
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.4f}")
+        ax.set_xlabel("training time (s, evaluations left out)")
+        ax.set_ylabel("test accuracy (mean over workers)")
+        ax.set_title(f"Time to accuracy: {title}", fontsize=8)
+        ax.legend()
+        fig.tight_layout()
+        made.append(run_dir / "accuracy_time.png")
+        fig.savefig(made[-1])
+        plt.close(fig)
     return made
 
 

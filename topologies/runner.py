@@ -82,6 +82,10 @@ class RunOptions:
     """Switch queue of the cross traffic (its DSCP maps there); None: best effort (queue 0)."""
     strict: bool = False
     """``dlcp run`` exits non-zero when a scheme's run is invalid (see topologies.validity)."""
+    target_accuracy: float | None = None
+    """Training workloads: time-to-accuracy target; None: the baseline's final accuracy - 0.5 points."""
+    eval_every: int | None = None
+    """Training workloads: evaluate every this many iterations; None: iterations // 20 (at least 1)."""
     out: str = "runs"
     quiet: bool = False
     timeout: float = 600.0
@@ -106,6 +110,10 @@ class RunOptions:
             raise DlcpUserError("--cross-priority must be a switch queue, 0..7")
         if not 0 <= self.cross_rate <= 1:
             raise DlcpUserError("--cross-rate is a fraction of the bottleneck capacity, 0..1")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise DlcpUserError("--target-accuracy is a fraction, 0..1")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise DlcpUserError("--eval-every must be >= 1")
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
@@ -181,6 +189,8 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret()}  # a fresh job secret per run: control connections must prove it
+    if opts.workload in TRAINING_WORKLOADS:
+        spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:
         spec["ports"] = [list(p) for p in ports]
     return spec

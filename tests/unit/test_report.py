@@ -90,3 +90,52 @@ def test_breakdown_parts_add_up_and_stragglers_come_from_the_slowest_worker():
     recs = [{"iteration": 1, "t_end": 2.0, "breakdown": {}}, {"iteration": 1, "t_end": 2.3, "breakdown": {}}]
     add_stragglers(recs)
     assert math.isclose(recs[0]["breakdown"]["straggler"], 0.3) and recs[1]["breakdown"]["straggler"] == 0.0
+
+
+def _training_run(scheme: str, repeat: int, iter_s: float, accs: list[float]) -> dict:
+    """Two workers, 10 measured iterations of ``iter_s``, evaluated every 2 iterations with
+    accuracies ``accs`` (worker 1 a point below worker 0, so the trace must average)."""
+    s = _run(scheme, repeat, iter_s)
+    its = [{"kind": "measured", "iteration": i, "rank": r, "sync_time": iter_s / 2, "iteration_time": iter_s,
+            "compute_time": 0.5, "comm_span": iter_s / 2, "lost_fraction": 0.0, "retransmissions": 0,
+            "messages": 1, "control_frames": 2} for i in range(1, 11) for r in range(2)]
+    its += [{"kind": "eval", "iteration": 2 * k, "rank": r, "accuracy": a - 0.01 * r}
+            for k, a in enumerate(accs) for r in range(2)]
+    its += [{"kind": "final", "iteration": 11, "rank": r, "accuracy": accs[-1] - 0.01 * r} for r in range(2)]
+    s["iterations"] = its
+    s["metrics"] = scheme_metrics(s)
+    return s
+
+
+def test_accuracy_trace_and_time_to_accuracy():
+    from topologies.tta import accuracy_trace, default_target, time_to_accuracy
+
+    s = _training_run("baseline", 0, 0.5, [0.1, 0.5, 0.7, 0.8, 0.85, 0.9])
+    trace = accuracy_trace(s["iterations"])
+    # evaluation after iteration 0 (warm-up, off the clock), 2, 4, ...; accuracy averaged
+    assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert math.isclose(trace[2][1], 0.695)
+    assert time_to_accuracy(trace, 0.79) == 3.0 and math.isnan(time_to_accuracy(trace, 0.95))
+    assert math.isclose(default_target([0.9, 0.8, 0.85]), 0.845) and default_target([]) is None
+
+
+def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
+    runs = []
+    for r in range(3):
+        runs.append(_training_run("baseline", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90 + 0.001 * r]))
+        # dlcp: iterations 40 % faster, accuracy a little lower but above the target
+        runs.append(_training_run("dlcp", r, 0.6, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
+    results = {"config": {"target_accuracy": None}, "schemes": runs}
+    agg = aggregate(results)
+    target = agg["baseline"]["tta_target"]
+    assert math.isclose(target, 0.901 - 0.01 / 2 - 0.005)  # baseline's median final (mean of workers) - 0.5
+    assert agg["baseline"]["tta_s"].median == 10.0 and agg["baseline"]["tta_reached"] == 3
+    # its mean accuracy crosses 0.891 only at the last evaluation: 10 x 0.6 s
+    assert math.isclose(agg["dlcp"]["tta_s"].median, 6.0) and agg["dlcp"]["tta_reached"] == 3
+    assert math.isclose(agg["dlcp"]["tta_speedup"].median, 10.0 / 6.0)
+    text = summary(results)
+    assert "time to accuracy 0.8910 (baseline final - 0.5 points)" in text
+    assert "reached in 3/3 run(s)" in text and "faster" in text.split("time to accuracy")[1]
+    # a target nobody reaches is said so, not averaged away
+    results["config"]["target_accuracy"] = 0.99
+    assert "not reached" in summary(results)

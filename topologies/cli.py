@@ -29,7 +29,8 @@ def _run_options(args: argparse.Namespace):
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
-                      quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every)
+                      quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
+                      timeout=args.timeout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -139,6 +140,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=None,
                    help="training workloads: evaluate the test set every this many iterations "
                         "(default: iterations / 20)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds one scheme's run may take before it is stopped as failed (default 600; "
+                        "real training at a low capacity needs more)")
     p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 

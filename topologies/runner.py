@@ -114,6 +114,8 @@ class RunOptions:
             raise DlcpUserError("--target-accuracy is a fraction, 0..1")
         if self.eval_every is not None and self.eval_every < 1:
             raise DlcpUserError("--eval-every must be >= 1")
+        if self.timeout <= 0:
+            raise DlcpUserError("--timeout must be > 0 seconds")
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
@@ -311,7 +313,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         t0 = time.monotonic()
         while any(p.poll() is None for p in worker_procs):
             if time.monotonic() - t0 > opts.timeout:
-                raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s "
+                raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s (--timeout) "
                                     f"(logs in {sdir})")
             # warm-up + measured + calibration (synthetic) or final (training)
             last = 1 if opts.workload in TRAINING_WORKLOADS else opts.calibration_iterations

@@ -117,7 +117,8 @@ class TrainConfig:
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
 
-def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Test accuracy of ``model`` in eval mode (shared by the examples and the testbed agent)."""
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -157,7 +158,7 @@ def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
     shard = torch.arange(rank, len(ytr), world)
     g = torch.Generator().manual_seed(base + 100 + rank)
     tracing = cfg.eval_every > 0 and rank == 0
-    trace = [(0.0, 0, _accuracy(model, xte, yte))] if tracing else []
+    trace = [(0.0, 0, accuracy(model, xte, yte))] if tracing else []
     t0 = time.monotonic()
     evaluating = 0.0
     step_times = []
@@ -173,10 +174,10 @@ def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
             step_times.append(time.monotonic() - ts)
             if tracing and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 te = time.monotonic()
-                trace.append((te - t0 - evaluating, step + 1, _accuracy(model, xte, yte)))
+                trace.append((te - t0 - evaluating, step + 1, accuracy(model, xte, yte)))
                 evaluating += time.monotonic() - te
         train_s = time.monotonic() - t0 - evaluating
-        acc = _accuracy(model, xte, yte)
+        acc = accuracy(model, xte, yte)
         if tracing:
             trace.append((train_s, cfg.steps, acc))
         stats = session.state.stats

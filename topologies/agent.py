@@ -114,7 +114,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
     import torch
 
     import dlcp_torch
-    from examples.dptrain import get_workload
+    from examples.dptrain import accuracy, get_workload
 
     torch.set_num_threads(1)
     workload = get_workload(spec["model"])
@@ -132,13 +132,6 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
     shard = torch.arange(rank, len(ytr), spec["workers"])
     g = torch.Generator().manual_seed(100 + rank)
     eval_every = spec.get("eval_every", 0)
-
-    def accuracy() -> float:
-        model.eval()
-        with torch.no_grad():
-            acc = (model(xte).argmax(1) == yte).float().mean().item()
-        model.train()
-        return acc
 
     with open(out, "w") as f:
         for it in range(spec["iterations"] + 1):
@@ -167,10 +160,10 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
             # every worker evaluates at the same iterations, outside the timed part, so none
             # waits for another's evaluation (topologies/tta.py: time-to-accuracy)
             if eval_every and (it % eval_every == 0 or it == spec["iterations"]):
-                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval", "accuracy": accuracy()}) + "\n")
+                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval", "accuracy": accuracy(model, xte, yte)}) + "\n")
             f.flush()
         f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final",
-                            "accuracy": accuracy()}) + "\n")
+                            "accuracy": accuracy(model, xte, yte)}) + "\n")
     time.sleep(0.5)
     session.close()
 

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 from hostagent.errors import DlcpUserError
 from topologies.stats import CONFIDENCE
+from topologies.tta import time_to_accuracy
 
 PATTERNS = ("ps", "ring")
 #: A bounded configuration meets the issue's target when it is within this of lossless (0.5 points).
@@ -266,14 +267,6 @@ def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> MeanCI:
     sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
     half = float(t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     return MeanCI(m, m - half, m + half, n)
-
-
-def time_to_accuracy(trace: Sequence[Sequence[float]], target: float) -> float | None:
-    """Training seconds at the first evaluation at or above ``target`` (None: never reached).
-
-    ``trace`` is worker 0's ``(seconds, step, accuracy)`` points; between evaluations the time
-    is not known more finely than ``eval_every`` steps."""
-    return next((t for t, _, acc in trace if acc >= target), None)
 
 
 def target_verdict(delta: MeanCI, tolerance: float = TOLERANCE) -> str:

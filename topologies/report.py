@@ -108,6 +108,12 @@ def scheme_metrics(s: dict) -> dict:
             "switch_selective_drops_by_class": drops_by_class, "switch_tail_drops": tail}
 
 
+def _tta(metrics: dict, target: float) -> float:
+    """A run's time to ``target`` in training seconds, NaN when it never got there."""
+    t = time_to_accuracy(metrics.get("accuracy_trace", []), target)
+    return math.nan if t is None else t
+
+
 def _runs(results: dict, scheme: str) -> list[dict]:
     return sorted((s for s in results["schemes"] if s["scheme"] == scheme and s.get("metrics")),
                   key=lambda s: s.get("repeat", 0))
@@ -131,8 +137,7 @@ def aggregate(results: dict) -> dict[str, dict]:
     target = results.get("config", {}).get("target_accuracy")
     if target is None:
         target = default_target([s["metrics"].get("accuracy", math.nan) for s in base_ok])
-    base_tta = {s.get("repeat", 0): time_to_accuracy(s["metrics"].get("accuracy_trace", []), target)
-                for s in base_ok} if target is not None else {}
+    base_tta = {s.get("repeat", 0): _tta(s["metrics"], target) for s in base_ok} if target is not None else {}
     out = {}
     for name in names:
         every = _runs(results, name)
@@ -148,7 +153,7 @@ def aggregate(results: dict) -> dict[str, dict]:
                                    "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
                                    "control_frames_per_iteration", "accuracy", "straggler_spread")}
         if target is not None and any("accuracy_trace" in x for x in m):
-            tta = {r.get("repeat", 0): time_to_accuracy(r["metrics"].get("accuracy_trace", []), target) for r in runs}
+            tta = {r.get("repeat", 0): _tta(r["metrics"], target) for r in runs}
             row["tta_s"] = median_ci(list(tta.values()))
             row["tta_reached"] = sum(not math.isnan(t) for t in tta.values())
             if base_tta:
@@ -299,6 +304,16 @@ def describe(results: dict) -> str:
             f"{c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; {runs} run(s) per scheme")
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write and close ``fig``; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plots(run_dir: Path, results: dict) -> list[Path]:
     """Sync-time CDF (all runs of a scheme pooled), slowest worker's time per iteration (median
     over runs, bars min..max), selective drops per class (median over runs, bars min..max)."""
@@ -320,10 +335,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     ax.set_ylabel("CDF (iterations x workers, runs pooled)")
     ax.set_title(f"Sync time: {title}", fontsize=8)
     ax.legend()
-    fig.tight_layout()
-    made.append(run_dir / "sync_cdf.png")
-    fig.savefig(made[-1])
-    plt.close(fig)
+    made.append(_save(fig, run_dir / "sync_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for n in names:
@@ -343,10 +355,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     ax.set_ylabel("iteration time, slowest worker (ms)")
     ax.set_title(f"Time per iteration: {title}", fontsize=8)
     ax.legend()
-    fig.tight_layout()
-    made.append(run_dir / "iteration_time.png")
-    fig.savefig(made[-1])
-    plt.close(fig)
+    made.append(_save(fig, run_dir / "iteration_time.png"))
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     width = 0.8 / max(1, len(names))
@@ -361,10 +370,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     ax.set_ylabel("packets dropped selectively per run (all switches)")
     ax.set_title(f"Switch drops per drop class: {title}", fontsize=8)
     ax.legend()
-    fig.tight_layout()
-    made.append(run_dir / "drops_per_class.png")
-    fig.savefig(made[-1])
-    plt.close(fig)
+    made.append(_save(fig, run_dir / "drops_per_class.png"))
 
     if any("accuracy_trace" in s.get("metrics", {}) for s in results["schemes"]):
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -383,10 +389,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
         ax.set_ylabel("test accuracy (mean over workers)")
         ax.set_title(f"Time to accuracy: {title}", fontsize=8)
         ax.legend()
-        fig.tight_layout()
-        made.append(run_dir / "accuracy_time.png")
-        fig.savefig(made[-1])
-        plt.close(fig)
+        made.append(_save(fig, run_dir / "accuracy_time.png"))
     return made
 
 
@@ -410,10 +413,7 @@ def breakdown_plot(path: Path, results: dict) -> Path | None:
     ax.set_ylabel("time per iteration and worker (ms, mean)")
     ax.set_title(f"Where the time goes: {describe(results)}", fontsize=8)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def finish(run_dir: Path, results: dict) -> str:

@@ -14,6 +14,7 @@ left out), which is the job's wall time without its evaluations.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -43,9 +44,13 @@ def accuracy_trace(records: list[dict]) -> list[tuple[float, float]]:
     return trace
 
 
-def time_to_accuracy(trace: list[tuple[float, float]], target: float) -> float:
-    """Training seconds at the first evaluation that reached ``target``; NaN if none did."""
-    return next((t for t, acc in trace if acc >= target), math.nan)
+def time_to_accuracy(trace: Sequence[Sequence[float]], target: float) -> float | None:
+    """Training seconds at the first evaluation at or above ``target`` (None: never reached).
+
+    ``trace`` holds points whose first element is the training seconds and last the accuracy:
+    ``(seconds, accuracy)`` here, ``(seconds, step, accuracy)`` in ``dlcp converge``. Between
+    evaluations the time is not known more finely than their spacing."""
+    return next((p[0] for p in trace if p[-1] >= target), None)
 
 
 def default_target(baseline_final: list[float]) -> float | None:

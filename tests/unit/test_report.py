@@ -115,7 +115,7 @@ def test_accuracy_trace_and_time_to_accuracy():
     # evaluation after iteration 0 (warm-up, off the clock), 2, 4, ...; accuracy averaged
     assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert math.isclose(trace[2][1], 0.695)
-    assert time_to_accuracy(trace, 0.79) == 3.0 and math.isnan(time_to_accuracy(trace, 0.95))
+    assert time_to_accuracy(trace, 0.79) == 3.0 and time_to_accuracy(trace, 0.95) is None
     assert math.isclose(default_target([0.9, 0.8, 0.85]), 0.845) and default_target([]) is None
 
 

@@ -63,12 +63,19 @@ def _missing(marker: str) -> str | None:
         return "needs p4c-bm2-ss on PATH (install p4c from p4lang's packages)"
     if marker == "root" and not _shutil.which("mnexec"):
         return "needs Mininet (mnexec on PATH)"
+    if marker == "ns3":
+        import importlib.util
+
+        if importlib.util.find_spec("ns3") is None:
+            return "needs ns-3 (pip install -e '.[sim]')"
+        if not (_os.environ.get("CXX") or _shutil.which("g++")):
+            return "needs a C++ compiler (g++) to build the simulator once"
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for marker in ("bmv2", "p4c", "root"):
+        for marker in ("bmv2", "p4c", "root", "ns3"):
             if item.get_closest_marker(marker):
                 reason = _missing(marker)
                 if reason:

@@ -1,8 +1,9 @@
 """``dlcp``: the whole command line, host tools plus the testbed's commands.
 
 The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`; this module adds
-what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``; and ``converge``, real
-training on loopback (:mod:`topologies.converge_run`). It sits at the top of the package graph
+what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``; ``converge``, real
+training on loopback (:mod:`topologies.converge_run`); and ``sim``, the same schemes on ns-3
+(:mod:`dlcp_sim`). It sits at the top of the package graph
 (topologies -> controller -> hostagent), so nothing below imports it.
 """
 
@@ -172,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_converge_arguments(p)
     p.set_defaults(func=cmd_converge)
+    p = sub.add_parser("sim", help="the same schemes on an ns-3 leaf-spine at data-centre scale "
+                       "(needs pip install -e '.[sim]')")
+    from dlcp_sim.cli import add_sim_arguments, cmd_sim
+
+    add_sim_arguments(p)
+    p.set_defaults(func=cmd_sim)
     p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
     p.set_defaults(func=cmd_clean)
     return parser

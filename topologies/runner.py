@@ -7,7 +7,7 @@ cross traffic, start the agents (parameter server and workers) in their hosts, w
 workers, stop the rest, read the switch counters; finally write ``results.json``, the plots
 and the summary, and tear everything down.
 
-Schemes (``SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
+Schemes (``topologies.schemes.SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
 selective drop), ``dlcp`` (all three mechanisms) and ablations that switch on one mechanism
 at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` (selective
 dropping), ``bounded`` (bounded-loss completion).
@@ -33,22 +33,14 @@ from hostagent.policy import Policy
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
-from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.registry import REGISTRY, Registry
+from topologies.schemes import SCHEMES, check_schemes, policy_for
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
+from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
 
-#: Which mechanisms each scheme turns on.
-SCHEMES: dict[str, dict[str, bool]] = {
-    "baseline": dict(prio=False, lb=False, drop=False, bounded=False),
-    "dlcp": dict(prio=True, lb=True, drop=True, bounded=True),
-    "lb": dict(prio=False, lb=True, drop=False, bounded=False),
-    "prio": dict(prio=True, lb=False, drop=False, bounded=False),
-    "drop": dict(prio=False, lb=False, drop=True, bounded=False),
-    "bounded": dict(prio=False, lb=False, drop=False, bounded=True),
-}
 #: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits, mnist1d).
 WORKLOADS = ("resnet50", "vgg16", "transformer") + TRAINING_WORKLOADS
 PYTHON = sys.executable
@@ -93,9 +85,7 @@ class RunOptions:
     def validate(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise DlcpUserError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
-        bad = [s for s in self.schemes if s not in SCHEMES]
-        if bad or not self.schemes:
-            raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+        check_schemes(self.schemes)
         if self.workload not in WORKLOADS:
             raise DlcpUserError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
         if self.pattern not in ("ps", "ring"):
@@ -119,17 +109,8 @@ class RunOptions:
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
-    """The policy of one scheme: what is off falls back to the baseline's behaviour."""
-    on = SCHEMES[scheme]
-    buf = opts.buffer
-    return Policy(
-        priority_map=(0, 1, 2, 3, 4, 5, 6, 7) if on["prio"] else (0,) * 8,
-        lb_mode="round_robin" if on["lb"] else "flow",
-        num_drop_classes=4 if on["drop"] else 1,
-        drop_thresholds=(buf * 3 // 4, buf // 2, buf // 4) if on["drop"] else (),
-        ecn_threshold=max(1, buf // 4),
-        loss_bound_push=opts.loss_bound if on["bounded"] else 0.0,
-    )
+    """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and bound."""
+    return policy_for(scheme, opts.buffer, opts.loss_bound)
 
 
 def cross_dscp(policy: Policy, opts: RunOptions) -> int:
@@ -219,11 +200,11 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
 
 def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
                 index: int, repeat: int, sock_dir: Path) -> dict:
+    from controller import pipeline
     from controller.apply import apply_network
     from controller.network import parse_network
     from controller.p4info import P4Schema
     from controller.p4rt import Pipeline
-    from controller import pipeline
     from controller.switch import Switch
 
     sdir = run_dir / (scheme if opts.repeat == 1 else f"{scheme}-r{repeat + 1}")

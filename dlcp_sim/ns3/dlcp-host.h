@@ -1,0 +1,429 @@
+// DlcpHost: DLCP's transport rules as an ns-3 application on one host (one UDP socket).
+//
+// The rules are those of hostagent/ (transport, tx_path, rx_path, ratecontrol, policy):
+//   - every data packet carries its layer's priority and its drop class (DlcpTag);
+//   - a receiver completes a message once (1-p) of its packets arrived (policy.is_complete),
+//     tells the sender STOP, and the rest is zero-filled;
+//   - after its last packet the sender PROBEs; the receiver answers once no data of that
+//     message arrived for `answerIdle` (packets merely late are not reported missing) with a
+//     BITMAP of what it has, and the sender resends only what the bound needs, most important
+//     drop class first (policy.retransmission_set), as class 0; a lost probe is re-sent after
+//     `probeTimeout`;
+//   - DCTCP-like rate per destination (ratecontrol.RateController): alpha is a moving average of
+//     the marked-or-lost fraction, the rate is cut by alpha/2 at most once per `cutInterval`
+//     and grows additively otherwise; the host's link paces the sum.
+// The baseline is the same transport with p = 0 over FIFO switches with per-flow ECMP, as on
+// the testbed. Packets, not elements, are the unit of completion (all but a message's last
+// packet are full, so the two agree to within one packet).
+#pragma once
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "dlcp-header.h"
+#include "dlcp-tag.h"
+#include "ns3/application.h"
+#include "ns3/inet-socket-address.h"
+#include "ns3/simulator.h"
+#include "ns3/socket.h"
+#include "ns3/udp-socket-factory.h"
+
+namespace ns3 {
+
+//! The packets of one message: per-packet priority and drop class (from the Python side).
+struct MsgPlan {
+  uint32_t npkts = 0;
+  std::vector<uint8_t> priority, dropClass;
+};
+
+struct TransportParams {
+  uint32_t datagram = 1472;      // UDP payload of a full data packet (MTU - IP - UDP)
+  uint32_t controlBytes = 64;    // UDP payload of a control packet without a bitmap
+  double lineRate = 1.25e9;      // bytes/s of the host link
+  double initialRate = 1.25e9;   // bytes/s a new destination starts at
+  double minRate = 1e6;
+  double additiveIncrease = 0.0125e9;  // bytes/s per clean feedback
+  double gain = 1.0 / 16;
+  Time cutInterval = MicroSeconds(20);
+  Time answerIdle = MicroSeconds(20);
+  Time probeTimeout = MicroSeconds(200);
+  uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
+  uint8_t topPriority = 7;       // priority of control packets
+};
+
+struct HostStats {
+  uint64_t dataSent = 0, retransmitted = 0, duplicates = 0, probes = 0, bitmaps = 0, stops = 0,
+           feedbacks = 0, controlSent = 0, messagesSent = 0, messagesReceived = 0,
+           missingAtCompletion = 0, packetsAtCompletion = 0;
+};
+
+//! Receiver-side snapshots that BITMAP packets stand for: the wire carries the bitmap's bytes,
+//! the simulator hands the sender the same bits from here.
+struct BitmapStore {
+  std::map<uint32_t, std::vector<bool>> bits;
+  uint32_t next = 1;
+};
+
+class DlcpHost : public Application {
+ public:
+  static TypeId GetTypeId() {
+    static TypeId tid = TypeId("ns3::DlcpHost").SetParent<Application>();
+    return tid;
+  }
+
+  uint16_t rank = 0;
+  std::vector<Ipv4Address> peers;  // address of every rank
+  TransportParams tp;
+  std::shared_ptr<BitmapStore> bitmaps;
+  HostStats stats;
+  //! A message from `src` completed here (at least 1-p of it arrived).
+  std::function<void(uint16_t src, uint32_t msg)> onReceived;
+  //! Where completions are reported, one line each (null: not reported).
+  std::ostream* log = nullptr;
+
+  //! Queue a message for `dst`; its packets leave as the rate and priorities allow.
+  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) {
+    auto m = std::make_shared<TxMsg>();
+    m->dst = dst;
+    m->id = msg;
+    m->plan = plan;
+    m->ppm = uint32_t(lossBound * 1e6 + 0.5);
+    m->lowest = *std::min_element(plan->priority.begin(), plan->priority.end());
+    Flow& f = FlowTo(dst);
+    f.active.push_back(m);
+    stats.messagesSent++;
+    Pump();
+  }
+
+ private:
+  struct TxMsg {
+    uint16_t dst = 0;
+    uint32_t id = 0, ppm = 0, next = 0;
+    uint8_t lowest = 0;  // the message's least urgent priority: its probes travel there
+    const MsgPlan* plan = nullptr;
+    std::deque<uint32_t> retx;
+    bool probing = false, done = false;
+    EventId probeTimer;
+    bool HasPacket() const { return !done && (next < plan->npkts || !retx.empty()); }
+    uint32_t NextSeq() const { return next < plan->npkts ? next : retx.front(); }
+  };
+  struct Flow {
+    double rate = 0, alpha = 0;
+    Time nextSend, lastCut;
+    std::vector<std::shared_ptr<TxMsg>> active;
+  };
+  struct RxMsg {
+    uint32_t npkts = 0, required = 0, count = 0;
+    std::vector<bool> got;
+    bool complete = false;
+    Time lastData, lastStop;
+    EventId answer;
+  };
+  struct RxCounters {
+    uint32_t received = 0, marked = 0;
+  };
+
+  Ptr<Socket> m_sock;
+  std::map<uint16_t, Flow> m_flows;
+  std::map<uint64_t, RxMsg> m_rx;
+  std::map<uint16_t, RxCounters> m_fb;
+  Time m_hostNext;
+  EventId m_pump;
+
+  static uint64_t Key(uint16_t src, uint32_t msg) { return (uint64_t(src) << 32) | msg; }
+
+  Flow& FlowTo(uint16_t dst) {
+    auto it = m_flows.find(dst);
+    if (it == m_flows.end()) {
+      Flow f;
+      f.rate = tp.initialRate;
+      it = m_flows.emplace(dst, f).first;
+    }
+    return it->second;
+  }
+
+  void StartApplication() override {
+    m_sock = Socket::CreateSocket(GetNode(), UdpSocketFactory::GetTypeId());
+    m_sock->Bind(InetSocketAddress(Ipv4Address::GetAny(), 9000));
+    m_sock->SetRecvCallback(MakeCallback(&DlcpHost::Receive, this));
+  }
+  void StopApplication() override {
+    if (m_sock) m_sock->Close();
+  }
+
+  void Transmit(uint16_t dst, const DlcpHeader& h, uint32_t payload) {
+    Ptr<Packet> p = Create<Packet>(payload > DlcpHeader::SIZE ? payload - DlcpHeader::SIZE : 0);
+    p->AddHeader(h);
+    DlcpTag tag;
+    tag.priority = h.priority;
+    tag.dropClass = h.dropClass;
+    p->AddPacketTag(tag);
+    m_sock->SendTo(p, 0, InetSocketAddress(peers[dst], 9000));
+  }
+
+  void Control(uint16_t dst, DlcpType type, uint32_t msg, uint32_t npkts, uint32_t aux, uint32_t aux2,
+               uint32_t extraBytes = 0, uint8_t priority = 255) {
+    DlcpHeader h;
+    h.type = type;
+    h.priority = priority == 255 ? tp.topPriority : priority;
+    h.dropClass = 0;
+    h.src = rank;
+    h.dst = dst;
+    h.msg = msg;
+    h.npkts = npkts;
+    h.aux = aux;
+    h.aux2 = aux2;
+    stats.controlSent++;
+    Transmit(dst, h, tp.controlBytes + extraBytes);
+  }
+
+  // --- sending ---------------------------------------------------------------------------
+
+  //! Send every packet that the pacing allows now, most urgent first; wake when more may go.
+  void Pump() {
+    Time now = Simulator::Now();
+    while (true) {
+      Flow* best = nullptr;
+      TxMsg* bestMsg = nullptr;
+      Time wake = Time::Max();
+      for (auto& [dst, f] : m_flows) {
+        for (auto& m : f.active) {
+          if (!m->HasPacket()) continue;
+          if (f.nextSend > now) {
+            wake = std::min(wake, f.nextSend);
+            break;
+          }
+          uint8_t pr = m->plan->priority[m->NextSeq()];
+          if (!bestMsg || pr > bestMsg->plan->priority[bestMsg->NextSeq()] ||
+              (pr == bestMsg->plan->priority[bestMsg->NextSeq()] && m->id < bestMsg->id)) {
+            best = &f;
+            bestMsg = m.get();
+          }
+        }
+      }
+      if (!bestMsg) {
+        if (wake != Time::Max()) Wake(wake);
+        return;
+      }
+      if (m_hostNext > now) {
+        Wake(m_hostNext);
+        return;
+      }
+      SendOne(*best, *bestMsg);
+    }
+  }
+
+  void Wake(Time at) {
+    if (m_pump.IsPending() && m_pump.GetTs() <= uint64_t(at.GetTimeStep())) return;
+    m_pump.Cancel();
+    m_pump = Simulator::Schedule(at - Simulator::Now(), &DlcpHost::Pump, this);
+  }
+
+  void SendOne(Flow& f, TxMsg& m) {
+    bool first = m.next < m.plan->npkts;
+    uint32_t seq = first ? m.next++ : m.retx.front();
+    if (!first) m.retx.pop_front();
+    DlcpHeader h;
+    h.type = DATA;
+    h.priority = m.plan->priority[seq];
+    h.dropClass = first ? m.plan->dropClass[seq] : 0;  // retransmissions are protected
+    h.src = rank;
+    h.dst = m.dst;
+    h.msg = m.id;
+    h.seq = seq;
+    h.npkts = m.plan->npkts;
+    h.aux = m.ppm;
+    Transmit(m.dst, h, tp.datagram);
+    stats.dataSent++;
+    if (!first) stats.retransmitted++;
+    Time now = Simulator::Now();
+    double bytes = tp.datagram + 28.0;
+    f.nextSend = std::max(f.nextSend, now) + Seconds(bytes / f.rate);
+    m_hostNext = std::max(m_hostNext, now) + Seconds(bytes / tp.lineRate);
+    if (!m.HasPacket()) Probe(m);
+  }
+
+  void Probe(TxMsg& m) {
+    if (m.done) return;
+    m.probing = true;
+    stats.probes++;
+    // Behind the message's own data in its least urgent queue, not ahead of it: a probe that
+    // overtook queued data would make the receiver report packets that are only late.
+    Control(m.dst, PROBE, m.id, m.plan->npkts, m.ppm, 0, 0, m.lowest);
+    m.probeTimer.Cancel();
+    uint16_t dst = m.dst;
+    uint32_t id = m.id;
+    m.probeTimer = Simulator::Schedule(tp.probeTimeout, [this, dst, id]() {
+      if (TxMsg* mm = Find(dst, id); mm && !mm->done && !mm->HasPacket()) Probe(*mm);
+    });
+  }
+
+  TxMsg* Find(uint16_t dst, uint32_t id) {
+    auto it = m_flows.find(dst);
+    if (it == m_flows.end()) return nullptr;
+    for (auto& m : it->second.active)
+      if (m->id == id) return m.get();
+    return nullptr;
+  }
+
+  void Finish(uint16_t dst, uint32_t id) {
+    auto it = m_flows.find(dst);
+    if (it == m_flows.end()) return;
+    auto& v = it->second.active;
+    for (auto i = v.begin(); i != v.end(); ++i)
+      if ((*i)->id == id) {
+        (*i)->done = true;
+        (*i)->probeTimer.Cancel();
+        v.erase(i);
+        return;
+      }
+  }
+
+  void Congestion(Flow& f, double fraction) {
+    f.alpha = (1 - tp.gain) * f.alpha + tp.gain * fraction;
+    Time now = Simulator::Now();
+    if (fraction > 0) {
+      if (now - f.lastCut >= tp.cutInterval) {
+        f.rate = std::max(tp.minRate, f.rate * (1 - f.alpha / 2));
+        f.lastCut = now;
+      }
+    } else {
+      f.rate = std::min(tp.lineRate, f.rate + tp.additiveIncrease);
+    }
+  }
+
+  void OnBitmap(uint16_t dst, const DlcpHeader& h) {
+    stats.bitmaps++;
+    TxMsg* m = Find(dst, h.msg);
+    auto snap = bitmaps->bits.find(h.aux);
+    if (!m || m->done || snap == bitmaps->bits.end()) return;
+    const std::vector<bool>& got = snap->second;
+    uint32_t n = m->plan->npkts, have = 0;
+    std::vector<uint32_t> missing;
+    for (uint32_t s = 0; s < n; ++s) {
+      if (got[s])
+        have++;
+      else
+        missing.push_back(s);
+    }
+    bitmaps->bits.erase(snap);
+    Congestion(FlowTo(dst), double(missing.size()) / n);
+    uint32_t required = n - uint32_t(double(m->ppm) / 1e6 * n + 1e-9);
+    if (have >= required) return;  // its STOP is on the way
+    // policy.retransmission_set: most important class first, then by sequence
+    std::stable_sort(missing.begin(), missing.end(),
+                     [m](uint32_t a, uint32_t b) { return m->plan->dropClass[a] < m->plan->dropClass[b]; });
+    missing.resize(std::min<size_t>(missing.size(), required - have));
+    m->retx.assign(missing.begin(), missing.end());
+    m->probeTimer.Cancel();
+    Pump();
+  }
+
+  // --- receiving -------------------------------------------------------------------------
+
+  void Receive(Ptr<Socket> sock) {
+    Ptr<Packet> p;
+    while ((p = sock->Recv())) {
+      DlcpHeader h;
+      p->RemoveHeader(h);
+      DlcpTag tag;
+      p->PeekPacketTag(tag);
+      switch (h.type) {
+        case DATA: OnData(h, tag.ce); break;
+        case PROBE: OnProbe(h); break;
+        case BITMAP: OnBitmap(h.src, h); break;
+        case STOP: stats.stops++; Finish(h.src, h.msg); Pump(); break;
+        case FEEDBACK:
+          stats.feedbacks++;
+          if (h.aux > 0) Congestion(FlowTo(h.src), double(h.aux2) / h.aux);
+          break;
+      }
+    }
+  }
+
+  RxMsg& RxFor(const DlcpHeader& h) {
+    auto [it, fresh] = m_rx.try_emplace(Key(h.src, h.msg));
+    RxMsg& r = it->second;
+    if (fresh) {
+      r.npkts = h.npkts;
+      r.required = h.npkts - uint32_t(double(h.aux) / 1e6 * h.npkts + 1e-9);
+      r.got.assign(h.npkts, false);
+    }
+    return r;
+  }
+
+  void OnData(const DlcpHeader& h, bool ce) {
+    RxCounters& c = m_fb[h.src];
+    c.received++;
+    c.marked += ce;
+    if (c.received >= tp.feedbackEvery) {
+      Control(h.src, FEEDBACK, 0, 0, c.received, c.marked);
+      c = RxCounters();
+    }
+    RxMsg& r = RxFor(h);
+    Time now = Simulator::Now();
+    if (r.complete || h.seq >= r.npkts || r.got[h.seq]) {
+      stats.duplicates++;
+      if (r.complete && now - r.lastStop > tp.probeTimeout) {  // the sender missed our STOP
+        r.lastStop = now;
+        Control(h.src, STOP, h.msg, r.npkts, 0, 0);
+      }
+      return;
+    }
+    r.got[h.seq] = true;
+    r.count++;
+    r.lastData = now;
+    if (r.count >= r.required) Complete(h.src, h.msg, r);
+  }
+
+  void Complete(uint16_t src, uint32_t msg, RxMsg& r) {
+    r.complete = true;
+    r.answer.Cancel();
+    r.lastStop = Simulator::Now();
+    stats.messagesReceived++;
+    stats.packetsAtCompletion += r.npkts;
+    stats.missingAtCompletion += r.npkts - r.count;
+    r.got.clear();
+    r.got.shrink_to_fit();
+    Control(src, STOP, msg, r.npkts, 0, 0);
+    if (log)
+      *log << "done " << rank << " " << src << " " << msg << " " << Simulator::Now().GetSeconds() << " " << r.npkts
+           << " " << r.npkts - r.count << "\n";
+    if (onReceived) onReceived(src, msg);
+  }
+
+  void OnProbe(const DlcpHeader& h) {
+    RxMsg& r = RxFor(h);
+    if (r.complete) {
+      r.lastStop = Simulator::Now();
+      Control(h.src, STOP, h.msg, r.npkts, 0, 0);
+      return;
+    }
+    if (r.npkts > 0 && r.required == 0) {  // nothing required: complete on the probe
+      Complete(h.src, h.msg, r);
+      return;
+    }
+    if (!r.answer.IsPending()) Answer(h.src, h.msg);
+  }
+
+  //! BITMAP once no data of the message arrived for answerIdle.
+  void Answer(uint16_t src, uint32_t msg) {
+    auto it = m_rx.find(Key(src, msg));
+    if (it == m_rx.end() || it->second.complete) return;
+    RxMsg& r = it->second;
+    Time quiet = r.lastData + tp.answerIdle;
+    if (quiet > Simulator::Now()) {
+      r.answer = Simulator::Schedule(quiet - Simulator::Now(), &DlcpHost::Answer, this, src, msg);
+      return;
+    }
+    uint32_t id = bitmaps->next++;
+    bitmaps->bits[id] = r.got;
+    Control(src, BITMAP, msg, r.npkts, id, 0, (r.npkts + 7) / 8);
+  }
+};
+
+}  // namespace ns3

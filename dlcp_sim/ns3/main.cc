@@ -1,0 +1,327 @@
+// dlcp-sim: one scenario of `dlcp sim` (dlcp_sim/scenario.py writes it, dlcp_sim/run.py reads
+// what this prints). Builds a leaf-spine of ns-3 point-to-point links, puts a DlcpQueueDisc on
+// every switch port, LeafSpineRouting on every node, a DlcpHost on every host, runs the jobs'
+// iterations and prints one line per fact:
+//   iter <job> <worker> <iteration> <start_s> <compute_end_s> <end_s>
+//   port <switch> <port> <enqueued> <tail_drops> <marks> <max_depth> <selective drops by class 0..7>
+//   host <rank> <data_sent> <retransmitted> <duplicates> <probes> <bitmaps> <control_sent>
+//        <messages_received> <packets_at_completion> <missing_at_completion>
+//   done <receiver> <sender> <message> <time_s> <packets> <missing>   (a message completed)
+//   sim <simulated_s> <events> <wall_s>
+// Message ids: iteration * 2B + b for the push of bucket b, + B for its pull (B buckets).
+// The scenario file has one `key value...` line per setting (see scenario.py).
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "dlcp-host.h"
+#include "dlcp-queue-disc.h"
+#include "leaf-spine-routing.h"
+#include "ns3/core-module.h"
+#include "ns3/internet-module.h"
+#include "ns3/network-module.h"
+#include "ns3/point-to-point-module.h"
+#include "ns3/traffic-control-module.h"
+
+using namespace ns3;
+
+NS_OBJECT_ENSURE_REGISTERED(DlcpQueueDisc);
+
+namespace {
+
+uint32_t g_workersLeft = 0;  // workers still iterating; the simulation stops when none is
+
+struct Scenario {
+  uint32_t leaves = 2, spines = 2, hostsPerLeaf = 4;
+  std::string linkRate = "10Gbps";
+  double linkDelayUs = 1;
+  DlcpPortPolicy port;
+  LbMode lb = LbMode::FLOW;
+  TransportParams tp;
+  uint32_t iterations = 1;
+  double computeS = 0;
+  double stopS = 60;
+  std::vector<MsgPlan> buckets;
+  struct Job {
+    uint32_t server;
+    std::vector<uint32_t> workers;
+    double pushBound, pullBound;
+  };
+  std::vector<Job> jobs;
+};
+
+[[noreturn]] void Fail(const std::string& why) {
+  std::cerr << "dlcp-sim: " << why << std::endl;
+  std::exit(2);
+}
+
+std::vector<uint8_t> Digits(const std::string& s) {
+  std::vector<uint8_t> v(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '7') Fail("a bucket's priorities and classes are digits 0-7");
+    v[i] = uint8_t(s[i] - '0');
+  }
+  return v;
+}
+
+Scenario Parse(std::istream& in) {
+  Scenario sc;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key;
+    if (!(ls >> key) || key[0] == '#') continue;
+    if (key == "leaves") ls >> sc.leaves;
+    else if (key == "spines") ls >> sc.spines;
+    else if (key == "hosts_per_leaf") ls >> sc.hostsPerLeaf;
+    else if (key == "link_rate") ls >> sc.linkRate;
+    else if (key == "link_delay_us") ls >> sc.linkDelayUs;
+    else if (key == "buffer") ls >> sc.port.buffer;
+    else if (key == "ecn_threshold") ls >> sc.port.ecnThreshold;
+    else if (key == "priority_map") {
+      for (auto& q : sc.port.priorityMap) {
+        unsigned v = 0;
+        ls >> v;
+        q = uint8_t(v & 7);
+      }
+    } else if (key == "drop_thresholds") {
+      uint32_t t;
+      while (ls >> t) sc.port.dropThresholds.push_back(t);
+      if (!ls.eof()) Fail("drop_thresholds: expected packet counts: " + line);
+      ls.clear();
+    } else if (key == "lb") {
+      std::string m;
+      ls >> m;
+      sc.lb = m == "flow" ? LbMode::FLOW : m == "random" ? LbMode::RANDOM : LbMode::ROUND_ROBIN;
+    } else if (key == "datagram") ls >> sc.tp.datagram;
+    else if (key == "control_bytes") ls >> sc.tp.controlBytes;
+    else if (key == "line_rate") ls >> sc.tp.lineRate;
+    else if (key == "initial_rate") ls >> sc.tp.initialRate;
+    else if (key == "min_rate") ls >> sc.tp.minRate;
+    else if (key == "additive_increase") ls >> sc.tp.additiveIncrease;
+    else if (key == "gain") ls >> sc.tp.gain;
+    else if (key == "feedback_every") ls >> sc.tp.feedbackEvery;
+    else if (key == "top_priority") {
+      unsigned v;
+      ls >> v;
+      sc.tp.topPriority = uint8_t(v);
+    } else if (key == "cut_interval_us" || key == "answer_idle_us" || key == "probe_timeout_us") {
+      double us;
+      ls >> us;
+      (key == "cut_interval_us" ? sc.tp.cutInterval : key == "answer_idle_us" ? sc.tp.answerIdle : sc.tp.probeTimeout) =
+          MicroSeconds(us);
+    } else if (key == "iterations") ls >> sc.iterations;
+    else if (key == "compute_s") ls >> sc.computeS;
+    else if (key == "stop_s") ls >> sc.stopS;
+    else if (key == "bucket") {
+      MsgPlan b;
+      std::string pr, cl;
+      ls >> b.npkts >> pr >> cl;
+      b.priority = Digits(pr);
+      b.dropClass = Digits(cl);
+      if (b.npkts == 0 || b.priority.size() != b.npkts || b.dropClass.size() != b.npkts)
+        Fail("bucket: need npkts > 0 and one priority and one class digit per packet");
+      sc.buckets.push_back(std::move(b));
+    } else if (key == "job") {
+      Scenario::Job j;
+      std::string pattern;
+      size_t n;
+      ls >> pattern >> j.pushBound >> j.pullBound >> j.server >> n;
+      if (pattern != "ps") Fail("job: only the ps pattern is simulated so far");
+      j.workers.resize(n);
+      for (auto& w : j.workers) ls >> w;
+      sc.jobs.push_back(std::move(j));
+    } else
+      Fail("unknown scenario key '" + key + "'");
+    if (ls.fail()) Fail("bad value on scenario line: " + line);
+  }
+  uint32_t hosts = sc.leaves * sc.hostsPerLeaf;
+  if (sc.leaves == 0 || sc.spines == 0 || sc.hostsPerLeaf == 0 || sc.leaves > 250 || sc.hostsPerLeaf > 250 ||
+      sc.spines > 250)
+    Fail("leaves, spines and hosts_per_leaf must be 1..250");
+  if (sc.buckets.empty() || sc.jobs.empty()) Fail("a scenario needs buckets and jobs");
+  for (auto& j : sc.jobs) {
+    if (j.server >= hosts) Fail("job: server beyond the hosts");
+    for (auto w : j.workers)
+      if (w >= hosts || w == j.server) Fail("job: a worker beyond the hosts or equal to the server");
+  }
+  return sc;
+}
+
+//! A parameter-server job: workers push every bucket, the server pulls each bucket back to all
+//! workers once every worker's push of it completed; an iteration ends when all pulls did.
+struct PsJob {
+  uint32_t id;
+  Scenario::Job spec;
+  const Scenario* sc;
+  std::vector<Ptr<DlcpHost>> hosts;  // by rank
+  std::map<uint64_t, uint32_t> pushes;
+  std::vector<std::vector<uint32_t>> pulls;  // [worker][iteration]
+  std::vector<double> start, computed;
+
+  uint32_t B() const { return sc->buckets.size(); }
+  uint32_t Msg(uint32_t it, bool pull, uint32_t b) const { return it * 2 * B() + (pull ? B() : 0) + b; }
+
+  void Begin(uint32_t w, uint32_t it) {
+    start[w] = Simulator::Now().GetSeconds();
+    Simulator::Schedule(Seconds(sc->computeS), [this, w, it]() {
+      computed[w] = Simulator::Now().GetSeconds();
+      for (uint32_t b = 0; b < B(); ++b)
+        hosts[spec.workers[w]]->Send(spec.server, Msg(it, false, b), &sc->buckets[b], spec.pushBound);
+    });
+  }
+
+  void Wire() {
+    pulls.assign(spec.workers.size(), std::vector<uint32_t>(sc->iterations, 0));
+    start.assign(spec.workers.size(), 0);
+    computed.assign(spec.workers.size(), 0);
+    hosts[spec.server]->onReceived = [this](uint16_t, uint32_t msg) {
+      uint32_t it = msg / (2 * B()), b = msg % B();
+      if (++pushes[uint64_t(it) * B() + b] == spec.workers.size())
+        for (auto w : spec.workers) hosts[spec.server]->Send(w, Msg(it, true, b), &sc->buckets[b], spec.pullBound);
+    };
+    for (uint32_t w = 0; w < spec.workers.size(); ++w) {
+      hosts[spec.workers[w]]->onReceived = [this, w](uint16_t, uint32_t msg) {
+        uint32_t it = msg / (2 * B());
+        if (++pulls[w][it] < B()) return;
+        std::cout << "iter " << id << " " << w << " " << it << " " << start[w] << " " << computed[w] << " "
+                  << Simulator::Now().GetSeconds() << "\n";
+        if (it + 1 < sc->iterations)
+          Begin(w, it + 1);
+        else if (--g_workersLeft == 0)
+          Simulator::Stop();
+      };
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) Fail("usage: dlcp-sim SCENARIO_FILE");
+  std::ifstream f(argv[1]);
+  if (!f) Fail(std::string("cannot read ") + argv[1]);
+  Scenario sc = Parse(f);
+  std::cout.precision(9);
+  auto wall0 = std::chrono::steady_clock::now();
+
+  // The device queue holds one packet: queueing happens in the queue disc, where the policy is.
+  Config::SetDefault("ns3::DropTailQueue<Packet>::MaxSize", QueueSizeValue(QueueSize("1p")));
+
+  uint32_t H = sc.leaves * sc.hostsPerLeaf;
+  NodeContainer hosts, leaves, spines;
+  hosts.Create(H);
+  leaves.Create(sc.leaves);
+  spines.Create(sc.spines);
+  auto roles = std::make_shared<std::map<uint32_t, LeafSpineRole>>();
+  for (uint32_t h = 0; h < H; ++h)
+    (*roles)[hosts.Get(h)->GetId()] = {LeafSpineRole::HOST, h / sc.hostsPerLeaf, h % sc.hostsPerLeaf};
+  for (uint32_t l = 0; l < sc.leaves; ++l) (*roles)[leaves.Get(l)->GetId()] = {LeafSpineRole::LEAF, l, l};
+  for (uint32_t s = 0; s < sc.spines; ++s) (*roles)[spines.Get(s)->GetId()] = {LeafSpineRole::SPINE, 0, s};
+
+  InternetStackHelper stack;
+  stack.SetRoutingHelper(LeafSpineRoutingHelper(roles, sc.spines, sc.lb));
+  stack.Install(hosts);
+  stack.Install(leaves);
+  stack.Install(spines);
+
+  PointToPointHelper p2p;
+  p2p.SetDeviceAttribute("DataRate", StringValue(sc.linkRate));
+  p2p.SetChannelAttribute("Delay", TimeValue(MicroSeconds(sc.linkDelayUs)));
+  TrafficControlHelper tch;
+  tch.SetRootQueueDisc("ns3::DlcpQueueDisc");
+  DlcpPortPolicy hostPort;  // a host's NIC: priority order, never drops (the app paces it)
+  hostPort.buffer = 1u << 24;
+
+  struct SwitchPort {
+    std::string name;
+    uint32_t port;
+    Ptr<DlcpQueueDisc> q;
+  };
+  std::vector<SwitchPort> ports;
+  // Installs a link a-b with a queue disc on both ends and numbers it net.x.y.0/24 (a .1, b .2).
+  auto link = [&](Ptr<Node> a, const DlcpPortPolicy& aPolicy, Ptr<Node> b, const std::string& net, uint32_t x,
+                  uint32_t y) {
+    NetDeviceContainer d = p2p.Install(a, b);
+    QueueDiscContainer q = tch.Install(d);
+    auto qa = DynamicCast<DlcpQueueDisc>(q.Get(0)), qb = DynamicCast<DlcpQueueDisc>(q.Get(1));
+    qa->policy = aPolicy;
+    qb->policy = sc.port;
+    std::ostringstream base;
+    base << net << "." << x << "." << y << ".0";
+    Ipv4AddressHelper addr;
+    addr.SetBase(base.str().c_str(), "255.255.255.0");
+    addr.Assign(d);
+    return std::make_pair(qa, qb);
+  };
+  // Host j of leaf l hangs off the leaf's port j+1 (10.l.j.0/24: leaf .1, host .2); leaf l's
+  // uplink to spine s is its port hosts_per_leaf+s+1 and the spine's port l+1 (11.s.l.0/24).
+  for (uint32_t h = 0; h < H; ++h) {
+    uint32_t l = h / sc.hostsPerLeaf, j = h % sc.hostsPerLeaf;
+    auto [leafSide, hostSide] = link(leaves.Get(l), sc.port, hosts.Get(h), "10", l, j);
+    hostSide->policy = hostPort;
+    ports.push_back({"l" + std::to_string(l + 1), j + 1, leafSide});
+  }
+  for (uint32_t s = 0; s < sc.spines; ++s)
+    for (uint32_t l = 0; l < sc.leaves; ++l) {
+      auto [leafSide, spineSide] = link(leaves.Get(l), sc.port, spines.Get(s), "11", s, l);
+      ports.push_back({"l" + std::to_string(l + 1), sc.hostsPerLeaf + s + 1, leafSide});
+      ports.push_back({"sp" + std::to_string(s + 1), l + 1, spineSide});
+    }
+
+  std::vector<Ipv4Address> peers(H);
+  for (uint32_t h = 0; h < H; ++h) {
+    std::ostringstream a;
+    a << "10." << h / sc.hostsPerLeaf << "." << h % sc.hostsPerLeaf << ".2";
+    peers[h] = Ipv4Address(a.str().c_str());
+  }
+  auto store = std::make_shared<BitmapStore>();
+  std::vector<Ptr<DlcpHost>> apps(H);
+  for (uint32_t h = 0; h < H; ++h) {
+    apps[h] = CreateObject<DlcpHost>();
+    apps[h]->rank = uint16_t(h);
+    apps[h]->peers = peers;
+    apps[h]->tp = sc.tp;
+    apps[h]->bitmaps = store;
+    apps[h]->log = &std::cout;
+    hosts.Get(h)->AddApplication(apps[h]);
+    apps[h]->SetStartTime(Seconds(0));
+  }
+  std::vector<std::unique_ptr<PsJob>> jobs;
+  for (uint32_t i = 0; i < sc.jobs.size(); ++i) {
+    auto j = std::make_unique<PsJob>();
+    j->id = i;
+    j->spec = sc.jobs[i];
+    j->sc = &sc;
+    j->hosts = apps;
+    j->Wire();
+    g_workersLeft += j->spec.workers.size();
+    for (uint32_t w = 0; w < j->spec.workers.size(); ++w)
+      Simulator::Schedule(MicroSeconds(1), [job = j.get(), w]() { job->Begin(w, 0); });
+    jobs.push_back(std::move(j));
+  }
+
+  Simulator::Stop(Seconds(sc.stopS));
+  Simulator::Run();
+  double simulated = Simulator::Now().GetSeconds();
+  uint64_t events = Simulator::GetEventCount();
+
+  for (auto& p : ports) {
+    const DlcpPortStats& s = p.q->stats;
+    std::cout << "port " << p.name << " " << p.port << " " << s.enqueued << " " << s.tailDrops << " " << s.marks << " "
+              << s.maxDepth;
+    for (auto d : s.selectiveDrops) std::cout << " " << d;
+    std::cout << "\n";
+  }
+  for (uint32_t h = 0; h < H; ++h) {
+    const HostStats& s = apps[h]->stats;
+    std::cout << "host " << h << " " << s.dataSent << " " << s.retransmitted << " " << s.duplicates << " " << s.probes
+              << " " << s.bitmaps << " " << s.controlSent << " " << s.messagesReceived << " " << s.packetsAtCompletion
+              << " " << s.missingAtCompletion << "\n";
+  }
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  std::cout << "sim " << simulated << " " << events << " " << wall << std::endl;
+  Simulator::Destroy();
+  return 0;
+}

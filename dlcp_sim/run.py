@@ -1,0 +1,183 @@
+"""Run simulated experiments (``dlcp sim``): one simulator process per scheme, its report parsed.
+
+I/O lives here (files, processes); what a scenario is lives in :mod:`dlcp_sim.scenario`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dlcp_sim.build import simulator
+from dlcp_sim.scenario import SimOptions, bucket_plans, scenario_text
+from hostagent.errors import DlcpUserError
+from topologies.schemes import policy_for
+
+
+@dataclass(frozen=True)
+class Iteration:
+    job: int
+    worker: int
+    iteration: int
+    start: float
+    computed: float
+    end: float
+
+    @property
+    def sync(self) -> float:
+        """Seconds from the end of compute to the last parameter received."""
+        return self.end - self.computed
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One message completed at its receiver."""
+
+    receiver: int
+    sender: int
+    message: int
+    time: float
+    packets: int
+    missing: int
+
+
+@dataclass(frozen=True)
+class PortStats:
+    switch: str
+    port: int
+    enqueued: int
+    tail_drops: int
+    marks: int
+    max_depth: int
+    selective_drops: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostStats:
+    rank: int
+    data_sent: int
+    retransmitted: int
+    duplicates: int
+    probes: int
+    bitmaps: int
+    control_sent: int
+    messages_received: int
+    packets_at_completion: int
+    missing_at_completion: int
+
+
+@dataclass
+class SchemeResult:
+    scheme: str
+    iterations: list[Iteration] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    ports: list[PortStats] = field(default_factory=list)
+    hosts: list[HostStats] = field(default_factory=list)
+    simulated_s: float = 0.0
+    events: int = 0
+    wall_s: float = 0.0
+    bound_s: float = 0.0
+
+    def sync_times(self) -> np.ndarray:
+        return np.array([i.sync for i in self.iterations])
+
+    def summary(self) -> dict:
+        sync = self.sync_times()
+        it = np.array([i.end - i.start for i in self.iterations])
+        packets = sum(h.packets_at_completion for h in self.hosts)
+        return {
+            "scheme": self.scheme, "iterations": len(self.iterations),
+            "sync_p50_ms": float(np.median(sync) * 1e3), "sync_p99_ms": float(np.percentile(sync, 99) * 1e3),
+            "iteration_p50_ms": float(np.median(it) * 1e3), "bound_ms": self.bound_s * 1e3,
+            "sync_over_bound": float(np.median(sync) / self.bound_s) if self.bound_s else None,
+            "tail_drops": sum(p.tail_drops for p in self.ports),
+            "selective_drops": [sum(p.selective_drops[c] for p in self.ports) for c in range(8)],
+            "marks": sum(p.marks for p in self.ports),
+            "retransmitted": sum(h.retransmitted for h in self.hosts),
+            "duplicates": sum(h.duplicates for h in self.hosts),
+            "missing_fraction": sum(h.missing_at_completion for h in self.hosts) / packets if packets else 0.0,
+            "events": self.events, "wall_s": self.wall_s,
+            "events_per_s": self.events / self.wall_s if self.wall_s else None,
+        }
+
+
+def parse_report(scheme: str, text: str) -> SchemeResult:
+    """The simulator's line report (dlcp_sim/ns3/main.cc) as a :class:`SchemeResult`."""
+    r = SchemeResult(scheme)
+    for line in text.splitlines():
+        kind, *f = line.split()
+        if kind == "iter":
+            r.iterations.append(Iteration(int(f[0]), int(f[1]), int(f[2]), float(f[3]), float(f[4]), float(f[5])))
+        elif kind == "done":
+            r.completions.append(Completion(*map(int, f[:3]), float(f[3]), int(f[4]), int(f[5])))
+        elif kind == "port":
+            r.ports.append(PortStats(f[0], int(f[1]), *map(int, f[2:6]), tuple(map(int, f[6:14]))))
+        elif kind == "host":
+            r.hosts.append(HostStats(*map(int, f[:10])))
+        elif kind == "sim":
+            r.simulated_s, r.events, r.wall_s = float(f[0]), int(f[1]), float(f[2])
+    return r
+
+
+def line_rate_bound(opts: SimOptions, scheme: str) -> float:
+    """Seconds the busiest link needs for one iteration's gradients: a server's link carries
+    every worker's push in (at least (1-p) of each bucket) and the pull out, one direction each,
+    so the bound is the larger of the two."""
+    policy = policy_for(scheme, opts.buffer, opts.loss_bound)
+    packets = sum(len(b.priorities) for b in bucket_plans(opts, policy))
+    packet_s = opts.mtu * 8 / (opts.link_gbps * 1e9)
+    push = opts.workers * np.ceil(packets * (1 - policy.loss_bound_push)) * packet_s
+    pull = opts.workers * np.ceil(packets * (1 - policy.loss_bound_pull)) * packet_s
+    return float(max(push, pull))
+
+
+def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeResult:
+    """Run one scheme's scenario in the simulator and parse its report."""
+    exe = simulator()
+    with tempfile.NamedTemporaryFile("w", suffix=".scenario", delete=False) as f:
+        f.write(scenario_text(opts, scheme))
+        path = f.name
+    try:
+        done = subprocess.run([str(exe), path], capture_output=True, text=True, timeout=timeout, check=False)
+    finally:
+        Path(path).unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise DlcpUserError(f"the simulator failed on scheme {scheme} (exit {done.returncode}): {done.stderr[-2000:]}")
+    result = parse_report(scheme, done.stdout)
+    expected = len(opts.placement()) * opts.workers * opts.iterations
+    if len(result.iterations) != expected:
+        raise DlcpUserError(f"scheme {scheme}: {len(result.iterations)} of {expected} worker iterations finished "
+                            f"in {result.simulated_s:.3f} simulated s; a message never completed")
+    result.bound_s = line_rate_bound(opts, scheme)
+    return result
+
+
+def run(opts: SimOptions, out: Path | None = None) -> list[SchemeResult]:
+    """Every scheme of ``opts``; with ``out``, writes ``results.json`` there."""
+    results = [simulate(opts, s) for s in opts.schemes]
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(
+            {"options": opts.to_dict(), "schemes": [{**r.summary(), "iterations_detail": [asdict(i) for i in r.iterations],
+                                                     "ports": [asdict(p) for p in r.ports]} for r in results]},
+            indent=1))
+    return results
+
+
+def table(results: list[SchemeResult]) -> str:
+    """A plain-text comparison, baseline first."""
+    header = ("scheme     sync p50 ms  sync p99 ms  bound ms  p50/bound  tail drops  selective  retx  dups  "
+              "missing %  events/s")
+    rows = [header]
+    for r in results:
+        s = r.summary()
+        rows.append(f"{s['scheme']:<10} {s['sync_p50_ms']:>11.3f}  {s['sync_p99_ms']:>11.3f}  {s['bound_ms']:>8.3f}  "
+                    f"{s['sync_over_bound']:>9.2f}  {s['tail_drops']:>10}  {sum(s['selective_drops']):>9}  "
+                    f"{s['retransmitted']:>4}  {s['duplicates']:>4}  {100 * s['missing_fraction']:>9.2f}  "
+                    f"{s['events_per_s']:>8.0f}")
+    return "\n".join(rows)

@@ -97,4 +97,7 @@ def simulator(verbose: bool = False) -> Path:
         if done.returncode != 0:
             raise SimUnavailable(f"compiling dlcp_sim/ns3/main.cc failed:\n{done.stderr[-4000:]}")
         os.replace(out, exe)  # atomic: a concurrent build never sees half a program
+    for old in cache.iterdir():  # builds of older sources are never used again
+        if old.is_dir() and old != exe.parent and (old / "dlcp-sim").is_file():
+            shutil.rmtree(old, ignore_errors=True)
     return exe

@@ -26,7 +26,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
     p.add_argument("--scheme", default="baseline,dlcp", help="comma-separated, as for dlcp run")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")
     p.add_argument("--out", default=None, help="directory for results.json (default: print only)")
 
 
@@ -40,10 +42,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
                       mtu=args.mtu, schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       seed=args.seed)
     t0 = time.monotonic()
-    results = run(opts, Path(args.out) if args.out else None)
+    results = run(opts, args.repeat, Path(args.out) if args.out else None)
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
           f"{len(opts.placement())} PS job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "
-          f"{opts.iterations} iterations, {opts.link_gbps:g} Gb/s links, buffer {opts.buffer}")
+          f"{opts.iterations} iterations, {opts.link_gbps:g} Gb/s links, buffer {opts.buffer}, "
+          f"{args.repeat} seed(s)")
     print(table(results))
     print(f"({time.monotonic() - t0:.1f} s)")
     return 0

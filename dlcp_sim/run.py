@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from dlcp_sim.build import simulator
 from dlcp_sim.scenario import SimOptions, bucket_plans, scenario_text
 from hostagent.errors import DlcpUserError
 from topologies.schemes import policy_for
+from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
 @dataclass(frozen=True)
@@ -157,27 +158,64 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
     return result
 
 
-def run(opts: SimOptions, out: Path | None = None) -> list[SchemeResult]:
-    """Every scheme of ``opts``; with ``out``, writes ``results.json`` there."""
-    results = [simulate(opts, s) for s in opts.schemes]
+def run(opts: SimOptions, repeat: int = 1, out: Path | None = None) -> dict[str, list[SchemeResult]]:
+    """Every scheme of ``opts`` at seeds ``opts.seed .. opts.seed + repeat - 1`` (the seed draws
+    the gradients and the flow hashes: which flows collide); with ``out``, writes
+    ``results.json`` there."""
+    if repeat < 1:
+        raise DlcpUserError("--repeat must be at least 1")
+    results: dict[str, list[SchemeResult]] = {s: [] for s in opts.schemes}
+    for r in range(repeat):
+        for scheme in opts.schemes:
+            results[scheme].append(simulate(replace(opts, seed=opts.seed + r), scheme))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(
-            {"options": opts.to_dict(), "schemes": [{**r.summary(), "iterations_detail": [asdict(i) for i in r.iterations],
-                                                     "ports": [asdict(p) for p in r.ports]} for r in results]},
+            {"options": opts.to_dict(), "repeat": repeat, "summary": summary(results),
+             "runs": {s: [{**r.summary(), "iterations_detail": [asdict(i) for i in r.iterations],
+                           "ports": [asdict(p) for p in r.ports]} for r in runs] for s, runs in results.items()}},
             indent=1))
     return results
 
 
-def table(results: list[SchemeResult]) -> str:
-    """A plain-text comparison, baseline first."""
-    header = ("scheme     sync p50 ms  sync p99 ms  bound ms  p50/bound  tail drops  selective  retx  dups  "
-              "missing %  events/s")
+def summary(results: dict[str, list[SchemeResult]]) -> dict[str, dict]:
+    """Per scheme: medians over seeds with 95 % intervals of sync p50 and p99, and the speedup
+    over the baseline paired by seed (the testbed's statistics, :mod:`topologies.stats`)."""
+    base = results.get("baseline")
+    out = {}
+    for scheme, runs in results.items():
+        p50 = [r.summary()["sync_p50_ms"] for r in runs]
+        p99 = [r.summary()["sync_p99_ms"] for r in runs]
+        row = {"sync_p50_ms": median_ci(p50).as_dict(), "sync_p99_ms": median_ci(p99).as_dict(), "seeds": len(runs)}
+        if base is not None and scheme != "baseline":
+            for key, mine in (("p50", p50), ("p99", p99)):
+                ref = [r.summary()[f"sync_{key}_ms"] for r in base]
+                est = median_ci(paired_ratios(ref, mine))
+                row[f"speedup_{key}"] = {**est.as_dict(), "verdict": verdict(est)}
+        out[scheme] = row
+    return out
+
+
+def table(results: dict[str, list[SchemeResult]]) -> str:
+    """A plain-text comparison: medians over seeds [95 % interval], and per-seed means of the rest."""
+    stats = summary(results)
+    header = (f"{'scheme':<9} {'sync p50 ms':>24} {'sync p99 ms':>24} {'p50/bound':>9} {'speedup p50':>20} "
+              f"{'speedup p99':>20} {'tail drops':>10} {'selective':>9} {'retx':>7} {'dups':>6} {'missing %':>9} "
+              f"{'events/s':>9}")
     rows = [header]
-    for r in results:
-        s = r.summary()
-        rows.append(f"{s['scheme']:<10} {s['sync_p50_ms']:>11.3f}  {s['sync_p99_ms']:>11.3f}  {s['bound_ms']:>8.3f}  "
-                    f"{s['sync_over_bound']:>9.2f}  {s['tail_drops']:>10}  {sum(s['selective_drops']):>9}  "
-                    f"{s['retransmitted']:>4}  {s['duplicates']:>4}  {100 * s['missing_fraction']:>9.2f}  "
-                    f"{s['events_per_s']:>8.0f}")
+    for scheme, runs in results.items():
+        sums = [r.summary() for r in runs]
+        mean = {k: float(np.mean([x[k] for x in sums])) for k in ("sync_over_bound", "tail_drops", "retransmitted",
+                                                                   "duplicates", "missing_fraction", "events_per_s")}
+        sel = float(np.mean([sum(x["selective_drops"]) for x in sums]))
+        st = stats[scheme]
+
+        def est(d: dict, fmt: str) -> str:
+            return Estimate(d["median"], d["ci_low"], d["ci_high"], d["n"]).text(fmt)
+
+        sp = {k: est(st[f"speedup_{k}"], "{:.2f}") if f"speedup_{k}" in st else "-" for k in ("p50", "p99")}
+        rows.append(f"{scheme:<9} {est(st['sync_p50_ms'], '{:.2f}'):>24} {est(st['sync_p99_ms'], '{:.2f}'):>24} "
+                    f"{mean['sync_over_bound']:>9.2f} {sp['p50']:>20} {sp['p99']:>20} {mean['tail_drops']:>10.0f} "
+                    f"{sel:>9.0f} {mean['retransmitted']:>7.0f} {mean['duplicates']:>6.0f} "
+                    f"{100 * mean['missing_fraction']:>9.2f} {mean['events_per_s']:>9.0f}")
     return "\n".join(rows)

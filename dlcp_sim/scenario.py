@@ -51,6 +51,8 @@ class SimOptions:
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
     seed: int = 0
+    """Draws the synthetic gradients (so the drop classes), the flow hashes (which flows share a
+    spine) and ns-3's random streams; repetitions are seeds."""
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes)
@@ -140,7 +142,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"line_rate {line:g}", f"initial_rate {line * rate.initial_rate / rate.line_rate:g}",
         f"min_rate {rate.min_rate:g}", f"additive_increase {line / 100:g}", f"gain {rate.gain:g}",
         f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}", f"cut_interval_us {idle:g}",
-        f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}",
+        f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
     ]
     for b in bucket_plans(opts, policy):
         lines.append(f"bucket {len(b.priorities)} {''.join(map(str, b.priorities))} "

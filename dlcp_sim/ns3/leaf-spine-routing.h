@@ -151,17 +151,20 @@ class LeafSpineRouting : public Ipv4RoutingProtocol {
 
 class LeafSpineRoutingHelper : public Ipv4RoutingHelper {
  public:
-  LeafSpineRoutingHelper(std::shared_ptr<std::map<uint32_t, LeafSpineRole>> roles, uint32_t spines, LbMode lb)
-      : m_roles(roles), m_spines(spines), m_lb(lb) {}
+  LeafSpineRoutingHelper(std::shared_ptr<std::map<uint32_t, LeafSpineRole>> roles, uint32_t spines, LbMode lb,
+                         uint32_t seed)
+      : m_roles(roles), m_spines(spines), m_lb(lb), m_seed(seed) {}
   LeafSpineRoutingHelper* Copy() const override { return new LeafSpineRoutingHelper(*this); }
   Ptr<Ipv4RoutingProtocol> Create(Ptr<Node> node) const override {
-    return CreateObject<LeafSpineRouting>(m_roles->at(node->GetId()), m_spines, m_lb, node->GetId() * 2654435761u);
+    return CreateObject<LeafSpineRouting>(m_roles->at(node->GetId()), m_spines, m_lb,
+                                          (node->GetId() + 1) * 2654435761u ^ (m_seed * 0x85ebca6bu));
   }
 
  private:
   std::shared_ptr<std::map<uint32_t, LeafSpineRole>> m_roles;
   uint32_t m_spines;
   LbMode m_lb;
+  uint32_t m_seed;
 };
 
 }  // namespace ns3

@@ -42,6 +42,7 @@ struct Scenario {
   uint32_t iterations = 1;
   double computeS = 0;
   double stopS = 60;
+  uint32_t seed = 0;  // varies the flow hashes (which flows collide) and ns-3's random streams
   std::vector<MsgPlan> buckets;
   struct Job {
     uint32_t server;
@@ -114,6 +115,7 @@ Scenario Parse(std::istream& in) {
     } else if (key == "iterations") ls >> sc.iterations;
     else if (key == "compute_s") ls >> sc.computeS;
     else if (key == "stop_s") ls >> sc.stopS;
+    else if (key == "seed") ls >> sc.seed;
     else if (key == "bucket") {
       MsgPlan b;
       std::string pr, cl;
@@ -221,7 +223,8 @@ int main(int argc, char** argv) {
   for (uint32_t s = 0; s < sc.spines; ++s) (*roles)[spines.Get(s)->GetId()] = {LeafSpineRole::SPINE, 0, s};
 
   InternetStackHelper stack;
-  stack.SetRoutingHelper(LeafSpineRoutingHelper(roles, sc.spines, sc.lb));
+  RngSeedManager::SetRun(sc.seed + 1);
+  stack.SetRoutingHelper(LeafSpineRoutingHelper(roles, sc.spines, sc.lb, sc.seed));
   stack.Install(hosts);
   stack.Install(leaves);
   stack.Install(spines);

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import fields
 from pathlib import Path
 
-from dlcp_sim.scenario import MODELS, SimOptions
+from dlcp_sim.scenario import MODELS, PATTERNS, TCP_VARIANTS, SimOptions
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,10 +15,14 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves", type=int, default=d.leaves)
     p.add_argument("--spines", type=int, default=d.spines)
     p.add_argument("--hosts-per-leaf", type=int, default=d.hosts_per_leaf)
-    p.add_argument("--link-gbps", type=float, default=d.link_gbps, help="every link's rate (default 10)")
+    p.add_argument("--link-gbps", type=float, default=d.link_gbps, help="host links' rate (default 10)")
+    p.add_argument("--uplink-gbps", type=float, default=d.uplink_gbps,
+                   help="leaf-spine links' rate (default: as --link-gbps)")
     p.add_argument("--link-delay-us", type=float, default=d.link_delay_us, help="every link's delay (default 1)")
     p.add_argument("--buffer", type=int, default=d.buffer, help="switch port buffer, packets (default 100)")
-    p.add_argument("--workers", type=int, default=d.workers, help="workers per job, plus one server (default 4)")
+    p.add_argument("--pattern", choices=PATTERNS, default=d.pattern,
+                   help="parameter server (one server per job) or ring allreduce (default ps)")
+    p.add_argument("--workers", type=int, default=d.workers, help="workers per job (default 4)")
     p.add_argument("--jobs", type=int, default=d.jobs, help="jobs at once; 0 fills the hosts (default 1)")
     p.add_argument("--model", choices=MODELS, default=d.model)
     p.add_argument("--scale", type=float, default=d.scale, help="multiply every tensor's size (default 0.01)")
@@ -25,6 +30,11 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-ms", type=float, default=d.compute_ms, help="backward time before the push (default 0)")
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
+    p.add_argument("--background-load", type=float, default=d.background_load,
+                   help="background TCP flows (web-search sizes) offered per host, fraction of its link (default 0)")
+    p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp)
+    p.add_argument("--background-ms", type=float, default=d.background_ms,
+                   help="flows start during this many ms (default: about as long as training lasts)")
     p.add_argument("--scheme", default="baseline,dlcp", help="comma-separated, as for dlcp run")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")
     p.add_argument("--repeat", type=int, default=1,
@@ -35,17 +45,14 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_sim(args: argparse.Namespace) -> int:
     from dlcp_sim.run import run, table
 
-    opts = SimOptions(leaves=args.leaves, spines=args.spines, hosts_per_leaf=args.hosts_per_leaf,
-                      link_gbps=args.link_gbps, link_delay_us=args.link_delay_us, buffer=args.buffer,
-                      workers=args.workers, jobs=args.jobs, model=args.model, scale=args.scale,
-                      iterations=args.iterations, compute_ms=args.compute_ms, loss_bound=args.loss_bound,
-                      mtu=args.mtu, schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
-                      seed=args.seed)
+    given = {f.name: getattr(args, f.name) for f in fields(SimOptions) if f.name != "schemes"}
+    opts = SimOptions(**given, schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()))
     t0 = time.monotonic()
     results = run(opts, args.repeat, Path(args.out) if args.out else None)
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
-          f"{len(opts.placement())} PS job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "
-          f"{opts.iterations} iterations, {opts.link_gbps:g} Gb/s links, buffer {opts.buffer}, "
+          f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "
+          f"{opts.iterations} iterations, {opts.link_gbps:g}/{opts.uplink_rate_gbps:g} Gb/s host/uplinks, "
+          f"buffer {opts.buffer}, background load {opts.background_load:g} ({opts.background_tcp}), "
           f"{args.repeat} seed(s)")
     print(table(results))
     print(f"({time.monotonic() - t0:.1f} s)")

@@ -14,9 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from dlcp_sim.build import simulator
-from dlcp_sim.scenario import SimOptions, bucket_plans, scenario_text
+from dlcp_sim.scenario import (
+    SimOptions,
+    background_flows,
+    line_rate_bound,
+    scenario_text,
+)
 from hostagent.errors import DlcpUserError
-from topologies.schemes import policy_for
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -45,6 +49,42 @@ class Completion:
     time: float
     packets: int
     missing: int
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    """One background flow that completed."""
+
+    id: int
+    src: int
+    dst: int
+    size: int
+    start: float
+    end: float
+
+    @property
+    def fct(self) -> float:
+        return self.end - self.start
+
+
+#: Background flows up to this size count as small (pFabric's and DLCP's (0, 100 KB] bin).
+SMALL_FLOW_BYTES = 100_000
+
+
+def fct_stats(flows: list[FlowRecord], before: float = float("inf")) -> dict:
+    """Flow completion times (ms) of the flows that started before ``before``: all of them
+    (average, p99) and the small ones (average, p99)."""
+    chosen = [f for f in flows if f.start < before]
+    fct = np.array([f.fct for f in chosen]) * 1e3
+    small = np.array([f.fct for f in chosen if f.size <= SMALL_FLOW_BYTES]) * 1e3
+
+    def pick(a: np.ndarray, q: float | None) -> float | None:
+        if not a.size:
+            return None
+        return float(a.mean() if q is None else np.percentile(a, q))
+
+    return {"flows": len(chosen), "fct_avg_ms": pick(fct, None), "fct_p99_ms": pick(fct, 99),
+            "small_flows": int(small.size), "small_fct_avg_ms": pick(small, None), "small_fct_p99_ms": pick(small, 99)}
 
 
 @dataclass(frozen=True)
@@ -79,10 +119,15 @@ class SchemeResult:
     completions: list[Completion] = field(default_factory=list)
     ports: list[PortStats] = field(default_factory=list)
     hosts: list[HostStats] = field(default_factory=list)
+    flows: list[FlowRecord] = field(default_factory=list)
     simulated_s: float = 0.0
     events: int = 0
     wall_s: float = 0.0
     bound_s: float = 0.0
+
+    def training_end(self) -> float:
+        """When the last worker finished its last iteration (simulated seconds)."""
+        return max((i.end for i in self.iterations), default=0.0)
 
     def sync_times(self) -> np.ndarray:
         return np.array([i.sync for i in self.iterations])
@@ -102,6 +147,7 @@ class SchemeResult:
             "retransmitted": sum(h.retransmitted for h in self.hosts),
             "duplicates": sum(h.duplicates for h in self.hosts),
             "missing_fraction": sum(h.missing_at_completion for h in self.hosts) / packets if packets else 0.0,
+            **({"background": fct_stats(self.flows, self.training_end())} if self.flows else {}),
             "events": self.events, "wall_s": self.wall_s,
             "events_per_s": self.events / self.wall_s if self.wall_s else None,
         }
@@ -120,21 +166,11 @@ def parse_report(scheme: str, text: str) -> SchemeResult:
             r.ports.append(PortStats(f[0], int(f[1]), *map(int, f[2:6]), tuple(map(int, f[6:14]))))
         elif kind == "host":
             r.hosts.append(HostStats(*map(int, f[:10])))
+        elif kind == "flow":
+            r.flows.append(FlowRecord(*map(int, f[:4]), float(f[4]), float(f[5])))
         elif kind == "sim":
             r.simulated_s, r.events, r.wall_s = float(f[0]), int(f[1]), float(f[2])
     return r
-
-
-def line_rate_bound(opts: SimOptions, scheme: str) -> float:
-    """Seconds the busiest link needs for one iteration's gradients: a server's link carries
-    every worker's push in (at least (1-p) of each bucket) and the pull out, one direction each,
-    so the bound is the larger of the two."""
-    policy = policy_for(scheme, opts.buffer, opts.loss_bound)
-    packets = sum(len(b.priorities) for b in bucket_plans(opts, policy))
-    packet_s = opts.mtu * 8 / (opts.link_gbps * 1e9)
-    push = opts.workers * np.ceil(packets * (1 - policy.loss_bound_push)) * packet_s
-    pull = opts.workers * np.ceil(packets * (1 - policy.loss_bound_pull)) * packet_s
-    return float(max(push, pull))
 
 
 def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeResult:
@@ -154,6 +190,9 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
     if len(result.iterations) != expected:
         raise DlcpUserError(f"scheme {scheme}: {len(result.iterations)} of {expected} worker iterations finished "
                             f"in {result.simulated_s:.3f} simulated s; a message never completed")
+    flows = len(background_flows(opts))
+    if len(result.flows) != flows:
+        raise DlcpUserError(f"scheme {scheme}: {len(result.flows)} of {flows} background flows completed")
     result.bound_s = line_rate_bound(opts, scheme)
     return result
 
@@ -180,8 +219,20 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None) -> dict[str,
 
 def summary(results: dict[str, list[SchemeResult]]) -> dict[str, dict]:
     """Per scheme: medians over seeds with 95 % intervals of sync p50 and p99, and the speedup
-    over the baseline paired by seed (the testbed's statistics, :mod:`topologies.stats`)."""
+    over the baseline paired by seed (the testbed's statistics, :mod:`topologies.stats`).
+
+    With background flows, also their completion times (average, p99, small flows' p99) over
+    the flows that started while every scheme of that seed was still training (so the schemes
+    are compared on the same flows, all of which met training traffic), and the ratio to the
+    baseline's, paired by seed (below 1: DLCP's flows finish sooner)."""
     base = results.get("baseline")
+    seeds = min(len(runs) for runs in results.values())
+    windows = [min(runs[i].training_end() for runs in results.values()) for i in range(seeds)]
+    background = any(r.flows for runs in results.values() for r in runs)
+
+    def fct(runs: list[SchemeResult], key: str) -> list[float]:
+        return [fct_stats(runs[i].flows, windows[i])[key] for i in range(seeds)]
+
     out = {}
     for scheme, runs in results.items():
         p50 = [r.summary()["sync_p50_ms"] for r in runs]
@@ -192,6 +243,17 @@ def summary(results: dict[str, list[SchemeResult]]) -> dict[str, dict]:
                 ref = [r.summary()[f"sync_{key}_ms"] for r in base]
                 est = median_ci(paired_ratios(ref, mine))
                 row[f"speedup_{key}"] = {**est.as_dict(), "verdict": verdict(est)}
+        if background:
+            for key in ("fct_avg_ms", "fct_p99_ms", "small_fct_p99_ms"):
+                mine = fct(runs, key)
+                if any(v is None for v in mine):
+                    continue
+                row[key] = median_ci(mine).as_dict()
+                if base is not None and scheme != "baseline":
+                    ref = fct(base, key)
+                    if all(v is not None for v in ref):
+                        row[f"{key}_ratio"] = median_ci(paired_ratios(mine, ref)).as_dict()  # mine / baseline's
+            row["background_flows"] = [fct_stats(runs[i].flows, windows[i])["flows"] for i in range(seeds)]
         out[scheme] = row
     return out
 
@@ -218,4 +280,18 @@ def table(results: dict[str, list[SchemeResult]]) -> str:
                     f"{mean['sync_over_bound']:>9.2f} {sp['p50']:>20} {sp['p99']:>20} {mean['tail_drops']:>10.0f} "
                     f"{sel:>9.0f} {mean['retransmitted']:>7.0f} {mean['duplicates']:>6.0f} "
                     f"{100 * mean['missing_fraction']:>9.2f} {mean['events_per_s']:>9.0f}")
+    if any("fct_avg_ms" in st for st in stats.values()):
+        rows += ["", ("background flows that started while every scheme trained (FCT ms; ratio = scheme / "
+                      "baseline, paired by seed)"),
+                 (f"{'scheme':<9} {'flows':>12} {'FCT avg':>24} {'FCT p99':>24} {'small-flow FCT p99':>24} "
+                  f"{'avg ratio':>20} {'p99 ratio':>20} {'small p99 ratio':>20}")]
+        for scheme, st in stats.items():
+            if "fct_avg_ms" not in st:
+                continue
+            cell = {k: Estimate(d["median"], d["ci_low"], d["ci_high"], d["n"]).text("{:.2f}")
+                    for k, d in st.items() if k.startswith(("fct_", "small_fct_"))}
+            rows.append(f"{scheme:<9} {'/'.join(map(str, st['background_flows'])):>12} "
+                        + " ".join(f"{cell.get(k, '-'):>24}" for k in ("fct_avg_ms", "fct_p99_ms", "small_fct_p99_ms"))
+                        + " " + " ".join(f"{cell.get(k + '_ratio', '-'):>20}"
+                                         for k in ("fct_avg_ms", "fct_p99_ms", "small_fct_p99_ms")))
     return "\n".join(rows)

@@ -14,16 +14,23 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, drop_classes, packet_magnitudes, packet_tags
-from hostagent.ratecontrol import RateConfig
+from hostagent.policy import Policy, drop_classes, packet_magnitudes
+from hostagent.ratecontrol import RateConfig, bottleneck_rates
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
+from topologies.bound import job_traffic, port_loads
 from topologies.schemes import check_schemes, policy_for
+from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
 #: Model profiles the simulator can send (hostagent.model_profiles).
 MODELS = ("resnet50", "vgg16", "transformer")
+#: Exchange patterns, as the testbed's ``--pattern``.
+PATTERNS = ("ps", "ring")
+#: TCP variants of the background flows (ns-3's TcpDctcp, TcpCubic, TcpNewReno).
+TCP_VARIANTS = ("dctcp", "cubic", "newreno")
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,18 @@ class SimOptions:
     spines: int = 2
     hosts_per_leaf: int = 4
     link_gbps: float = 10.0
+    """Host links' rate."""
+    uplink_gbps: float = 0.0
+    """Leaf-spine links' rate; 0: as ``link_gbps`` (then 16 hosts over 4 spines are 4:1
+    oversubscribed; pFabric's and DLCP's 144-host fabric has 10 Gb/s hosts and 40 Gb/s uplinks)."""
     link_delay_us: float = 1.0
     buffer: int = 100
     """Packets a switch port holds ahead of a packet before it tail-drops it (per port, as the
     testbed's virtual queue)."""
+    pattern: str = "ps"
+    """``ps`` (each job has one parameter server besides its workers) or ``ring`` (allreduce)."""
     workers: int = 4
-    """Workers per job; each job also has one parameter server."""
+    """Workers per job (a ``ps`` job also has one server)."""
     jobs: int = 1
     """Jobs at once; 0 fills the hosts with as many jobs as fit."""
     model: str = "resnet50"
@@ -50,12 +63,23 @@ class SimOptions:
     loss_bound: float = 0.05
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
+    background_load: float = 0.0
+    """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
+    background_tcp: str = "dctcp"
+    """The background flows' TCP: ``dctcp``, ``cubic`` or ``newreno``."""
+    background_ms: float = 0.0
+    """Flows start during the first this many ms; 0: twice the baseline's line-rate bound per
+    iteration (plus compute), about as long as training lasts."""
     seed: int = 0
     """Draws the synthetic gradients (so the drop classes), the flow hashes (which flows share a
     spine) and ns-3's random streams; repetitions are seeds."""
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes)
+        if self.pattern not in PATTERNS:
+            raise DlcpUserError(f"--pattern {self.pattern!r}: choose one of {list(PATTERNS)}")
+        if self.pattern == "ring" and self.workers < 2:
+            raise DlcpUserError("--workers: a ring needs at least 2")
         if self.model not in MODELS:
             raise DlcpUserError(f"--model {self.model!r}: the simulator sends model profiles {list(MODELS)}")
         for name in ("leaves", "spines", "hosts_per_leaf", "workers", "iterations", "buffer"):
@@ -63,28 +87,42 @@ class SimOptions:
                 raise DlcpUserError(f"--{name.replace('_', '-')} must be at least 1")
         if self.leaves > 250 or self.spines > 250 or self.hosts_per_leaf > 250:
             raise DlcpUserError("--leaves, --spines and --hosts-per-leaf are at most 250 (addresses 10.leaf.host.2)")
+        if self.uplink_gbps < 0:
+            raise DlcpUserError("--uplink-gbps must not be negative")
         if self.jobs < 0 or self.link_gbps <= 0 or self.link_delay_us < 0 or self.compute_ms < 0:
             raise DlcpUserError("--jobs, --link-gbps, --link-delay-us and --compute-ms must not be negative")
+        if not 0 <= self.background_load < 1 or self.background_ms < 0:
+            raise DlcpUserError("--background-load must be in [0, 1) and --background-ms not negative")
+        if self.background_tcp not in TCP_VARIANTS:
+            raise DlcpUserError(f"--background-tcp {self.background_tcp!r}: choose one of {list(TCP_VARIANTS)}")
         if not 0 <= self.loss_bound < 1:
             raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
         if len(self.placement()) == 0:
             raise DlcpUserError(f"{self.hosts} hosts hold no job of {self.workers} workers and a server")
 
     @property
+    def uplink_rate_gbps(self) -> float:
+        return self.uplink_gbps or self.link_gbps
+
+    @property
     def hosts(self) -> int:
         return self.leaves * self.hosts_per_leaf
 
-    def placement(self) -> list[tuple[int, list[int]]]:
-        """(server, workers) of every job, as host indices. Hosts are taken leaf by leaf in turn
-        (host 0 of every leaf, then host 1, ...), so a job spans leaves and its traffic crosses
-        the spines; the server is a job's last host."""
+    def placement(self) -> list[tuple[int | None, list[int]]]:
+        """(server, workers) of every job, as host indices (server None for a ring). Hosts are
+        taken leaf by leaf in turn (host 0 of every leaf, then host 1, ...), so a job spans
+        leaves and its traffic crosses the spines; a ``ps`` job's server is its last host."""
         order = [leaf * self.hosts_per_leaf + j for j in range(self.hosts_per_leaf) for leaf in range(self.leaves)]
-        size = self.workers + 1
+        size = self.workers + (1 if self.pattern == "ps" else 0)
         fit = len(order) // size
         jobs = fit if self.jobs == 0 else min(self.jobs, fit)
         if self.jobs > fit:
             raise DlcpUserError(f"{self.jobs} jobs of {size} hosts do not fit in {self.hosts} hosts")
-        return [(order[k * size + self.workers], order[k * size: k * size + self.workers]) for k in range(jobs)]
+        out: list[tuple[int | None, list[int]]] = []
+        for k in range(jobs):
+            hosts = order[k * size: (k + 1) * size]
+            out.append((hosts[-1], hosts[:-1]) if self.pattern == "ps" else (None, hosts))
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,8 +136,21 @@ class BucketPlan:
     drop_classes: np.ndarray
 
 
+def _plan(flat: np.ndarray, layout, per: int, policy: Policy) -> BucketPlan:
+    """The packets of one message of ``flat`` elements laid out as ``layout``."""
+    prio, _ = layout.packet_tags(per)
+    classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)
+    return BucketPlan(np.asarray(prio, np.uint8), np.asarray(classes, np.uint8))
+
+
 def bucket_plans(opts: SimOptions, policy: Policy) -> list[BucketPlan]:
-    """Every bucket of one worker's iteration, packet by packet, as the testbed agent sends it."""
+    """Every message of one worker's iteration, packet by packet, as the testbed agent sends it.
+
+    ``ps``: one plan per fused bucket. ``ring``: per bucket, the ``workers`` chunks
+    :class:`~hostagent.exchange.RingAllreduce` cuts it into (at ``linspace(0, n, W + 1)``, each
+    chunk packetized on its own with its slice of the bucket's layout), bucket-major: chunk
+    ``c`` of bucket ``b`` is plan ``b * workers + c``.
+    """
     spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
     sizes, _, buckets = worker_plan(spec, policy)
     rng = np.random.default_rng(opts.seed)
@@ -108,18 +159,81 @@ def bucket_plans(opts: SimOptions, policy: Policy) -> list[BucketPlan]:
     plans = []
     for b in buckets:
         flat = np.concatenate([grads[t] for t in b.tensors])
-        prio, _ = packet_tags(b.layout.starts, b.layout.priorities, b.layout.layers, b.total, per)
-        classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)
-        plans.append(BucketPlan(np.asarray(prio, np.uint8), np.asarray(classes, np.uint8)))
+        if opts.pattern == "ps":
+            plans.append(_plan(flat, b.layout, per, policy))
+            continue
+        cuts = np.linspace(0, b.total, opts.workers + 1).astype(np.int64)
+        if np.any(np.diff(cuts) == 0):
+            raise DlcpUserError(f"a bucket of {b.total} elements has an empty chunk in a ring of {opts.workers}; "
+                                "raise --scale")
+        for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            plans.append(_plan(flat[lo:hi], b.layout.slice(lo, hi), per, policy))
     return plans
+
+
+def topology(opts: SimOptions) -> TopologyDesc:
+    """The simulated leaf-spine as the testbed describes topologies, with the simulator's
+    numbering (dlcp_sim/ns3/main.cc): host ``h`` is ``h<h>`` on leaf ``h // hosts_per_leaf``'s
+    port ``h % hosts_per_leaf + 1``; leaf ``l``'s uplink to spine ``s`` is its port
+    ``hosts_per_leaf + s + 1`` and the spine's port ``l + 1``. Every port is a bottleneck (all
+    links have one rate)."""
+    hpl = opts.hosts_per_leaf
+    leaves = [f"l{l + 1}" for l in range(opts.leaves)]
+    spines = [f"sp{s + 1}" for s in range(opts.spines)]
+    hosts = tuple(HostDesc(f"h{h}", f"10.{h // hpl}.{h % hpl}.2", "", leaves[h // hpl], h % hpl + 1, "worker")
+                  for h in range(opts.hosts))
+    links = tuple(LinkDesc(leaves[l], hpl + s + 1, spines[s], l + 1)
+                  for l in range(opts.leaves) for s in range(opts.spines))
+    switches = tuple([SwitchDesc(name, l + 1, tuple(range(1, hpl + opts.spines + 1))) for l, name in enumerate(leaves)]
+                     + [SwitchDesc(name, opts.leaves + s + 1, tuple(range(1, opts.leaves + 1)))
+                        for s, name in enumerate(spines)])
+    ports = frozenset((sw.name, p) for sw in switches for p in sw.ports)
+    return TopologyDesc("sim-leafspine", switches, hosts, links, ports)
+
+
+def line_rate_bound(opts: SimOptions, scheme: str) -> float:
+    """Seconds the busiest link needs for one iteration's gradient packets, every job at once:
+    each job's packets per host pair (:func:`topologies.bound.job_traffic`, the testbed's
+    rule, at least (1-p) of each message), split evenly over the equal-cost paths
+    (:func:`topologies.bound.port_loads`), on every switch port and every host's own link,
+    each a full-size packet at that link's rate."""
+    policy = policy_for(scheme, opts.buffer, opts.loss_bound)
+    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
+    buckets = [b.total for b in worker_plan(spec, policy)[2]]
+    per = elems_per_packet(opts.mtu, np.float32)
+    traffic: dict[tuple[str, str], float] = {}
+    for server, workers in opts.placement():
+        flows = job_traffic(opts.pattern, [f"h{w}" for w in workers], None if server is None else f"h{server}",
+                            buckets, per, policy.loss_bound_push, policy.loss_bound_pull)
+        for flow, packets in flows.items():
+            traffic[flow] = traffic.get(flow, 0.0) + packets
+    host_out: dict[str, float] = {}
+    for (src, _), packets in traffic.items():
+        host_out[src] = host_out.get(src, 0.0) + packets
+    host_s = opts.mtu * 8 / (opts.link_gbps * 1e9)
+    up_s = opts.mtu * 8 / (opts.uplink_rate_gbps * 1e9)
+    seconds = [p * host_s for p in host_out.values()]
+    for (switch, port), packets in port_loads(topology(opts), traffic).items():
+        to_host = switch.startswith("l") and port <= opts.hosts_per_leaf
+        seconds.append(packets * (host_s if to_host else up_s))
+    return max(seconds, default=0.0)
+
+
+def background_flows(opts: SimOptions) -> list[BackgroundFlow]:
+    """The background flows of ``opts`` (the same for every scheme of a seed)."""
+    horizon = opts.background_ms / 1e3
+    if horizon == 0:
+        horizon = opts.iterations * (opts.compute_ms / 1e3 + 2 * line_rate_bound(opts, "baseline"))
+    return generate(opts.hosts, opts.background_load, opts.link_gbps * 1e9, horizon, opts.seed)
 
 
 def timers_us(opts: SimOptions) -> tuple[float, float]:
     """(answer_idle, probe_timeout) in microseconds. A receiver answers a probe once no data of
     the message arrived for about one full buffer's drain plus a base round trip (data merely
     queued is not reported missing); a probe unanswered for twice that plus a round trip is
-    re-sent. The real transport measures both (hostagent.ratecontrol.AnswerTimer)."""
-    packet_us = opts.mtu * 8 / (opts.link_gbps * 1e3)
+    re-sent. The real transport measures both (hostagent.ratecontrol.AnswerTimer). Packet times
+    are taken at the slower of host links and uplinks, where queues build."""
+    packet_us = opts.mtu * 8 / (min(opts.link_gbps, opts.uplink_rate_gbps) * 1e3)
     rtt = 8 * (opts.link_delay_us + packet_us)  # host-leaf-spine-leaf-host and back
     idle = opts.buffer * packet_us + rtt
     return idle, 2 * idle + rtt
@@ -128,26 +242,32 @@ def timers_us(opts: SimOptions) -> tuple[float, float]:
 def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
     policy = policy_for(scheme, opts.buffer, opts.loss_bound)
-    line = opts.link_gbps * 1e9 / 8
-    rate = RateConfig()
+    host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
+    # hosts configured as on the testbed, for the narrowest link on their paths
+    rate = bottleneck_rates(min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8, opts.mtu)
     idle, probe = timers_us(opts)
     lines = [
         f"leaves {opts.leaves}", f"spines {opts.spines}", f"hosts_per_leaf {opts.hosts_per_leaf}",
-        f"link_rate {opts.link_gbps * 1e3:g}Mbps", f"link_delay_us {opts.link_delay_us:g}",
+        f"link_rate {opts.link_gbps * 1e3:g}Mbps", f"uplink_rate {opts.uplink_rate_gbps * 1e3:g}Mbps",
+        f"link_delay_us {opts.link_delay_us:g}",
         f"buffer {opts.buffer}", f"ecn_threshold {policy.ecn_threshold}",
         "priority_map " + " ".join(str(q) for q in policy.priority_map + (0,) * (8 - len(policy.priority_map))),
         "drop_thresholds " + " ".join(str(t) for t in policy.drop_thresholds),
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",
         f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {HEADER_SIZE + 16}",
-        f"line_rate {line:g}", f"initial_rate {line * rate.initial_rate / rate.line_rate:g}",
-        f"min_rate {rate.min_rate:g}", f"additive_increase {line / 100:g}", f"gain {rate.gain:g}",
+        f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
+        f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
+        f"gain {RateConfig().gain:g}",
         f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}", f"cut_interval_us {idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
+        f"tcp {opts.background_tcp}",
     ]
     for b in bucket_plans(opts, policy):
         lines.append(f"bucket {len(b.priorities)} {''.join(map(str, b.priorities))} "
                      f"{''.join(map(str, b.drop_classes))}")
-    for server, workers in opts.placement():
-        lines.append(f"job ps {policy.loss_bound_push:g} {policy.loss_bound_pull:g} {server} {len(workers)} "
-                     + " ".join(map(str, workers)))
+    for server, workers in opts.placement():  # job <pattern> <push p> <pull p> [server] <n> <workers...>
+        members = ([server] if server is not None else []) + [len(workers), *workers]
+        lines.append(f"job {opts.pattern} {policy.loss_bound_push:g} {policy.loss_bound_pull:g} "
+                     + " ".join(map(str, members)))
+    lines += [f"flow {f.id} {f.src} {f.dst} {f.size} {f.start:.9f}" for f in background_flows(opts)]
     return "\n".join(lines) + "\n"

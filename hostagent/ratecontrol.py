@@ -59,6 +59,15 @@ class RateConfig:
             raise ValueError("increase_interval and max_increase_span must be > 0")
 
 
+def bottleneck_rates(bottleneck: float, mtu: int) -> dict:
+    """:class:`RateConfig` knobs for hosts whose path narrows to ``bottleneck`` bytes/s: start
+    at half of it, never above twice it (a host link is faster than the bottleneck), grow by
+    1 % of it per increase interval. The testbed (``topologies.runner.testbed_rate``) and the
+    simulator (``dlcp_sim.scenario``) both configure hosts this way."""
+    return {"initial_rate": bottleneck * 0.5, "line_rate": bottleneck * 2.0, "min_rate": 10_000.0,
+            "additive_increase": bottleneck * 0.01, "burst_bytes": 16 * mtu}
+
+
 class RateController:
     """The sending rate towards one destination."""
 

@@ -83,15 +83,25 @@ def iteration_traffic(spec: Mapping, topo: TopologyDesc, bounded: bool = True) -
     workers = [h.name for h in topo.role("worker")]
     if len(workers) != spec["workers"]:
         raise ValueError(f"spec has {spec['workers']} workers, topology {topo.name} has {len(workers)}")
-    buckets = bucket_sizes(spec)
+    server = topo.role("server")[0].name if spec["pattern"] == "ps" else None
+    return job_traffic(spec["pattern"], workers, server, bucket_sizes(spec), per, push, pull)
+
+
+def job_traffic(pattern: str, workers: list[str], server: str | None, buckets: list[int], per_packet: int,
+                push: float, pull: float) -> dict[Flow, float]:
+    """Data packets per iteration between the hosts of one job (the rule of
+    :func:`iteration_traffic`, which the simulator's many jobs share): ``buckets`` are the
+    elements of each fused message, ``push``/``pull`` the bounds of pushes and reduce-scatter
+    steps / replies and all-gather steps (0 counts every packet)."""
     traffic: dict[Flow, float] = defaultdict(float)
-    if spec["pattern"] == "ps":
-        server = topo.role("server")[0].name
+    if pattern == "ps":
+        if server is None:
+            raise ValueError("a parameter-server job needs a server")
         for w in workers:
             for n in buckets:
-                traffic[(w, server)] += message_packets(n, per, push)
-                traffic[(server, w)] += message_packets(n, per, pull)
-    elif spec["pattern"] == "ring":
+                traffic[(w, server)] += message_packets(n, per_packet, push)
+                traffic[(server, w)] += message_packets(n, per_packet, pull)
+    elif pattern == "ring":
         size = len(workers)
         for n in buckets:
             chunks = np.diff(np.linspace(0, n, size + 1).astype(np.int64))
@@ -101,9 +111,9 @@ def iteration_traffic(spec: Mapping, topo: TopologyDesc, bounded: bool = True) -
                     gather = step >= size - 1
                     s = step - (size - 1) if gather else step
                     c_send = (r + 1 - s) % size if gather else (r - s) % size
-                    traffic[(w, right)] += message_packets(chunks[c_send], per, pull if gather else push)
+                    traffic[(w, right)] += message_packets(chunks[c_send], per_packet, pull if gather else push)
     else:
-        raise ValueError(f"pattern must be ps or ring, got {spec['pattern']!r}")
+        raise ValueError(f"pattern must be ps or ring, got {pattern!r}")
     return dict(traffic)
 
 

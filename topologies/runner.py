@@ -30,6 +30,7 @@ from pathlib import Path
 from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy
+from hostagent.ratecontrol import bottleneck_rates
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
@@ -154,8 +155,7 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
 def testbed_rate(capacity_pps: int, mtu: int) -> dict:
     """The hosts' rate configuration for bottlenecks of ``capacity_pps`` packets of ``mtu`` bytes:
     start at half the bottleneck, never above twice it (a host link is faster than the bottleneck)."""
-    return {"initial_rate": capacity_pps * mtu * 0.5, "line_rate": capacity_pps * mtu * 2.0, "min_rate": 10_000.0,
-            "additive_increase": capacity_pps * mtu * 0.01, "burst_bytes": 16 * mtu}
+    return bottleneck_rates(capacity_pps * mtu, mtu)
 
 
 def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],

@@ -82,6 +82,8 @@ class DlcpHost : public Application {
   HostStats stats;
   //! A message from `src` completed here (at least 1-p of it arrived).
   std::function<void(uint16_t src, uint32_t msg)> onReceived;
+  //! A message this host sent to `dst` is done: its receiver's STOP arrived.
+  std::function<void(uint16_t dst, uint32_t msg)> onSent;
   //! Where completions are reported, one line each (null: not reported).
   std::ostream* log = nullptr;
 
@@ -279,6 +281,7 @@ class DlcpHost : public Application {
         (*i)->done = true;
         (*i)->probeTimer.Cancel();
         v.erase(i);
+        if (onSent) onSent(dst, id);
         return;
       }
   }

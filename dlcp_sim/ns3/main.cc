@@ -7,14 +7,17 @@
 //   host <rank> <data_sent> <retransmitted> <duplicates> <probes> <bitmaps> <control_sent>
 //        <messages_received> <packets_at_completion> <missing_at_completion>
 //   done <receiver> <sender> <message> <time_s> <packets> <missing>   (a message completed)
+//   flow <id> <src> <dst> <bytes> <start_s> <end_s>          (a background flow completed)
 //   sim <simulated_s> <events> <wall_s>
-// Message ids: iteration * 2B + b for the push of bucket b, + B for its pull (B buckets).
+// Message ids: ps: iteration * 2B + b for the push of bucket b, + B for its pull (B buckets);
+// ring of n: (iteration * 2(n-1) + step) * B + b.
 // The scenario file has one `key value...` line per setting (see scenario.py).
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "background.h"
 #include "dlcp-host.h"
 #include "dlcp-queue-disc.h"
 #include "leaf-spine-routing.h"
@@ -30,11 +33,18 @@ NS_OBJECT_ENSURE_REGISTERED(DlcpQueueDisc);
 
 namespace {
 
-uint32_t g_workersLeft = 0;  // workers still iterating; the simulation stops when none is
+uint32_t g_workersLeft = 0;  // workers still iterating
+BackgroundTraffic g_background;
+
+//! The simulation ends once every worker finished its iterations and every background flow
+//! completed (so each flow's completion time is known).
+void MaybeStop() {
+  if (g_workersLeft == 0 && g_background.Left() == 0) Simulator::Stop();
+}
 
 struct Scenario {
   uint32_t leaves = 2, spines = 2, hostsPerLeaf = 4;
-  std::string linkRate = "10Gbps";
+  std::string linkRate = "10Gbps", uplinkRate = "10Gbps";
   double linkDelayUs = 1;
   DlcpPortPolicy port;
   LbMode lb = LbMode::FLOW;
@@ -43,9 +53,13 @@ struct Scenario {
   double computeS = 0;
   double stopS = 60;
   uint32_t seed = 0;  // varies the flow hashes (which flows collide) and ns-3's random streams
+  std::string tcp = "dctcp";  // the background flows' TCP: dctcp, cubic or newreno
+  double tcpMinRtoUs = 5000;
+  std::vector<BgFlow> flows;
   std::vector<MsgPlan> buckets;
   struct Job {
-    uint32_t server;
+    bool ring = false;
+    uint32_t server = 0;  // ps only
     std::vector<uint32_t> workers;
     double pushBound, pullBound;
   };
@@ -77,6 +91,7 @@ Scenario Parse(std::istream& in) {
     else if (key == "spines") ls >> sc.spines;
     else if (key == "hosts_per_leaf") ls >> sc.hostsPerLeaf;
     else if (key == "link_rate") ls >> sc.linkRate;
+    else if (key == "uplink_rate") ls >> sc.uplinkRate;
     else if (key == "link_delay_us") ls >> sc.linkDelayUs;
     else if (key == "buffer") ls >> sc.port.buffer;
     else if (key == "ecn_threshold") ls >> sc.port.ecnThreshold;
@@ -116,6 +131,16 @@ Scenario Parse(std::istream& in) {
     else if (key == "compute_s") ls >> sc.computeS;
     else if (key == "stop_s") ls >> sc.stopS;
     else if (key == "seed") ls >> sc.seed;
+    else if (key == "tcp") {
+      ls >> sc.tcp;
+      if (sc.tcp != "dctcp" && sc.tcp != "cubic" && sc.tcp != "newreno") Fail("tcp: dctcp, cubic or newreno");
+    } else if (key == "tcp_min_rto_us") ls >> sc.tcpMinRtoUs;
+    else if (key == "flow") {
+      BgFlow fl;
+      ls >> fl.id >> fl.src >> fl.dst >> fl.bytes >> fl.start;
+      if (fl.id != sc.flows.size() || fl.bytes == 0 || fl.start < 0) Fail("flow: ids in order from 0, bytes > 0, start >= 0");
+      sc.flows.push_back(fl);
+    }
     else if (key == "bucket") {
       MsgPlan b;
       std::string pr, cl;
@@ -129,8 +154,14 @@ Scenario Parse(std::istream& in) {
       Scenario::Job j;
       std::string pattern;
       size_t n;
-      ls >> pattern >> j.pushBound >> j.pullBound >> j.server >> n;
-      if (pattern != "ps") Fail("job: only the ps pattern is simulated so far");
+      ls >> pattern >> j.pushBound >> j.pullBound;
+      if (pattern == "ps")
+        ls >> j.server;
+      else if (pattern != "ring")
+        Fail("job: the pattern is ps or ring, not '" + pattern + "'");
+      j.ring = pattern == "ring";
+      ls >> n;
+      if (n == 0 || n > 4096) Fail("job: 1..4096 workers");
       j.workers.resize(n);
       for (auto& w : j.workers) ls >> w;
       sc.jobs.push_back(std::move(j));
@@ -143,10 +174,14 @@ Scenario Parse(std::istream& in) {
       sc.spines > 250)
     Fail("leaves, spines and hosts_per_leaf must be 1..250");
   if (sc.buckets.empty() || sc.jobs.empty()) Fail("a scenario needs buckets and jobs");
+  for (auto& fl : sc.flows)
+    if (fl.src >= hosts || fl.dst >= hosts || fl.src == fl.dst) Fail("flow: source and destination are two hosts");
   for (auto& j : sc.jobs) {
-    if (j.server >= hosts) Fail("job: server beyond the hosts");
+    if (!j.ring && j.server >= hosts) Fail("job: server beyond the hosts");
     for (auto w : j.workers)
-      if (w >= hosts || w == j.server) Fail("job: a worker beyond the hosts or equal to the server");
+      if (w >= hosts || (!j.ring && w == j.server)) Fail("job: a worker beyond the hosts or equal to the server");
+    if (j.ring && (j.workers.size() < 2 || sc.buckets.size() % j.workers.size() != 0))
+      Fail("job ring: at least 2 workers, and one bucket line per chunk (buckets x workers)");
   }
   return sc;
 }
@@ -191,8 +226,92 @@ struct PsJob {
                   << Simulator::Now().GetSeconds() << "\n";
         if (it + 1 < sc->iterations)
           Begin(w, it + 1);
-        else if (--g_workersLeft == 0)
-          Simulator::Stop();
+        else {
+          --g_workersLeft;
+          MaybeStop();
+        }
+      };
+    }
+  }
+};
+
+//! A ring-allreduce job, as hostagent.exchange.RingAllreduce: for every bucket, member i sends
+//! to member i+1 one chunk per step, 2(n-1) steps (reduce-scatter at the push bound, then
+//! all-gather at the pull bound); a member starts step s+1 once all its step-s receives and
+//! sends completed (the real code waits for both). The scenario's buckets are the chunks,
+//! bucket-major: chunk c of bucket b is sc->buckets[b * n + c].
+struct RingJob {
+  uint32_t id;
+  Scenario::Job spec;
+  const Scenario* sc;
+  std::vector<Ptr<DlcpHost>> hosts;  // by rank
+  struct Member {
+    uint32_t it = 0, step = 0, sent = 0;
+    double start = 0, computed = 0;
+    std::map<uint64_t, uint32_t> got;  // (iteration, step) -> receives completed (may run ahead)
+  };
+  std::vector<Member> members;
+
+  uint32_t N() const { return spec.workers.size(); }
+  uint32_t Steps() const { return 2 * (N() - 1); }
+  uint32_t B() const { return sc->buckets.size() / N(); }
+  uint32_t Msg(uint32_t it, uint32_t step, uint32_t b) const { return (it * Steps() + step) * B() + b; }
+  uint64_t Key(uint32_t it, uint32_t step) const { return uint64_t(it) * Steps() + step; }
+
+  void Begin(uint32_t i, uint32_t it) {
+    Member& m = members[i];
+    m.it = it;
+    m.step = 0;
+    m.start = Simulator::Now().GetSeconds();
+    Simulator::Schedule(Seconds(sc->computeS), [this, i]() {
+      members[i].computed = Simulator::Now().GetSeconds();
+      Step(i);
+    });
+  }
+
+  void Step(uint32_t i) {
+    Member& m = members[i];
+    uint32_t n = N(), s = m.step;
+    bool gather = s >= n - 1;
+    uint32_t c = gather ? (i + 1 + n - (s - (n - 1)) % n) % n : (i + n - s % n) % n;
+    m.sent = 0;
+    for (uint32_t b = 0; b < B(); ++b)
+      hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &sc->buckets[b * n + c],
+                                   gather ? spec.pullBound : spec.pushBound);
+  }
+
+  void Advance(uint32_t i) {
+    Member& m = members[i];
+    auto got = m.got.find(Key(m.it, m.step));
+    if (m.sent < B() || got == m.got.end() || got->second < B()) return;
+    m.got.erase(got);
+    if (++m.step < Steps()) {
+      Step(i);
+      return;
+    }
+    std::cout << "iter " << id << " " << i << " " << m.it << " " << m.start << " " << m.computed << " "
+              << Simulator::Now().GetSeconds() << "\n";
+    if (m.it + 1 < sc->iterations)
+      Begin(i, m.it + 1);
+    else {
+      --g_workersLeft;
+      MaybeStop();
+    }
+  }
+
+  void Wire() {
+    members.assign(N(), Member{});
+    for (uint32_t i = 0; i < N(); ++i) {
+      hosts[spec.workers[i]]->onReceived = [this, i](uint16_t, uint32_t msg) {
+        members[i].got[msg / B()]++;
+        Advance(i);
+      };
+      hosts[spec.workers[i]]->onSent = [this, i](uint16_t, uint32_t msg) {
+        Member& m = members[i];
+        if (msg / B() == Key(m.it, m.step)) {
+          m.sent++;
+          Advance(i);
+        }
       };
     }
   }
@@ -210,6 +329,14 @@ int main(int argc, char** argv) {
 
   // The device queue holds one packet: queueing happens in the queue disc, where the policy is.
   Config::SetDefault("ns3::DropTailQueue<Packet>::MaxSize", QueueSizeValue(QueueSize("1p")));
+  // Background TCP: full-size segments, a data-centre minimum RTO (ns-3's default is 1 s).
+  Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(1448));
+  Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
+  Config::SetDefault("ns3::TcpL4Protocol::SocketType",
+                     TypeIdValue(sc.tcp == "dctcp"   ? TcpDctcp::GetTypeId()
+                                 : sc.tcp == "cubic" ? TcpCubic::GetTypeId()
+                                                     : TcpNewReno::GetTypeId()));
+  if (sc.tcp == "dctcp") Config::SetDefault("ns3::TcpSocketBase::UseEcn", EnumValue(TcpSocketState::On));
 
   uint32_t H = sc.leaves * sc.hostsPerLeaf;
   NodeContainer hosts, leaves, spines;
@@ -229,12 +356,15 @@ int main(int argc, char** argv) {
   stack.Install(leaves);
   stack.Install(spines);
 
-  PointToPointHelper p2p;
+  PointToPointHelper p2p, p2pUp;  // host links, leaf-spine links
   p2p.SetDeviceAttribute("DataRate", StringValue(sc.linkRate));
   p2p.SetChannelAttribute("Delay", TimeValue(MicroSeconds(sc.linkDelayUs)));
+  p2pUp.SetDeviceAttribute("DataRate", StringValue(sc.uplinkRate));
+  p2pUp.SetChannelAttribute("Delay", TimeValue(MicroSeconds(sc.linkDelayUs)));
   TrafficControlHelper tch;
   tch.SetRootQueueDisc("ns3::DlcpQueueDisc");
-  DlcpPortPolicy hostPort;  // a host's NIC: priority order, never drops (the app paces it)
+  DlcpPortPolicy hostPort;  // a host's NIC: the scheme's queues, never drops (the app paces it)
+  hostPort.priorityMap = sc.port.priorityMap;
   hostPort.buffer = 1u << 24;
 
   struct SwitchPort {
@@ -244,9 +374,9 @@ int main(int argc, char** argv) {
   };
   std::vector<SwitchPort> ports;
   // Installs a link a-b with a queue disc on both ends and numbers it net.x.y.0/24 (a .1, b .2).
-  auto link = [&](Ptr<Node> a, const DlcpPortPolicy& aPolicy, Ptr<Node> b, const std::string& net, uint32_t x,
-                  uint32_t y) {
-    NetDeviceContainer d = p2p.Install(a, b);
+  auto link = [&](PointToPointHelper& helper, Ptr<Node> a, const DlcpPortPolicy& aPolicy, Ptr<Node> b,
+                  const std::string& net, uint32_t x, uint32_t y) {
+    NetDeviceContainer d = helper.Install(a, b);
     QueueDiscContainer q = tch.Install(d);
     auto qa = DynamicCast<DlcpQueueDisc>(q.Get(0)), qb = DynamicCast<DlcpQueueDisc>(q.Get(1));
     qa->policy = aPolicy;
@@ -262,13 +392,13 @@ int main(int argc, char** argv) {
   // uplink to spine s is its port hosts_per_leaf+s+1 and the spine's port l+1 (11.s.l.0/24).
   for (uint32_t h = 0; h < H; ++h) {
     uint32_t l = h / sc.hostsPerLeaf, j = h % sc.hostsPerLeaf;
-    auto [leafSide, hostSide] = link(leaves.Get(l), sc.port, hosts.Get(h), "10", l, j);
+    auto [leafSide, hostSide] = link(p2p, leaves.Get(l), sc.port, hosts.Get(h), "10", l, j);
     hostSide->policy = hostPort;
     ports.push_back({"l" + std::to_string(l + 1), j + 1, leafSide});
   }
   for (uint32_t s = 0; s < sc.spines; ++s)
     for (uint32_t l = 0; l < sc.leaves; ++l) {
-      auto [leafSide, spineSide] = link(leaves.Get(l), sc.port, spines.Get(s), "11", s, l);
+      auto [leafSide, spineSide] = link(p2pUp, leaves.Get(l), sc.port, spines.Get(s), "11", s, l);
       ports.push_back({"l" + std::to_string(l + 1), sc.hostsPerLeaf + s + 1, leafSide});
       ports.push_back({"sp" + std::to_string(s + 1), l + 1, spineSide});
     }
@@ -291,19 +421,39 @@ int main(int argc, char** argv) {
     hosts.Get(h)->AddApplication(apps[h]);
     apps[h]->SetStartTime(Seconds(0));
   }
-  std::vector<std::unique_ptr<PsJob>> jobs;
+  std::vector<std::unique_ptr<PsJob>> psJobs;
+  std::vector<std::unique_ptr<RingJob>> ringJobs;
+  auto start = [&](auto job, uint32_t i) {
+    job->id = i;
+    job->spec = sc.jobs[i];
+    job->sc = &sc;
+    job->hosts = apps;
+    job->Wire();
+    g_workersLeft += job->spec.workers.size();
+    for (uint32_t w = 0; w < job->spec.workers.size(); ++w)
+      Simulator::Schedule(MicroSeconds(1), [job, w]() { job->Begin(w, 0); });
+  };
   for (uint32_t i = 0; i < sc.jobs.size(); ++i) {
-    auto j = std::make_unique<PsJob>();
-    j->id = i;
-    j->spec = sc.jobs[i];
-    j->sc = &sc;
-    j->hosts = apps;
-    j->Wire();
-    g_workersLeft += j->spec.workers.size();
-    for (uint32_t w = 0; w < j->spec.workers.size(); ++w)
-      Simulator::Schedule(MicroSeconds(1), [job = j.get(), w]() { job->Begin(w, 0); });
-    jobs.push_back(std::move(j));
+    if (sc.jobs[i].ring) {
+      ringJobs.push_back(std::make_unique<RingJob>());
+      start(ringJobs.back().get(), i);
+    } else {
+      psJobs.push_back(std::make_unique<PsJob>());
+      start(psJobs.back().get(), i);
+    }
   }
+
+  g_background.flows = sc.flows;
+  for (uint32_t h = 0; h < H; ++h) {
+    g_background.hosts.push_back(hosts.Get(h));
+    g_background.addrs.push_back(peers[h]);
+  }
+  g_background.onDone = [](const BgFlow& f) {
+    std::cout << "flow " << f.id << " " << f.src << " " << f.dst << " " << f.bytes << " " << f.start << " " << f.end
+              << "\n";
+    MaybeStop();
+  };
+  g_background.Install();
 
   Simulator::Stop(Seconds(sc.stopS));
   Simulator::Run();

@@ -6,12 +6,20 @@ import numpy as np
 import pytest
 
 from dlcp_sim.run import parse_report
-from dlcp_sim.scenario import SimOptions, bucket_plans, scenario_text
+from dlcp_sim.scenario import (
+    SimOptions,
+    bucket_plans,
+    line_rate_bound,
+    scenario_text,
+    topology,
+)
 from hostagent.errors import DlcpUserError
 from hostagent.model_profiles import layer_sizes
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import layer_priorities
+from topologies.bound import message_packets
 from topologies.schemes import policy_for
+from topologies.workload import worker_plan
 
 
 def _lines(text: str, key: str) -> list[list[str]]:
@@ -59,10 +67,52 @@ def test_jobs_span_leaves_and_never_share_a_host():
 
 
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
-                                 {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8}])
+                                 {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
+                                 {"pattern": "tree"}, {"pattern": "ring", "workers": 1}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)
+
+
+def test_ring_jobs_have_no_server_and_send_every_bucket_as_its_workers_chunks():
+    opts = SimOptions(pattern="ring", leaves=2, hosts_per_leaf=4, workers=4, jobs=0, scale=0.002)
+    assert opts.placement() == [(None, [0, 4, 1, 5]), (None, [2, 6, 3, 7])]  # alternating leaves
+    policy = policy_for("dlcp", opts.buffer, opts.loss_bound)
+    ps = bucket_plans(SimOptions(scale=0.002), policy)
+    chunks = bucket_plans(opts, policy)
+    assert len(chunks) == 4 * len(ps)
+    for b, whole in enumerate(ps):
+        mine = chunks[4 * b: 4 * b + 4]
+        # each chunk is packetized on its own: at least the bucket's packets, at most 3 more
+        assert len(whole.priorities) <= sum(len(c.priorities) for c in mine) <= len(whole.priorities) + 3
+        # the first chunk starts with the bucket's first layer; a later one never holds a more
+        # urgent layer than the bucket's first packet
+        assert mine[0].priorities[0] == whole.priorities[0]
+        assert max(int(c.priorities.max()) for c in mine) == int(whole.priorities.max())
+    jobs = _lines(scenario_text(opts, "dlcp"), "job")
+    assert jobs == [["ring", "0.05", "0", "4", "0", "4", "1", "5"], ["ring", "0.05", "0", "4", "2", "6", "3", "7"]]
+
+
+def test_the_line_rate_bound_counts_the_busiest_link_of_every_job():
+    """Two one-worker jobs across 2 leaves: worker h0 -> server h2, h1 -> h3 (placement takes
+    hosts leaf by leaf). With one spine both jobs' pushes share leaf 1's single uplink, so the
+    bound is twice one job's traffic; with two spines, an even split, once."""
+    def bound(spines: int, scheme: str = "baseline") -> tuple[SimOptions, float]:
+        opts = SimOptions(leaves=2, hosts_per_leaf=2, spines=spines, workers=1, jobs=0, scale=0.002, link_gbps=1)
+        return opts, line_rate_bound(opts, scheme)
+    opts, one = bound(1)
+    assert opts.placement() == [(2, [0]), (3, [1])]
+    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
+    per = elems_per_packet(opts.mtu, np.float32)
+    packets = sum(message_packets(b.total, per) for b in worker_plan(spec, policy_for("baseline", 100, 0.05))[2])
+    packet_s = opts.mtu * 8 / 1e9
+    assert one == pytest.approx(2 * packets * packet_s)
+    assert bound(2)[1] == pytest.approx(packets * packet_s)
+    # DLCP's pushes need only (1 - p) of their packets, but the pulls (reliable in every scheme)
+    # load leaf 2's uplink as much as the pushes load leaf 1's: they bind
+    assert bound(2, "dlcp")[1] == pytest.approx(bound(2)[1])
+    topo = topology(opts)
+    assert {(link.a, link.a_port, link.b, link.b_port) for link in topo.links} == {("l1", 3, "sp1", 1), ("l2", 3, "sp1", 2)}
 
 
 def test_the_report_is_read_line_by_line():

@@ -13,7 +13,8 @@ import pytest
 
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
-from dlcp_sim.scenario import SimOptions, scenario_text
+from dlcp_sim.scenario import SimOptions, background_flows, bucket_plans, scenario_text
+from topologies.schemes import policy_for
 
 pytestmark = pytest.mark.ns3
 
@@ -89,3 +90,32 @@ def test_repeats_are_seeds_with_intervals_and_a_paired_speedup(tmp_path):
     # different seeds draw different gradients: the drop classes, so the drops, differ
     drops = {sum(sum(p.selective_drops) for p in r.ports) for r in results["dlcp"]}
     assert len(drops) > 1
+
+
+def test_ring_jobs_finish_every_step_and_only_the_reduce_scatter_loses():
+    """Ring allreduce: every member finishes every iteration; DLCP's reduce-scatter steps
+    complete within the push bound, its all-gather steps (pull bound 0) lose nothing."""
+    opts = SimOptions(pattern="ring", scale=0.002, iterations=2, leaves=4, hosts_per_leaf=4, jobs=0)
+    r = simulate(opts, "dlcp")
+    assert len(r.iterations) == 4 * opts.workers * opts.iterations
+    steps = 2 * (opts.workers - 1)
+    buckets = len(bucket_plans(opts, policy_for("dlcp", opts.buffer, opts.loss_bound))) // opts.workers
+    assert len(r.completions) == 4 * opts.workers * opts.iterations * steps * buckets
+    gather = [c for c in r.completions if (c.message // buckets) % steps >= opts.workers - 1]
+    scatter = [c for c in r.completions if (c.message // buckets) % steps < opts.workers - 1]
+    assert gather and all(c.missing == 0 for c in gather)
+    assert all(c.missing <= np.floor(opts.loss_bound * c.packets + 1e-9) for c in scatter)
+    assert r.bound_s > 0 and all(i.sync >= r.bound_s * 0.5 for i in r.iterations)
+
+
+def test_background_flows_all_complete_and_none_beats_its_link():
+    """Web-search TCP flows at 30 % load beside the training jobs: every flow completes, none
+    faster than its bytes at the host link's rate, and the report pairs schemes on the same flows."""
+    opts = SimOptions(scale=0.002, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, background_load=0.3)
+    flows = background_flows(opts)
+    assert flows
+    for scheme in ("baseline", "dlcp"):
+        r = simulate(opts, scheme)
+        assert sorted(f.id for f in r.flows) == [f.id for f in flows]
+        assert all(f.fct >= f.size * 8 / (opts.link_gbps * 1e9) for f in r.flows)
+        assert "background" in r.summary()

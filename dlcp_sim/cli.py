@@ -24,6 +24,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="parameter server (one server per job) or ring allreduce (default ps)")
     p.add_argument("--workers", type=int, default=d.workers, help="workers per job (default 4)")
     p.add_argument("--jobs", type=int, default=d.jobs, help="jobs at once; 0 fills the hosts (default 1)")
+    p.add_argument("--jobs-placement", choices=("spread", "packed"), default=d.jobs_placement,
+                   help="jobs take hosts over the leaves in turn (spread) or leaf by leaf (packed)")
     p.add_argument("--model", choices=MODELS, default=d.model)
     p.add_argument("--scale", type=float, default=d.scale, help="multiply every tensor's size (default 0.01)")
     p.add_argument("--iterations", type=int, default=d.iterations)

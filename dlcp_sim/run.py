@@ -120,6 +120,8 @@ class SchemeResult:
     ports: list[PortStats] = field(default_factory=list)
     hosts: list[HostStats] = field(default_factory=list)
     flows: list[FlowRecord] = field(default_factory=list)
+    unfinished: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """Background flows that never completed: (id, bytes, queued by the sender, received)."""
     simulated_s: float = 0.0
     events: int = 0
     wall_s: float = 0.0
@@ -168,6 +170,8 @@ def parse_report(scheme: str, text: str) -> SchemeResult:
             r.hosts.append(HostStats(*map(int, f[:10])))
         elif kind == "flow":
             r.flows.append(FlowRecord(*map(int, f[:4]), float(f[4]), float(f[5])))
+        elif kind == "unfinished":
+            r.unfinished.append(tuple(map(int, f[:4])))
         elif kind == "sim":
             r.simulated_s, r.events, r.wall_s = float(f[0]), int(f[1]), float(f[2])
     return r
@@ -192,7 +196,9 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
                             f"in {result.simulated_s:.3f} simulated s; a message never completed")
     flows = len(background_flows(opts))
     if len(result.flows) != flows:
-        raise DlcpUserError(f"scheme {scheme}: {len(result.flows)} of {flows} background flows completed")
+        stuck = ", ".join(f"flow {i}: {sent}/{size} B queued, {got} received" for i, size, sent, got in result.unfinished[:5])
+        raise DlcpUserError(f"scheme {scheme}: {len(result.flows)} of {flows} background flows completed in "
+                            f"{result.simulated_s:.3f} simulated s ({stuck})")
     result.bound_s = line_rate_bound(opts, scheme)
     return result
 

@@ -55,6 +55,8 @@ class SimOptions:
     """Workers per job (a ``ps`` job also has one server)."""
     jobs: int = 1
     """Jobs at once; 0 fills the hosts with as many jobs as fit."""
+    jobs_placement: str = "spread"
+    """How jobs take hosts: ``spread`` over the leaves in turn, or ``packed`` leaf by leaf."""
     model: str = "resnet50"
     scale: float = 0.01
     """Fraction of the model's tensor sizes (as the testbed's ``--scale``)."""
@@ -76,6 +78,8 @@ class SimOptions:
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes)
+        if self.jobs_placement not in ("spread", "packed"):
+            raise DlcpUserError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
         if self.pattern not in PATTERNS:
             raise DlcpUserError(f"--pattern {self.pattern!r}: choose one of {list(PATTERNS)}")
         if self.pattern == "ring" and self.workers < 2:
@@ -109,10 +113,16 @@ class SimOptions:
         return self.leaves * self.hosts_per_leaf
 
     def placement(self) -> list[tuple[int | None, list[int]]]:
-        """(server, workers) of every job, as host indices (server None for a ring). Hosts are
-        taken leaf by leaf in turn (host 0 of every leaf, then host 1, ...), so a job spans
-        leaves and its traffic crosses the spines; a ``ps`` job's server is its last host."""
-        order = [leaf * self.hosts_per_leaf + j for j in range(self.hosts_per_leaf) for leaf in range(self.leaves)]
+        """(server, workers) of every job, as host indices (server None for a ring).
+
+        ``spread`` (default): hosts are taken leaf by leaf in turn (host 0 of every leaf, then
+        host 1, ...), so a job spans leaves and its traffic crosses the spines. ``packed``:
+        hosts in order, a leaf's hosts before the next leaf's (the testbed's ring: two
+        neighbours on each leaf). A ``ps`` job's server is its last host."""
+        if self.jobs_placement == "packed":
+            order = list(range(self.hosts))
+        else:
+            order = [leaf * self.hosts_per_leaf + j for j in range(self.hosts_per_leaf) for leaf in range(self.leaves)]
         size = self.workers + (1 if self.pattern == "ps" else 0)
         fit = len(order) // size
         jobs = fit if self.jobs == 0 else min(self.jobs, fit)

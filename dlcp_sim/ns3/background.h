@@ -57,6 +57,17 @@ class BackgroundTraffic {
   //! Flows not yet completed at their destination.
   uint32_t Left() const { return m_left; }
 
+  //! One line per flow that did not complete: how far its sender and its receiver got
+  //! (received -1: the destination never accepted its connection).
+  void ReportUnfinished(std::ostream& out) const {
+    std::map<uint32_t, int64_t> got;
+    for (auto& [sock, st] : m_rx) got[st.first] = int64_t(st.second);
+    for (auto& f : flows)
+      if (f.end < 0)
+        out << "unfinished " << f.id << " " << f.bytes << " " << f.sent << " "
+            << (got.count(f.id) ? got.at(f.id) : -1) << "\n";
+  }
+
  private:
   std::map<uint32_t, uint32_t> m_byAddr;                      // IPv4 -> rank
   std::map<uint64_t, uint32_t> m_byEndpoint;                  // (src rank, src port) -> flow id

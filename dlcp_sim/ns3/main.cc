@@ -8,6 +8,7 @@
 //        <messages_received> <packets_at_completion> <missing_at_completion>
 //   done <receiver> <sender> <message> <time_s> <packets> <missing>   (a message completed)
 //   flow <id> <src> <dst> <bytes> <start_s> <end_s>          (a background flow completed)
+//   unfinished <id> <bytes> <queued_by_sender> <received>    (one that did not, at the end)
 //   sim <simulated_s> <events> <wall_s>
 // Message ids: ps: iteration * 2B + b for the push of bucket b, + B for its pull (B buckets);
 // ring of n: (iteration * 2(n-1) + step) * B + b.
@@ -332,6 +333,14 @@ int main(int argc, char** argv) {
   // Background TCP: full-size segments, a data-centre minimum RTO (ns-3's default is 1 s).
   Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(1448));
   Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
+  // ns-3's SYN and zero-window-probe timers default to 3 s and 6 s: one lost SYN or window
+  // update would stall a flow for seconds in a fabric whose round trip is microseconds.
+  Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
+  Config::SetDefault("ns3::TcpSocket::PersistTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
+  // The delayed ACK (200 ms by default) must be shorter than the RTO: otherwise a sender with
+  // one segment in flight (after a timeout) waits out the RTO for every segment, as the
+  // receiver holds its ACK for a second segment that never comes.
+  Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs / 5)));
   Config::SetDefault("ns3::TcpL4Protocol::SocketType",
                      TypeIdValue(sc.tcp == "dctcp"   ? TcpDctcp::GetTypeId()
                                  : sc.tcp == "cubic" ? TcpCubic::GetTypeId()
@@ -473,6 +482,7 @@ int main(int argc, char** argv) {
               << " " << s.bitmaps << " " << s.controlSent << " " << s.messagesReceived << " " << s.packetsAtCompletion
               << " " << s.missingAtCompletion << "\n";
   }
+  g_background.ReportUnfinished(std::cout);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   std::cout << "sim " << simulated << " " << events << " " << wall << std::endl;
   Simulator::Destroy();

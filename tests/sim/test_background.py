@@ -44,7 +44,8 @@ def test_the_scenario_lists_the_flows_and_the_tcp():
 
 def test_flow_completion_times_count_only_flows_started_in_the_window():
     r = parse_report("dlcp", "flow 0 1 2 50000 0.001 0.003\nflow 1 2 3 20000000 0.002 0.022\n"
-                             "flow 2 3 1 1000 0.050 0.0501\n")
+                             "flow 2 3 1 1000 0.050 0.0501\nunfinished 3 5000 4000 2000\n")
+    assert r.unfinished == [(3, 5000, 4000, 2000)]
     assert [f.id for f in r.flows] == [0, 1, 2] and r.flows[1].fct == pytest.approx(0.020)
     st = fct_stats(r.flows, before=0.01)
     assert st["flows"] == 2 and st["fct_avg_ms"] == pytest.approx(11.0)

@@ -68,7 +68,8 @@ def test_jobs_span_leaves_and_never_share_a_host():
 
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
-                                 {"pattern": "tree"}, {"pattern": "ring", "workers": 1}])
+                                 {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
+                                 {"jobs_placement": "random"}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)
@@ -77,6 +78,8 @@ def test_invalid_options_are_refused_by_name(bad):
 def test_ring_jobs_have_no_server_and_send_every_bucket_as_its_workers_chunks():
     opts = SimOptions(pattern="ring", leaves=2, hosts_per_leaf=4, workers=4, jobs=0, scale=0.002)
     assert opts.placement() == [(None, [0, 4, 1, 5]), (None, [2, 6, 3, 7])]  # alternating leaves
+    packed = SimOptions(pattern="ring", leaves=2, hosts_per_leaf=2, jobs_placement="packed")
+    assert packed.placement() == [(None, [0, 1, 2, 3])]  # the testbed's ring: two neighbours per leaf
     policy = policy_for("dlcp", opts.buffer, opts.loss_bound)
     ps = bucket_plans(SimOptions(scale=0.002), policy)
     chunks = bucket_plans(opts, policy)

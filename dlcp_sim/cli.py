@@ -32,6 +32,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-ms", type=float, default=d.compute_ms, help="backward time before the push (default 0)")
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
+    p.add_argument("--increase", choices=("feedback", "timed"), default=d.increase,
+                   help="hosts' additive increase: per clean report (default) or per 2 ms as the host agent")
     p.add_argument("--background-load", type=float, default=d.background_load,
                    help="background TCP flows (web-search sizes) offered per host, fraction of its link (default 0)")
     p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp)

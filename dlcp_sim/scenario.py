@@ -65,6 +65,11 @@ class SimOptions:
     loss_bound: float = 0.05
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
+    increase: str = "feedback"
+    """Additive increase of the hosts' rate: ``feedback`` grants ``additive_increase`` per clean
+    report (every 16 packets: DCTCP-like, fast at 10 Gb/s), ``timed`` per 2 ms since the last
+    report, the host agent's own rule (:meth:`hostagent.ratecontrol.RateController.on_feedback`,
+    what the testbed runs)."""
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
@@ -97,6 +102,8 @@ class SimOptions:
             raise DlcpUserError("--jobs, --link-gbps, --link-delay-us and --compute-ms must not be negative")
         if not 0 <= self.background_load < 1 or self.background_ms < 0:
             raise DlcpUserError("--background-load must be in [0, 1) and --background-ms not negative")
+        if self.increase not in ("feedback", "timed"):
+            raise DlcpUserError(f"--increase {self.increase!r}: feedback or timed")
         if self.background_tcp not in TCP_VARIANTS:
             raise DlcpUserError(f"--background-tcp {self.background_tcp!r}: choose one of {list(TCP_VARIANTS)}")
         if not 0 <= self.loss_bound < 1:
@@ -268,6 +275,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}",
+        *([f"increase_interval_us {RateConfig().increase_interval * 1e6:g}",
+           f"max_increase_span_us {RateConfig().max_increase_span * 1e6:g}"] if opts.increase == "timed" else []),
         f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}", f"cut_interval_us {idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
         f"tcp {opts.background_tcp}",

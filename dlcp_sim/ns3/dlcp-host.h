@@ -51,6 +51,8 @@ struct TransportParams {
   Time cutInterval = MicroSeconds(20);
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
+  Time increaseInterval;                    // zero: additiveIncrease per clean report
+  Time maxIncreaseSpan = MilliSeconds(50);  // the most one report may grant (after idle)
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
   uint8_t topPriority = 7;       // priority of control packets
 };
@@ -115,7 +117,8 @@ class DlcpHost : public Application {
   };
   struct Flow {
     double rate = 0, alpha = 0;
-    Time nextSend, lastCut;
+    Time nextSend, lastCut, lastReport;
+    bool reported = false;
     std::vector<std::shared_ptr<TxMsg>> active;
   };
   struct RxMsg {
@@ -294,9 +297,14 @@ class DlcpHost : public Application {
         f.rate = std::max(tp.minRate, f.rate * (1 - f.alpha / 2));
         f.lastCut = now;
       }
-    } else {
-      f.rate = std::min(tp.lineRate, f.rate + tp.additiveIncrease);
+    } else if (tp.increaseInterval.IsZero()) {
+      f.rate = std::min(tp.lineRate, f.rate + tp.additiveIncrease);  // per clean report
+    } else {  // the host agent's rule: additiveIncrease per increaseInterval since the last report
+      Time span = f.reported ? std::min(tp.maxIncreaseSpan, now - f.lastReport) : tp.increaseInterval;
+      f.rate = std::min(tp.lineRate, f.rate + tp.additiveIncrease * (span / tp.increaseInterval).GetDouble());
     }
+    f.lastReport = now;
+    f.reported = true;
   }
 
   void OnBitmap(uint16_t dst, const DlcpHeader& h) {

@@ -128,6 +128,10 @@ Scenario Parse(std::istream& in) {
       ls >> us;
       (key == "cut_interval_us" ? sc.tp.cutInterval : key == "answer_idle_us" ? sc.tp.answerIdle : sc.tp.probeTimeout) =
           MicroSeconds(us);
+    } else if (key == "increase_interval_us" || key == "max_increase_span_us") {
+      double us;
+      ls >> us;
+      (key == "increase_interval_us" ? sc.tp.increaseInterval : sc.tp.maxIncreaseSpan) = MicroSeconds(us);
     } else if (key == "iterations") ls >> sc.iterations;
     else if (key == "compute_s") ls >> sc.computeS;
     else if (key == "stop_s") ls >> sc.stopS;

@@ -36,6 +36,15 @@ def test_the_scenario_carries_the_schemes_policy():
     assert _lines(dlcp, "job")[0][:2] == ["ps", "0.1"] and _lines(base, "job")[0][:2] == ["ps", "0"]
 
 
+def test_timed_increase_is_the_host_agents_rule():
+    from hostagent.ratecontrol import RateConfig
+
+    timed = scenario_text(SimOptions(increase="timed"), "dlcp")
+    assert _lines(timed, "increase_interval_us") == [[f"{RateConfig().increase_interval * 1e6:g}"]]
+    assert _lines(timed, "max_increase_span_us") == [[f"{RateConfig().max_increase_span * 1e6:g}"]]
+    assert not _lines(scenario_text(SimOptions(), "dlcp"), "increase_interval_us")
+
+
 def test_buckets_carry_every_packet_with_its_layers_priority_and_a_drop_class():
     opts = SimOptions(scale=0.002)
     policy = policy_for("dlcp", opts.buffer, opts.loss_bound)
@@ -69,7 +78,7 @@ def test_jobs_span_leaves_and_never_share_a_host():
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
-                                 {"jobs_placement": "random"}])
+                                 {"jobs_placement": "random"}, {"increase": "cubic"}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)

@@ -67,7 +67,7 @@ class FlowRecord:
         return self.end - self.start
 
 
-#: Background flows up to this size count as small (pFabric's and DLCP's (0, 100 KB] bin).
+#: Background flows up to this size count as small (pFabric's (0, 100 KB] bin).
 SMALL_FLOW_BYTES = 100_000
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError
+from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, drop_classes, packet_magnitudes
 from hostagent.ratecontrol import RateConfig, bottleneck_rates
@@ -109,7 +110,8 @@ class SimOptions:
         if not 0 <= self.loss_bound < 1:
             raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
         if len(self.placement()) == 0:
-            raise DlcpUserError(f"{self.hosts} hosts hold no job of {self.workers} workers and a server")
+            server = " and a server" if self.pattern == "ps" else ""
+            raise DlcpUserError(f"{self.hosts} hosts hold no job of {self.workers} workers{server}")
 
     @property
     def uplink_rate_gbps(self) -> float:
@@ -153,7 +155,7 @@ class BucketPlan:
     drop_classes: np.ndarray
 
 
-def _plan(flat: np.ndarray, layout, per: int, policy: Policy) -> BucketPlan:
+def _plan(flat: np.ndarray, layout: Layout, per: int, policy: Policy) -> BucketPlan:
     """The packets of one message of ``flat`` elements laid out as ``layout``."""
     prio, _ = layout.packet_tags(per)
     classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)

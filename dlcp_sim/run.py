@@ -126,17 +126,22 @@ class SchemeResult:
     events: int = 0
     wall_s: float = 0.0
     bound_s: float = 0.0
+    warmup: int = 0
+    """First iterations left out of the sync statistics."""
 
     def training_end(self) -> float:
         """When the last worker finished its last iteration (simulated seconds)."""
         return max((i.end for i in self.iterations), default=0.0)
 
+    def measured(self) -> list[Iteration]:
+        return [i for i in self.iterations if i.iteration >= self.warmup]
+
     def sync_times(self) -> np.ndarray:
-        return np.array([i.sync for i in self.iterations])
+        return np.array([i.sync for i in self.measured()])
 
     def summary(self) -> dict:
         sync = self.sync_times()
-        it = np.array([i.end - i.start for i in self.iterations])
+        it = np.array([i.end - i.start for i in self.measured()])
         packets = sum(h.packets_at_completion for h in self.hosts)
         return {
             "scheme": self.scheme, "iterations": len(self.iterations),
@@ -200,6 +205,7 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
         raise DlcpUserError(f"scheme {scheme}: {len(result.flows)} of {flows} background flows completed in "
                             f"{result.simulated_s:.3f} simulated s ({stuck})")
     result.bound_s = line_rate_bound(opts, scheme)
+    result.warmup = opts.warmup
     return result
 
 

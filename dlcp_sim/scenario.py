@@ -66,6 +66,8 @@ class SimOptions:
     loss_bound: float = 0.05
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
+    warmup: int = 0
+    """First iterations left out of the sync statistics (the testbed leaves out one)."""
     increase: str = "feedback"
     """Additive increase of the hosts' rate: ``feedback`` grants ``additive_increase`` per clean
     report (every 16 packets: DCTCP-like, fast at 10 Gb/s), ``timed`` per 2 ms since the last
@@ -103,6 +105,8 @@ class SimOptions:
             raise DlcpUserError("--jobs, --link-gbps, --link-delay-us and --compute-ms must not be negative")
         if not 0 <= self.background_load < 1 or self.background_ms < 0:
             raise DlcpUserError("--background-load must be in [0, 1) and --background-ms not negative")
+        if not 0 <= self.warmup < self.iterations:
+            raise DlcpUserError("--warmup must leave at least one measured iteration")
         if self.increase not in ("feedback", "timed"):
             raise DlcpUserError(f"--increase {self.increase!r}: feedback or timed")
         if self.background_tcp not in TCP_VARIANTS:
@@ -246,6 +250,16 @@ def background_flows(opts: SimOptions) -> list[BackgroundFlow]:
     return generate(opts.hosts, opts.background_load, opts.link_gbps * 1e9, horizon, opts.seed)
 
 
+def bucket_ready(opts: SimOptions, policy: Policy) -> list[float]:
+    """When each bucket is full, as a fraction of the compute time: the testbed agent's
+    backward pass makes tensors ready from the last to the first, each after its share of
+    ``compute_ms`` by size, and a bucket leaves once its earliest tensor is ready."""
+    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
+    sizes, _, buckets = worker_plan(spec, policy)
+    after = np.cumsum(np.asarray(sizes[::-1], dtype=np.float64))[::-1] / float(sum(sizes))  # tensors >= t
+    return [float(after[min(b.tensors)]) for b in buckets]
+
+
 def timers_us(opts: SimOptions) -> tuple[float, float]:
     """(answer_idle, probe_timeout) in microseconds. A receiver answers a probe once no data of
     the message arrived for about one full buffer's drain plus a base round trip (data merely
@@ -283,6 +297,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
         f"tcp {opts.background_tcp}",
     ]
+    if opts.pattern == "ps":  # buckets leave during the backward pass (a ring starts after it)
+        lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))
     for b in bucket_plans(opts, policy):
         lines.append(f"bucket {len(b.priorities)} {''.join(map(str, b.priorities))} "
                      f"{''.join(map(str, b.drop_classes))}")

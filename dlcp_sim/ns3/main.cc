@@ -58,6 +58,7 @@ struct Scenario {
   double tcpMinRtoUs = 5000;
   std::vector<BgFlow> flows;
   std::vector<MsgPlan> buckets;
+  std::vector<double> ready;  // ps: when each bucket is full, fraction of the compute time
   struct Job {
     bool ring = false;
     uint32_t server = 0;  // ps only
@@ -146,7 +147,15 @@ Scenario Parse(std::istream& in) {
       if (fl.id != sc.flows.size() || fl.bytes == 0 || fl.start < 0) Fail("flow: ids in order from 0, bytes > 0, start >= 0");
       sc.flows.push_back(fl);
     }
-    else if (key == "bucket") {
+    else if (key == "ready") {
+      double f;
+      while (ls >> f) {
+        if (f < 0 || f > 1) Fail("ready: fractions of the compute time, 0..1");
+        sc.ready.push_back(f);
+      }
+      if (!ls.eof()) Fail("ready: expected fractions: " + line);
+      ls.clear();
+    } else if (key == "bucket") {
       MsgPlan b;
       std::string pr, cl;
       ls >> b.npkts >> pr >> cl;
@@ -179,6 +188,7 @@ Scenario Parse(std::istream& in) {
       sc.spines > 250)
     Fail("leaves, spines and hosts_per_leaf must be 1..250");
   if (sc.buckets.empty() || sc.jobs.empty()) Fail("a scenario needs buckets and jobs");
+  if (!sc.ready.empty() && sc.ready.size() != sc.buckets.size()) Fail("ready: one fraction per bucket");
   for (auto& fl : sc.flows)
     if (fl.src >= hosts || fl.dst >= hosts || fl.src == fl.dst) Fail("flow: source and destination are two hosts");
   for (auto& j : sc.jobs) {
@@ -205,13 +215,17 @@ struct PsJob {
   uint32_t B() const { return sc->buckets.size(); }
   uint32_t Msg(uint32_t it, bool pull, uint32_t b) const { return it * 2 * B() + (pull ? B() : 0) + b; }
 
+  //! Backward takes computeS; bucket b leaves once it is full (sc->ready[b] of the way through,
+  //! as the testbed agent sends it), all at the end without ready fractions.
   void Begin(uint32_t w, uint32_t it) {
     start[w] = Simulator::Now().GetSeconds();
-    Simulator::Schedule(Seconds(sc->computeS), [this, w, it]() {
-      computed[w] = Simulator::Now().GetSeconds();
-      for (uint32_t b = 0; b < B(); ++b)
+    computed[w] = start[w] + sc->computeS;
+    for (uint32_t b = 0; b < B(); ++b) {
+      double at = sc->computeS * (sc->ready.empty() ? 1.0 : sc->ready[b]);
+      Simulator::Schedule(Seconds(at), [this, w, it, b]() {
         hosts[spec.workers[w]]->Send(spec.server, Msg(it, false, b), &sc->buckets[b], spec.pushBound);
-    });
+      });
+    }
   }
 
   void Wire() {

@@ -36,6 +36,18 @@ def test_the_scenario_carries_the_schemes_policy():
     assert _lines(dlcp, "job")[0][:2] == ["ps", "0.1"] and _lines(base, "job")[0][:2] == ["ps", "0"]
 
 
+def test_buckets_leave_as_the_backward_pass_fills_them():
+    from dlcp_sim.scenario import bucket_ready
+
+    opts = SimOptions(scale=0.002, compute_ms=500)
+    policy = policy_for("dlcp", opts.buffer, opts.loss_bound)
+    ready = bucket_ready(opts, policy)
+    assert len(ready) == len(bucket_plans(opts, policy)) and ready[-1] == 1.0  # the input layer's comes last
+    assert ready == sorted(ready) and 0 < ready[0] < 1  # the output layers' bucket leaves early
+    assert _lines(scenario_text(opts, "dlcp"), "ready") == [[f"{f:.6f}" for f in ready]]
+    assert not _lines(scenario_text(SimOptions(pattern="ring"), "dlcp"), "ready")
+
+
 def test_timed_increase_is_the_host_agents_rule():
     from hostagent.ratecontrol import RateConfig
 
@@ -78,7 +90,8 @@ def test_jobs_span_leaves_and_never_share_a_host():
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
-                                 {"jobs_placement": "random"}, {"increase": "cubic"}])
+                                 {"jobs_placement": "random"}, {"increase": "cubic"},
+                                 {"warmup": 3}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)

@@ -297,8 +297,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
         f"tcp {opts.background_tcp}",
     ]
-    if opts.pattern == "ps":  # buckets leave during the backward pass (a ring starts after it)
-        lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))
+    lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))  # during backward
     for b in bucket_plans(opts, policy):
         lines.append(f"bucket {len(b.priorities)} {''.join(map(str, b.priorities))} "
                      f"{''.join(map(str, b.drop_classes))}")

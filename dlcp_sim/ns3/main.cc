@@ -16,6 +16,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "background.h"
@@ -188,7 +189,6 @@ Scenario Parse(std::istream& in) {
       sc.spines > 250)
     Fail("leaves, spines and hosts_per_leaf must be 1..250");
   if (sc.buckets.empty() || sc.jobs.empty()) Fail("a scenario needs buckets and jobs");
-  if (!sc.ready.empty() && sc.ready.size() != sc.buckets.size()) Fail("ready: one fraction per bucket");
   for (auto& fl : sc.flows)
     if (fl.src >= hosts || fl.dst >= hosts || fl.src == fl.dst) Fail("flow: source and destination are two hosts");
   for (auto& j : sc.jobs) {
@@ -197,6 +197,8 @@ Scenario Parse(std::istream& in) {
       if (w >= hosts || (!j.ring && w == j.server)) Fail("job: a worker beyond the hosts or equal to the server");
     if (j.ring && (j.workers.size() < 2 || sc.buckets.size() % j.workers.size() != 0))
       Fail("job ring: at least 2 workers, and one bucket line per chunk (buckets x workers)");
+    size_t fused = j.ring ? sc.buckets.size() / j.workers.size() : sc.buckets.size();
+    if (!sc.ready.empty() && sc.ready.size() != fused) Fail("ready: one fraction per fused bucket");
   }
   return sc;
 }
@@ -254,10 +256,12 @@ struct PsJob {
   }
 };
 
-//! A ring-allreduce job, as hostagent.exchange.RingAllreduce: for every bucket, member i sends
-//! to member i+1 one chunk per step, 2(n-1) steps (reduce-scatter at the push bound, then
-//! all-gather at the pull bound); a member starts step s+1 once all its step-s receives and
-//! sends completed (the real code waits for both). The scenario's buckets are the chunks,
+//! A ring-allreduce job as the testbed agent runs it: every bucket is reduced by its own ring
+//! (dlcp_torch.DLCPState runs RingAllreduce per bucket, concurrently), started once the
+//! backward pass has filled it (sc->ready). For a bucket, member i sends to member i+1 one
+//! chunk per step, 2(n-1) steps (reduce-scatter at the push bound, then all-gather at the pull
+//! bound), and takes the next step once its receive and its send of this one completed. The
+//! iteration ends when every bucket's ring did. The scenario's buckets are the chunks,
 //! bucket-major: chunk c of bucket b is sc->buckets[b * n + c].
 struct RingJob {
   uint32_t id;
@@ -265,9 +269,11 @@ struct RingJob {
   const Scenario* sc;
   std::vector<Ptr<DlcpHost>> hosts;  // by rank
   struct Member {
-    uint32_t it = 0, step = 0, sent = 0;
+    uint32_t it = 0, finished = 0;      // buckets whose ring is done this iteration
+    std::vector<uint32_t> step;         // per bucket
+    std::vector<bool> sent;             // per bucket: this step's send completed
+    std::set<uint32_t> got;             // messages received (a neighbour may run ahead)
     double start = 0, computed = 0;
-    std::map<uint64_t, uint32_t> got;  // (iteration, step) -> receives completed (may run ahead)
   };
   std::vector<Member> members;
 
@@ -275,39 +281,44 @@ struct RingJob {
   uint32_t Steps() const { return 2 * (N() - 1); }
   uint32_t B() const { return sc->buckets.size() / N(); }
   uint32_t Msg(uint32_t it, uint32_t step, uint32_t b) const { return (it * Steps() + step) * B() + b; }
-  uint64_t Key(uint32_t it, uint32_t step) const { return uint64_t(it) * Steps() + step; }
 
   void Begin(uint32_t i, uint32_t it) {
     Member& m = members[i];
     m.it = it;
-    m.step = 0;
+    m.finished = 0;
+    m.step.assign(B(), 0);
+    m.sent.assign(B(), false);
     m.start = Simulator::Now().GetSeconds();
-    Simulator::Schedule(Seconds(sc->computeS), [this, i]() {
-      members[i].computed = Simulator::Now().GetSeconds();
-      Step(i);
-    });
+    m.computed = m.start + sc->computeS;
+    for (uint32_t b = 0; b < B(); ++b) {
+      double at = sc->computeS * (sc->ready.empty() ? 1.0 : sc->ready[b]);
+      Simulator::Schedule(Seconds(at), [this, i, b, it]() {
+        if (members[i].it == it) Step(i, b);
+      });
+    }
   }
 
-  void Step(uint32_t i) {
+  void Step(uint32_t i, uint32_t b) {
     Member& m = members[i];
-    uint32_t n = N(), s = m.step;
+    uint32_t n = N(), s = m.step[b];
     bool gather = s >= n - 1;
     uint32_t c = gather ? (i + 1 + n - (s - (n - 1)) % n) % n : (i + n - s % n) % n;
-    m.sent = 0;
-    for (uint32_t b = 0; b < B(); ++b)
-      hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &sc->buckets[b * n + c],
-                                   gather ? spec.pullBound : spec.pushBound);
+    m.sent[b] = false;
+    hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &sc->buckets[b * n + c],
+                                 gather ? spec.pullBound : spec.pushBound);
   }
 
-  void Advance(uint32_t i) {
+  void Advance(uint32_t i, uint32_t b) {
     Member& m = members[i];
-    auto got = m.got.find(Key(m.it, m.step));
-    if (m.sent < B() || got == m.got.end() || got->second < B()) return;
+    if (m.step[b] >= Steps() || !m.sent[b]) return;
+    auto got = m.got.find(Msg(m.it, m.step[b], b));
+    if (got == m.got.end()) return;
     m.got.erase(got);
-    if (++m.step < Steps()) {
-      Step(i);
+    if (++m.step[b] < Steps()) {
+      Step(i, b);
       return;
     }
+    if (++m.finished < B()) return;
     std::cout << "iter " << id << " " << i << " " << m.it << " " << m.start << " " << m.computed << " "
               << Simulator::Now().GetSeconds() << "\n";
     if (m.it + 1 < sc->iterations)
@@ -322,14 +333,15 @@ struct RingJob {
     members.assign(N(), Member{});
     for (uint32_t i = 0; i < N(); ++i) {
       hosts[spec.workers[i]]->onReceived = [this, i](uint16_t, uint32_t msg) {
-        members[i].got[msg / B()]++;
-        Advance(i);
+        members[i].got.insert(msg);
+        Advance(i, msg % B());
       };
       hosts[spec.workers[i]]->onSent = [this, i](uint16_t, uint32_t msg) {
         Member& m = members[i];
-        if (msg / B() == Key(m.it, m.step)) {
-          m.sent++;
-          Advance(i);
+        uint32_t b = msg % B();
+        if (m.step[b] < Steps() && msg == Msg(m.it, m.step[b], b)) {
+          m.sent[b] = true;
+          Advance(i, b);
         }
       };
     }

@@ -45,7 +45,9 @@ def test_buckets_leave_as_the_backward_pass_fills_them():
     assert len(ready) == len(bucket_plans(opts, policy)) and ready[-1] == 1.0  # the input layer's comes last
     assert ready == sorted(ready) and 0 < ready[0] < 1  # the output layers' bucket leaves early
     assert _lines(scenario_text(opts, "dlcp"), "ready") == [[f"{f:.6f}" for f in ready]]
-    assert not _lines(scenario_text(SimOptions(pattern="ring"), "dlcp"), "ready")
+    ring = SimOptions(pattern="ring", scale=0.002, compute_ms=500)
+    assert _lines(scenario_text(ring, "dlcp"), "ready") == [[f"{f:.6f}" for f in bucket_ready(ring, policy)]]
+    assert len(bucket_ready(ring, policy)) == len(bucket_plans(ring, policy)) // ring.workers  # per bucket
 
 
 def test_timed_increase_is_the_host_agents_rule():

@@ -31,7 +31,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=d.iterations)
     p.add_argument("--warmup", type=int, default=d.warmup,
                    help="first iterations left out of the statistics (default 0; the testbed leaves out 1)")
-    p.add_argument("--compute-ms", type=float, default=d.compute_ms, help="backward time; PS buckets leave as they fill during it (default 0)")
+    p.add_argument("--compute-ms", type=float, default=d.compute_ms,
+                   help="backward time; buckets leave (or their rings start) as they fill during it (default 0)")
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
     p.add_argument("--increase", choices=("feedback", "timed"), default=d.increase,

@@ -16,7 +16,7 @@ import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError
-from hostagent.fusion import Layout
+from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, drop_classes, packet_magnitudes
 from hostagent.ratecontrol import RateConfig, bottleneck_rates
@@ -159,6 +159,11 @@ class BucketPlan:
     drop_classes: np.ndarray
 
 
+def _worker_plan(opts: SimOptions, policy: Policy) -> tuple[list[int], np.ndarray, list[Bucket]]:
+    """One worker's (tensor sizes, priorities, buckets), as the testbed agent plans them."""
+    return worker_plan({"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}, policy)
+
+
 def _plan(flat: np.ndarray, layout: Layout, per: int, policy: Policy) -> BucketPlan:
     """The packets of one message of ``flat`` elements laid out as ``layout``."""
     prio, _ = layout.packet_tags(per)
@@ -174,8 +179,7 @@ def bucket_plans(opts: SimOptions, policy: Policy) -> list[BucketPlan]:
     chunk packetized on its own with its slice of the bucket's layout), bucket-major: chunk
     ``c`` of bucket ``b`` is plan ``b * workers + c``.
     """
-    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
-    sizes, _, buckets = worker_plan(spec, policy)
+    sizes, _, buckets = _worker_plan(opts, policy)
     rng = np.random.default_rng(opts.seed)
     grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     per = elems_per_packet(opts.mtu, np.float32)
@@ -221,8 +225,7 @@ def line_rate_bound(opts: SimOptions, scheme: str) -> float:
     (:func:`topologies.bound.port_loads`), on every switch port and every host's own link,
     each a full-size packet at that link's rate."""
     policy = policy_for(scheme, opts.buffer, opts.loss_bound)
-    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
-    buckets = [b.total for b in worker_plan(spec, policy)[2]]
+    buckets = [b.total for b in _worker_plan(opts, policy)[2]]
     per = elems_per_packet(opts.mtu, np.float32)
     traffic: dict[tuple[str, str], float] = {}
     for server, workers in opts.placement():
@@ -254,8 +257,7 @@ def bucket_ready(opts: SimOptions, policy: Policy) -> list[float]:
     """When each bucket is full, as a fraction of the compute time: the testbed agent's
     backward pass makes tensors ready from the last to the first, each after its share of
     ``compute_ms`` by size, and a bucket leaves once its earliest tensor is ready."""
-    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
-    sizes, _, buckets = worker_plan(spec, policy)
+    sizes, _, buckets = _worker_plan(opts, policy)
     after = np.cumsum(np.asarray(sizes[::-1], dtype=np.float64))[::-1] / float(sum(sizes))  # tensors >= t
     return [float(after[min(b.tensors)]) for b in buckets]
 

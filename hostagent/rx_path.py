@@ -137,6 +137,7 @@ class ReceivePath:
             for rank, c in zip(ranks.tolist(), counts.tolist()):
                 if rank in self._authed and rank != self.rank:
                     self._fb[rank][2] += max(1, round(dropped * c / senders.size))
+        self._wake()  # congestion: the senders hear of it within a feedback interval
 
     def _release_delayed(self) -> None:
         if not self._delayed:
@@ -191,9 +192,26 @@ class ReceivePath:
             res = self.reassembler.ingest_batch(slots, lengths, park=lambda rows: self._park(slots, lengths, hdr, rows, now))
             self.stats.data_pkts_received += n
             self.stats.data_bytes_received += int(lengths.sum())
-            self.stats.ce_marked += int(ce.sum())
+            n_ce = int(np.count_nonzero(ce))
+            wake = False  # a timer became close: the control loop must tick fast
+            self.stats.ce_marked += n_ce
             self.stats.parked += res.parked - (self.stats.late - late_before)
-            if hdr is not None:
+            if res.run:  # one in-order run of new packets of one message: no per-sender split
+                msg = self._in.get(res.touched[0].key)
+                rank = res.touched[0].key[0]
+                self._senders_seen[rank] = now
+                fb = self._fb[rank]
+                fb[0] += n
+                wake = n_ce > 0 and not fb[1]  # the first CE mark since the last report
+                fb[1] += n_ce
+                senders = np.full(n, rank, np.uint16)
+                if msg is not None:
+                    last = bool((hdr["flags"] & int(wire.Flags.LAST)).any())
+                    wake = wake or last
+                    how = self._on_progress(msg, now, 0, last)
+                    if how:
+                        finished.append((msg, how))
+            elif hdr is not None:
                 good = res.reasons == 0
                 senders = hdr["sender_rank"][good]
                 marks = ce[good]
@@ -202,11 +220,14 @@ class ReceivePath:
                     sel = senders == rank
                     fb = self._fb[rank]
                     fb[0] += int(sel.sum())
-                    fb[1] += int(marks[sel].sum())
+                    n_marks = int(marks[sel].sum())
+                    wake = wake or (n_marks > 0 and not fb[1])
+                    fb[1] += n_marks
                 if res.touched:
                     retx_by_key: dict[tuple[int, int], int] = {}
                     lmask = good & ((hdr["flags"] & int(wire.Flags.LAST)) != 0)
                     last_keys = set(zip(hdr["sender_rank"][lmask].tolist(), hdr["message_id"][lmask].tolist()))
+                    wake = wake or bool(last_keys)
                     rmask = good & ((hdr["flags"] & int(wire.Flags.RETX)) != 0)
                     if rmask.any():
                         for s_, m_ in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
@@ -215,27 +236,37 @@ class ReceivePath:
                         msg = self._in.get(asm.key)
                         if msg is None:
                             continue
-                        n_retx = retx_by_key.get(asm.key, 0)
-                        msg.last_arrival = now
-                        if msg.first_arrival is None:
-                            msg.first_arrival = now
-                        if asm.key in last_keys:  # the sender's pass ended: answer as to a PROBE
-                            msg.probe_pending = True
-                        if n_retx and msg.bitmap_sent_at is not None:
-                            sample = now - msg.bitmap_sent_at
-                            old = self._srtt.get(msg.src)
-                            self._srtt[msg.src] = sample if old is None else 0.875 * old + 0.125 * sample
-                            msg.bitmap_sent_at = None
-                        msg.retx_seen += n_retx
-                        if asm.is_exact():
-                            finished.append((msg, "exact"))
-                        elif msg.retx_seen and asm.is_complete(msg.loss_bound):
-                            finished.append((msg, "bounded"))  # recovery reached the bound: stop now
+                        how = self._on_progress(msg, now, retx_by_key.get(asm.key, 0), asm.key in last_keys)
+                        if how:
+                            finished.append((msg, how))
             for msg, how in finished:
                 self._complete_locked(msg, how)
         for msg, _ in finished:
             self._send_stop(msg)
+        if wake:
+            self._wake()
         return senders
+
+    def _on_progress(self, msg: InMessage, now: float, n_retx: int, last: bool) -> str | None:
+        """A batch brought ``msg`` new packets (``n_retx`` of them retransmitted; ``last``: one
+        carried the end of the sender's pass). Returns how it completes now, or None (lock held)."""
+        asm = msg.assembly
+        msg.last_arrival = now
+        if msg.first_arrival is None:
+            msg.first_arrival = now
+        if last:  # the sender's pass ended: answer as to a PROBE
+            msg.probe_pending = True
+        if n_retx and msg.bitmap_sent_at is not None:
+            sample = now - msg.bitmap_sent_at
+            old = self._srtt.get(msg.src)
+            self._srtt[msg.src] = sample if old is None else 0.875 * old + 0.125 * sample
+            msg.bitmap_sent_at = None
+        msg.retx_seen += n_retx
+        if asm.is_exact():
+            return "exact"
+        if msg.retx_seen and asm.is_complete(msg.loss_bound):
+            return "bounded"  # recovery reached the bound: stop now
+        return None
 
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray:
         """Keep early data of authenticated peers until its META arrives (at most
@@ -301,11 +332,12 @@ class ReceivePath:
         self._parked_count[key[0]] -= len(self._parked.pop(key, []))
 
     def _send_stop(self, msg: InMessage) -> None:
-        """Queue the STOP of a finished message; it leaves with the next control tick (STOPs of
+        """Queue the STOP of a finished message and wake the control loop, which sends it (STOPs of
         messages finishing together share a frame)."""
         asm = msg.assembly
         body = wire.STOP_BODY.pack(asm.received_elems) + (b"" if asm.is_exact() else asm.missing_bitmap())
         self._queue_ctl(msg.src, wire.PacketType.STOP, msg.message_id, body)
+        self._wake()
 
     # ------------------------------------------------------------------ drain
     def _rx_backlog(self) -> bool:

@@ -178,3 +178,65 @@ def test_unannounced_packets_reach_park_only_with_their_senders_token():
     assert offered == list(range(len(good)))
     assert res.parked == len(good)
     assert r.stats.rejected == {"bad_token": len(forged), "unknown_message": len(stranger)}
+
+
+def _ingest_both_ways(batches, total, per):
+    """Feed the same batches to a reassembler with its one-run fast path and to one without it;
+    return what each ended with (data, received, counters, per-batch reasons)."""
+    outcomes = []
+    for fast in (True, False):
+        r = Reassembler(job_id=5)
+        asm = r.expect(1, 7, total, np.float32, per)
+        if not fast:
+            asm._ingest_run = lambda *a: False  # the general path only: the oracle
+        reasons, runs = [], 0
+        for slots, lengths in batches:
+            res = r.ingest_batch(slots.copy(), lengths.copy())
+            reasons.append(res.reasons.tolist())
+            runs += res.run
+        outcomes.append((asm.data.copy(), asm.received.copy(), asm.pkt_priority.copy(), asm.pkt_layer.copy(),
+                         asm.received_pkts, asm.received_elems, asm.duplicates, r.stats.as_dict(), reasons, runs))
+    return outcomes
+
+
+def test_fast_path_takes_clean_runs_and_agrees_with_the_general_path_on_everything_else():
+    """The fast path must accept exactly the batches the general path accepts whole and change
+    nothing else; every batch it declines (a gap, a repeat, a retransmission, a forged or
+    inconsistent field in any row, the short last packet) goes the general way."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal(357 * 40 + 100).astype(np.float32)
+    batch = packetize(data, MessageMeta(job_id=5, message_id=7, sender_rank=1, layer=3), Policy())
+    slots, lengths = batch.to_slots()
+    n = len(lengths)
+    mutations = {
+        "gap": lambda s, l: (np.delete(s, 2, axis=0), np.delete(l, 2)),
+        "repeat": lambda s, l: (np.insert(s, 3, s[2], axis=0), np.insert(l, 3, l[2])),
+        "reversed": lambda s, l: (s[::-1], l[::-1]),
+        "retx": lambda s, l: _set(s, l, 1, "flags", int(wire.Flags.RETX)),
+        "forged_token": lambda s, l: _set(s, l, 4, "token", 99),
+        "other_iteration": lambda s, l: _set(s, l, 2, "iteration", 9),
+        "bad_offset": lambda s, l: _set(s, l, 3, "elem_offset", 5),
+        "short": lambda s, l: (s, np.where(np.arange(len(l)) == 1, l - 4, l)),
+        "other_job": lambda s, l: _set(s, l, 0, "job_id", 6),
+    }
+    for name, mutate in [("clean", lambda s, l: (s, l))] + list(mutations.items()):
+        batches = []
+        for start in range(0, n, 8):  # runs of 8 packets; the last holds the short tail packet
+            s, l = slots[start : start + 8], lengths[start : start + 8]
+            batches.append(mutate(s.copy(), l.copy()) if start == 8 else (s, l))
+        fast, general = _ingest_both_ways(batches, data.size, batch.elems_per_packet)
+        for a, b in zip(fast[:-1], general[:-1]):
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a, b), name
+            else:
+                assert a == b, name
+        # the last batch is the short tail packet alone, never a run; a mutated batch is not one either
+        runs_expected = len(batches) - 1 - (name != "clean")
+        assert fast[-1] == runs_expected, (name, fast[-1])
+    assert np.array_equal(fast[0][: 357 * 8], data[: 357 * 8])
+
+
+def _set(slots, lengths, row, field, value):
+    h = slots[row, :H].view(wire.HEADER_DTYPE)
+    h[field] = value
+    return slots, lengths

@@ -388,13 +388,28 @@ def drop_classes(magnitudes: np.ndarray, policy: Policy) -> np.ndarray:
     n = mags.size
     if policy.num_drop_classes == 1 or n == 0:
         return np.zeros(n, dtype=np.uint8)
-    order = np.argsort(-mags, kind="stable")
-    bounds = np.round(np.cumsum(policy.shares()) * n).astype(np.int64)
-    bounds[-1] = n
-    rank_class = np.searchsorted(bounds, np.arange(n), side="right")
-    out = np.empty(n, dtype=np.uint8)
-    out[order] = np.minimum(rank_class, policy.num_drop_classes - 1)
-    return out
+    # Without a sort (a 100 MB message has 70,000 packets and this runs before its first one
+    # leaves): a packet's class is the number of class boundaries b it is not within the top
+    # b of. One partition finds the value at each boundary; packets tied with it are taken in
+    # packet order, as a stable sort would take them. NaN ranks last, as a sort puts it.
+    mags = np.where(np.isnan(mags), -np.inf, mags)
+    bounds = np.round(np.cumsum(policy.shares()) * n).astype(np.int64)[:-1]  # the last is n
+    inner = sorted({int(b) for b in bounds if 0 < b < n})
+    values = np.partition(mags, [n - b for b in inner]) if inner else mags
+    out = np.zeros(n, dtype=np.uint8)
+    for b in bounds.tolist():
+        if b >= n:
+            continue  # every packet is within the top b
+        if b <= 0:
+            out += 1
+            continue
+        t = values[n - b]  # the b-th largest
+        top = mags > t
+        tie = mags == t
+        need = b - np.count_nonzero(top)
+        top |= tie if need >= np.count_nonzero(tie) else tie & (np.cumsum(tie) <= need)
+        out += ~top
+    return np.minimum(out, policy.num_drop_classes - 1).astype(np.uint8)
 
 
 # --- completion ------------------------------------------------------------------------

@@ -116,6 +116,32 @@ def test_drop_class_shares_are_exact():
     assert P.drop_classes(np.ones(3), Policy(num_drop_classes=1, drop_thresholds=())).tolist() == [0, 0, 0]
 
 
+def _classes_by_sorting(mags: np.ndarray, pol: Policy) -> np.ndarray:
+    """The definition: rank packets by magnitude, largest first, ties in packet order."""
+    n = mags.size
+    order = np.argsort(-mags, kind="stable")
+    bounds = np.round(np.cumsum(pol.shares()) * n).astype(np.int64)
+    bounds[-1] = n
+    out = np.empty(n, np.uint8)
+    out[order] = np.minimum(np.searchsorted(bounds, np.arange(n), side="right"), pol.num_drop_classes - 1)
+    return out
+
+
+@pytest.mark.parametrize("values", ["random", "few_values", "zeros", "nan"])
+def test_drop_classes_equal_a_stable_sort_with_ties_in_packet_order(values):
+    """drop_classes finds boundaries by partition, not by sorting; it must give exactly the ranks a
+    stable sort gives, ties at a boundary included (all-zero gradients tie everywhere)."""
+    rng = np.random.default_rng(7)
+    policies = (Policy(), Policy(num_drop_classes=2, drop_thresholds=(10,)),
+                Policy(drop_class_shares=(0.0, 0.5, 0.0, 0.5)), Policy(drop_class_shares=(0.7, 0.1, 0.1, 0.1)))
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        mags = {"random": rng.random(n), "few_values": rng.integers(0, 3, n).astype(float), "zeros": np.zeros(n),
+                "nan": np.where(rng.random(n) < 0.2, np.nan, rng.integers(0, 4, n).astype(float))}[values]
+        for pol in policies:
+            assert P.drop_classes(mags, pol).tolist() == _classes_by_sorting(mags, pol).tolist(), (mags, pol.shares())
+
+
 @pytest.mark.parametrize("total,p,required", [(100, 0.05, 95), (100, 0.0, 100), (3, 0.05, 3), (0, 0.05, 0),
                                               (1000, 0.1, 900), (7, 0.3, 5)])
 def test_completion_rule(total, p, required):

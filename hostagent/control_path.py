@@ -1,8 +1,10 @@
 """The control path of an :class:`~hostagent.transport.Endpoint`: the ``ctl`` thread.
 
 It reads control frames from every peer, runs the timers (answers to the end of a pass, idle
-completion, probes, deadlines, feedback) and flushes every peer's queued records about once a
-millisecond while messages are in flight (every IDLE_TICK when idle; send and recv wake it).
+completion, probes, deadlines, feedback) and flushes every peer's queued records: every
+millisecond while a timer is close (a pass ended, a probe is to be answered, congestion is to
+be reported), every BULK_TICK while messages are only in flight, every IDLE_TICK when idle.
+The threads that make a timer close (a STOP queued, a pass ended, a first CE mark) wake it.
 It never opens a connection and never blocks on one: a frame goes out directly when the
 socket takes it, otherwise through that connection's own writer thread and a bounded queue
 (:class:`~hostagent.control_conn.ControlConn`), so a dead or non-reading peer cannot stall it.
@@ -30,6 +32,8 @@ log = logging.getLogger("hostagent.transport")
 
 _OUTBOX_LIMIT = 4096  # control records kept for a peer the control thread cannot reach yet
 IDLE_TICK = 0.05  # control-loop period of an endpoint with no message in flight (s)
+BULK_TICK = 0.005  # period while messages are in flight but no timer is close (s)
+URGENT_TICK = 0.001  # period while a timer is close: an answer, a probe or congestion feedback (s)
 _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 MAX_PENDING_HANDSHAKES = 64  # accepted connections still in their handshake; past it the oldest goes
 
@@ -195,10 +199,10 @@ class ControlPath:
     def _ctl_loop(self) -> None:
         next_timer = 0.0
         while self._running:
-            # timers tick every millisecond while messages are in flight; an idle endpoint ticks
-            # every IDLE_TICK (deadlines, parked packets, clean reports), and send() / recv()
-            # wake it, so idle agents do not spin a core on a 2-core testbed
-            tick = 0.001 if (self._in or self._out or self._waiting) else IDLE_TICK
+            # Why three periods: a tick takes the GIL and the endpoint lock from the rx and tx
+            # threads, so ticking every millisecond through a bulk transfer costs a receiver
+            # a tenth of its drain; idle agents must not spin a core on a 2-core testbed.
+            tick = self._tick_period()
             next_timer = min(next_timer, time.monotonic() + tick)  # idle -> busy: tick fast at once
             timeout = max(0.0, next_timer - time.monotonic())
             try:
@@ -218,6 +222,9 @@ class ControlPath:
                     self._accept()
                 else:
                     self._read(key.data)
+                    # a frame may have made a timer close (a BITMAP ends a retransmission's
+                    # pass, a PROBE asks for an answer): look again within a millisecond
+                    next_timer = min(next_timer, time.monotonic() + URGENT_TICK)
             for conn in [c for c in self._all_conns if c.error]:
                 self._drop_conn(conn, conn.error)
             now = time.monotonic()
@@ -229,7 +236,7 @@ class ControlPath:
                     self._timers(now)
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
-                next_timer = now + (0.001 if (self._in or self._out or self._waiting) else IDLE_TICK)
+                next_timer = now + self._tick_period()
             self._flush_all(connect=False)
 
     def _accept(self) -> None:
@@ -592,12 +599,20 @@ class ControlPath:
         if replay:
             self._replay(replay)
 
+    def _tick_period(self) -> float:
+        """How long until the timers run again: see the module docstring."""
+        if not (self._in or self._out or self._waiting):
+            return IDLE_TICK
+        return URGENT_TICK if self._urgent else BULK_TICK
+
     def _timers(self, now: float) -> None:
         """Probe answers, idle completion, probes and deadlines, feedback, parked-packet expiry.
 
-        Everything it decides is queued as records; the control loop flushes them after.
+        Everything it decides is queued as records; the control loop flushes them after. Sets
+        ``_urgent`` when some timer may fire within a few milliseconds.
         """
         stops: list[InMessage] = []
+        urgent = False
         with self._lock:
             for msg in list(self._in.values()):
                 asm = msg.assembly
@@ -610,6 +625,7 @@ class ControlPath:
                             f"rank {self.rank}: message {msg.message_id} from rank {msg.src} missed its "
                             f"{self.config.message_deadline:g} s deadline with {asm.received_fraction:.1%} received"))
                     continue
+                urgent = urgent or msg.probe_pending
                 if msg.probe_pending and idle >= self.config.probe_grace and not self._rx_backlog():
                     msg.probe_pending = False
                     if asm.is_complete(msg.loss_bound):
@@ -636,6 +652,7 @@ class ControlPath:
                     continue
                 if m.stopped or m.has_packets():
                     continue
+                urgent = True  # the pass is over: a probe is due within a round trip
                 if not m.awaiting_reply:
                     # The pass is over; a STOP usually arrives within a round trip, so a PROBE
                     # before then would be a wasted record.
@@ -650,6 +667,8 @@ class ControlPath:
                     m.probes += 1
                     self._queue_ctl(m.dest, wire.PacketType.PROBE, m.message_id)
             for rank in list(self._fb):
+                counts = self._fb[rank]
+                urgent = urgent or bool(counts[1] or counts[2])  # congestion is reported every feedback_interval
                 rec = self._take_feedback(rank, now, force=False)
                 if rec is not None:
                     with self._ob_lock:
@@ -657,6 +676,7 @@ class ControlPath:
             if self._parked:
                 for key in [k for k, v in self._parked.items() if now - v[0][0] > self.config.message_deadline]:
                     self._parked_count[key[0]] -= len(self._parked.pop(key))
+        self._urgent = urgent
         for msg in stops:
             self._send_stop(msg)
 

@@ -125,6 +125,7 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self._pacer: dict[int, Pacer] = {}
         self._srtt: dict[int, float] = {}
         self._fb: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # received, CE, overflowed
+        self._urgent = False  # a control timer may fire within a few ms: tick every millisecond
         self._fb_sent_at: dict[int, float] = {}  # last feedback to each sender
         self._outbox: dict[int, list[bytes]] = defaultdict(list)  # control records waiting, per peer
         self._ob_lock = threading.Lock()
@@ -321,6 +322,7 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             self._queue_meta(dest, message_id, batch.payload.size, data.dtype, p, priority, iteration, tensor_id, layer)
         if len(batch) == 0:
             msg.pass_done_at = time.monotonic()  # nothing to send: the probe timer takes it from here
+            self._wake()
         if getattr(self._deferring, "depth", 0):
             self._deferring.__dict__.setdefault("pending", []).append(msg)  # activated when the batch flushes
         else:

@@ -114,6 +114,7 @@ class SendPath:
                     self.stats.retransmitted_pkts += sent[0]
                 if finished_pass and not msg.stopped and not msg.awaiting_reply:
                     msg.pass_done_at = time.monotonic()  # the control timers probe after an RTT
+                    self._wake()  # and tick fast until the answer comes
 
     def _chunk(self, msg: OutMessage) -> int:
         """Packets sent per pick: the preemption granularity between priorities. With GSO a pick

@@ -305,3 +305,37 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     while time.monotonic() < deadline and a.endpoint_stats()["rate_bytes_per_s"][1] >= rate_before:
         time.sleep(0.01)
     assert a.endpoint_stats()["rate_bytes_per_s"][1] < rate_before
+
+
+def test_control_loop_ticks_slowly_through_a_bulk_transfer_and_answers_at_once(endpoints):
+    """While data only streams in, the receiver's control timers run every BULK_TICK, not every
+    millisecond (each run takes the GIL and the lock from the rx thread); the end of the pass
+    (LAST) wakes them, so the STOP still follows the last packet within milliseconds."""
+    from hostagent.control_path import BULK_TICK
+    from hostagent.ratecontrol import RateConfig
+
+    rate = RateConfig(initial_rate=20e6, line_rate=20e6, min_rate=1e6, additive_increase=0.0)
+    a, b = endpoints(2, rate=rate)
+    runs = []
+    inner = b._timers
+
+    def counted(now):
+        runs.append(now)
+        inner(now)
+
+    b._timers = counted
+    x = _grad(1_000_000)  # 4 MB at 20 MB/s: about 0.2 s of streaming
+    out = np.empty_like(x)
+    h = b.recv(0, 1, out=out)
+    t0 = time.monotonic()
+    sent = a.send(1, x, message_id=1, loss_bound=0.0)
+    res = h.wait(T)
+    span = time.monotonic() - t0
+    np.testing.assert_array_equal(out, x)
+    assert res.stats.how == "exact"
+    during = [t for t in runs if t0 < t < t0 + span]
+    assert span > 0.15
+    # 1 ms ticks would be ~span/0.001 runs; BULK_TICK ticks (and a few wake-ups) far fewer
+    assert len(during) < 0.5 * span / 0.001, (len(during), span)
+    assert len(during) > 0.5 * span / BULK_TICK  # and the timers did keep running
+    sent.wait(T)

@@ -122,8 +122,12 @@ class TransportConfig:
     rx_batch: int = 2048
     """Most datagrams received per reassembly batch (a batch also ends when the socket runs dry)."""
 
-    socket_buffer: int = 4 * 1024 * 1024
-    """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max)."""
+    socket_buffer: int = 16 * 1024 * 1024
+    """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max / wmem_max,
+    212 KB on a stock Linux; raise those with sysctl for rates near 10 Gb/s). Why this large: a
+    receiver that falls behind for a few milliseconds (the scheduler, a page fault, another
+    thread holding the GIL) must not lose what a 10 Gb/s sender put out meanwhile; 16 MB is
+    about 13 ms of it."""
 
     park_limit: int = 16384
     """Most early packets (data before their META or the receiver's ``recv``) held at once, per sender."""

@@ -214,9 +214,13 @@ class ControlPath:
             for key, _ in events:
                 if key.data == "wake":
                     try:
-                        self._wake_r.recv(4096)
-                    except OSError:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except OSError:  # drained
                         pass
+                    # cleared after draining and before the timers run below: a wake that
+                    # finds it still set is served by this very run
+                    self._wake_pending = False
                     next_timer = 0.0  # new work: run the timers now, not at the end of an idle tick
                 elif key.data is None:
                     self._accept()

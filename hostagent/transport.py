@@ -152,6 +152,9 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self._listener: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full wake pipe already holds a wake: never block on it
+        self._wake_pending = False
         self._announcements: queue.Queue | None = None
         log.info("endpoint rank %d config: %s", self.rank, config)
 
@@ -241,9 +244,15 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             self._sel.close()
 
     def _wake(self) -> None:
+        """Make the control loop run its timers and flush now (from any thread, the control
+        thread included). Wakes coalesce: while one is pending, another adds nothing, so the
+        rx and tx threads may wake per message without a system call each, and never block."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             self._wake_w.send(b"x")
-        except OSError:
+        except OSError:  # full (a wake is pending anyway) or closed
             pass
 
     @contextlib.contextmanager

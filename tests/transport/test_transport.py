@@ -339,3 +339,27 @@ def test_control_loop_ticks_slowly_through_a_bulk_transfer_and_answers_at_once(e
     assert len(during) < 0.5 * span / 0.001, (len(during), span)
     assert len(during) > 0.5 * span / BULK_TICK  # and the timers did keep running
     sent.wait(T)
+
+
+def test_wakes_coalesce_and_never_block_while_the_control_loop_is_busy(endpoints):
+    """The rx, tx and control threads wake the control loop per STOP, pass end or CE mark. While
+    that loop is busy (here: held on the endpoint lock) a million wakes must neither block the
+    caller on a full wake pipe (the control thread wakes itself too: that would hang it) nor
+    pile up; once free, the loop serves them and the endpoint works on."""
+    a, b = endpoints(2)
+    done = threading.Event()
+
+    def wake_a_lot():
+        for _ in range(1_000_000):
+            b._wake()
+        done.set()
+
+    with b._lock:  # the control loop blocks at its next timer run
+        time.sleep(0.05)
+        t = threading.Thread(target=wake_a_lot, daemon=True)
+        t.start()
+        assert done.wait(10), "a wake blocked while the control loop was busy"
+    x = _grad(10_000)
+    h = b.recv(0, 1)
+    a.send(1, x, message_id=1)
+    np.testing.assert_array_equal(h.wait(T).data, x)

@@ -50,6 +50,21 @@ def _received_in(ep: Endpoint, iteration: int | None, since: float) -> list:
             and (iteration is None or iteration_of(m.message_id) == iteration % 1024)]
 
 
+def message_trace(ep: Endpoint, iteration: int, t0: float) -> list[list]:
+    """This worker's messages of ``iteration`` (sent and received), for seeing where a sync's
+    time went bucket by bucket and step by step, and for comparing with ``dlcp sim``: rows of
+    [direction, peer, tensor (bucket), step, packets, retransmitted, start ms, first packet ms
+    (receiver), finish ms], times from the iteration's start."""
+    rows = []
+    for m in list(ep.message_log):
+        if iteration_of(m.message_id) != iteration % 1024 or m.started < t0:
+            continue
+        ms = lambda t: None if t is None else round(1e3 * (t - t0), 3)  # noqa: E731
+        rows.append([m.direction, m.peer, m.message_id & 0xFFFF, (m.message_id >> 16) & 0x3F, m.packets,
+                     m.retransmissions, ms(m.started), ms(m.first_arrival), ms(m.finished_at)])
+    return sorted(rows, key=lambda r: r[6])
+
+
 def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
     """Control frames and bytes this endpoint sent and received so far."""
     s = ep.stats
@@ -78,9 +93,14 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
             t0 = time.monotonic()
             state.announce(it, [b.index for b in buckets], [b.layout for b in buckets])  # one frame for all
             futures, ready_at = [], []
+            due = t0
             for t in reversed(range(len(sizes))):  # backward: the output layer's gradient exists first
                 if not calib and per_tensor[t] > 0:
-                    time.sleep(per_tensor[t])
+                    # sleep to an absolute time: relative sleeps added each wake-up's lateness,
+                    # 161 times per ResNet-50 pass (passes of 560-720 ms for 500, skewed by
+                    # 60-80 ms between workers on a busy machine)
+                    due += per_tensor[t]
+                    time.sleep(max(0.0, due - time.monotonic()))
                 ready_at.append(time.monotonic())
                 for bucket, flat in packer.add(t, grads[t]):
                     futures.append(state.exchange_async(bucket.index, flat, bucket.layout.top_priority, iteration=it,
@@ -100,7 +120,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "lost_fraction": float(np.mean(lost)) if lost else 0.0,
                                 "retransmissions": ep.stats.retransmitted_pkts - retx0,
                                 "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
-                                "control_bytes": _ctl_frames(ep)[1] - ctl0[1]}) + "\n")
+                                "control_bytes": _ctl_frames(ep)[1] - ctl0[1],
+                                "message_trace": message_trace(ep, it, t0) if not calib else []}) + "\n")
             f.flush()
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()

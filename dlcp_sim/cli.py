@@ -42,6 +42,12 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp)
     p.add_argument("--background-ms", type=float, default=d.background_ms,
                    help="flows start during this many ms (default: about as long as training lasts)")
+    p.add_argument("--control-bytes", type=int, default=d.control_bytes,
+                   help="wire size of control packets (default: 60); the datagram size models the testbed's "
+                        "BMv2 ports, which serve packets, not bytes")
+    p.add_argument("--host-delay-us", type=float, default=d.host_delay_us,
+                   help="hosts' software path: sends start and STOPs leave this much later (default 0; the "
+                        "testbed's agents: see the README's validation)")
     p.add_argument("--scheme", default="baseline,dlcp", help="comma-separated, as for dlcp run")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")
     p.add_argument("--repeat", type=int, default=1,

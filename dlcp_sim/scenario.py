@@ -80,6 +80,15 @@ class SimOptions:
     background_ms: float = 0.0
     """Flows start during the first this many ms; 0: twice the baseline's line-rate bound per
     iteration (plus compute), about as long as training lasts."""
+    control_bytes: int = 0
+    """Wire size of a control packet (STOP, PROBE, FEEDBACK; a BITMAP adds its bits); 0: the
+    header and a body (60 bytes). The testbed's BMv2 ports serve packets, not bytes, so there a
+    control frame (and the TCP ACK that answers it) costs a full packet's slot: give the
+    datagram size (MTU - 28) to model that."""
+    host_delay_us: float = 0.0
+    """The hosts' software path, in microseconds: a message starts leaving this long after
+    the workload hands it over, and a receiver's STOP leaves this long after the message
+    completed (the testbed's Python agents: packetizing, threads, control frames over TCP)."""
     seed: int = 0
     """Draws the synthetic gradients (so the drop classes), the flow hashes (which flows share a
     spine) and ns-3's random streams; repetitions are seeds."""
@@ -111,6 +120,11 @@ class SimOptions:
             raise DlcpUserError(f"--increase {self.increase!r}: feedback or timed")
         if self.background_tcp not in TCP_VARIANTS:
             raise DlcpUserError(f"--background-tcp {self.background_tcp!r}: choose one of {list(TCP_VARIANTS)}")
+        if self.control_bytes < 0 or self.host_delay_us < 0:
+            raise DlcpUserError("--control-bytes and --host-delay-us must not be negative")
+        if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
+            raise DlcpUserError(f"--control-bytes must hold a DLCP header and fit a datagram: "
+                                f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
         if not 0 <= self.loss_bound < 1:
             raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
         if len(self.placement()) == 0:
@@ -289,7 +303,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         "priority_map " + " ".join(str(q) for q in policy.priority_map + (0,) * (8 - len(policy.priority_map))),
         "drop_thresholds " + " ".join(str(t) for t in policy.drop_thresholds),
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",
-        f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {HEADER_SIZE + 16}",
+        f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {opts.control_bytes or HEADER_SIZE + 16}", f"host_delay_us {opts.host_delay_us:g}",
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}",

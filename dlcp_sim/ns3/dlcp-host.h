@@ -55,6 +55,7 @@ struct TransportParams {
   Time maxIncreaseSpan = MilliSeconds(50);  // the most one report may grant (after idle)
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
   uint8_t topPriority = 7;       // priority of control packets
+  Time hostDelay;                // a host's software path: a send starts, and a STOP leaves, this much later
 };
 
 struct HostStats {
@@ -91,6 +92,15 @@ class DlcpHost : public Application {
 
   //! Queue a message for `dst`; its packets leave as the rate and priorities allow.
   void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) {
+    if (tp.hostDelay.IsStrictlyPositive()) {  // the agent's send path (packetize, META, tx thread)
+      Simulator::Schedule(tp.hostDelay, &DlcpHost::Start, this, dst, msg, plan, lossBound);
+      return;
+    }
+    Start(dst, msg, plan, lossBound);
+  }
+
+ private:
+  void Start(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) {
     auto m = std::make_shared<TxMsg>();
     m->dst = dst;
     m->id = msg;
@@ -103,7 +113,6 @@ class DlcpHost : public Application {
     Pump();
   }
 
- private:
   struct TxMsg {
     uint16_t dst = 0;
     uint32_t id = 0, ppm = 0, next = 0;
@@ -400,7 +409,10 @@ class DlcpHost : public Application {
     stats.missingAtCompletion += r.npkts - r.count;
     r.got.clear();
     r.got.shrink_to_fit();
-    Control(src, STOP, msg, r.npkts, 0, 0);
+    if (tp.hostDelay.IsStrictlyPositive())  // the agent's receive and control path before its STOP
+      Simulator::Schedule(tp.hostDelay, &DlcpHost::Control, this, src, STOP, msg, r.npkts, 0u, 0u, 0u, uint8_t(255));
+    else
+      Control(src, STOP, msg, r.npkts, 0, 0);
     if (log)
       *log << "done " << rank << " " << src << " " << msg << " " << Simulator::Now().GetSeconds() << " " << r.npkts
            << " " << r.npkts - r.count << "\n";

@@ -130,6 +130,10 @@ Scenario Parse(std::istream& in) {
       ls >> us;
       (key == "cut_interval_us" ? sc.tp.cutInterval : key == "answer_idle_us" ? sc.tp.answerIdle : sc.tp.probeTimeout) =
           MicroSeconds(us);
+    } else if (key == "host_delay_us") {
+      double us;
+      ls >> us;
+      sc.tp.hostDelay = MicroSeconds(us);
     } else if (key == "increase_interval_us" || key == "max_increase_span_us") {
       double us;
       ls >> us;

@@ -93,7 +93,8 @@ def test_jobs_span_leaves_and_never_share_a_host():
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
                                  {"jobs_placement": "random"}, {"increase": "cubic"},
-                                 {"warmup": 3}])
+                                 {"warmup": 3}, {"control_bytes": 10}, {"control_bytes": 1473},
+                                 {"host_delay_us": -1}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)

@@ -109,6 +109,24 @@ def test_ring_jobs_finish_every_step_and_only_the_reduce_scatter_loses():
     assert r.bound_s > 0 and all(i.end - i.start >= r.bound_s * 0.5 for i in r.iterations)
 
 
+def test_host_delay_and_full_size_control_packets_lengthen_each_ring_step():
+    """The testbed's software path and its packet-slot ports, modelled. With a host delay every
+    message starts later and its STOP leaves later: on a fast fabric the last bucket's ring
+    (six steps in sequence after the backward pass) then takes at least one delay longer per
+    step. Control packets of a full datagram each take a packet's time on a slow uplink, so
+    there the sync grows too."""
+    base = dict(pattern="ring", jobs_placement="packed", leaves=2, hosts_per_leaf=2, scale=0.002, iterations=3,
+                warmup=1, buffer=64, compute_ms=50)
+    plain = np.median(simulate(SimOptions(**base), "baseline").sync_times())
+    delayed = np.median(simulate(SimOptions(**base, host_delay_us=1000), "baseline").sync_times())
+    steps = 2 * (4 - 1)
+    assert 0.95 * steps * 1e-3 <= delayed - plain <= 2.05 * steps * 1e-3
+    slow = dict(base, uplink_gbps=0.0084, compute_ms=500)
+    small = np.median(simulate(SimOptions(**slow), "baseline").sync_times())
+    full = np.median(simulate(SimOptions(**slow, control_bytes=1472), "baseline").sync_times())
+    assert full > small + 0.01  # STOPs and feedback now take a packet's slot each
+
+
 def test_background_flows_all_complete_and_none_beats_its_link():
     """Web-search TCP flows at 50 % load beside the training jobs: every flow completes, none
     faster than its bytes at the host link's rate, and the report pairs schemes on the same flows."""

@@ -38,6 +38,29 @@ _HELLO, _HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control 
 MAX_PENDING_HANDSHAKES = 64  # accepted connections still in their handshake; past it the oldest goes
 
 
+#: An end of pass is answered after at most this much quiet, however slowly data arrived.
+MAX_ANSWER_GRACE = 0.1
+
+
+def answer_grace(floor: float, msg: InMessage) -> float:
+    """How long no data of ``msg`` must have arrived before its end of pass (LAST or a PROBE)
+    is answered: ``floor`` (``probe_grace``), or four of the message's own mean gaps between
+    packets if that is longer (at most MAX_ANSWER_GRACE).
+
+    Why: when a switch sprays a message over paths whose queues differ, its LAST overtakes
+    packets still queued on another path. They arrive within a few packet times of that path,
+    which at a slow bottleneck is milliseconds; a bitmap sent sooner lists them as missing and
+    they are sent again (on the testbed's 700-pps leaf-spine a ring of DLCP messages resent
+    about 100 packets per iteration against the baseline's 16). The mean gap measures the
+    pace of this very message, whatever the link speed.
+    """
+    asm = msg.assembly
+    if msg.first_arrival is None or asm.received_pkts < 2:
+        return floor
+    gap = (msg.last_arrival - msg.first_arrival) / (asm.received_pkts - 1)
+    return max(floor, min(MAX_ANSWER_GRACE, 4 * gap))
+
+
 class _Rejected(Exception):
     """A control connection broke the rules; ``reason`` is the counter it goes under."""
 
@@ -630,7 +653,7 @@ class ControlPath:
                             f"{self.config.message_deadline:g} s deadline with {asm.received_fraction:.1%} received"))
                     continue
                 urgent = urgent or msg.probe_pending
-                if msg.probe_pending and idle >= self.config.probe_grace and not self._rx_backlog():
+                if msg.probe_pending and idle >= answer_grace(self.config.probe_grace, msg) and not self._rx_backlog():
                     msg.probe_pending = False
                     if asm.is_complete(msg.loss_bound):
                         self._complete_locked(msg, "exact" if asm.is_exact() else "bounded")

@@ -38,7 +38,7 @@ The protocol for one message, sender S to receiver R:
    and S has finished its pass or nothing new came for an idle timeout (*bounded*). It
    zero-fills the rest and sends STOP, so S stops spending bandwidth on the message.
 3. The last packet of each pass carries ``Flags.LAST``: R answers it (once its socket is
-   drained and nothing came for ``probe_grace``) with STOP, or with a BITMAP of what is missing
+   drained and nothing came for ``probe_grace`` or four of the message's packet gaps) with STOP, or with a BITMAP of what is missing
    when below the bound; S resends just enough of the missing packets, most important first,
    at the top priority and in drop class 0, ending that pass with LAST again, until STOP. A
    PROBE from S is only the fallback, when no answer came within the measured answer time.

@@ -96,8 +96,10 @@ class TransportConfig:
     ``max(idle_timeout, 8 * srtt)`` completes even without the sender's PROBE."""
 
     probe_grace: float = 0.002
-    """A PROBE is answered once no data of the message arrived for this long, so packets
-    still in flight are not reported missing."""
+    """A PROBE (or the end of a pass) is answered once no data of the message arrived for this
+    long, or for four of the message's own mean packet gaps if longer
+    (:func:`hostagent.control_path.answer_grace`), so packets still in flight are not
+    reported missing."""
 
     feedback_interval: float = 0.002
     """How often a receiver reports congestion (CE marks, socket overruns) to a sender."""

@@ -281,3 +281,26 @@ def test_a_stranger_claiming_a_ranks_connection_cannot_fail_its_messages(endpoin
     x = _grad(20_000)
     a.send(1, x, 1).wait(10)
     np.testing.assert_array_equal(h.wait(10).data, x)
+
+
+def test_an_end_of_pass_is_answered_after_a_few_of_the_messages_own_packet_gaps():
+    """answer_grace: the configured floor for a fast message, four mean packet gaps for a slow
+    one (a sprayed LAST overtakes packets queued on the other path by a few packet times),
+    capped; before two packets arrived there is no gap to go by."""
+    from hostagent.control_path import MAX_ANSWER_GRACE, answer_grace
+    from hostagent.messages import InMessage
+    from hostagent.reassembly import Assembly
+
+    def msg_with(packets: int, span: float) -> InMessage:
+        asm = Assembly(1, 7, 357 * 20, np.float32, 357)
+        asm.received_pkts = packets
+        m = InMessage(1, asm, 0.0, time.monotonic() + 10, None)
+        m.first_arrival = 100.0
+        m.last_arrival = 100.0 + span
+        return m
+
+    assert answer_grace(0.002, msg_with(0, 0.0)) == 0.002
+    assert answer_grace(0.002, msg_with(1, 0.0)) == 0.002
+    assert answer_grace(0.002, msg_with(11, 0.001)) == 0.002  # 0.1 ms apart: the floor
+    assert answer_grace(0.002, msg_with(11, 0.0143)) == pytest.approx(4 * 0.00143)  # 700 pps
+    assert answer_grace(0.002, msg_with(3, 10.0)) == MAX_ANSWER_GRACE

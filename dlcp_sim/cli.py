@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from dlcp_sim.scenario import MODELS, PATTERNS, TCP_VARIANTS, SimOptions
+from hostagent.errors import DlcpUserError
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +54,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")
     p.add_argument("--out", default=None, help="directory for results.json (default: print only)")
+    p.add_argument("--sweep", default=None, metavar="OPTION=V1,V2,...",
+                   help="run once per value of one option (e.g. background_load=0.2,0.5,0.8 or leaves=1,4,9) and "
+                        "write sweep.csv, sweep.md and sweep.png in --out")
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -61,6 +65,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
     given = {f.name: getattr(args, f.name) for f in fields(SimOptions) if f.name != "schemes"}
     opts = SimOptions(**given, schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()))
     t0 = time.monotonic()
+    if args.sweep:
+        from dlcp_sim.sweep import parse_sweep, sweep
+
+        name, values = parse_sweep(args.sweep)
+        if not args.out:
+            raise DlcpUserError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
+        rows = sweep(opts, name, values, args.repeat, Path(args.out))
+        print((Path(args.out) / "sweep.md").read_text(), end="")
+        print(f"{len(rows)} rows in {args.out}/sweep.csv, figure {args.out}/sweep.png ({time.monotonic() - t0:.1f} s)")
+        return 0
     results = run(opts, args.repeat, Path(args.out) if args.out else None)
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
           f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "

@@ -1,0 +1,154 @@
+"""``dlcp sim --sweep FIELD=V1,V2,...``: one simulated experiment per value of one option.
+
+Each value runs every scheme over the same seeds (``--repeat``), as ``dlcp sim`` does, and
+keeps its own ``results.json`` under ``<out>/<field>=<value>/``. The sweep writes
+``sweep.csv`` (one row per value and scheme: medians with 95 % intervals, speedup paired by
+seed and, with background traffic, the background flows' completion times and their ratio to
+the baseline's), ``sweep.md`` (the same as a Markdown table) and ``sweep.png`` (speedup
+against the value, and with background traffic the FCT ratios). Rows and table are pure
+functions of the results; only :func:`sweep` runs anything.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import fields, replace
+from pathlib import Path
+
+from dlcp_sim.scenario import SimOptions
+from hostagent.errors import DlcpUserError
+
+#: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
+SWEEPABLE = tuple(f.name for f in fields(SimOptions) if f.name not in ("schemes", "seed"))
+
+#: What each value's row holds: (column, the summary's key, its sub-key).
+_COLUMNS = (
+    ("sync_p50_ms", "sync_p50_ms"), ("sync_p99_ms", "sync_p99_ms"), ("speedup_p50", "speedup_p50"),
+    ("speedup_p99", "speedup_p99"), ("fct_avg_ms", "fct_avg_ms"), ("fct_avg_ratio", "fct_avg_ms_ratio"),
+    ("small_fct_p99_ms", "small_fct_p99_ms"), ("small_fct_p99_ratio", "small_fct_p99_ms_ratio"),
+)
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """``"background_load=0.2,0.5"`` -> ``("background_load", ["0.2", "0.5"])`` (dashes allowed)."""
+    name, sep, values = text.partition("=")
+    name = name.strip().lstrip("-").replace("-", "_")
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not vals:
+        raise DlcpUserError(f"--sweep {text!r}: give FIELD=V1,V2,... (e.g. background_load=0.2,0.5,0.8)")
+    if name not in SWEEPABLE:
+        raise DlcpUserError(f"--sweep: {name!r} is not an option the simulator takes; one of {list(SWEEPABLE)}")
+    return name, vals
+
+
+def options_at(base: SimOptions, name: str, value: str) -> SimOptions:
+    """``base`` with option ``name`` set to ``value``, read as that option's type."""
+    kind = type(getattr(base, name))
+    try:
+        parsed = kind(float(value)) if kind in (int, float) else kind(value)
+    except ValueError:
+        raise DlcpUserError(f"--sweep {name}: {value!r} is not a {kind.__name__}") from None
+    return replace(base, **{name: parsed})
+
+
+def rows_of(name: str, value: str, summary: dict[str, dict]) -> list[dict]:
+    """One row per scheme from :func:`dlcp_sim.run.summary` of one value (pure)."""
+    rows = []
+    for scheme, st in summary.items():
+        row: dict = {"param": name, "value": value, "scheme": scheme, "seeds": st["seeds"]}
+        for column, key in _COLUMNS:
+            est = st.get(key)
+            row[column] = est["median"] if est else None
+            row[f"{column}_ci_low"] = est["ci_low"] if est else None
+            row[f"{column}_ci_high"] = est["ci_high"] if est else None
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], name: str) -> str:
+    """The sweep as a Markdown table: medians [95 % interval] over seeds."""
+    def cell(r: dict, key: str, fmt: str) -> str:
+        if r.get(key) is None:
+            return "-"
+        lo, hi = r.get(key + "_ci_low"), r.get(key + "_ci_high")
+        return fmt.format(r[key]) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None and r["seeds"] >= 3 else "")
+
+    background = any(r.get("fct_avg_ms") is not None for r in rows)
+    head = f"| {name} | scheme | sync p50 ms | sync p99 ms | speedup p50 | speedup p99 |"
+    rule = "|---|---|---:|---:|---:|---:|"
+    if background:
+        head += " FCT avg ms | FCT avg / baseline | small-flow FCT p99 ms | small p99 / baseline |"
+        rule += "---:|---:|---:|---:|"
+    lines = [head, rule]
+    for r in rows:
+        line = (f"| {r['value']} | {r['scheme']} | {cell(r, 'sync_p50_ms', '{:.1f}')} | {cell(r, 'sync_p99_ms', '{:.1f}')} | "
+                f"{cell(r, 'speedup_p50', '{:.2f}')} | {cell(r, 'speedup_p99', '{:.2f}')} |")
+        if background:
+            line += (f" {cell(r, 'fct_avg_ms', '{:.2f}')} | {cell(r, 'fct_avg_ratio', '{:.2f}')} | "
+                     f"{cell(r, 'small_fct_p99_ms', '{:.2f}')} | {cell(r, 'small_fct_p99_ratio', '{:.2f}')} |")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
+    """Speedup p50 and p99 over the baseline against the value (interval bars); with background
+    traffic, a second panel of the background flows' FCT ratio to the baseline's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schemes = [s for s in dict.fromkeys(r["scheme"] for r in rows) if s != "baseline"]
+    background = any(r.get("fct_avg_ratio") is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if background else 1, figsize=(11 if background else 6, 4.2), squeeze=False)
+
+    def series(ax, scheme: str, key: str, label: str, marker: str) -> None:
+        pts = [r for r in rows if r["scheme"] == scheme and r.get(key) is not None]
+        if not pts:
+            return
+        x = [float(r["value"]) for r in pts]
+        y = [r[key] for r in pts]
+        lo = [r[key] - r[f"{key}_ci_low"] if r[f"{key}_ci_low"] is not None else 0 for r in pts]
+        hi = [r[f"{key}_ci_high"] - r[key] if r[f"{key}_ci_high"] is not None else 0 for r in pts]
+        ax.errorbar(x, y, yerr=[lo, hi], marker=marker, capsize=3, label=label)
+
+    for s in schemes:
+        series(axes[0][0], s, "speedup_p50", f"{s}: sync p50", "o")
+        series(axes[0][0], s, "speedup_p99", f"{s}: sync p99", "s")
+        if background:
+            series(axes[0][1], s, "fct_avg_ratio", f"{s}: average", "o")
+            series(axes[0][1], s, "small_fct_p99_ratio", f"{s}: small flows' p99", "s")
+    axes[0][0].set_ylabel("training sync speedup over baseline (x)")
+    if background:
+        axes[0][1].set_ylabel("background FCT / baseline's (x; > 1: slower)")
+    for ax in axes[0]:
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(name.replace("_", " "))
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path) -> list[dict]:
+    """Run ``base`` at every value of ``name``; write sweep.csv, sweep.md and sweep.png in ``out``."""
+    from dlcp_sim.run import run, summary
+
+    per_value = [options_at(base, name, v) for v in values]  # every value checked before any runs
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for value, opts in zip(values, per_value):
+        results = run(opts, repeat, out / f"{name}={value}")
+        rows += rows_of(name, value, summary(results))
+        print(f"{name} = {value}: done", flush=True)
+    with open(out / "sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "sweep.md").write_text(markdown(rows, name))
+    title = (f"dlcp sim: {base.hosts} hosts ({base.leaves} leaves x {base.hosts_per_leaf}, {base.spines} spines), "
+             f"{base.pattern} jobs of {base.workers}, {base.model} x {base.scale:g}, {repeat} seed(s) per point"
+             + (", bars: 95 % intervals" if repeat >= 3 else ""))
+    plot(out / "sweep.png", rows, name, title)
+    return rows

@@ -52,13 +52,19 @@ def answer_grace(floor: float, msg: InMessage) -> float:
     which at a slow bottleneck is milliseconds; a bitmap sent sooner lists them as missing and
     they are sent again (on the testbed's 700-pps leaf-spine a ring of DLCP messages resent
     about 100 packets per iteration against the baseline's 16). The mean gap measures the
-    pace of this very message, whatever the link speed.
+    pace of this very message, whatever the link speed; once a bitmap went out, the gap of the
+    first pass stands (the wait for retransmissions is not the message's pace).
     """
-    asm = msg.assembly
-    if msg.first_arrival is None or asm.received_pkts < 2:
-        return floor
-    gap = (msg.last_arrival - msg.first_arrival) / (asm.received_pkts - 1)
-    return max(floor, min(MAX_ANSWER_GRACE, 4 * gap))
+    gap = msg.pace if msg.pace is not None else packet_gap(msg)
+    return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, 4 * gap))
+
+
+def packet_gap(msg: InMessage) -> float | None:
+    """Mean time between ``msg``'s packets so far (None before two arrived)."""
+    n = msg.assembly.received_pkts
+    if msg.first_arrival is None or n < 2:
+        return None
+    return (msg.last_arrival - msg.first_arrival) / (n - 1)
 
 
 class _Rejected(Exception):
@@ -664,6 +670,7 @@ class ControlPath:
                         msg.bitmap_sent_at = now
                         if msg.first_bitmap_at is None:
                             msg.first_bitmap_at = now
+                            msg.pace = packet_gap(msg)  # the first pass's; recovery waits are not its pace
                 elif idle >= max(self.config.idle_timeout, 8 * self._srtt.get(msg.src, 0.0)) and \
                         asm.received_pkts and asm.is_complete(msg.loss_bound):
                     self._complete_locked(msg, "idle")

@@ -260,6 +260,7 @@ class InMessage:
         self.last_arrival = self.started
         self.first_arrival: float | None = None
         self.first_bitmap_at: float | None = None
+        self.pace: float | None = None  # mean packet gap of the first pass, fixed at the first BITMAP
         self.probe_pending = False
         self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
         self.probes = 0

@@ -38,10 +38,11 @@ The protocol for one message, sender S to receiver R:
    and S has finished its pass or nothing new came for an idle timeout (*bounded*). It
    zero-fills the rest and sends STOP, so S stops spending bandwidth on the message.
 3. The last packet of each pass carries ``Flags.LAST``: R answers it (once its socket is
-   drained and nothing came for ``probe_grace`` or four of the message's packet gaps) with STOP, or with a BITMAP of what is missing
-   when below the bound; S resends just enough of the missing packets, most important first,
-   at the top priority and in drop class 0, ending that pass with LAST again, until STOP. A
-   PROBE from S is only the fallback, when no answer came within the measured answer time.
+   drained and nothing came for ``probe_grace``, or for four of the message's packet gaps)
+   with STOP, or with a BITMAP of what is missing when below the bound; S resends just enough
+   of the missing packets, most important first, at the top priority and in drop class 0,
+   ending that pass with LAST again, until STOP. A PROBE from S is only the fallback, when
+   no answer came within the measured answer time.
 
 Every wait has a deadline; a peer whose control connection drops fails every message to or
 from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the message.

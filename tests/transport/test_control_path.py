@@ -304,3 +304,10 @@ def test_an_end_of_pass_is_answered_after_a_few_of_the_messages_own_packet_gaps(
     assert answer_grace(0.002, msg_with(11, 0.001)) == 0.002  # 0.1 ms apart: the floor
     assert answer_grace(0.002, msg_with(11, 0.0143)) == pytest.approx(4 * 0.00143)  # 700 pps
     assert answer_grace(0.002, msg_with(3, 10.0)) == MAX_ANSWER_GRACE
+    # after a bitmap the first pass's pace stands: 11 packets in 14 ms, then a 60 ms wait for
+    # the retransmissions does not stretch the grace to 4 * 7.4 ms
+    m = msg_with(11, 0.0143)
+    m.pace = 0.00143
+    m.last_arrival += 0.06
+    m.assembly.received_pkts = 12
+    assert answer_grace(0.002, m) == pytest.approx(4 * 0.00143)

@@ -157,8 +157,8 @@ class Assembly:
                 or int(h0["elem_offset"]) != s0 * per):
             return False
         payload = per * self.wire_dtype.itemsize
-        if (lengths != _H + payload).any():
-            return False
+        if _H + payload > slots.shape[1] or (lengths != _H + payload).any():
+            return False  # (datagrams wider than a slot are the general path's "truncated")
         head = slots[:, :_H]
         if n > 1:
             fixed = head[:, _RUN_CONSTANT_BYTES]

@@ -240,3 +240,17 @@ def _set(slots, lengths, row, field, value):
     h = slots[row, :H].view(wire.HEADER_DTYPE)
     h[field] = value
     return slots, lengths
+
+
+def test_datagrams_wider_than_their_slots_are_truncated_not_a_crash():
+    """A sender with a larger MTU announces more elements per packet than this receiver's slots
+    hold; its datagrams claim lengths past the row. Rejected as truncated, never raised."""
+    r = Reassembler(job_id=5)
+    r.expect(1, 7, 400 * 4, np.float32, 400)  # 1,600-byte payloads
+    batch = packetize(np.ones(1600, np.float32), MessageMeta(job_id=5, message_id=7, sender_rank=1), Policy(),
+                      mtu=H + 28 + 1600)
+    wide, lengths = batch.to_slots()
+    slots = np.ascontiguousarray(wide[:, :1472])  # this receiver's rows: MTU 1500
+    res = r.ingest_batch(slots, lengths)
+    assert not res.run and res.accepted == 0
+    assert r.stats.rejected["truncated"] == len(lengths)

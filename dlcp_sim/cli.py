@@ -47,7 +47,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="wire size of control packets (default: 60); the datagram size models the testbed's "
                         "BMv2 ports, which serve packets, not bytes")
     p.add_argument("--host-delay-us", type=float, default=d.host_delay_us,
-                   help="hosts' software path: sends start and STOPs leave this much later (default 0; the "
+                   help="hosts' software path: sends start and control packets leave this much later (default 0; the "
                         "testbed's agents: see the README's validation)")
     p.add_argument("--scheme", default="baseline,dlcp", help="comma-separated, as for dlcp run")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")

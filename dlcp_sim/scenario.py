@@ -87,8 +87,9 @@ class SimOptions:
     datagram size (MTU - 28) to model that."""
     host_delay_us: float = 0.0
     """The hosts' software path, in microseconds: a message starts leaving this long after
-    the workload hands it over, and a receiver's STOP leaves this long after the message
-    completed (the testbed's Python agents: packetizing, threads, control frames over TCP)."""
+    the workload hands it over, and every control packet (STOP, PROBE, BITMAP, FEEDBACK) this
+    long after it was decided (the testbed's Python agents: packetizing, threads, control
+    frames over TCP). A message's round, send to STOP, so takes two of them."""
     seed: int = 0
     """Draws the synthetic gradients (so the drop classes), the flow hashes (which flows share a
     spine) and ns-3's random streams; repetitions are seeds."""
@@ -303,7 +304,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         "priority_map " + " ".join(str(q) for q in policy.priority_map + (0,) * (8 - len(policy.priority_map))),
         "drop_thresholds " + " ".join(str(t) for t in policy.drop_thresholds),
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",
-        f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {opts.control_bytes or HEADER_SIZE + 16}", f"host_delay_us {opts.host_delay_us:g}",
+        f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {opts.control_bytes or HEADER_SIZE + 16}",
+        f"host_delay_us {opts.host_delay_us:g}",
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}",

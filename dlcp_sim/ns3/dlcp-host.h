@@ -55,7 +55,7 @@ struct TransportParams {
   Time maxIncreaseSpan = MilliSeconds(50);  // the most one report may grant (after idle)
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
   uint8_t topPriority = 7;       // priority of control packets
-  Time hostDelay;                // a host's software path: a send starts, and a STOP leaves, this much later
+  Time hostDelay;                // a host's software path: a send starts, and every control packet leaves, this much later
 };
 
 struct HostStats {
@@ -192,7 +192,10 @@ class DlcpHost : public Application {
     h.aux = aux;
     h.aux2 = aux2;
     stats.controlSent++;
-    Transmit(dst, h, tp.controlBytes + extraBytes);
+    if (tp.hostDelay.IsStrictlyPositive())  // every control record goes through the agent's control path
+      Simulator::Schedule(tp.hostDelay, &DlcpHost::Transmit, this, dst, h, tp.controlBytes + extraBytes);
+    else
+      Transmit(dst, h, tp.controlBytes + extraBytes);
   }
 
   // --- sending ---------------------------------------------------------------------------
@@ -409,10 +412,7 @@ class DlcpHost : public Application {
     stats.missingAtCompletion += r.npkts - r.count;
     r.got.clear();
     r.got.shrink_to_fit();
-    if (tp.hostDelay.IsStrictlyPositive())  // the agent's receive and control path before its STOP
-      Simulator::Schedule(tp.hostDelay, &DlcpHost::Control, this, src, STOP, msg, r.npkts, 0u, 0u, 0u, uint8_t(255));
-    else
-      Control(src, STOP, msg, r.npkts, 0, 0);
+    Control(src, STOP, msg, r.npkts, 0, 0);
     if (log)
       *log << "done " << rank << " " << src << " " << msg << " " << Simulator::Now().GetSeconds() << " " << r.npkts
            << " " << r.npkts - r.count << "\n";

@@ -74,6 +74,16 @@ def iteration_of(mid: int) -> int:
     return (mid >> 22) % ITERATION_WRAP
 
 
+def step_of(mid: int) -> int:
+    """The step of a :func:`message_id` (PS: 0 push, 1 pull; ring: its step)."""
+    return (mid >> 16) & (MAX_STEPS - 1)
+
+
+def tensor_of(mid: int) -> int:
+    """The tensor (or bucket) index of a :func:`message_id`."""
+    return mid & (MAX_TENSORS - 1)
+
+
 def _flat(g: np.ndarray) -> np.ndarray:
     g = np.asarray(g)
     if g.dtype not in (np.float32, np.float16):
@@ -348,7 +358,7 @@ class PSServer:
             except queue.Empty:
                 pass
             else:
-                if (mid >> 16) & (MAX_STEPS - 1) == 0 and src in self.workers:
+                if step_of(mid) == 0 and src in self.workers:
                     pending.setdefault(mid, {})[src] = self.ep.recv(src, mid)
             for mid in [m for m, hs in pending.items() if len(hs) == len(self.workers)
                         and all(h.done() for h in hs.values())]:
@@ -358,7 +368,7 @@ class PSServer:
                 layout = _echo_layout(results)
                 sends = [self.ep.send(w, agg, reply, priority=results[0].stats.priority,
                                       loss_bound=self.policy.loss_bound_pull, iteration=(mid >> 22),
-                                      tensor_id=mid & 0xFFFF, layer=layout.first_layer, layout=layout,
+                                      tensor_id=tensor_of(mid), layer=layout.first_layer, layout=layout,
                                       announce=False) for w in self.workers]
                 keep.append((agg, sends))
             keep = [(a, s) for a, s in keep if not all(h.done() for h in s)]  # replies still in flight

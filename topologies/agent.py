@@ -21,13 +21,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
-from hostagent.exchange import iteration_of
+from hostagent.exchange import iteration_of, step_of, tensor_of
 from hostagent.fusion import Bucketer, FusionConfig
+from hostagent.messages import MessageStats
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
@@ -50,18 +52,18 @@ def _received_in(ep: Endpoint, iteration: int | None, since: float) -> list:
             and (iteration is None or iteration_of(m.message_id) == iteration % 1024)]
 
 
-def message_trace(ep: Endpoint, iteration: int, t0: float) -> list[list]:
-    """This worker's messages of ``iteration`` (sent and received), for seeing where a sync's
-    time went bucket by bucket and step by step, and for comparing with ``dlcp sim``: rows of
-    [direction, peer, tensor (bucket), step, packets, retransmitted, start ms, first packet ms
-    (receiver), finish ms], times from the iteration's start."""
-    rows = []
-    for m in list(ep.message_log):
-        if iteration_of(m.message_id) != iteration % 1024 or m.started < t0:
-            continue
-        ms = lambda t: None if t is None else round(1e3 * (t - t0), 3)  # noqa: E731
-        rows.append([m.direction, m.peer, m.message_id & 0xFFFF, (m.message_id >> 16) & 0x3F, m.packets,
-                     m.retransmissions, ms(m.started), ms(m.first_arrival), ms(m.finished_at)])
+def message_trace(log: Iterable[MessageStats], iteration: int, t0: float) -> list[list]:
+    """The messages of ``iteration`` in an endpoint's ``message_log`` (sent and received), for
+    seeing where a sync's time went bucket by bucket and step by step, and for comparing with
+    ``dlcp sim``: rows of [direction, peer, tensor (bucket), step, packets, retransmitted,
+    start ms, first packet ms (receiver), finish ms], times from the iteration's start ``t0``,
+    in order of start."""
+    def ms(t: float | None) -> float | None:
+        return None if t is None else round(1e3 * (t - t0), 3)
+
+    rows = [[m.direction, m.peer, tensor_of(m.message_id), step_of(m.message_id), m.packets, m.retransmissions,
+             ms(m.started), ms(m.first_arrival), ms(m.finished_at)]
+            for m in log if iteration_of(m.message_id) == iteration % 1024 and m.started >= t0]
     return sorted(rows, key=lambda r: r[6])
 
 
@@ -121,7 +123,7 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "retransmissions": ep.stats.retransmitted_pkts - retx0,
                                 "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
                                 "control_bytes": _ctl_frames(ep)[1] - ctl0[1],
-                                "message_trace": message_trace(ep, it, t0) if not calib else []}) + "\n")
+                                "message_trace": message_trace(list(ep.message_log), it, t0) if not calib else []}) + "\n")
             f.flush()
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()

@@ -45,7 +45,7 @@ def options_at(base: SimOptions, name: str, value: str) -> SimOptions:
     """``base`` with option ``name`` set to ``value``, read as that option's type."""
     kind = type(getattr(base, name))
     try:
-        parsed = kind(float(value)) if kind in (int, float) else kind(value)
+        parsed = kind(value) if kind is not int else int(value)
     except ValueError:
         raise DlcpUserError(f"--sweep {name}: {value!r} is not a {kind.__name__}") from None
     return replace(base, **{name: parsed})
@@ -98,6 +98,9 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    values = list(dict.fromkeys(r["value"] for r in rows))
+    numeric = all(_is_number(v) for v in values)
+    xs = {v: (float(v) if numeric else i) for i, v in enumerate(values)}  # a choice: one slot per value
     schemes = [s for s in dict.fromkeys(r["scheme"] for r in rows) if s != "baseline"]
     background = any(r.get("fct_avg_ratio") is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if background else 1, figsize=(11 if background else 6, 4.2), squeeze=False)
@@ -106,7 +109,7 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
         pts = [r for r in rows if r["scheme"] == scheme and r.get(key) is not None]
         if not pts:
             return
-        x = [float(r["value"]) for r in pts]
+        x = [xs[r["value"]] for r in pts]
         y = [r[key] for r in pts]
         lo = [r[key] - r[f"{key}_ci_low"] if r[f"{key}_ci_low"] is not None else 0 for r in pts]
         hi = [r[f"{key}_ci_high"] - r[key] if r[f"{key}_ci_high"] is not None else 0 for r in pts]
@@ -124,11 +127,21 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     for ax in axes[0]:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel(name.replace("_", " "))
+        if not numeric:
+            ax.set_xticks(range(len(values)), values)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
 
 
 def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path) -> list[dict]:

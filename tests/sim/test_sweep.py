@@ -25,8 +25,9 @@ def test_values_take_the_options_type_and_are_validated():
     assert options_at(base, "leaves", "4").leaves == 4
     assert options_at(base, "background_load", "0.5").background_load == 0.5
     assert options_at(base, "pattern", "ring").pattern == "ring"
-    with pytest.raises(DlcpUserError):
-        options_at(base, "leaves", "many")
+    for bad in ("many", "4.5"):
+        with pytest.raises(DlcpUserError):
+            options_at(base, "leaves", bad)
     with pytest.raises(DlcpUserError):
         options_at(base, "background_load", "1.5")  # SimOptions refuses it, by name
 
@@ -58,3 +59,15 @@ def test_a_small_sweep_writes_its_csv_table_and_figure(tmp_path):
         assert len(list(csv.DictReader(f))) == 4
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     assert (tmp_path / "buffer=20" / "results.json").exists() and "| 100 | dlcp |" in (tmp_path / "sweep.md").read_text()
+
+
+def test_a_sweep_over_a_choice_plots_one_slot_per_value(tmp_path):
+    """Values that are not numbers (a pattern, a placement) still make a figure."""
+    from dlcp_sim.sweep import plot
+
+    est = {"median": 1.5, "ci_low": 1.2, "ci_high": 1.7, "n": 3}
+    summary = {"baseline": {"seeds": 3, "sync_p50_ms": est, "sync_p99_ms": est},
+               "dlcp": {"seeds": 3, "sync_p50_ms": est, "sync_p99_ms": est, "speedup_p50": est, "speedup_p99": est}}
+    rows = rows_of("pattern", "ps", summary) + rows_of("pattern", "ring", summary)
+    plot(tmp_path / "sweep.png", rows, "pattern", "title")
+    assert (tmp_path / "sweep.png").stat().st_size > 5_000

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dlcp_sim.scenario import SimOptions
 from hostagent.errors import DlcpUserError
+from topologies.sweep import value_axis
 
 #: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
 SWEEPABLE = tuple(f.name for f in fields(SimOptions) if f.name not in ("schemes", "seed"))
@@ -99,8 +100,7 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     values = list(dict.fromkeys(r["value"] for r in rows))
-    numeric = all(_is_number(v) for v in values)
-    xs = {v: (float(v) if numeric else i) for i, v in enumerate(values)}  # a choice: one slot per value
+    xs, numeric = value_axis(values)
     schemes = [s for s in dict.fromkeys(r["scheme"] for r in rows) if s != "baseline"]
     background = any(r.get("fct_avg_ratio") is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if background else 1, figsize=(11 if background else 6, 4.2), squeeze=False)
@@ -134,14 +134,6 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def _is_number(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
 
 
 def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path) -> list[dict]:

@@ -118,8 +118,7 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     import matplotlib.pyplot as plt
 
     values = list(dict.fromkeys(r["value"] for r in rows))
-    numeric = all(_is_number(v) for v in values)
-    xs = {v: (float(v) if numeric else i) for i, v in enumerate(values)}
+    xs, numeric = value_axis(values)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for scheme in dict.fromkeys(r["scheme"] for r in rows):
         pts = [r for r in rows if r["scheme"] == scheme]
@@ -148,6 +147,14 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def value_axis(values: list[str]) -> tuple[dict[str, float], bool]:
+    """Where each swept value goes on a figure's x axis, and whether the axis is numeric: the
+    values themselves when all are numbers, else one slot per value in order (a choice such
+    as a pattern). ``dlcp sim --sweep`` plots with it too."""
+    numeric = all(_is_number(v) for v in values)
+    return {v: (float(v) if numeric else float(i)) for i, v in enumerate(values)}, numeric
 
 
 def _is_number(v: str) -> bool:

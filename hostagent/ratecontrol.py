@@ -186,38 +186,49 @@ class AnswerTimer:
 
 
 class DrainMeter:
-    """Receiver side: what this receiver can drain, measured while it is behind.
+    """Receiver side: what this receiver can drain, measured only while it is overloaded.
 
-    Bytes per second of wall time over stretches in which the socket never ran dry: the
-    figure includes every cost of the process, CPU scheduling too, and not the senders' pace
-    (a receiver that keeps up measures nothing, and needs no ceiling). A stretch closes when
-    the socket empties or after ``stretch`` seconds; it counts when it lasted at least
-    ``min_span`` and carried ``min_bytes``. Estimates older than ``fresh`` are dropped.
+    The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams) with more
+    still queued. A stretch of consecutive such batches, closed by the first batch that empties
+    the socket or after ``stretch`` seconds, gives one sample: its bytes over its wall time,
+    every cost of the process (CPU scheduling too) included. It counts when it carried
+    ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so a
+    receiver that keeps up advertises no ceiling and its senders probe upward again.
+
+    Why only when overloaded: in the first design a stretch was any time the socket was not
+    empty, and only stretches of at least 2 ms counted. A receiver slightly behind a paced
+    sender then measured the sender's pace, and the long stretches were the ones in which
+    the thread had been descheduled. Each sample pulled the ceiling lower, and the ceiling
+    held senders there: on a loaded 2-core host, a receiver able to take 1 GB/s held them at
+    440-750 MB/s. Busy time per byte (the second try) has the same flaw, because a preempted
+    thread still looks busy. A full batch means a real backlog, and then the wall-clock rate
+    is what the receiver really drains.
     """
 
-    def __init__(self, stretch: float = 0.005, min_span: float = 0.002, min_bytes: int = 64 * 1024,
-                 fresh: float = 0.5) -> None:
-        self.stretch, self.min_span, self.min_bytes, self.fresh = stretch, min_span, min_bytes, fresh
+    def __init__(self, stretch: float = 0.005, min_bytes: int = 256 * 1024, fresh: float = 0.5) -> None:
+        if stretch <= 0 or min_bytes < 0 or fresh <= 0:
+            raise ValueError(f"bad DrainMeter settings: stretch={stretch}, min_bytes={min_bytes}, fresh={fresh}")
+        self.stretch, self.min_bytes, self.fresh = stretch, min_bytes, fresh
         self.rate = 0.0
         self.measured_at = 0.0
         self._since: float | None = None
         self._bytes = 0
 
-    def batch(self, started: float, nbytes: int, emptied: bool, now: float) -> None:
+    def batch(self, started: float, nbytes: int, behind: bool, now: float) -> None:
         """One receive batch that began at ``started``, took ``nbytes`` and ended at ``now``;
-        ``emptied``: it ended because the socket ran dry."""
+        ``behind``: it ended full, with datagrams still queued."""
         if self._since is None:
-            if emptied:
+            if not behind:
                 return
             self._since, self._bytes = started, 0
         self._bytes += nbytes
         span = now - self._since
-        if emptied or span >= self.stretch:
-            if span >= self.min_span and self._bytes >= self.min_bytes:
+        if not behind or span >= self.stretch:
+            if span > 0 and self._bytes >= self.min_bytes:
                 sample = self._bytes / span
                 self.rate = sample if self.rate <= 0 else 0.7 * self.rate + 0.3 * sample
                 self.measured_at = now
-            self._since = None if emptied else now
+            self._since = now if behind else None
             self._bytes = 0
 
     def current(self, now: float) -> float:

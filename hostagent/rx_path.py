@@ -37,6 +37,8 @@ from hostagent.udp_offload import GRO_ANCBUF, GRO_BUFSIZE, gro_segment_size, spl
 log = logging.getLogger("hostagent.transport")
 
 _CE = 0b11  # congestion experienced
+_LAST = int(wire.Flags.LAST)
+_FLAGS_BYTE = wire.HEADER_DTYPE.fields["flags"][1]
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -74,14 +76,12 @@ class ReceivePath:
             t_batch = time.monotonic()
             k = 0
             nbytes_batch = 0
-            emptied = False  # the socket ran dry: this receiver keeps up
             per_read = 1.0  # datagrams per read in this batch (GRO reads hold many)
             while k < cfg.rx_batch:
                 try:
                     nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
                 except (BlockingIOError, InterruptedError):
-                    emptied = True
-                    break
+                    break  # the socket ran dry
                 except OSError as exc:
                     if self._running:
                         log.warning("rank %d: data socket error: %s", self.rank, exc)
@@ -123,7 +123,7 @@ class ReceivePath:
                     self._on_overflow(dropped, senders)
                 self.stats.rx_overflows = overflows
                 self.stats.rx_dropped_estimate += dropped
-            self._drain.batch(t_batch, nbytes_batch, emptied, time.monotonic())
+            self._drain.batch(t_batch, nbytes_batch, k >= cfg.rx_batch, time.monotonic())
             self._release_delayed()
 
     def _on_overflow(self, dropped: int, senders: np.ndarray) -> None:
@@ -206,7 +206,7 @@ class ReceivePath:
                 fb[1] += n_ce
                 senders = np.full(n, rank, np.uint16)
                 if msg is not None:
-                    last = bool((hdr["flags"] & int(wire.Flags.LAST)).any())
+                    last = np.count_nonzero(slots[:, _FLAGS_BYTE] & _LAST) > 0
                     wake = wake or last
                     how = self._on_progress(msg, now, 0, last)
                     if how:

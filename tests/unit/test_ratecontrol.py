@@ -106,14 +106,45 @@ def test_answer_timer_waits_for_the_usual_answer_plus_its_jitter():
 def test_drain_meter_measures_only_while_behind_and_forgets():
     from hostagent.ratecontrol import DrainMeter, drain_share
 
-    m = DrainMeter(stretch=0.005, min_span=0.002, min_bytes=1000, fresh=0.5)
-    m.batch(0.0, 10_000, emptied=True, now=0.001)  # kept up: nothing to learn
+    m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
+    m.batch(0.0, 10_000, behind=False, now=0.001)  # kept up: nothing to learn
     assert m.rate == 0
-    m.batch(1.000, 100_000, emptied=False, now=1.002)  # behind
-    m.batch(1.002, 100_000, emptied=False, now=1.004)
-    m.batch(1.004, 100_000, emptied=True, now=1.006)  # drained 300 kB in 6 ms
+    m.batch(1.000, 100_000, behind=True, now=1.002)  # full batches, more queued
+    m.batch(1.002, 100_000, behind=True, now=1.004)
+    m.batch(1.004, 100_000, behind=False, now=1.006)  # drained 300 kB in 6 ms
     assert m.rate == pytest.approx(50e6)
     assert m.current(1.2) == pytest.approx(50e6) and m.current(2.0) == 0  # stale: no ceiling
     assert drain_share(50e6, 0, active_senders=4, new_sender=False) == pytest.approx(12.5e6)
     assert drain_share(0, 80e6, active_senders=1, new_sender=True) == pytest.approx(40e6)
     assert drain_share(0, 80e6, active_senders=1, new_sender=False) == 0
+
+
+def test_drain_meter_learns_nothing_from_a_receiver_that_keeps_up_with_a_paced_sender():
+    """A receiver a little behind a paced sender (its batches end with the socket empty) is not
+    overloaded: what it took is the sender's pace, not its own limit, and advertising that
+    as a ceiling would hold the sender there for good (the first design did, at 440-750 MB/s
+    for a receiver able to take 1 GB/s)."""
+    from hostagent.ratecontrol import DrainMeter
+
+    m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
+    t = 0.0
+    for _ in range(1000):  # 1 s of 260 KB batches every 0.5 ms, each one slowed by its thread's preemption
+        m.batch(t, 260_000, behind=False, now=t + 0.00045)
+        t += 0.0005
+    assert m.rate == 0 and m.current(t) == 0
+
+
+def test_drain_meter_counts_short_fast_stretches_as_well_as_long_slow_ones():
+    """No minimum length: a sample from a quick catch-up weighs as much as one from a stretch
+    in which the thread was descheduled, so the estimate is not biased low."""
+    from hostagent.ratecontrol import DrainMeter
+
+    m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
+    m.batch(0.0, 1_000_000, behind=True, now=0.0005)
+    m.batch(0.0005, 1_000, behind=False, now=0.001)  # 1 MB in 1 ms
+    assert m.rate == pytest.approx(1.001e9)
+    m.batch(1.0, 1_000_000, behind=True, now=1.004)
+    m.batch(1.004, 0, behind=False, now=1.004)  # 1 MB in 4 ms
+    assert m.rate == pytest.approx(0.7 * 1.001e9 + 0.3 * 250e6)
+    with pytest.raises(ValueError):
+        DrainMeter(stretch=0)

@@ -218,6 +218,11 @@ def test_fast_path_takes_clean_runs_and_agrees_with_the_general_path_on_everythi
         "bad_offset": lambda s, l: _set(s, l, 3, "elem_offset", 5),
         "short": lambda s, l: (s, np.where(np.arange(len(l)) == 1, l - 4, l)),
         "other_job": lambda s, l: _set(s, l, 0, "job_id", 6),
+        "bad_seq": lambda s, l: _set(s, l, 5, "seq", 30),
+        "other_total": lambda s, l: _set(s, l, 6, "total_pkts", 99),
+        "other_message": lambda s, l: _set(s, l, 7, "message_id", 8),
+        "other_sender": lambda s, l: _set(s, l, 3, "sender_rank", 2),
+        "other_dtype": lambda s, l: _set(s, l, 2, "dtype", int(wire.Dtype.FLOAT16)),
     }
     for name, mutate in [("clean", lambda s, l: (s, l))] + list(mutations.items()):
         batches = []

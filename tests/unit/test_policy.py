@@ -140,6 +140,23 @@ def test_drop_classes_equal_a_stable_sort_with_ties_in_packet_order(values):
                 "nan": np.where(rng.random(n) < 0.2, np.nan, rng.integers(0, 4, n).astype(float))}[values]
         for pol in policies:
             assert P.drop_classes(mags, pol).tolist() == _classes_by_sorting(mags, pol).tolist(), (mags, pol.shares())
+            m32 = mags.astype(np.float32)  # packet_magnitudes' own type: partitioned as it is
+            assert P.drop_classes(m32, pol).tolist() == _classes_by_sorting(m32, pol).tolist(), (m32, pol.shares())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("kind", ["l2", "maxabs"])
+def test_packet_magnitudes_split_across_threads_equal_one_thread(monkeypatch, dtype, kind):
+    """Large messages have their magnitudes computed by several threads; every packet's value
+    must be exactly what one thread computes (uneven splits and the short tail included)."""
+    x = np.random.default_rng(1).standard_normal(357 * 1001 + 17).astype(dtype)
+    monkeypatch.setattr(P, "PARALLEL_MAGNITUDE_ELEMS", 10**12)
+    one = P.packet_magnitudes(x, 357, kind)
+    monkeypatch.setattr(P, "PARALLEL_MAGNITUDE_ELEMS", 1000)
+    monkeypatch.setattr(P, "_threads", lambda: 3)
+    monkeypatch.setattr(P, "_POOL", None)
+    split = P.packet_magnitudes(x, 357, kind)
+    assert split.shape == (1002,) and np.array_equal(split, one)
 
 
 @pytest.mark.parametrize("total,p,required", [(100, 0.05, 95), (100, 0.0, 100), (3, 0.05, 3), (0, 0.05, 0),

@@ -55,6 +55,11 @@ class ReceivePath:
         size back to back) lands in consecutive rows with no copy; a batch then holds up to
         ``rx_batch`` datagrams whatever mix of GRO and single reads brought them, and the
         per-batch cost of reassembly is shared by all of them.
+
+        A batch also ends after a quarter of the socket buffer's bytes, and one that ends by
+        either limit, rather than because the socket ran dry, left a real backlog behind it:
+        only then does the drain meter sample (``rx_batch`` datagrams alone would never be
+        reached at MTU 9000, where 2,048 datagrams are more than a 16 MB buffer holds).
         """
         cfg = self.config
         width = wire.HEADER_SIZE + elems_per_packet(cfg.mtu, np.float32) * 4  # a full datagram
@@ -65,6 +70,8 @@ class ReceivePath:
         ce = np.zeros(cfg.rx_batch + spare, dtype=bool)
         overflows = 0
         sock = self._udp
+        # SO_RCVBUF reads back doubled (the kernel counts its bookkeeping in it)
+        batch_bytes = max(width, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 8)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         while self._running:
@@ -77,7 +84,7 @@ class ReceivePath:
             k = 0
             nbytes_batch = 0
             per_read = 1.0  # datagrams per read in this batch (GRO reads hold many)
-            while k < cfg.rx_batch:
+            while k < cfg.rx_batch and nbytes_batch < batch_bytes:
                 try:
                     nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
                 except (BlockingIOError, InterruptedError):
@@ -123,7 +130,8 @@ class ReceivePath:
                     self._on_overflow(dropped, senders)
                 self.stats.rx_overflows = overflows
                 self.stats.rx_dropped_estimate += dropped
-            self._drain.batch(t_batch, nbytes_batch, k >= cfg.rx_batch, time.monotonic())
+            behind = k >= cfg.rx_batch or nbytes_batch >= batch_bytes  # ended full, not dry
+            self._drain.batch(t_batch, nbytes_batch, behind, time.monotonic())
             self._release_delayed()
 
     def _on_overflow(self, dropped: int, senders: np.ndarray) -> None:

@@ -138,12 +138,17 @@ def test_a_socket_that_refuses_gso_falls_back_and_still_delivers(endpoints):
     assert stats["retransmitted_pkts"] == 0
 
 
-def test_a_slow_receiver_is_not_overrun(endpoints):
-    """The receiver drains slowly (every batch of at most 64 datagrams costs it 2 ms more: a
-    busy host, about a tenth of the sender's initial rate). It measures that, tells the sender
-    its drain ceiling within milliseconds, and the sender slows to it: almost nothing is lost
-    in the socket buffer, where a sender at its initial rate would lose most of the message."""
-    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), per_rank={1: {"rx_batch": 64}})
+@pytest.mark.parametrize("setup", [{"per_rank": {1: {"rx_batch": 64}}},
+                                   {"mtu": 9000, "per_rank": {1: {"socket_buffer": 4 * 1024 * 1024}}}],
+                         ids=["64-datagram batches", "MTU 9000, 4 MB buffer"])
+def test_a_slow_receiver_is_not_overrun(endpoints, setup):
+    """The receiver drains slowly (every batch costs it 2 ms more: a busy host, about a tenth
+    of the sender's initial rate). It measures that, tells the sender its drain ceiling within
+    milliseconds, and the sender slows to it: almost nothing is lost in the socket buffer,
+    where a sender at its initial rate would lose most of the message. With 64-datagram
+    batches a full batch shows the backlog; at MTU 9000 a quarter of the buffer does (2,048
+    datagrams would not fit in it)."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), **setup)
     slow = b._on_datagrams
 
     def busy(*args):

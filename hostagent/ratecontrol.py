@@ -146,6 +146,11 @@ class Pacer:
         deficit = nbytes - self.tokens
         return 0.0 if deficit <= 0 else deficit / rate
 
+    def allowance(self, rate: float, now: float, horizon: float) -> float:
+        """Bytes that may leave within ``horizon`` seconds from ``now`` at ``rate``."""
+        self._refill(rate, now)
+        return self.tokens + rate * horizon
+
     def consume(self, nbytes: int) -> None:
         """Account for ``nbytes`` sent (tokens may go negative by one packet's worth)."""
         self.tokens -= nbytes

@@ -316,3 +316,32 @@ def test_an_end_of_pass_is_answered_after_a_few_of_the_messages_own_packet_gaps(
     m.last_arrival += 0.06
     m.assembly.received_pkts = 12
     assert answer_grace(0.002, m) == pytest.approx(4 * 0.00143)
+
+
+def test_a_slowly_paced_destination_does_not_hold_up_the_others(endpoints):
+    """One sender, two receivers; the path to one is congested (its controller holds it at
+    100 KB/s: a fault loopback cannot cause). The sender must not sleep out that pacing with its
+    one thread: the other receiver's message goes at full speed meanwhile. (It used to send a
+    whole GSO call per pick and sleep 0.4 s before each one to the slow receiver, and the fast
+    receiver's message waited as long.)"""
+    from hostagent.ratecontrol import RateController
+
+    class Congested(RateController):
+        @property
+        def effective_rate(self) -> float:
+            return 100e3
+
+    a, b, c = endpoints(3, policy=Policy(loss_bound_push=0.0))
+    a.connect([1, 2])
+    a._rate[1] = Congested(a.config.rate)
+    slow_x, fast_x = _grad(250_000, 1), _grad(250_000, 2)  # 1 MB each
+    slow_rx, fast_rx = b.recv(0, 1), c.recv(0, 2)
+    t0 = time.monotonic()
+    slow = a.send(1, slow_x, 1)
+    time.sleep(0.05)  # the slow message is under way
+    fast = a.send(2, fast_x, 2)
+    np.testing.assert_array_equal(fast_rx.wait(10).data, fast_x)
+    fast.wait(10)
+    took = time.monotonic() - t0
+    assert not slow.done()  # 1 MB at 100 KB/s takes 10 s
+    assert took < 1.0, f"the fast receiver's 1 MB took {took:.2f} s behind the slow one"

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,6 +384,7 @@ def packet_magnitudes(data: np.ndarray, elems_per_packet: int, kind: str = "l2")
 #: it runs before the message's first packet may leave: 9 ms of a 100 MB message's 100.
 PARALLEL_MAGNITUDE_ELEMS = 4_000_000
 _POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()  # senders on several threads may packetize at once
 
 
 def _threads() -> int:
@@ -391,14 +393,15 @@ def _threads() -> int:
 
 def _pool() -> ThreadPoolExecutor:
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="dlcp-magnitudes")
-    return _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="dlcp-magnitudes")
+        return _POOL
 
 
 def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of the parent's threads
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the parent's threads
 
 
 os.register_at_fork(after_in_child=_forget_pool)

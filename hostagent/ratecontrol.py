@@ -193,8 +193,8 @@ class AnswerTimer:
 class DrainMeter:
     """Receiver side: what this receiver can drain, measured only while it is overloaded.
 
-    The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams) with more
-    still queued. A stretch of consecutive such batches, closed by the first batch that empties
+    The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams, or a quarter
+    of the socket buffer's bytes) with more still queued. A stretch of consecutive such batches, closed by the first batch that empties
     the socket or after ``stretch`` seconds, gives one sample: its bytes over its wall time,
     every cost of the process (CPU scheduling too) included. It counts when it carried
     ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so a
@@ -205,7 +205,7 @@ class DrainMeter:
     sender then measured the sender's pace, and the long stretches were the ones in which
     the thread had been descheduled. Each sample pulled the ceiling lower, and the ceiling
     held senders there: on a loaded 2-core host, a receiver able to take 1 GB/s held them at
-    440-750 MB/s. Busy time per byte (the second try) has the same flaw, because a preempted
+    440-750 MB/s. Busy time per byte (tried too) has the same flaw, because a preempted
     thread still looks busy. A full batch means a real backlog, and then the wall-clock rate
     is what the receiver really drains.
     """

@@ -36,11 +36,11 @@ import time
 
 import numpy as np
 
-# 25 MB of float32 in 12 tensors of uneven size (a scaled CNN-like profile, first layers small).
 # Messages sent before the goodput rows start timing: the first ones meet a cold receiver (the
 # pages of its buffer not yet touched, a drain ceiling measured while it was that slow).
 WARMUP = 2
 
+# 25 MB of float32 in 12 tensors of uneven size (a scaled CNN-like profile, first layers small).
 TENSOR_ELEMS = [9_408, 36_864, 147_456, 294_912, 589_824, 1_179_648, 2_359_296, 2_359_296,
                 4_718_592, 2_048_000, 131_072, 375_632]
 

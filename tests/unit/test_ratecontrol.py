@@ -52,6 +52,16 @@ def test_pacer_token_bucket():
     assert p.tokens == 1000.0  # capped at the burst
 
 
+def test_pacer_allowance_is_what_may_leave_within_a_horizon():
+    """What a sender's pick may take (tokens now plus what the horizon refills), never more;
+    a debt from an earlier send is subtracted, so a pick after an overdraft is small."""
+    p = Pacer(burst_bytes=1000)
+    assert p.allowance(rate=100.0, now=0.0, horizon=0.5) == pytest.approx(1050.0)
+    p.consume(1400)  # sent past the bucket: 400 bytes of debt
+    assert p.allowance(rate=100.0, now=0.0, horizon=0.5) == pytest.approx(-350.0)
+    assert p.allowance(rate=100.0, now=6.0, horizon=0.5) == pytest.approx(250.0)
+
+
 def test_retransmission_set_recovers_only_beyond_the_bound():
     classes = np.array([0, 1, 2, 3, 0, 1, 2, 3])
     counts = np.full(8, 10)

@@ -87,6 +87,11 @@ class PacketBatch:
         return len(self.headers)
 
     @property
+    def datagram_bytes(self) -> int:
+        """Bytes of one full-size datagram (DLCP header + a full payload): the unit of pacing."""
+        return wire.HEADER_SIZE + self.elems_per_packet * self.payload.itemsize
+
+    @property
     def nbytes(self) -> int:
         """Bytes of datagrams (DLCP header + payload) in the whole batch."""
         return len(self.headers) * wire.HEADER_SIZE + self.payload.nbytes

@@ -63,10 +63,10 @@ _const = np.zeros(_H, dtype=np.uint8)
 _const[_RUN_CONSTANT_BYTES] = 0xFF
 _RUN_CONSTANT_MASK = _const.view(np.uint32)
 del _const
-_FLAGS_BYTE = wire.HEADER_DTYPE.fields["flags"][1]
-_SEQ_WORD = wire.HEADER_DTYPE.fields["seq"][1] // 4
-_OFFSET_WORD = wire.HEADER_DTYPE.fields["elem_offset"][1] // 4
-assert wire.HEADER_DTYPE.fields["seq"][1] % 4 == 0 and wire.HEADER_DTYPE.fields["elem_offset"][1] % 4 == 0
+_FLAGS_BYTE = wire.FIELD_OFFSET["flags"]
+_SEQ_WORD = wire.FIELD_OFFSET["seq"] // 4
+_OFFSET_WORD = wire.FIELD_OFFSET["elem_offset"] // 4
+assert wire.FIELD_OFFSET["seq"] % 4 == 0 and wire.FIELD_OFFSET["elem_offset"] % 4 == 0
 _I_SEQ, _I_TOKEN, _I_DTYPE, _I_TOTAL, _I_COUNT, _I_OFFSET = (
     wire.FIELD_INDEX[f] for f in ("seq", "token", "dtype", "total_pkts", "elem_count", "elem_offset"))
 _I_VERSION, _I_PTYPE, _I_JOB, _I_SENDER, _I_MESSAGE = (

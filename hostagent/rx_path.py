@@ -38,7 +38,7 @@ log = logging.getLogger("hostagent.transport")
 
 _CE = 0b11  # congestion experienced
 _LAST = int(wire.Flags.LAST)
-_FLAGS_BYTE = wire.HEADER_DTYPE.fields["flags"][1]
+_FLAGS_BYTE = wire.FIELD_OFFSET["flags"]
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of datagrams the kernel
 # dropped for want of buffer space (a receiver overrun the senders must hear about).
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)

@@ -71,7 +71,7 @@ class SendPath:
         blocked: dict[int, float] = {}
         for m in self._active:
             if m.dest not in blocked:
-                pkt_bytes = wire.HEADER_SIZE + m.batch.elems_per_packet * m.batch.payload.itemsize
+                pkt_bytes = m.batch.datagram_bytes
                 blocked[m.dest] = max(self._pacer[m.dest].wait_time(pkt_bytes, self._dest_rate(m.dest), now),
                                       self._host_pacer.wait_time(pkt_bytes, self.config.rate.line_rate, now))
             if blocked[m.dest] > 0:
@@ -134,7 +134,7 @@ class SendPath:
         Retransmissions and sends without GSO keep the small pick."""
         if not self.config.offload:
             return 8
-        size = wire.HEADER_SIZE + msg.batch.elems_per_packet * msg.batch.payload.itemsize
+        size = msg.batch.datagram_bytes
         per_call = max(8, min(64, 65507 // size))
         if msg.retx_pos < len(msg.retx):
             return per_call
@@ -148,7 +148,7 @@ class SendPath:
         call, and while it sleeps no other destination is served. A whole GSO call (43
         packets) towards a destination paced at 300 KB/s was a 140 ms sleep, which on the
         testbed held a parameter server's pulls to every worker at about 33 packets/s."""
-        pkt = wire.HEADER_SIZE + msg.batch.elems_per_packet * msg.batch.payload.itemsize
+        pkt = msg.batch.datagram_bytes
         allowed = min(pacer.allowance(rate, now, MAX_INLINE_WAIT),
                       self._host_pacer.allowance(self.config.rate.line_rate, now, MAX_INLINE_WAIT))
         return max(1, min(chunk, int(allowed // pkt)))
@@ -166,7 +166,7 @@ class SendPath:
         batch = msg.batch
         per = batch.elems_per_packet
         itemsize = batch.payload.itemsize
-        width = wire.HEADER_SIZE + per * itemsize
+        width = batch.datagram_bytes
         k = len(seqs)
         short_seq = len(batch) - 1 if batch.payload.size % per else -1
         if retx:

@@ -145,6 +145,8 @@ assert _STRUCT.size == HEADER_SIZE, "struct and numpy layouts disagree"
 HEADER_STRUCT = _STRUCT
 #: Position of each field in a ``HEADER_STRUCT.unpack`` tuple.
 FIELD_INDEX: dict[str, int] = {f.name: i for i, f in enumerate(FIELDS)}
+#: Byte offset of each field in the header (for hot paths that read one field of many rows).
+FIELD_OFFSET: dict[str, int] = {name: off for name, (_, off) in HEADER_DTYPE.fields.items()}
 
 #: Largest value each field can hold.
 FIELD_MAX: dict[str, int] = {f.name: (1 << f.bits) - 1 for f in FIELDS}

@@ -64,6 +64,14 @@ def _peers(n: int):
     return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(_ports(n)))
 
 
+def _cpu_seconds() -> float:
+    """CPU time (user + system, every thread) this process has used."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _goodput_proc(rank, peers, mtu, size, runs, q, offload=True, posted=True, line_rate=1.25e9):
     from hostagent.packetizer import MessageMeta, packetize
     from hostagent.policy import Policy
@@ -88,7 +96,10 @@ def _goodput_proc(rank, peers, mtu, size, runs, q, offload=True, posted=True, li
     # A posted receive buffer, as MPI and NCCL receives take one: a fresh 100 MB array per
     # message costs the receiving thread its first-touch page faults (the "fresh" row).
     out = np.empty_like(x) if posted else None
+    cpu0 = 0.0
     for i in range(WARMUP + runs):
+        if i == WARMUP:
+            cpu0 = _cpu_seconds()
         if rank == 0:
             t0 = time.perf_counter()
             ep.send(1, x, message_id=i, loss_bound=0.0).wait(60)
@@ -102,7 +113,8 @@ def _goodput_proc(rank, peers, mtu, size, runs, q, offload=True, posted=True, li
                 assert np.array_equal(got, x)
             else:
                 assert np.array_equal(got[::4099], x[::4099])
-    q.put((rank, times, ep.endpoint_stats(), prep))
+    cpu = (_cpu_seconds() - cpu0) / runs
+    q.put((rank, times, ep.endpoint_stats(), prep, cpu))
     time.sleep(0.3)
     ep.close()
 
@@ -118,16 +130,16 @@ def goodput(mtu: int, runs: int, offload: bool = True, posted: bool = True, line
              for r in (0, 1)]
     for p in procs:
         p.start()
-    got = dict((r, (t, st, prep)) for r, t, st, prep in (q.get(timeout=300) for _ in range(2)))
+    got = dict((r, (t, st, prep, cpu)) for r, t, st, prep, cpu in (q.get(timeout=300) for _ in range(2)))
     for p in procs:
         p.join(30)
-    times, tx, prep = got[0]
+    times, tx, prep, _ = got[0]
     rx = got[1][1]
     rates = [size * 4 / t / 1e6 for t in times]
     return {"median": statistics.median(rates), "best": max(rates), "retx": tx["retransmitted_pkts"],
             "sent": tx["data_pkts_sent"], "dup": rx["duplicate_pkts"] + rx["late_after_completion"],
             "overruns": rx["rx_socket_overflows"], "gso_calls": tx["gso_calls"], "gro_reads": rx["gro_reads"],
-            "prep_ms": prep * 1e3}
+            "prep_ms": prep * 1e3, "cpu_ms": (got[0][3] + got[1][3]) * 1e3}
 
 
 def _collective_proc(rank, peers, pattern, p, loss, iterations, mtu, q):
@@ -210,16 +222,18 @@ def main() -> None:
 def print_goodput(args) -> None:
     print("1. one sender -> one receiver, 100 MB messages, separate processes, loopback")
     print(f"{'MTU':>6}{'GSO/GRO':>9}{'recv buffer':>12}{'line Gb/s':>10}{'median MB/s':>13}{'best MB/s':>11}"
-          f"{'prep ms':>9}{'sent pkts':>11}{'retx':>7}{'dup %':>7}{'overruns':>10}{'GSO calls':>11}{'GRO reads':>11}")
+          f"{'prep ms':>9}{'cpu ms':>8}{'sent pkts':>11}{'retx':>7}{'dup %':>7}{'overruns':>10}{'GSO calls':>11}"
+          f"{'GRO reads':>11}")
     for mtu, offload, posted, gbps in ((1500, True, True, 10), (1500, True, True, 25), (1500, True, False, 25),
                                        (1500, False, True, 25), (9000, True, True, 25)):
         r = goodput(mtu, args.runs, offload, posted, gbps * 1e9 / 8)
         print(f"{mtu:>6}{'on' if offload else 'off':>9}{'posted' if posted else 'fresh':>12}{gbps:>10}{r['median']:>13.0f}"
-              f"{r['best']:>11.0f}{r['prep_ms']:>9.1f}{r['sent']:>11}{r['retx']:>7}"
+              f"{r['best']:>11.0f}{r['prep_ms']:>9.1f}{r['cpu_ms']:>8.0f}{r['sent']:>11}{r['retx']:>7}"
               f"{100 * r['dup'] / max(1, r['sent']):>7.2f}{r['overruns']:>10}{r['gso_calls']:>11}{r['gro_reads']:>11}")
     print("   prep ms: the sender's work before a message's first packet (per-packet magnitudes and drop")
     print("   classes over the whole message); posted: the receiver reuses one buffer (recv(out=...)).")
     print(f"   Each row: {args.runs} timed messages after {WARMUP} untimed ones; counters cover all of them.")
+    print("   cpu ms: CPU time (user + system, all threads) both processes spent per timed message.")
     print("   line Gb/s: the hosts' configured link rate, which paces the sender. At 10 Gb/s a 100 MB message")
     print("   needs 82 ms on the wire alone, so the goodput ceiling is near 1.2 GB/s less the prep; loopback")
     print("   itself is not a 10 Gb/s link, and the 25 Gb/s rows show what the software sustains.")

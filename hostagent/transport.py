@@ -134,6 +134,7 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self._host_pacer = Pacer(config.rate.burst_bytes)  # the host's own link, across destinations
         self._answer: dict[int, AnswerTimer] = {}  # sender side: how fast each destination answers a pass
         self._drain = DrainMeter()  # receiver side: what this endpoint drains while behind
+        self._rx_holding = False  # the rx thread holds datagrams it read but has not yet placed
         self._startup_drain = 0.0  # estimate before any measurement (set in start())
         self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
         self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival

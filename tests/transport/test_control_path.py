@@ -168,6 +168,74 @@ def test_a_slow_receiver_is_not_overrun(endpoints, setup):
     assert rx["duplicate_pkts"] + rx["late_after_completion"] <= 0.01 * packets
 
 
+def test_receive_backlog_reads_how_full_the_socket_is():
+    import socket
+
+    from hostagent.rx_path import receive_backlog
+
+    rx, tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+        rx.bind(("127.0.0.1", 0))
+        assert receive_backlog(rx) == 0.0
+        for _ in range(40):
+            tx.sendto(b"x" * 1400, rx.getsockname())
+        some = receive_backlog(rx)
+        assert 0 < some < 0.5
+        for _ in range(400):  # more than the buffer holds: the kernel drops the rest
+            tx.sendto(b"x" * 1400, rx.getsockname())
+        assert receive_backlog(rx) > 0.8
+    finally:
+        rx.close()
+        tx.close()
+
+
+def test_a_burst_into_a_roomy_buffer_sets_no_drain_ceiling(endpoints):
+    """A 4 MB message meets a receive thread that is away for 50 ms (descheduled, say) and
+    queues in a 16 MB socket buffer: a burst the buffer absorbs, not an overloaded receiver.
+    The receiver's first batches end full but leave the socket far from full, so they set no
+    drain ceiling. (Sampling them capped a 4-member ring on 2 cores at what a receiver that
+    shared its core drained, about 20 % slower.)"""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    place, first = b._on_datagrams, [True]
+
+    def away_once(*args):
+        if first[0]:
+            first[0] = False
+            time.sleep(0.05)
+        return place(*args)
+
+    b._on_datagrams = away_once
+    x = _grad(1_000_000)  # 4 MB
+    h = b.recv(0, 1)
+    a.send(1, x, 1).wait(30)
+    np.testing.assert_array_equal(h.wait(30).data, x)
+    assert b._drain.rate == 0.0 and a._rate[1].ceiling == 0.0
+    assert b.endpoint_stats()["rx_dropped_estimate"] == 0
+
+
+def test_a_probe_waits_while_the_receive_thread_holds_a_batch(endpoints):
+    """The receive thread has read a batch but not yet placed it (a slow batch, a thread
+    descheduled for a moment) when the sender's PROBE comes: the receiver must not answer with
+    a bitmap then, or it lists packets it holds and the sender resends them all."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    place = b._on_datagrams
+
+    def held(*args):
+        time.sleep(0.3)  # far longer than the probe delay and the answer grace
+        return place(*args)
+
+    b._on_datagrams = held
+    x = _grad(20_000)  # 55 packets: one batch
+    h = b.recv(0, 1)
+    st = a.send(1, x, 1).wait(30)
+    np.testing.assert_array_equal(h.wait(30).data, x)
+    assert st.probes >= 1  # the probe did come while the batch was held
+    assert st.retransmissions == 0
+    rx = b.endpoint_stats()
+    assert rx["duplicate_pkts"] + rx["late_after_completion"] == 0
+
+
 def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
     """The last packet of each pass carries Flags.LAST, so a receiver missing packets sends its
     bitmap at once: loss is recovered without the sender's PROBE (its timer is the fallback)."""

@@ -7,7 +7,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from dlcp_sim.scenario import MODELS, PATTERNS, TCP_VARIANTS, SimOptions
+from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, TCP_VARIANTS, SimOptions
 from hostagent.errors import DlcpUserError
 
 
@@ -36,11 +36,13 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="backward time; buckets leave (or their rings start) as they fill during it (default 0)")
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
-    p.add_argument("--increase", choices=("feedback", "timed"), default=d.increase,
-                   help="hosts' additive increase: per clean report (default) or per 2 ms as the host agent")
+    p.add_argument("--host-model", choices=HOST_MODELS, default=d.host_model,
+                   help="hosts' rate-control loop: dctcp (reports every 16 packets, default) or agent (the host "
+                        "agent's report timers, cuts and timed increase: what the testbed runs)")
     p.add_argument("--background-load", type=float, default=d.background_load,
                    help="background TCP flows (web-search sizes) offered per host, fraction of its link (default 0)")
-    p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp)
+    p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp,
+                   help="the TCP of background flows and of the tcp scheme (default dctcp)")
     p.add_argument("--background-ms", type=float, default=d.background_ms,
                    help="flows start during this many ms (default: about as long as training lasts)")
     p.add_argument("--control-bytes", type=int, default=d.control_bytes,
@@ -49,7 +51,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-delay-us", type=float, default=d.host_delay_us,
                    help="hosts' software path: sends start and control packets leave this much later (default 0; the "
                         "testbed's agents: see the README's validation)")
-    p.add_argument("--scheme", default="baseline,dlcp", help="comma-separated, as for dlcp run")
+    p.add_argument("--scheme", default="baseline,dlcp",
+                   help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")
     p.add_argument("--repeat", type=int, default=1,
                    help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")

@@ -110,6 +110,9 @@ class HostStats:
     messages_received: int
     packets_at_completion: int
     missing_at_completion: int
+    late: int = 0
+    """Data packets that arrived after their message had completed (the sender had not yet
+    heard STOP); ``duplicates`` are those that arrived twice before it did."""
 
 
 @dataclass
@@ -152,7 +155,7 @@ class SchemeResult:
             "selective_drops": [sum(p.selective_drops[c] for p in self.ports) for c in range(8)],
             "marks": sum(p.marks for p in self.ports),
             "retransmitted": sum(h.retransmitted for h in self.hosts),
-            "duplicates": sum(h.duplicates for h in self.hosts),
+            "duplicates": sum(h.duplicates for h in self.hosts), "late": sum(h.late for h in self.hosts),
             "missing_fraction": sum(h.missing_at_completion for h in self.hosts) / packets if packets else 0.0,
             **({"background": fct_stats(self.flows, self.training_end())} if self.flows else {}),
             "events": self.events, "wall_s": self.wall_s,
@@ -172,7 +175,7 @@ def parse_report(scheme: str, text: str) -> SchemeResult:
         elif kind == "port":
             r.ports.append(PortStats(f[0], int(f[1]), *map(int, f[2:6]), tuple(map(int, f[6:14]))))
         elif kind == "host":
-            r.hosts.append(HostStats(*map(int, f[:10])))
+            r.hosts.append(HostStats(*map(int, f[:11])))
         elif kind == "flow":
             r.flows.append(FlowRecord(*map(int, f[:4]), float(f[4]), float(f[5])))
         elif kind == "unfinished":
@@ -274,13 +277,14 @@ def table(results: dict[str, list[SchemeResult]]) -> str:
     """A plain-text comparison: medians over seeds [95 % interval], and per-seed means of the rest."""
     stats = summary(results)
     header = (f"{'scheme':<9} {'sync p50 ms':>24} {'sync p99 ms':>24} {'p50/bound':>9} {'speedup p50':>20} "
-              f"{'speedup p99':>20} {'tail drops':>10} {'selective':>9} {'retx':>7} {'dups':>6} {'missing %':>9} "
+              f"{'speedup p99':>20} {'tail drops':>10} {'selective':>9} {'retx':>7} {'dups':>6} {'late':>7} {'missing %':>9} "
               f"{'events/s':>9}")
     rows = [header]
     for scheme, runs in results.items():
         sums = [r.summary() for r in runs]
         mean = {k: float(np.mean([x[k] for x in sums])) for k in ("sync_over_bound", "tail_drops", "retransmitted",
-                                                                   "duplicates", "missing_fraction", "events_per_s")}
+                                                                   "duplicates", "late", "missing_fraction",
+                                                                   "events_per_s")}
         sel = float(np.mean([sum(x["selective_drops"]) for x in sums]))
         st = stats[scheme]
 
@@ -290,7 +294,7 @@ def table(results: dict[str, list[SchemeResult]]) -> str:
         sp = {k: est(st[f"speedup_{k}"], "{:.2f}") if f"speedup_{k}" in st else "-" for k in ("p50", "p99")}
         rows.append(f"{scheme:<9} {est(st['sync_p50_ms'], '{:.2f}'):>24} {est(st['sync_p99_ms'], '{:.2f}'):>24} "
                     f"{mean['sync_over_bound']:>9.2f} {sp['p50']:>20} {sp['p99']:>20} {mean['tail_drops']:>10.0f} "
-                    f"{sel:>9.0f} {mean['retransmitted']:>7.0f} {mean['duplicates']:>6.0f} "
+                    f"{sel:>9.0f} {mean['retransmitted']:>7.0f} {mean['duplicates']:>6.0f} {mean['late']:>7.0f} "
                     f"{100 * mean['missing_fraction']:>9.2f} {mean['events_per_s']:>9.0f}")
     if any("fct_avg_ms" in st for st in stats.values()):
         rows += ["", ("background flows that started while every scheme trained (FCT ms; ratio = scheme / "

@@ -10,7 +10,7 @@ drop classes from the magnitudes of synthetic gradients drawn as the testbed age
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -19,10 +19,11 @@ from hostagent.errors import DlcpUserError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, drop_classes, packet_magnitudes
-from hostagent.ratecontrol import RateConfig, bottleneck_rates
+from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig, bottleneck_rates
+from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
-from topologies.schemes import check_schemes, policy_for
+from topologies.schemes import SCHEMES, policy_for
 from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
@@ -30,8 +31,22 @@ from topologies.workload import worker_plan
 MODELS = ("resnet50", "vgg16", "transformer")
 #: Exchange patterns, as the testbed's ``--pattern``.
 PATTERNS = ("ps", "ring")
-#: TCP variants of the background flows (ns-3's TcpDctcp, TcpCubic, TcpNewReno).
+#: TCP variants of the background flows and of the ``tcp`` scheme (ns-3's TcpDctcp, TcpCubic,
+#: TcpNewReno).
 TCP_VARIANTS = ("dctcp", "cubic", "newreno")
+#: The hosts' rate-control loops (:attr:`SimOptions.host_model`).
+HOST_MODELS = ("dctcp", "agent")
+#: Schemes only the simulator has, and the testbed scheme whose switches they run over. ``tcp``
+#: sends the same messages over one TCP connection per pair of hosts (``--background-tcp``:
+#: DCTCP by default), as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
+#: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h).
+SIM_ONLY_SCHEMES = {"tcp": "baseline"}
+
+
+def sim_policy(scheme: str, buffer: int, loss_bound: float) -> Policy:
+    """The switch and loss policy of a simulated scheme (:func:`topologies.schemes.policy_for`;
+    a simulator-only scheme takes its testbed counterpart's)."""
+    return policy_for(SIM_ONLY_SCHEMES.get(scheme, scheme), buffer, loss_bound)
 
 
 @dataclass(frozen=True)
@@ -68,15 +83,19 @@ class SimOptions:
     schemes: tuple[str, ...] = ("baseline", "dlcp")
     warmup: int = 0
     """First iterations left out of the sync statistics (the testbed leaves out one)."""
-    increase: str = "feedback"
-    """Additive increase of the hosts' rate: ``feedback`` grants ``additive_increase`` per clean
-    report (every 16 packets: DCTCP-like, fast at 10 Gb/s), ``timed`` per 2 ms since the last
-    report, the host agent's own rule (:meth:`hostagent.ratecontrol.RateController.on_feedback`,
-    what the testbed runs)."""
+    host_model: str = "dctcp"
+    """The hosts' rate-control loop. ``dctcp``: a receiver reports every 16 data packets, a
+    sender cuts at most once per cut interval (about a round trip and a buffer's drain) and
+    grants ``additive_increase`` per clean report (DCTCP-like, fast at 10 Gb/s). ``agent``: the
+    host agent's own rules, what the testbed runs: congestion reported at most every 2 ms, clean
+    reports every 20 ms during a bulk transfer (else 200 ms) and free beside a STOP or BITMAP
+    (:meth:`hostagent.control_path.ControlPath._take_feedback`), a cut on every congested
+    report, the increase granted per 2 ms since the last report
+    (:meth:`hostagent.ratecontrol.RateController.on_feedback`)."""
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
-    """The background flows' TCP: ``dctcp``, ``cubic`` or ``newreno``."""
+    """The background flows' TCP, and the ``tcp`` scheme's: ``dctcp``, ``cubic`` or ``newreno``."""
     background_ms: float = 0.0
     """Flows start during the first this many ms; 0: twice the baseline's line-rate bound per
     iteration (plus compute), about as long as training lasts."""
@@ -95,7 +114,10 @@ class SimOptions:
     spine) and ns-3's random streams; repetitions are seeds."""
 
     def __post_init__(self) -> None:
-        check_schemes(self.schemes)
+        known = [*SCHEMES, *SIM_ONLY_SCHEMES]
+        bad = [s for s in self.schemes if s not in known]
+        if bad or not self.schemes:
+            raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {known}")
         if self.jobs_placement not in ("spread", "packed"):
             raise DlcpUserError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
         if self.pattern not in PATTERNS:
@@ -117,8 +139,8 @@ class SimOptions:
             raise DlcpUserError("--background-load must be in [0, 1) and --background-ms not negative")
         if not 0 <= self.warmup < self.iterations:
             raise DlcpUserError("--warmup must leave at least one measured iteration")
-        if self.increase not in ("feedback", "timed"):
-            raise DlcpUserError(f"--increase {self.increase!r}: feedback or timed")
+        if self.host_model not in HOST_MODELS:
+            raise DlcpUserError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
         if self.background_tcp not in TCP_VARIANTS:
             raise DlcpUserError(f"--background-tcp {self.background_tcp!r}: choose one of {list(TCP_VARIANTS)}")
         if self.control_bytes < 0 or self.host_delay_us < 0:
@@ -239,7 +261,7 @@ def line_rate_bound(opts: SimOptions, scheme: str) -> float:
     rule, at least (1-p) of each message), split evenly over the equal-cost paths
     (:func:`topologies.bound.port_loads`), on every switch port and every host's own link,
     each a full-size packet at that link's rate."""
-    policy = policy_for(scheme, opts.buffer, opts.loss_bound)
+    policy = sim_policy(scheme, opts.buffer, opts.loss_bound)
     buckets = [b.total for b in _worker_plan(opts, policy)[2]]
     per = elems_per_packet(opts.mtu, np.float32)
     traffic: dict[tuple[str, str], float] = {}
@@ -289,9 +311,22 @@ def timers_us(opts: SimOptions) -> tuple[float, float]:
     return idle, 2 * idle + rtt
 
 
+def _agent_feedback() -> list[str]:
+    """Scenario lines of the host agent's report timers and timed increase (``host_model agent``),
+    from the agent's own configuration."""
+    tc = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
+    rc = RateConfig()
+    return [f"feedback_interval_us {tc['feedback_interval'] * 1e6:g}",
+            f"bulk_feedback_interval_us {tc['bulk_feedback_interval'] * 1e6:g}",
+            f"clean_feedback_interval_us {tc['clean_feedback_interval'] * 1e6:g}",
+            f"bulk_feedback_packets {tc['bulk_feedback_packets']}",
+            f"increase_interval_us {rc.increase_interval * 1e6:g}",
+            f"max_increase_span_us {rc.max_increase_span * 1e6:g}"]
+
+
 def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
-    policy = policy_for(scheme, opts.buffer, opts.loss_bound)
+    policy = sim_policy(scheme, opts.buffer, opts.loss_bound)
     host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
     # hosts configured as on the testbed, for the narrowest link on their paths
     rate = bottleneck_rates(min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8, opts.mtu)
@@ -308,12 +343,12 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"host_delay_us {opts.host_delay_us:g}",
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
-        f"gain {RateConfig().gain:g}",
-        *([f"increase_interval_us {RateConfig().increase_interval * 1e6:g}",
-           f"max_increase_span_us {RateConfig().max_increase_span * 1e6:g}"] if opts.increase == "timed" else []),
-        f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}", f"cut_interval_us {idle:g}",
+        f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
+        *(_agent_feedback() if opts.host_model == "agent" else []),
+        f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}",
+        f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
-        f"tcp {opts.background_tcp}",
+        f"tcp {opts.background_tcp}", f"transport {'tcp' if scheme == 'tcp' else 'dlcp'}",
     ]
     lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))  # during backward
     for b in bucket_plans(opts, policy):

@@ -70,13 +70,18 @@ def bottleneck_rates(bottleneck: float, mtu: int) -> dict:
             "additive_increase": bottleneck * 0.01, "burst_bytes": 16 * mtu}
 
 
+#: ``alpha`` before any report: as Linux DCTCP, assume the worst until measured, so the first
+#: cut halves the rate (the simulator's hosts start from the same value).
+INITIAL_ALPHA = 1.0
+
+
 class RateController:
     """The sending rate towards one destination."""
 
     def __init__(self, config: RateConfig) -> None:
         self.config = config
         self.rate = config.initial_rate
-        self.alpha = 1.0  # as Linux DCTCP: until measured, assume the worst (first cut halves)
+        self.alpha = INITIAL_ALPHA
         self.decreases = 0
         self.ceiling = 0.0  # what the receiver says it can drain from us (0 = not said yet)
         self.last_report: float | None = None
@@ -194,7 +199,8 @@ class DrainMeter:
     """Receiver side: what this receiver can drain, measured only while it is overloaded.
 
     The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams, or a quarter
-    of the socket buffer's bytes) with more still queued. A stretch of consecutive such batches, closed by the first batch that empties
+    of the socket buffer's bytes) and the socket still holds at least half its buffer
+    (:meth:`hostagent.rx_path.ReceivePath._rx_loop` decides). A stretch of consecutive such batches, closed by the first batch that empties
     the socket or after ``stretch`` seconds, gives one sample: its bytes over its wall time,
     every cost of the process (CPU scheduling too) included. It counts when it carried
     ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so a

@@ -26,6 +26,7 @@
 
 #include "dlcp-header.h"
 #include "dlcp-tag.h"
+#include "gradient-host.h"
 #include "ns3/application.h"
 #include "ns3/inet-socket-address.h"
 #include "ns3/simulator.h"
@@ -33,12 +34,6 @@
 #include "ns3/udp-socket-factory.h"
 
 namespace ns3 {
-
-//! The packets of one message: per-packet priority and drop class (from the Python side).
-struct MsgPlan {
-  uint32_t npkts = 0;
-  std::vector<uint8_t> priority, dropClass;
-};
 
 struct TransportParams {
   uint32_t datagram = 1472;      // UDP payload of a full data packet (MTU - IP - UDP)
@@ -48,20 +43,21 @@ struct TransportParams {
   double minRate = 1e6;
   double additiveIncrease = 0.0125e9;  // bytes/s per clean feedback
   double gain = 1.0 / 16;
-  Time cutInterval = MicroSeconds(20);
+  double initialAlpha = 1.0;     // alpha before any report (the agent's and Linux DCTCP's: the first cut halves)
+  Time cutInterval = MicroSeconds(20);  // zero: a cut on every congested report
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
   Time increaseInterval;                    // zero: additiveIncrease per clean report
   Time maxIncreaseSpan = MilliSeconds(50);  // the most one report may grant (after idle)
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
+  // The host agent's report timers instead (when feedbackInterval is not zero; control_path's
+  // _take_feedback): congestion is reported at most every feedbackInterval, a clean report
+  // waits bulkFeedbackInterval once bulkFeedbackPackets arrived, else cleanFeedbackInterval,
+  // and rides along free whenever a STOP or BITMAP leaves for that sender.
+  Time feedbackInterval, bulkFeedbackInterval, cleanFeedbackInterval;
+  uint32_t bulkFeedbackPackets = 64;
   uint8_t topPriority = 7;       // priority of control packets
   Time hostDelay;                // a host's software path: a send starts, and every control packet leaves, this much later
-};
-
-struct HostStats {
-  uint64_t dataSent = 0, retransmitted = 0, duplicates = 0, probes = 0, bitmaps = 0, stops = 0,
-           feedbacks = 0, controlSent = 0, messagesSent = 0, messagesReceived = 0,
-           missingAtCompletion = 0, packetsAtCompletion = 0;
 };
 
 //! Receiver-side snapshots that BITMAP packets stand for: the wire carries the bitmap's bytes,
@@ -71,27 +67,19 @@ struct BitmapStore {
   uint32_t next = 1;
 };
 
-class DlcpHost : public Application {
+class DlcpHost : public GradientHost {
  public:
   static TypeId GetTypeId() {
     static TypeId tid = TypeId("ns3::DlcpHost").SetParent<Application>();
     return tid;
   }
 
-  uint16_t rank = 0;
-  std::vector<Ipv4Address> peers;  // address of every rank
   TransportParams tp;
   std::shared_ptr<BitmapStore> bitmaps;
-  HostStats stats;
-  //! A message from `src` completed here (at least 1-p of it arrived).
-  std::function<void(uint16_t src, uint32_t msg)> onReceived;
-  //! A message this host sent to `dst` is done: its receiver's STOP arrived.
-  std::function<void(uint16_t dst, uint32_t msg)> onSent;
-  //! Where completions are reported, one line each (null: not reported).
-  std::ostream* log = nullptr;
 
-  //! Queue a message for `dst`; its packets leave as the rate and priorities allow.
-  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) {
+  //! Queue a message for `dst`; its packets leave as the rate and priorities allow. It is
+  //! received once at least 1-p of it arrived, and sent once the receiver's STOP arrived.
+  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) override {
     if (tp.hostDelay.IsStrictlyPositive()) {  // the agent's send path (packetize, META, tx thread)
       Simulator::Schedule(tp.hostDelay, &DlcpHost::Start, this, dst, msg, plan, lossBound);
       return;
@@ -139,6 +127,7 @@ class DlcpHost : public Application {
   };
   struct RxCounters {
     uint32_t received = 0, marked = 0;
+    Time lastSent;  // when the last report left for this sender
   };
 
   Ptr<Socket> m_sock;
@@ -155,6 +144,7 @@ class DlcpHost : public Application {
     if (it == m_flows.end()) {
       Flow f;
       f.rate = tp.initialRate;
+      f.alpha = tp.initialAlpha;
       it = m_flows.emplace(dst, f).first;
     }
     return it->second;
@@ -179,8 +169,9 @@ class DlcpHost : public Application {
     m_sock->SendTo(p, 0, InetSocketAddress(peers[dst], 9000));
   }
 
+  //! A control packet of controlBytes (plus `extraBytes`), or of exactly `bytes` when given.
   void Control(uint16_t dst, DlcpType type, uint32_t msg, uint32_t npkts, uint32_t aux, uint32_t aux2,
-               uint32_t extraBytes = 0, uint8_t priority = 255) {
+               uint32_t extraBytes = 0, uint8_t priority = 255, uint32_t bytes = 0) {
     DlcpHeader h;
     h.type = type;
     h.priority = priority == 255 ? tp.topPriority : priority;
@@ -192,10 +183,11 @@ class DlcpHost : public Application {
     h.aux = aux;
     h.aux2 = aux2;
     stats.controlSent++;
+    uint32_t size = bytes ? bytes : tp.controlBytes + extraBytes;
     if (tp.hostDelay.IsStrictlyPositive())  // every control record goes through the agent's control path
-      Simulator::Schedule(tp.hostDelay, &DlcpHost::Transmit, this, dst, h, tp.controlBytes + extraBytes);
+      Simulator::Schedule(tp.hostDelay, &DlcpHost::Transmit, this, dst, h, size);
     else
-      Transmit(dst, h, tp.controlBytes + extraBytes);
+      Transmit(dst, h, size);
   }
 
   // --- sending ---------------------------------------------------------------------------
@@ -305,7 +297,7 @@ class DlcpHost : public Application {
     f.alpha = (1 - tp.gain) * f.alpha + tp.gain * fraction;
     Time now = Simulator::Now();
     if (fraction > 0) {
-      if (now - f.lastCut >= tp.cutInterval) {
+      if (tp.cutInterval.IsZero() || now - f.lastCut >= tp.cutInterval) {
         f.rate = std::max(tp.minRate, f.rate * (1 - f.alpha / 2));
         f.lastCut = now;
       }
@@ -379,18 +371,38 @@ class DlcpHost : public Application {
     return r;
   }
 
+  //! Report to `src` what arrived from it since the last report, if one is due; `riding` when
+  //! another control record leaves for `src` now (then the report shares its frame: it is sent
+  //! as a bare header, not a control packet of its own size).
+  void Feedback(uint16_t src, bool riding = false) {
+    RxCounters& c = m_fb[src];
+    Time now = Simulator::Now();
+    if (tp.feedbackInterval.IsZero()) {  // DCTCP-like: every feedbackEvery packets
+      if (c.received < tp.feedbackEvery) return;
+    } else {  // the host agent's timers
+      if (c.received == 0) return;
+      Time due = c.marked ? tp.feedbackInterval
+                 : c.received >= tp.bulkFeedbackPackets ? tp.bulkFeedbackInterval
+                                                        : tp.cleanFeedbackInterval;
+      if (!riding && now - c.lastSent < due) return;
+    }
+    if (riding)
+      Control(src, FEEDBACK, 0, 0, c.received, c.marked, 0, 255, DlcpHeader::SIZE);
+    else
+      Control(src, FEEDBACK, 0, 0, c.received, c.marked);
+    c.received = c.marked = 0;
+    c.lastSent = now;
+  }
+
   void OnData(const DlcpHeader& h, bool ce) {
     RxCounters& c = m_fb[h.src];
     c.received++;
     c.marked += ce;
-    if (c.received >= tp.feedbackEvery) {
-      Control(h.src, FEEDBACK, 0, 0, c.received, c.marked);
-      c = RxCounters();
-    }
+    Feedback(h.src);
     RxMsg& r = RxFor(h);
     Time now = Simulator::Now();
     if (r.complete || h.seq >= r.npkts || r.got[h.seq]) {
-      stats.duplicates++;
+      (r.complete ? stats.late : stats.duplicates)++;
       if (r.complete && now - r.lastStop > tp.probeTimeout) {  // the sender missed our STOP
         r.lastStop = now;
         Control(h.src, STOP, h.msg, r.npkts, 0, 0);
@@ -412,6 +424,7 @@ class DlcpHost : public Application {
     stats.missingAtCompletion += r.npkts - r.count;
     r.got.clear();
     r.got.shrink_to_fit();
+    if (!tp.feedbackInterval.IsZero()) Feedback(src, true);
     Control(src, STOP, msg, r.npkts, 0, 0);
     if (log)
       *log << "done " << rank << " " << src << " " << msg << " " << Simulator::Now().GetSeconds() << " " << r.npkts
@@ -445,6 +458,7 @@ class DlcpHost : public Application {
     }
     uint32_t id = bitmaps->next++;
     bitmaps->bits[id] = r.got;
+    if (!tp.feedbackInterval.IsZero()) Feedback(src, true);
     Control(src, BITMAP, msg, r.npkts, id, 0, (r.npkts + 7) / 8);
   }
 };

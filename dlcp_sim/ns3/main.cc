@@ -1,11 +1,12 @@
 // dlcp-sim: one scenario of `dlcp sim` (dlcp_sim/scenario.py writes it, dlcp_sim/run.py reads
 // what this prints). Builds a leaf-spine of ns-3 point-to-point links, puts a DlcpQueueDisc on
-// every switch port, LeafSpineRouting on every node, a DlcpHost on every host, runs the jobs'
-// iterations and prints one line per fact:
+// every switch port, LeafSpineRouting on every node, a DlcpHost on every host (a TcpGradHost
+// with `transport tcp`), runs the jobs' iterations and prints one line per fact:
 //   iter <job> <worker> <iteration> <start_s> <compute_end_s> <end_s>
 //   port <switch> <port> <enqueued> <tail_drops> <marks> <max_depth> <selective drops by class 0..7>
 //   host <rank> <data_sent> <retransmitted> <duplicates> <probes> <bitmaps> <control_sent>
-//        <messages_received> <packets_at_completion> <missing_at_completion>
+//        <messages_received> <packets_at_completion> <missing_at_completion> <late>
+//        (transport tcp: data segments and retransmitted segments; the rest 0)
 //   done <receiver> <sender> <message> <time_s> <packets> <missing>   (a message completed)
 //   flow <id> <src> <dst> <bytes> <start_s> <end_s>          (a background flow completed)
 //   unfinished <id> <bytes> <queued_by_sender> <received>    (one that did not, at the end)
@@ -23,6 +24,7 @@
 #include "dlcp-host.h"
 #include "dlcp-queue-disc.h"
 #include "leaf-spine-routing.h"
+#include "tcp-host.h"
 #include "ns3/core-module.h"
 #include "ns3/internet-module.h"
 #include "ns3/network-module.h"
@@ -51,6 +53,7 @@ struct Scenario {
   DlcpPortPolicy port;
   LbMode lb = LbMode::FLOW;
   TransportParams tp;
+  bool tcpGradients = false;  // transport tcp: gradients over TCP connections (TcpGradHost)
   uint32_t iterations = 1;
   double computeS = 0;
   double stopS = 60;
@@ -120,6 +123,16 @@ Scenario Parse(std::istream& in) {
     else if (key == "min_rate") ls >> sc.tp.minRate;
     else if (key == "additive_increase") ls >> sc.tp.additiveIncrease;
     else if (key == "gain") ls >> sc.tp.gain;
+    else if (key == "initial_alpha") ls >> sc.tp.initialAlpha;
+    else if (key == "bulk_feedback_packets") ls >> sc.tp.bulkFeedbackPackets;
+    else if (key == "feedback_interval_us" || key == "bulk_feedback_interval_us" ||
+             key == "clean_feedback_interval_us") {
+      double us;
+      ls >> us;
+      (key == "feedback_interval_us"        ? sc.tp.feedbackInterval
+       : key == "bulk_feedback_interval_us" ? sc.tp.bulkFeedbackInterval
+                                            : sc.tp.cleanFeedbackInterval) = MicroSeconds(us);
+    }
     else if (key == "feedback_every") ls >> sc.tp.feedbackEvery;
     else if (key == "top_priority") {
       unsigned v;
@@ -138,6 +151,11 @@ Scenario Parse(std::istream& in) {
       double us;
       ls >> us;
       (key == "increase_interval_us" ? sc.tp.increaseInterval : sc.tp.maxIncreaseSpan) = MicroSeconds(us);
+    } else if (key == "transport") {
+      std::string t;
+      ls >> t;
+      if (t != "dlcp" && t != "tcp") Fail("transport: dlcp or tcp");
+      sc.tcpGradients = t == "tcp";
     } else if (key == "iterations") ls >> sc.iterations;
     else if (key == "compute_s") ls >> sc.computeS;
     else if (key == "stop_s") ls >> sc.stopS;
@@ -213,13 +231,19 @@ struct PsJob {
   uint32_t id;
   Scenario::Job spec;
   const Scenario* sc;
-  std::vector<Ptr<DlcpHost>> hosts;  // by rank
+  std::vector<Ptr<GradientHost>> hosts;  // by rank
   std::map<uint64_t, uint32_t> pushes;
   std::vector<std::vector<uint32_t>> pulls;  // [worker][iteration]
   std::vector<double> start, computed;
 
   uint32_t B() const { return sc->buckets.size(); }
   uint32_t Msg(uint32_t it, bool pull, uint32_t b) const { return it * 2 * B() + (pull ? B() : 0) + b; }
+  //! (sender, receiver) of every message the job sends.
+  std::vector<std::pair<uint32_t, uint32_t>> Pairs() const {
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    for (auto w : spec.workers) out.insert(out.end(), {{w, spec.server}, {spec.server, w}});
+    return out;
+  }
 
   //! Backward takes computeS; bucket b leaves once it is full (sc->ready[b] of the way through,
   //! as the testbed agent sends it), all at the end without ready fractions.
@@ -271,7 +295,7 @@ struct RingJob {
   uint32_t id;
   Scenario::Job spec;
   const Scenario* sc;
-  std::vector<Ptr<DlcpHost>> hosts;  // by rank
+  std::vector<Ptr<GradientHost>> hosts;  // by rank
   struct Member {
     uint32_t it = 0, finished = 0;      // buckets whose ring is done this iteration
     std::vector<uint32_t> step;         // per bucket
@@ -285,6 +309,11 @@ struct RingJob {
   uint32_t Steps() const { return 2 * (N() - 1); }
   uint32_t B() const { return sc->buckets.size() / N(); }
   uint32_t Msg(uint32_t it, uint32_t step, uint32_t b) const { return (it * Steps() + step) * B() + b; }
+  std::vector<std::pair<uint32_t, uint32_t>> Pairs() const {
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    for (uint32_t i = 0; i < N(); ++i) out.push_back({spec.workers[i], spec.workers[(i + 1) % N()]});
+    return out;
+  }
 
   void Begin(uint32_t i, uint32_t it) {
     Member& m = members[i];
@@ -453,13 +482,26 @@ int main(int argc, char** argv) {
     peers[h] = Ipv4Address(a.str().c_str());
   }
   auto store = std::make_shared<BitmapStore>();
-  std::vector<Ptr<DlcpHost>> apps(H);
+  auto frames = std::make_shared<TcpFrames>();
+  std::vector<Ptr<GradientHost>> apps(H);
+  std::vector<Ptr<TcpGradHost>> tcpApps;
   for (uint32_t h = 0; h < H; ++h) {
-    apps[h] = CreateObject<DlcpHost>();
+    if (sc.tcpGradients) {
+      auto a = CreateObject<TcpGradHost>();
+      a->payload = sc.tp.datagram - DlcpHeader::SIZE;
+      a->hostDelay = sc.tp.hostDelay;
+      a->frames = frames;
+      frames->hosts.push_back(PeekPointer(a));
+      tcpApps.push_back(a);
+      apps[h] = a;
+    } else {
+      auto a = CreateObject<DlcpHost>();
+      a->tp = sc.tp;
+      a->bitmaps = store;
+      apps[h] = a;
+    }
     apps[h]->rank = uint16_t(h);
     apps[h]->peers = peers;
-    apps[h]->tp = sc.tp;
-    apps[h]->bitmaps = store;
     apps[h]->log = &std::cout;
     hosts.Get(h)->AddApplication(apps[h]);
     apps[h]->SetStartTime(Seconds(0));
@@ -472,6 +514,9 @@ int main(int argc, char** argv) {
     job->sc = &sc;
     job->hosts = apps;
     job->Wire();
+    if (sc.tcpGradients)  // connections open before training, as a framework's rendezvous does
+      for (auto [src, dst] : job->Pairs())
+        Simulator::Schedule(Seconds(0), [&tcpApps, src, dst]() { tcpApps[src]->Prepare(dst); });
     g_workersLeft += job->spec.workers.size();
     for (uint32_t w = 0; w < job->spec.workers.size(); ++w)
       Simulator::Schedule(MicroSeconds(1), [job, w]() { job->Begin(w, 0); });
@@ -514,7 +559,7 @@ int main(int argc, char** argv) {
     const HostStats& s = apps[h]->stats;
     std::cout << "host " << h << " " << s.dataSent << " " << s.retransmitted << " " << s.duplicates << " " << s.probes
               << " " << s.bitmaps << " " << s.controlSent << " " << s.messagesReceived << " " << s.packetsAtCompletion
-              << " " << s.missingAtCompletion << "\n";
+              << " " << s.missingAtCompletion << " " << s.late << "\n";
   }
   g_background.ReportUnfinished(std::cout);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();

@@ -36,6 +36,18 @@ def test_the_scenario_carries_the_schemes_policy():
     assert _lines(dlcp, "job")[0][:2] == ["ps", "0.1"] and _lines(base, "job")[0][:2] == ["ps", "0"]
 
 
+def test_the_tcp_scheme_sends_over_tcp_through_the_baselines_switches():
+    opts = SimOptions(schemes=("baseline", "tcp"), background_tcp="cubic")
+    base, tcp = scenario_text(opts, "baseline"), scenario_text(opts, "tcp")
+    assert _lines(tcp, "transport") == [["tcp"]] and _lines(base, "transport") == [["dlcp"]]
+    assert _lines(tcp, "tcp") == [["cubic"]]
+    drop = {"transport"}
+    assert [l for l in tcp.splitlines() if l.split()[0] not in drop] == \
+        [l for l in base.splitlines() if l.split()[0] not in drop]
+    with pytest.raises(DlcpUserError, match="tcp"):
+        SimOptions(schemes=("udp",))
+
+
 def test_buckets_leave_as_the_backward_pass_fills_them():
     from dlcp_sim.scenario import bucket_ready
 
@@ -50,12 +62,18 @@ def test_buckets_leave_as_the_backward_pass_fills_them():
     assert len(bucket_ready(ring, policy)) == len(bucket_plans(ring, policy)) // ring.workers  # per bucket
 
 
-def test_timed_increase_is_the_host_agents_rule():
-    from hostagent.ratecontrol import RateConfig
+def test_the_agent_host_model_is_the_host_agents_rules():
+    from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig
 
-    timed = scenario_text(SimOptions(increase="timed"), "dlcp")
-    assert _lines(timed, "increase_interval_us") == [[f"{RateConfig().increase_interval * 1e6:g}"]]
-    assert _lines(timed, "max_increase_span_us") == [[f"{RateConfig().max_increase_span * 1e6:g}"]]
+    agent = scenario_text(SimOptions(host_model="agent"), "dlcp")
+    assert _lines(agent, "increase_interval_us") == [[f"{RateConfig().increase_interval * 1e6:g}"]]
+    assert _lines(agent, "max_increase_span_us") == [[f"{RateConfig().max_increase_span * 1e6:g}"]]
+    assert _lines(agent, "feedback_interval_us") == [["2000"]]  # TransportConfig.feedback_interval
+    assert _lines(agent, "bulk_feedback_packets") == [["64"]]
+    assert _lines(agent, "cut_interval_us") == [["0"]]  # a cut per congested report
+    dctcp = scenario_text(SimOptions(), "dlcp")
+    assert not _lines(dctcp, "feedback_interval_us") and float(_lines(dctcp, "cut_interval_us")[0][0]) > 0
+    assert _lines(agent, "initial_alpha") == _lines(dctcp, "initial_alpha") == [[f"{INITIAL_ALPHA:g}"]]
     assert not _lines(scenario_text(SimOptions(), "dlcp"), "increase_interval_us")
 
 
@@ -92,7 +110,7 @@ def test_jobs_span_leaves_and_never_share_a_host():
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
-                                 {"jobs_placement": "random"}, {"increase": "cubic"},
+                                 {"jobs_placement": "random"}, {"host_model": "cubic"},
                                  {"warmup": 3}, {"control_bytes": 10}, {"control_bytes": 1473},
                                  {"host_delay_us": -1}])
 def test_invalid_options_are_refused_by_name(bad):
@@ -148,7 +166,7 @@ def test_the_report_is_read_line_by_line():
         "iter 0 1 2 0.5 0.6 0.75",
         "done 4 1 7 0.7 100 3",
         "port l1 5 10 1 2 9 0 4 3 2 0 0 0 0",
-        "host 4 1 2 3 4 5 6 7 800 9",
+        "host 4 1 2 3 4 5 6 7 800 9 11",
         "sim 0.75 1234 0.5",
     ])
     r = parse_report("dlcp", text)
@@ -156,3 +174,4 @@ def test_the_report_is_read_line_by_line():
     assert r.completions[0].missing == 3 and r.completions[0].message == 7
     assert r.ports[0].selective_drops[:3] == (0, 4, 3) and r.ports[0].max_depth == 9
     assert r.hosts[0].packets_at_completion == 800 and (r.events, r.wall_s) == (1234, 0.5)
+    assert r.hosts[0].duplicates == 3 and r.hosts[0].late == 11

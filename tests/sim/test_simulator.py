@@ -142,3 +142,39 @@ def test_background_flows_all_complete_and_none_beats_its_link():
         # persist) against a 5 ms RTO once held flows for seconds in this microsecond fabric
         assert max(f.fct for f in r.flows) < 0.1, max(r.flows, key=lambda f: f.fct)
         assert "background" in r.summary()
+
+
+@pytest.mark.parametrize("pattern", ["ps", "ring"])
+def test_gradients_over_tcp_arrive_whole_and_in_order(pattern):
+    """The tcp scheme: one DCTCP connection per pair of hosts, each message written after the
+    one before. Every message arrives whole (nothing missing, no DLCP control packets), no
+    iteration beats the line-rate bound, and (PS, whose message ids grow in sending order on
+    every connection) each pair's messages arrive in the order they were sent."""
+    opts = SimOptions(pattern=pattern, scale=0.002, iterations=2, leaves=2, hosts_per_leaf=5, jobs=0,
+                      compute_ms=1, schemes=("tcp",))
+    r = simulate(opts, "tcp")
+    assert len(r.iterations) == len(opts.placement()) * opts.workers * opts.iterations
+    assert r.completions and all(c.missing == 0 for c in r.completions)
+    assert all(h.probes == h.bitmaps == h.control_sent == 0 for h in r.hosts)
+    assert sum(h.data_sent for h in r.hosts) > 0
+    jobs = len(opts.placement())
+    plans = len(bucket_plans(opts, policy_for("baseline", opts.buffer, opts.loss_bound)))
+    if pattern == "ps":  # each worker's pushes and the pulls back to it
+        assert len(r.completions) == jobs * opts.workers * opts.iterations * 2 * plans
+        for pair in {(c.receiver, c.sender) for c in r.completions}:
+            msgs = [c.message for c in sorted(r.completions, key=lambda c: c.time) if (c.receiver, c.sender) == pair]
+            assert msgs == sorted(msgs), pair
+    else:  # every member's 2(n-1) steps of every bucket (plans: buckets x members)
+        assert len(r.completions) == jobs * opts.iterations * 2 * (opts.workers - 1) * plans
+    assert r.bound_s > 0 and all(i.end - i.start >= r.bound_s * 0.95 for i in r.iterations)
+    assert sum(p.marks for p in r.ports) > 0  # the incast builds queues; DCTCP sees CE
+
+
+def test_tcp_gradients_recover_from_tail_drops():
+    """With 8-packet port buffers the incast overflows them: TCP retransmits, and still every
+    message arrives whole."""
+    opts = SimOptions(scale=0.002, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, buffer=8, schemes=("tcp",))
+    r = simulate(opts, "tcp")
+    assert sum(p.tail_drops for p in r.ports) > 0
+    assert sum(h.retransmitted for h in r.hosts) > 0
+    assert all(c.missing == 0 for c in r.completions)

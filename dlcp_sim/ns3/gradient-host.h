@@ -1,0 +1,50 @@
+// GradientHost: what a training job needs from a host's gradient transport, whichever it is.
+//
+// The jobs in main.cc (PsJob, RingJob) hand a host messages to send and learn when one arrived
+// (onReceived) and when one of its own is done (onSent). DlcpHost (dlcp-host.h) is DLCP's
+// transport and the reliable baseline over UDP; TcpGradHost (tcp-host.h) sends the same
+// messages over TCP connections, the way gloo, NCCL's socket transport and BytePS do.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <vector>
+
+#include "ns3/application.h"
+#include "ns3/ipv4-address.h"
+
+namespace ns3 {
+
+//! The packets of one message: per-packet priority and drop class (from the Python side).
+struct MsgPlan {
+  uint32_t npkts = 0;
+  std::vector<uint8_t> priority, dropClass;
+};
+
+//! One host's counters, printed on its `host` line (main.cc). A transport fills what it has.
+struct HostStats {
+  uint64_t dataSent = 0, retransmitted = 0, probes = 0, bitmaps = 0, stops = 0, feedbacks = 0, controlSent = 0,
+           messagesSent = 0, messagesReceived = 0, missingAtCompletion = 0, packetsAtCompletion = 0;
+  uint64_t duplicates = 0;  // data packets that arrived a second time while their message was incomplete
+  uint64_t late = 0;        // data packets that arrived after their message had completed
+};
+
+class GradientHost : public Application {
+ public:
+  uint16_t rank = 0;
+  std::vector<Ipv4Address> peers;  // address of every rank
+  HostStats stats;
+  //! A message from `src` completed here.
+  std::function<void(uint16_t src, uint32_t msg)> onReceived;
+  //! A message this host sent to `dst` is done: its receiver has it.
+  std::function<void(uint16_t dst, uint32_t msg)> onSent;
+  //! Where completions are reported, one `done` line each (null: not reported).
+  std::ostream* log = nullptr;
+
+  //! Queue a message of `plan->npkts` packets for `dst`; at least (1 - lossBound) of them
+  //! must arrive (a reliable transport ignores the bound).
+  virtual void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) = 0;
+};
+
+}  // namespace ns3

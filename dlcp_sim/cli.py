@@ -42,7 +42,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-load", type=float, default=d.background_load,
                    help="background TCP flows (web-search sizes) offered per host, fraction of its link (default 0)")
     p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp,
-                   help="the TCP of background flows and of the tcp scheme (default dctcp)")
+                   help="the background flows' TCP (default dctcp)")
+    p.add_argument("--gradient-tcp", choices=TCP_VARIANTS, default=d.gradient_tcp,
+                   help="the tcp scheme's congestion control for gradients (default dctcp, with ECN)")
     p.add_argument("--background-ms", type=float, default=d.background_ms,
                    help="flows start during this many ms (default: about as long as training lasts)")
     p.add_argument("--control-bytes", type=int, default=d.control_bytes,

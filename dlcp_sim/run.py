@@ -196,7 +196,13 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
     finally:
         Path(path).unlink(missing_ok=True)
     if done.returncode != 0:
-        raise DlcpUserError(f"the simulator failed on scheme {scheme} (exit {done.returncode}): {done.stderr[-2000:]}")
+        hint = ""
+        if "From OPEN->DISORDER" in done.stderr:  # tcp-socket-base.cc's DupAck
+            hint = (" (an assertion inside ns-3's TCP: its duplicate-ACK count was above 1 as it "
+                    "left CA_OPEN. Seen here with DCTCP, ECN on, under tail drops, never with "
+                    "Cubic or NewReno: try --gradient-tcp cubic, or another --background-tcp.)")
+        raise DlcpUserError(f"the simulator failed on scheme {scheme} (exit {done.returncode}): "
+                            f"{done.stderr[-2000:]}{hint}")
     result = parse_report(scheme, done.stdout)
     expected = len(opts.placement()) * opts.workers * opts.iterations
     if len(result.iterations) != expected:

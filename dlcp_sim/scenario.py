@@ -37,7 +37,7 @@ TCP_VARIANTS = ("dctcp", "cubic", "newreno")
 #: The hosts' rate-control loops (:attr:`SimOptions.host_model`).
 HOST_MODELS = ("dctcp", "agent")
 #: Schemes only the simulator has, and the testbed scheme whose switches they run over. ``tcp``
-#: sends the same messages over one TCP connection per pair of hosts (``--background-tcp``:
+#: sends the same messages over one TCP connection per pair of hosts (``--gradient-tcp``:
 #: DCTCP by default), as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
 #: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h).
 SIM_ONLY_SCHEMES = {"tcp": "baseline"}
@@ -95,7 +95,10 @@ class SimOptions:
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
-    """The background flows' TCP, and the ``tcp`` scheme's: ``dctcp``, ``cubic`` or ``newreno``."""
+    """The background flows' TCP: ``dctcp``, ``cubic`` or ``newreno``."""
+    gradient_tcp: str = "dctcp"
+    """The ``tcp`` scheme's congestion control for gradients: ``dctcp`` (with ECN), ``cubic`` or
+    ``newreno``."""
     background_ms: float = 0.0
     """Flows start during the first this many ms; 0: twice the baseline's line-rate bound per
     iteration (plus compute), about as long as training lasts."""
@@ -141,8 +144,9 @@ class SimOptions:
             raise DlcpUserError("--warmup must leave at least one measured iteration")
         if self.host_model not in HOST_MODELS:
             raise DlcpUserError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
-        if self.background_tcp not in TCP_VARIANTS:
-            raise DlcpUserError(f"--background-tcp {self.background_tcp!r}: choose one of {list(TCP_VARIANTS)}")
+        for name in ("background_tcp", "gradient_tcp"):
+            if getattr(self, name) not in TCP_VARIANTS:
+                raise DlcpUserError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose one of {list(TCP_VARIANTS)}")
         if self.control_bytes < 0 or self.host_delay_us < 0:
             raise DlcpUserError("--control-bytes and --host-delay-us must not be negative")
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
@@ -349,6 +353,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
         f"tcp {opts.background_tcp}", f"transport {'tcp' if scheme == 'tcp' else 'dlcp'}",
+        f"gradient_tcp {opts.gradient_tcp}",
     ]
     lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))  # during backward
     for b in bucket_plans(opts, policy):

@@ -54,6 +54,7 @@ struct Scenario {
   LbMode lb = LbMode::FLOW;
   TransportParams tp;
   bool tcpGradients = false;  // transport tcp: gradients over TCP connections (TcpGradHost)
+  std::string gradientTcp = "dctcp";  // their congestion control
   uint32_t iterations = 1;
   double computeS = 0;
   double stopS = 60;
@@ -156,6 +157,10 @@ Scenario Parse(std::istream& in) {
       ls >> t;
       if (t != "dlcp" && t != "tcp") Fail("transport: dlcp or tcp");
       sc.tcpGradients = t == "tcp";
+    } else if (key == "gradient_tcp") {
+      ls >> sc.gradientTcp;
+      if (sc.gradientTcp != "dctcp" && sc.gradientTcp != "cubic" && sc.gradientTcp != "newreno")
+        Fail("gradient_tcp: dctcp, cubic or newreno");
     } else if (key == "iterations") ls >> sc.iterations;
     else if (key == "compute_s") ls >> sc.computeS;
     else if (key == "stop_s") ls >> sc.stopS;
@@ -491,6 +496,10 @@ int main(int argc, char** argv) {
       a->payload = sc.tp.datagram - DlcpHeader::SIZE;
       a->hostDelay = sc.tp.hostDelay;
       a->frames = frames;
+      a->congestionControl = sc.gradientTcp == "dctcp"   ? TcpDctcp::GetTypeId()
+                             : sc.gradientTcp == "cubic" ? TcpCubic::GetTypeId()
+                                                         : TcpNewReno::GetTypeId();
+      a->ecn = sc.gradientTcp == "dctcp";
       frames->hosts.push_back(PeekPointer(a));
       tcpApps.push_back(a);
       apps[h] = a;

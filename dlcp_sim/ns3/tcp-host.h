@@ -2,8 +2,9 @@
 // and BytePS move tensors: one TCP connection per ordered pair of hosts, opened before training
 // and kept, each message written into it after the one before.
 //
-//   - The connection is the scenario's TCP (`tcp`: DCTCP by default, with ECN; the switches mark
-//     CE above their ECN threshold). Every segment is priority 0 and drop class 0: the switches
+//   - The connection's congestion control is the scenario's `gradient_tcp` (DCTCP by default,
+//     with ECN; the switches mark CE above their ECN threshold), whatever the background flows
+//     use. Every segment is priority 0 and drop class 0: the switches
 //     serve it as any non-DLCP traffic, and the scheme runs over the baseline's FIFO ports and
 //     per-flow ECMP.
 //   - A message's bytes are its packets' gradient bytes (what DLCP carries: npkts times the
@@ -29,6 +30,9 @@
 #include "ns3/tcp-header.h"
 #include "ns3/tcp-socket-base.h"
 #include "ns3/tcp-socket-factory.h"
+#include "ns3/tcp-cubic.h"
+#include "ns3/tcp-dctcp.h"
+#include "ns3/tcp-l4-protocol.h"
 
 namespace ns3 {
 
@@ -55,6 +59,8 @@ class TcpGradHost : public GradientHost {
   static constexpr uint32_t FRAME_HEADER = 16;
 
   uint32_t payload = 1448;  // gradient bytes per DLCP packet of the same message
+  TypeId congestionControl = TcpDctcp::GetTypeId();
+  bool ecn = true;          // the sender negotiates ECN (DCTCP needs it)
   Time hostDelay;           // the host's software path: a send starts this much later
   std::shared_ptr<TcpFrames> frames;
 
@@ -89,7 +95,9 @@ class TcpGradHost : public GradientHost {
 
   void StartApplication() override {
     for (uint16_t r = 0; r < peers.size(); ++r) m_rankOf[peers[r].Get()] = r;
-    m_listen = Socket::CreateSocket(GetNode(), TcpSocketFactory::GetTypeId());
+    // The receiving side's sockets fork from the listener: its congestion control decides how
+    // they mark and echo ECN (DCTCP sets ECT even on ACKs), so it is the gradients' too.
+    m_listen = NewSocket();
     m_listen->Bind(InetSocketAddress(Ipv4Address::GetAny(), PORT));
     m_listen->Listen();
     m_listen->SetAcceptCallback(MakeNullCallback<bool, Ptr<Socket>, const Address&>(),
@@ -101,9 +109,16 @@ class TcpGradHost : public GradientHost {
     if (m_listen) m_listen->Close();
   }
 
+  //! A TCP socket of the gradients' congestion control (not the node's default, the background's).
+  Ptr<Socket> NewSocket() {
+    Ptr<Socket> s = GetNode()->GetObject<TcpL4Protocol>()->CreateSocket(congestionControl);
+    DynamicCast<TcpSocketBase>(s)->SetUseEcn(ecn ? TcpSocketState::On : TcpSocketState::Off);
+    return s;
+  }
+
   void Open(uint16_t dst) {
     Tx& t = m_tx[dst];
-    t.sock = Socket::CreateSocket(GetNode(), TcpSocketFactory::GetTypeId());
+    t.sock = NewSocket();
     t.sock->Bind();
     m_dstOf[t.sock] = dst;
     t.sock->TraceConnectWithoutContext("Tx", MakeCallback(&TcpGradHost::OnSegment, this));

@@ -37,10 +37,10 @@ def test_the_scenario_carries_the_schemes_policy():
 
 
 def test_the_tcp_scheme_sends_over_tcp_through_the_baselines_switches():
-    opts = SimOptions(schemes=("baseline", "tcp"), background_tcp="cubic")
+    opts = SimOptions(schemes=("baseline", "tcp"), background_tcp="cubic", gradient_tcp="newreno")
     base, tcp = scenario_text(opts, "baseline"), scenario_text(opts, "tcp")
     assert _lines(tcp, "transport") == [["tcp"]] and _lines(base, "transport") == [["dlcp"]]
-    assert _lines(tcp, "tcp") == [["cubic"]]
+    assert _lines(tcp, "tcp") == [["cubic"]] and _lines(tcp, "gradient_tcp") == [["newreno"]]
     drop = {"transport"}
     assert [l for l in tcp.splitlines() if l.split()[0] not in drop] == \
         [l for l in base.splitlines() if l.split()[0] not in drop]
@@ -110,7 +110,7 @@ def test_jobs_span_leaves_and_never_share_a_host():
 @pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
-                                 {"jobs_placement": "random"}, {"host_model": "cubic"},
+                                 {"jobs_placement": "random"}, {"host_model": "cubic"}, {"gradient_tcp": "bbr"},
                                  {"warmup": 3}, {"control_bytes": 10}, {"control_bytes": 1473},
                                  {"host_delay_us": -1}])
 def test_invalid_options_are_refused_by_name(bad):

@@ -170,6 +170,16 @@ def test_gradients_over_tcp_arrive_whole_and_in_order(pattern):
     assert sum(p.marks for p in r.ports) > 0  # the incast builds queues; DCTCP sees CE
 
 
+def test_the_gradients_tcp_is_chosen_apart_from_the_background():
+    """--gradient-tcp sets the tcp scheme's congestion control on its own sockets: DCTCP
+    negotiates ECN, so the incast's queues mark its segments; NewReno does not, so nothing is
+    marked (only ECN-capable packets can be)."""
+    base = dict(scale=0.002, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
+    marks = {cc: sum(p.marks for p in simulate(SimOptions(**base, gradient_tcp=cc), "tcp").ports)
+             for cc in ("dctcp", "newreno")}
+    assert marks["dctcp"] > 0 and marks["newreno"] == 0, marks
+
+
 def test_tcp_gradients_recover_from_tail_drops():
     """With 8-packet port buffers the incast overflows them: TCP retransmits, and still every
     message arrives whole."""

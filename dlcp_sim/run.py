@@ -198,9 +198,10 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
     if done.returncode != 0:
         hint = ""
         if "From OPEN->DISORDER" in done.stderr:  # tcp-socket-base.cc's DupAck
-            hint = (" (an assertion inside ns-3's TCP: its duplicate-ACK count was above 1 as it "
-                    "left CA_OPEN. Seen here with DCTCP, ECN on, under tail drops, never with "
-                    "Cubic or NewReno: try --gradient-tcp cubic, or another --background-tcp.)")
+            hint = (" (an assertion inside ns-3's TCP: duplicate ACKs counted while an ECN sender "
+                    "was in CA_CWR were not reset when it left CA_CWR with SACK news. The tcp "
+                    "scheme's DCTCP sockets run without SACK for this reason; background flows "
+                    "keep it: try another --background-tcp.)")
         raise DlcpUserError(f"the simulator failed on scheme {scheme} (exit {done.returncode}): "
                             f"{done.stderr[-2000:]}{hint}")
     result = parse_report(scheme, done.stdout)

@@ -32,6 +32,7 @@
 #include "ns3/tcp-socket-factory.h"
 #include "ns3/tcp-cubic.h"
 #include "ns3/tcp-dctcp.h"
+#include "ns3/boolean.h"
 #include "ns3/tcp-l4-protocol.h"
 
 namespace ns3 {
@@ -110,9 +111,15 @@ class TcpGradHost : public GradientHost {
   }
 
   //! A TCP socket of the gradients' congestion control (not the node's default, the background's).
+  //! With ECN, without SACK: ns-3 3.44 counts duplicate ACKs in CA_CWR (the state an ECN echo
+  //! puts a sender in) and leaves it for CA_OPEN without resetting the count when the ACK that
+  //! ends it also carries SACK news, and then aborts on NS_ASSERT in DupAck (seen with DCTCP
+  //! under tail drops). Without SACK only a cumulative ACK ends CA_CWR, and it resets the count.
   Ptr<Socket> NewSocket() {
     Ptr<Socket> s = GetNode()->GetObject<TcpL4Protocol>()->CreateSocket(congestionControl);
-    DynamicCast<TcpSocketBase>(s)->SetUseEcn(ecn ? TcpSocketState::On : TcpSocketState::Off);
+    auto tcp = DynamicCast<TcpSocketBase>(s);
+    tcp->SetUseEcn(ecn ? TcpSocketState::On : TcpSocketState::Off);
+    if (ecn) tcp->SetAttribute("Sack", BooleanValue(false));
     return s;
   }
 

@@ -199,9 +199,8 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
         hint = ""
         if "From OPEN->DISORDER" in done.stderr:  # tcp-socket-base.cc's DupAck
             hint = (" (an assertion inside ns-3's TCP: duplicate ACKs counted while an ECN sender "
-                    "was in CA_CWR were not reset when it left CA_CWR with SACK news. The tcp "
-                    "scheme's DCTCP sockets run without SACK for this reason; background flows "
-                    "keep it: try another --background-tcp.)")
+                    "was in CA_CWR were not reset when it left CA_CWR with SACK news. DCTCP "
+                    "sockets here run without SACK for this reason; was SACK turned on?)")
         raise DlcpUserError(f"the simulator failed on scheme {scheme} (exit {done.returncode}): "
                             f"{done.stderr[-2000:]}{hint}")
     result = parse_report(scheme, done.stdout)

@@ -23,7 +23,7 @@ from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
-from topologies.schemes import SCHEMES, policy_for
+from topologies.schemes import check_schemes, policy_for
 from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
@@ -117,10 +117,7 @@ class SimOptions:
     spine) and ns-3's random streams; repetitions are seeds."""
 
     def __post_init__(self) -> None:
-        known = [*SCHEMES, *SIM_ONLY_SCHEMES]
-        bad = [s for s in self.schemes if s not in known]
-        if bad or not self.schemes:
-            raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {known}")
+        check_schemes(self.schemes, tuple(SIM_ONLY_SCHEMES))
         if self.jobs_placement not in ("spread", "packed"):
             raise DlcpUserError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
         if self.pattern not in PATTERNS:

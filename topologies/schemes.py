@@ -21,11 +21,13 @@ SCHEMES: dict[str, dict[str, bool]] = {
 }
 
 
-def check_schemes(schemes: tuple[str, ...]) -> None:
-    """Raises DlcpUserError naming what is unknown, or that none was given."""
-    bad = [s for s in schemes if s not in SCHEMES]
+def check_schemes(schemes: tuple[str, ...], extra: tuple[str, ...] = ()) -> None:
+    """Raises DlcpUserError naming what is unknown, or that none was given; ``extra``: names a
+    caller knows besides :data:`SCHEMES` (the simulator's ``tcp``)."""
+    known = [*SCHEMES, *extra]
+    bad = [s for s in schemes if s not in known]
     if bad or not schemes:
-        raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+        raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {known}")
 
 
 def policy_for(scheme: str, buffer: int, loss_bound: float) -> Policy:

@@ -149,6 +149,8 @@ class SimOptions:
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
             raise DlcpUserError(f"--control-bytes must hold a DLCP header and fit a datagram: "
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
+        if not 576 <= self.mtu <= 9216:
+            raise DlcpUserError(f"--mtu {self.mtu}: 576..9216 bytes (1500 Ethernet, 9000 jumbo frames)")
         if not 0 <= self.loss_bound < 1:
             raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
         if len(self.placement()) == 0:
@@ -335,7 +337,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
     lines = [
         f"leaves {opts.leaves}", f"spines {opts.spines}", f"hosts_per_leaf {opts.hosts_per_leaf}",
         f"link_rate {opts.link_gbps * 1e3:g}Mbps", f"uplink_rate {opts.uplink_rate_gbps * 1e3:g}Mbps",
-        f"link_delay_us {opts.link_delay_us:g}",
+        f"link_delay_us {opts.link_delay_us:g}", f"mtu {opts.mtu}",
         f"buffer {opts.buffer}", f"ecn_threshold {policy.ecn_threshold}",
         "priority_map " + " ".join(str(q) for q in policy.priority_map + (0,) * (8 - len(policy.priority_map))),
         "drop_thresholds " + " ".join(str(t) for t in policy.drop_thresholds),

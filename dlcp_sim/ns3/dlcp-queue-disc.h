@@ -47,8 +47,11 @@ class DlcpQueueDisc : public QueueDisc {
   uint32_t Depth() const { return GetNPackets(); }
 
  private:
-  // One internal FIFO per band, so QueueDisc's own counters stay right.
-  uint32_t BandSize(int b) const { return GetInternalQueue(b)->GetNPackets(); }
+  // One internal FIFO per band, so QueueDisc's own counters stay right. Plain pointers to them
+  // (the QueueDisc owns them), because GetInternalQueue copies a smart pointer per call and
+  // every packet asks up to eight bands at every port.
+  std::array<InternalQueue*, 8> m_band{};
+  uint32_t BandSize(int b) const { return m_band[b]->GetNPackets(); }
 
   bool DoEnqueue(Ptr<QueueDiscItem> item) override {
     DlcpTag tag;
@@ -77,7 +80,7 @@ class DlcpQueueDisc : public QueueDisc {
         stats.marks++;
       }
     }
-    if (!GetInternalQueue(band)->Enqueue(item)) return false;  // counted by the base class
+    if (!m_band[band]->Enqueue(item)) return false;  // counted by the base class
     stats.enqueued++;
     stats.enqueuedByBand[band]++;
     if (GetNPackets() > stats.maxDepth) stats.maxDepth = GetNPackets();
@@ -86,13 +89,13 @@ class DlcpQueueDisc : public QueueDisc {
 
   Ptr<QueueDiscItem> DoDequeue() override {
     for (int b = 7; b >= 0; --b)
-      if (BandSize(b) > 0) return GetInternalQueue(b)->Dequeue();
+      if (BandSize(b) > 0) return m_band[b]->Dequeue();
     return nullptr;
   }
 
   Ptr<const QueueDiscItem> DoPeek() override {
     for (int b = 7; b >= 0; --b)
-      if (BandSize(b) > 0) return GetInternalQueue(b)->Peek();
+      if (BandSize(b) > 0) return m_band[b]->Peek();
     return nullptr;
   }
 
@@ -102,6 +105,7 @@ class DlcpQueueDisc : public QueueDisc {
     while (GetNInternalQueues() < 8)
       AddInternalQueue(CreateObjectWithAttributes<DropTailQueue<QueueDiscItem>>(
           "MaxSize", QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, 1u << 24))));
+    for (int b = 0; b < 8; ++b) m_band[b] = PeekPointer(GetInternalQueue(b));
     return true;
   }
   void InitializeParams() override {}

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <unordered_map>
 
 #include "dlcp-tag.h"
 #include "ns3/ipv4-routing-helper.h"
@@ -51,9 +52,13 @@ class LeafSpineRouting : public Ipv4RoutingProtocol {
                   const UnicastForwardCallback& ucb, const MulticastForwardCallback& mcb,
                   const LocalDeliverCallback& lcb, const ErrorCallback& ecb) override {
     Ipv4Address dst = header.GetDestination();
-    if (m_ipv4->IsDestinationAddress(dst, m_ipv4->GetInterfaceForDevice(idev))) {
-      lcb(p, header, m_ipv4->GetInterfaceForDevice(idev));
-      return true;
+    // Switches own no host address (10.l.j.2), so only a host asks whether it is the target.
+    if (m_role.kind == LeafSpineRole::HOST) {
+      int32_t iface = m_ipv4->GetInterfaceForDevice(idev);
+      if (m_ipv4->IsDestinationAddress(dst, iface)) {
+        lcb(p, header, iface);
+        return true;
+      }
     }
     uint8_t d[4];
     dst.Serialize(d);
@@ -100,6 +105,9 @@ class LeafSpineRouting : public Ipv4RoutingProtocol {
   Ptr<Ipv4> m_ipv4;
   Ptr<UniformRandomVariable> m_rand;
   std::map<uint32_t, int32_t> m_ifaceByGateway;  // gateway address -> interface reaching it
+  // (destination, gateway) -> its route: IP reads a route and never changes it, so one object
+  // per pair serves every packet (a leaf has at most hosts x spines of them).
+  std::unordered_map<uint64_t, Ptr<Ipv4Route>> m_routes;
 
   static Ipv4Address Addr(uint8_t a, uint8_t* b, uint32_t x, uint32_t y, uint8_t z) {
     b[0] = a;
@@ -111,6 +119,9 @@ class LeafSpineRouting : public Ipv4RoutingProtocol {
 
   // The route to `dst` through the neighbour `gateway`: the interface on the gateway's subnet.
   Ptr<Ipv4Route> Route(Ipv4Address dst, Ipv4Address gateway) {
+    uint64_t key = uint64_t(dst.Get()) << 32 | gateway.Get();
+    auto known = m_routes.find(key);
+    if (known != m_routes.end()) return known->second;
     auto it = m_ifaceByGateway.find(gateway.Get());
     int32_t iface = -1;
     if (it != m_ifaceByGateway.end()) {
@@ -129,6 +140,7 @@ class LeafSpineRouting : public Ipv4RoutingProtocol {
     r->SetGateway(gateway == dst ? dst : gateway);
     r->SetOutputDevice(m_ipv4->GetNetDevice(iface));
     r->SetSource(m_ipv4->GetAddress(iface, 0).GetLocal());
+    m_routes[key] = r;
     return r;
   }
 

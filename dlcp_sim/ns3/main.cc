@@ -50,6 +50,7 @@ struct Scenario {
   uint32_t leaves = 2, spines = 2, hostsPerLeaf = 4;
   std::string linkRate = "10Gbps", uplinkRate = "10Gbps";
   double linkDelayUs = 1;
+  uint32_t mtu = 1500;  // every link's; DLCP datagrams fill it, TCP segments are mtu - 52
   DlcpPortPolicy port;
   LbMode lb = LbMode::FLOW;
   TransportParams tp;
@@ -100,6 +101,7 @@ Scenario Parse(std::istream& in) {
     else if (key == "link_rate") ls >> sc.linkRate;
     else if (key == "uplink_rate") ls >> sc.uplinkRate;
     else if (key == "link_delay_us") ls >> sc.linkDelayUs;
+    else if (key == "mtu") ls >> sc.mtu;
     else if (key == "buffer") ls >> sc.port.buffer;
     else if (key == "ecn_threshold") ls >> sc.port.ecnThreshold;
     else if (key == "priority_map") {
@@ -216,6 +218,8 @@ Scenario Parse(std::istream& in) {
       sc.spines > 250)
     Fail("leaves, spines and hosts_per_leaf must be 1..250");
   if (sc.buckets.empty() || sc.jobs.empty()) Fail("a scenario needs buckets and jobs");
+  if (sc.mtu < 576 || sc.mtu > 65535 || sc.tp.datagram + 28 > sc.mtu)
+    Fail("mtu: 576..65535 bytes, and a datagram (plus 28 bytes of IP and UDP) must fit it");
   for (auto& fl : sc.flows)
     if (fl.src >= hosts || fl.dst >= hosts || fl.src == fl.dst) Fail("flow: source and destination are two hosts");
   for (auto& j : sc.jobs) {
@@ -398,8 +402,11 @@ int main(int argc, char** argv) {
 
   // The device queue holds one packet: queueing happens in the queue disc, where the policy is.
   Config::SetDefault("ns3::DropTailQueue<Packet>::MaxSize", QueueSizeValue(QueueSize("1p")));
-  // Background TCP: full-size segments, a data-centre minimum RTO (ns-3's default is 1 s).
-  Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(1448));
+  // Every link carries the scenario's MTU (ns-3's default, 1500, would fragment jumbo datagrams).
+  Config::SetDefault("ns3::PointToPointNetDevice::Mtu", UintegerValue(sc.mtu));
+  // Background TCP: full-size segments (the MTU less IP, TCP and its timestamp option), a
+  // data-centre minimum RTO (ns-3's default is 1 s).
+  Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(sc.mtu - 52));
   Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
   // ns-3's SYN and zero-window-probe timers default to 3 s and 6 s: one lost SYN or window
   // update would stall a flow for seconds in a fabric whose round trip is microseconds.

@@ -64,6 +64,28 @@ def test_flow_hashing_pins_a_pair_to_one_spine_and_spraying_uses_both():
         assert (min(up.values()) > 0) == both, (scheme, up)
 
 
+@pytest.mark.parametrize("background", [0.0, 0.5])
+def test_jumbo_frames_cross_the_fabric_whole(background):
+    """--mtu 9000: a DLCP datagram of 8972 bytes, or a TCP segment of 8948, crosses every link
+    as one packet (ns-3's devices default to 1500 and would cut them into six fragments). One
+    worker on leaf 1 pushes to its server on leaf 2, so every packet it sends crosses one of
+    leaf 1's uplinks exactly once (but for a last control packet or two still at the host when
+    the simulation stops)."""
+    opts = SimOptions(scale=0.01, iterations=1, workers=1, leaves=2, hosts_per_leaf=1, mtu=9000)
+    r = simulate(opts, "dlcp")
+    sent = r.hosts[0].data_sent + r.hosts[0].control_sent
+    up = sum(p.enqueued for p in r.ports if p.switch == "l1" and p.port > opts.hosts_per_leaf)
+    assert sent > 0 and sent - 2 <= up <= sent
+    per = bucket_plans(opts, policy_for("dlcp", opts.buffer, opts.loss_bound))
+    assert r.hosts[0].data_sent >= 0.95 * sum(len(b.priorities) for b in per)  # packets of 8972 bytes
+    if background:  # TCP's segments follow the MTU: the same flows in a sixth of the packets
+        bg = dict(leaves=2, hosts_per_leaf=4, jobs=0, scale=0.002, iterations=1, background_load=background,
+                  background_ms=2)
+        packets = {mtu: sum(p.enqueued for p in simulate(SimOptions(**bg, mtu=mtu), "baseline").ports)
+                   for mtu in (1500, 9000)}
+        assert packets[9000] < packets[1500] / 3, packets
+
+
 def test_a_bad_scenario_is_refused_with_a_reason(tmp_path):
     exe = simulator()
     bad = tmp_path / "bad.scenario"

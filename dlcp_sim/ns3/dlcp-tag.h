@@ -1,7 +1,7 @@
 // DlcpTag: what a DLCP data or control packet tells the switches.
 //
 // On the testbed the P4 program parses these fields from the DLCP header (hostagent/wire.py);
-// here they ride as an ns-3 packet tag so a queue disc can read them without parsing the
+// here they ride as an ns-3 packet tag so a port's queue can read them without parsing the
 // payload. A packet without the tag (TCP, background UDP) is priority 0 and drop class 0:
 // served last under strict priority, never dropped selectively, tail-dropped when full.
 #pragma once

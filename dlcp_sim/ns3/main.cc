@@ -1,6 +1,7 @@
 // dlcp-sim: one scenario of `dlcp sim` (dlcp_sim/scenario.py writes it, dlcp_sim/run.py reads
-// what this prints). Builds a leaf-spine of ns-3 point-to-point links, puts a DlcpQueueDisc on
-// every switch port, LeafSpineRouting on every node, a DlcpHost on every host (a TcpGradHost
+// what this prints). Builds a leaf-spine of ns-3 point-to-point links, with switches below IP
+// (a LeafSpineSwitch on every leaf and spine, a DlcpPortQueue on every port, dlcp-switch.h)
+// and hosts with ns-3's IP stack, a DlcpPortQueue on their NIC and a DlcpHost (a TcpGradHost
 // with `transport tcp`), runs the jobs' iterations and prints one line per fact:
 //   iter <job> <worker> <iteration> <start_s> <compute_end_s> <end_s>
 //   port <switch> <port> <enqueued> <tail_drops> <marks> <max_depth> <selective drops by class 0..7>
@@ -22,8 +23,8 @@
 
 #include "background.h"
 #include "dlcp-host.h"
-#include "dlcp-queue-disc.h"
-#include "leaf-spine-routing.h"
+#include "dlcp-switch.h"
+#include "host-routing.h"
 #include "tcp-host.h"
 #include "ns3/core-module.h"
 #include "ns3/internet-module.h"
@@ -33,7 +34,7 @@
 
 using namespace ns3;
 
-NS_OBJECT_ENSURE_REGISTERED(DlcpQueueDisc);
+NS_OBJECT_ENSURE_REGISTERED(DlcpPortQueue);
 
 namespace {
 
@@ -400,8 +401,6 @@ int main(int argc, char** argv) {
   std::cout.precision(9);
   auto wall0 = std::chrono::steady_clock::now();
 
-  // The device queue holds one packet: queueing happens in the queue disc, where the policy is.
-  Config::SetDefault("ns3::DropTailQueue<Packet>::MaxSize", QueueSizeValue(QueueSize("1p")));
   // Every link carries the scenario's MTU (ns-3's default, 1500, would fragment jumbo datagrams).
   Config::SetDefault("ns3::PointToPointNetDevice::Mtu", UintegerValue(sc.mtu));
   // Background TCP: full-size segments (the MTU less IP, TCP and its timestamp option), a
@@ -432,65 +431,72 @@ int main(int argc, char** argv) {
   hosts.Create(H);
   leaves.Create(sc.leaves);
   spines.Create(sc.spines);
-  auto roles = std::make_shared<std::map<uint32_t, LeafSpineRole>>();
-  for (uint32_t h = 0; h < H; ++h)
-    (*roles)[hosts.Get(h)->GetId()] = {LeafSpineRole::HOST, h / sc.hostsPerLeaf, h % sc.hostsPerLeaf};
-  for (uint32_t l = 0; l < sc.leaves; ++l) (*roles)[leaves.Get(l)->GetId()] = {LeafSpineRole::LEAF, l, l};
-  for (uint32_t s = 0; s < sc.spines; ++s) (*roles)[spines.Get(s)->GetId()] = {LeafSpineRole::SPINE, 0, s};
 
-  InternetStackHelper stack;
+  InternetStackHelper stack;  // on hosts only: switches forward below IP (dlcp-switch.h)
   RngSeedManager::SetRun(sc.seed + 1);
-  stack.SetRoutingHelper(LeafSpineRoutingHelper(roles, sc.spines, sc.lb, sc.seed));
+  stack.SetRoutingHelper(HostRoutingHelper());
   stack.Install(hosts);
-  stack.Install(leaves);
-  stack.Install(spines);
 
   PointToPointHelper p2p, p2pUp;  // host links, leaf-spine links
   p2p.SetDeviceAttribute("DataRate", StringValue(sc.linkRate));
   p2p.SetChannelAttribute("Delay", TimeValue(MicroSeconds(sc.linkDelayUs)));
   p2pUp.SetDeviceAttribute("DataRate", StringValue(sc.uplinkRate));
   p2pUp.SetChannelAttribute("Delay", TimeValue(MicroSeconds(sc.linkDelayUs)));
-  TrafficControlHelper tch;
-  tch.SetRootQueueDisc("ns3::DlcpQueueDisc");
-  DlcpPortPolicy hostPort;  // a host's NIC: the scheme's queues, never drops (the app paces it)
+  // Every port's queue, switch or host, is a DlcpPortQueue set on the device itself, so a port
+  // picks the next packet by band only when the link is free. A host's NIC takes the scheme's
+  // bands and never drops (DLCP's transport paces it; TCP's window bounds what it queues).
+  DlcpPortPolicy hostPort;
   hostPort.priorityMap = sc.port.priorityMap;
   hostPort.buffer = 1u << 24;
+  auto portQueue = [](Ptr<NetDevice> dev, const DlcpPortPolicy& policy) {
+    auto q = CreateObject<DlcpPortQueue>();
+    q->SetMaxSize(QueueSize(QueueSizeUnit::PACKETS, 1u << 24));  // admission is the policy's
+    q->policy = policy;
+    DynamicCast<PointToPointNetDevice>(dev)->SetQueue(q);
+    return q;
+  };
 
   struct SwitchPort {
     std::string name;
     uint32_t port;
-    Ptr<DlcpQueueDisc> q;
+    Ptr<DlcpPortQueue> q;
   };
   std::vector<SwitchPort> ports;
-  // Installs a link a-b with a queue disc on both ends and numbers it net.x.y.0/24 (a .1, b .2).
-  auto link = [&](PointToPointHelper& helper, Ptr<Node> a, const DlcpPortPolicy& aPolicy, Ptr<Node> b,
-                  const std::string& net, uint32_t x, uint32_t y) {
-    NetDeviceContainer d = helper.Install(a, b);
-    QueueDiscContainer q = tch.Install(d);
-    auto qa = DynamicCast<DlcpQueueDisc>(q.Get(0)), qb = DynamicCast<DlcpQueueDisc>(q.Get(1));
-    qa->policy = aPolicy;
-    qb->policy = sc.port;
-    std::ostringstream base;
-    base << net << "." << x << "." << y << ".0";
-    Ipv4AddressHelper addr;
-    addr.SetBase(base.str().c_str(), "255.255.255.0");
-    addr.Assign(d);
-    return std::make_pair(qa, qb);
-  };
-  // Host j of leaf l hangs off the leaf's port j+1 (10.l.j.0/24: leaf .1, host .2); leaf l's
-  // uplink to spine s is its port hosts_per_leaf+s+1 and the spine's port l+1 (11.s.l.0/24).
+  std::vector<std::vector<Ptr<NetDevice>>> leafDown(sc.leaves), leafUp(sc.leaves), spineDown(sc.spines);
+  // Host j of leaf l hangs off the leaf's port j+1 and is 10.l.j.2; leaf l's uplink to spine s
+  // is its port hosts_per_leaf+s+1 and the spine's port l+1.
+  TrafficControlHelper noQueueDisc;
   for (uint32_t h = 0; h < H; ++h) {
     uint32_t l = h / sc.hostsPerLeaf, j = h % sc.hostsPerLeaf;
-    auto [leafSide, hostSide] = link(p2p, leaves.Get(l), sc.port, hosts.Get(h), "10", l, j);
-    hostSide->policy = hostPort;
-    ports.push_back({"l" + std::to_string(l + 1), j + 1, leafSide});
+    NetDeviceContainer d = p2p.Install(leaves.Get(l), hosts.Get(h));
+    std::ostringstream base;
+    base << "10." << l << "." << j << ".0";
+    Ipv4AddressHelper addr;
+    addr.SetBase(base.str().c_str(), "255.255.255.0", "0.0.0.2");
+    addr.Assign(NetDeviceContainer(d.Get(1)));
+    noQueueDisc.Uninstall(d.Get(1));  // the default queue disc Assign installs: the NIC queues
+    portQueue(d.Get(1), hostPort);
+    ports.push_back({"l" + std::to_string(l + 1), j + 1, portQueue(d.Get(0), sc.port)});
+    leafDown[l].push_back(d.Get(0));
   }
   for (uint32_t s = 0; s < sc.spines; ++s)
     for (uint32_t l = 0; l < sc.leaves; ++l) {
-      auto [leafSide, spineSide] = link(p2pUp, leaves.Get(l), sc.port, spines.Get(s), "11", s, l);
-      ports.push_back({"l" + std::to_string(l + 1), sc.hostsPerLeaf + s + 1, leafSide});
-      ports.push_back({"sp" + std::to_string(s + 1), l + 1, spineSide});
+      NetDeviceContainer d = p2pUp.Install(leaves.Get(l), spines.Get(s));
+      ports.push_back({"l" + std::to_string(l + 1), sc.hostsPerLeaf + s + 1, portQueue(d.Get(0), sc.port)});
+      ports.push_back({"sp" + std::to_string(s + 1), l + 1, portQueue(d.Get(1), sc.port)});
+      leafUp[l].push_back(d.Get(0));
+      spineDown[s].push_back(d.Get(1));
     }
+  // The spine a leaf picks per flow depends on a salt per switch and seed (which flows collide).
+  auto salt = [&](Ptr<Node> n) { return (n->GetId() + 1) * 2654435761u ^ (sc.seed * 0x85ebca6bu); };
+  std::vector<Ptr<LeafSpineSwitch>> switches;
+  for (uint32_t l = 0; l < sc.leaves; ++l)
+    switches.push_back(Create<LeafSpineSwitch>(leaves.Get(l), LeafSpineRole{LeafSpineRole::LEAF, l, l}, leafDown[l],
+                                               leafUp[l], sc.lb, salt(leaves.Get(l))));
+  for (uint32_t s = 0; s < sc.spines; ++s)
+    switches.push_back(Create<LeafSpineSwitch>(spines.Get(s), LeafSpineRole{LeafSpineRole::SPINE, 0, s},
+                                               spineDown[s], std::vector<Ptr<NetDevice>>{}, sc.lb,
+                                               salt(spines.Get(s))));
 
   std::vector<Ipv4Address> peers(H);
   for (uint32_t h = 0; h < H; ++h) {
@@ -568,6 +574,8 @@ int main(int argc, char** argv) {
   Simulator::Run();
   double simulated = Simulator::Now().GetSeconds();
   uint64_t events = Simulator::GetEventCount();
+  for (auto& sw : switches)
+    if (sw->unroutable) Fail("a switch received packets addressed to no host: the topology is miswired");
 
   for (auto& p : ports) {
     const DlcpPortStats& s = p.q->stats;

@@ -202,6 +202,18 @@ def test_the_gradients_tcp_is_chosen_apart_from_the_background():
     assert marks["dctcp"] > 0 and marks["newreno"] == 0, marks
 
 
+def test_switches_mark_tcp_in_its_ip_header_and_dctcp_keeps_queues_short():
+    """A switch port marks CE in the IP header of an ECN-capable TCP segment (the switches
+    forward below IP, so the mark is written into the frame's bytes). DCTCP's senders hear it
+    and keep the incast's queues below the 100-packet buffer; NewReno, not ECN-capable, fills
+    the buffer and loses packets."""
+    base = dict(scale=0.01, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
+    ports = {cc: simulate(SimOptions(**base, gradient_tcp=cc), "tcp").ports for cc in ("dctcp", "newreno")}
+    assert sum(p.marks for p in ports["dctcp"]) > 0
+    assert max(p.max_depth for p in ports["dctcp"]) < 100 and sum(p.tail_drops for p in ports["dctcp"]) == 0
+    assert max(p.max_depth for p in ports["newreno"]) == 100 and sum(p.tail_drops for p in ports["newreno"]) > 0
+
+
 def test_tcp_gradients_recover_from_tail_drops():
     """With 8-packet port buffers the incast overflows them: TCP retransmits, and still every
     message arrives whole."""

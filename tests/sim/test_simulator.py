@@ -66,7 +66,7 @@ def test_flow_hashing_pins_a_pair_to_one_spine_and_spraying_uses_both():
 
 @pytest.mark.parametrize("background", [0.0, 0.5])
 def test_jumbo_frames_cross_the_fabric_whole(background):
-    """--mtu 9000: a DLCP datagram of 8972 bytes, or a TCP segment of 8948, crosses every link
+    """--mtu 9000: a DLCP datagram of 8972 bytes, or a TCP segment of 8960, crosses every link
     as one packet (ns-3's devices default to 1500 and would cut them into six fragments). One
     worker on leaf 1 pushes to its server on leaf 2, so every packet it sends crosses one of
     leaf 1's uplinks exactly once (but for a last control packet or two still at the host when

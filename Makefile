@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
-.PHONY: setup test test-unit demo demo-testbed demo-drop bench p4 clean help
+.PHONY: setup mininet-link test test-unit demo demo-testbed demo-drop bench p4 clean help
 
 help:
 	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
@@ -19,35 +19,38 @@ help:
 	@echo "make bench   print the benchmarks' figures"
 	@echo "make p4      recompile p4/ into p4/build/ (needs p4c-bm2-ss)"
 
-setup: $(STAMP)
+setup: $(STAMP) mininet-link
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "DLCP needs Python >= 3.10; set PYTHON=python3.X")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)"
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
-	@# Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if present.
-	@if [ -d /usr/lib/python3/dist-packages/mininet ]; then \
-		ln -sfn /usr/lib/python3/dist-packages/mininet "$$(ls -d $(VENV)/lib/python3*/site-packages)/mininet"; fi
 	@touch $@
 
-test: $(STAMP)
+# Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if
+# present, on every run, so installing it after the venv was made needs no other step.
+mininet-link: $(STAMP)
+	@if [ -d /usr/lib/python3/dist-packages/mininet ]; then \
+		ln -sfn /usr/lib/python3/dist-packages/mininet "$$(ls -d $(VENV)/lib/python3*/site-packages)/mininet"; fi
+
+test: setup
 	$(PY) -m pytest
 
-test-unit: $(STAMP)
+test-unit: setup
 	$(PY) -m pytest tests/unit
 
-demo: $(STAMP)
+demo: setup
 	$(PY) examples/train_digits.py --workers 4 --compare
 
 # The same training through the Mininet testbed of BMv2 switches (needs root, BMv2, Mininet).
-demo-testbed: $(STAMP)
+demo-testbed: setup
 	$(VENV)/bin/dlcp run --topology star --workers 4 --workload digits --iterations 100 --scheme baseline,dlcp
 
-demo-drop: $(STAMP)
+demo-drop: setup
 	$(VENV)/bin/dlcp demo
 
-bench: $(STAMP)
+bench: setup
 	$(PY) bench/packetizer.py
 	$(PY) bench/transport.py
 	$(PY) bench/hostile.py

@@ -73,21 +73,21 @@ class DlcpPortQueue : public Queue<Packet> {
     return true;
   }
 
-  Ptr<Packet> Dequeue() override { return Take(); }
-  Ptr<Packet> Remove() override { return Take(); }
+  Ptr<Packet> Dequeue() override { return Take(false); }
+  Ptr<Packet> Remove() override { return Take(true); }  // ns-3's Remove drops (counted as such)
   Ptr<const Packet> Peek() const override { return DoPeek(GetContainer().begin()); }
 
  private:
   std::array<uint32_t, 8> m_count{};
   std::array<Iterator, 8> m_last{};  // valid while m_count of its band is above 0
 
-  Ptr<Packet> Take() {
+  Ptr<Packet> Take(bool drop) {
     if (GetContainer().empty()) return nullptr;
     // The front belongs to the highest band that holds packets.
     int b = 7;
     while (m_count[b] == 0) --b;
     m_count[b]--;
-    Ptr<Packet> p = DoDequeue(GetContainer().begin());
+    Ptr<Packet> p = drop ? DoRemove(GetContainer().begin()) : DoDequeue(GetContainer().begin());
     DlcpTag tag;
     p->PeekPacketTag(tag);  // the invariant, checked on every packet: the front is of band b
     NS_ABORT_MSG_IF(policy.priorityMap[tag.priority & 7] != b, "DlcpPortQueue: a packet left out of band order");

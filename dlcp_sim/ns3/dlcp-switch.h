@@ -115,9 +115,9 @@ class DlcpPortQueue : public Queue<Packet> {
   }
 };
 
-struct LeafSpineRole {
-  enum Kind { HOST, LEAF, SPINE } kind = HOST;
-  uint32_t leaf = 0, index = 0;  // host: its leaf and place on it; leaf: its number; spine: its number
+struct SwitchRole {
+  enum Kind { LEAF, SPINE } kind = LEAF;
+  uint32_t index = 0;  // the leaf's or the spine's number
 };
 
 enum class LbMode { FLOW, ROUND_ROBIN, RANDOM };
@@ -132,7 +132,7 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
  public:
   //! `down`: a leaf's ports to its hosts (by place) or a spine's ports to the leaves (by
   //! number); `up`: a leaf's ports to the spines (by number), none on a spine.
-  LeafSpineSwitch(Ptr<Node> node, LeafSpineRole role, std::vector<Ptr<NetDevice>> down,
+  LeafSpineSwitch(Ptr<Node> node, SwitchRole role, std::vector<Ptr<NetDevice>> down,
                   std::vector<Ptr<NetDevice>> up, LbMode lb, uint32_t salt)
       : m_role(role), m_down(std::move(down)), m_up(std::move(up)), m_lb(lb), m_salt(salt),
         m_rr(m_up.empty() ? 0 : salt % m_up.size()) {
@@ -144,7 +144,7 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
   uint64_t unroutable = 0;  // packets for an address that is no host's (never expected)
 
  private:
-  LeafSpineRole m_role;
+  SwitchRole m_role;
   std::vector<Ptr<NetDevice>> m_down, m_up;
   LbMode m_lb;
   uint32_t m_salt, m_rr;
@@ -160,7 +160,7 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
     }
     uint32_t L = h[17], J = h[18];
     Ptr<NetDevice> out;
-    if (m_role.kind == LeafSpineRole::SPINE)
+    if (m_role.kind == SwitchRole::SPINE)
       out = L < m_down.size() ? m_down[L] : nullptr;
     else if (L == m_role.index)
       out = J < m_down.size() ? m_down[J] : nullptr;

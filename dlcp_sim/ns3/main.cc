@@ -496,10 +496,10 @@ int main(int argc, char** argv) {
   auto salt = [&](Ptr<Node> n) { return (n->GetId() + 1) * 2654435761u ^ (sc.seed * 0x85ebca6bu); };
   std::vector<Ptr<LeafSpineSwitch>> switches;
   for (uint32_t l = 0; l < sc.leaves; ++l)
-    switches.push_back(Create<LeafSpineSwitch>(leaves.Get(l), LeafSpineRole{LeafSpineRole::LEAF, l, l}, leafDown[l],
+    switches.push_back(Create<LeafSpineSwitch>(leaves.Get(l), SwitchRole{SwitchRole::LEAF, l}, leafDown[l],
                                                leafUp[l], sc.lb, salt(leaves.Get(l))));
   for (uint32_t s = 0; s < sc.spines; ++s)
-    switches.push_back(Create<LeafSpineSwitch>(spines.Get(s), LeafSpineRole{LeafSpineRole::SPINE, 0, s},
+    switches.push_back(Create<LeafSpineSwitch>(spines.Get(s), SwitchRole{SwitchRole::SPINE, s},
                                                spineDown[s], std::vector<Ptr<NetDevice>>{}, sc.lb,
                                                salt(spines.Get(s))));
 

@@ -125,6 +125,7 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
         "priority_map": {p: pol.priority_map[p] for p in range(pol.num_priorities)},
         "drop_thresholds": {cls: t for cls, t in enumerate(pol.drop_thresholds, start=1)},
         "ecn_threshold": pol.ecn_threshold,
+        "ecn_backlog": pol.ecn_backlog,
         "lb_mode": pol.lb_mode,
     }
     if args.json:
@@ -136,7 +137,8 @@ def cmd_policy_show(args: argparse.Namespace) -> int:
     for cls, t in view["drop_thresholds"].items():
         print(f"  class {cls}: > {t}")
     print("  class 0: never (control packets and retransmissions too)")
-    print(f"ECN: mark CE when the depth ahead exceeds {view['ecn_threshold']}")
+    backlog = "the port's backlog (every priority)" if view["ecn_backlog"] == "port" else "the depth ahead"
+    print(f"ECN: mark CE when {backlog} exceeds {view['ecn_threshold']}")
     print(f"load balancing of DLCP data packets: {view['lb_mode']}")
     return 0
 

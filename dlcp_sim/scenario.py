@@ -18,7 +18,7 @@ from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, drop_classes, packet_magnitudes
+from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
 from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
@@ -43,10 +43,10 @@ HOST_MODELS = ("dctcp", "agent")
 SIM_ONLY_SCHEMES = {"tcp": "baseline"}
 
 
-def sim_policy(scheme: str, buffer: int, loss_bound: float) -> Policy:
+def sim_policy(scheme: str, opts: "SimOptions") -> Policy:
     """The switch and loss policy of a simulated scheme (:func:`topologies.schemes.policy_for`;
     a simulator-only scheme takes its testbed counterpart's)."""
-    return policy_for(SIM_ONLY_SCHEMES.get(scheme, scheme), buffer, loss_bound)
+    return policy_for(SIM_ONLY_SCHEMES.get(scheme, scheme), opts.buffer, opts.loss_bound, opts.ecn_backlog)
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class SimOptions:
     iterations: int = 3
     compute_ms: float = 0.0
     loss_bound: float = 0.05
+    ecn_backlog: str = Policy.ecn_backlog
+    """What switch ports compare with the ECN threshold (:attr:`hostagent.policy.Policy.ecn_backlog`)."""
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
     warmup: int = 0
@@ -151,6 +153,8 @@ class SimOptions:
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
         if not 576 <= self.mtu <= 9216:
             raise DlcpUserError(f"--mtu {self.mtu}: 576..9216 bytes (1500 Ethernet, 9000 jumbo frames)")
+        if self.ecn_backlog not in ECN_BACKLOGS:
+            raise DlcpUserError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
         if not 0 <= self.loss_bound < 1:
             raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
         if len(self.placement()) == 0:
@@ -264,7 +268,7 @@ def line_rate_bound(opts: SimOptions, scheme: str) -> float:
     rule, at least (1-p) of each message), split evenly over the equal-cost paths
     (:func:`topologies.bound.port_loads`), on every switch port and every host's own link,
     each a full-size packet at that link's rate."""
-    policy = sim_policy(scheme, opts.buffer, opts.loss_bound)
+    policy = sim_policy(scheme, opts)
     buckets = [b.total for b in _worker_plan(opts, policy)[2]]
     per = elems_per_packet(opts.mtu, np.float32)
     traffic: dict[tuple[str, str], float] = {}
@@ -329,7 +333,7 @@ def _agent_feedback() -> list[str]:
 
 def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
-    policy = sim_policy(scheme, opts.buffer, opts.loss_bound)
+    policy = sim_policy(scheme, opts)
     host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
     # hosts configured as on the testbed, for the narrowest link on their paths
     rate = bottleneck_rates(min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8, opts.mtu)
@@ -338,7 +342,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"leaves {opts.leaves}", f"spines {opts.spines}", f"hosts_per_leaf {opts.hosts_per_leaf}",
         f"link_rate {opts.link_gbps * 1e3:g}Mbps", f"uplink_rate {opts.uplink_rate_gbps * 1e3:g}Mbps",
         f"link_delay_us {opts.link_delay_us:g}", f"mtu {opts.mtu}",
-        f"buffer {opts.buffer}", f"ecn_threshold {policy.ecn_threshold}",
+        f"buffer {opts.buffer}", f"ecn_threshold {policy.ecn_threshold}", f"ecn_backlog {policy.ecn_backlog}",
         "priority_map " + " ".join(str(q) for q in policy.priority_map + (0,) * (8 - len(policy.priority_map))),
         "drop_thresholds " + " ".join(str(t) for t in policy.drop_thresholds),
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",

@@ -81,6 +81,9 @@ BAND_STRATEGIES: dict[str, BandStrategy] = {
 MAGNITUDES = ("l2", "maxabs")
 #: How a switch spreads DLCP data packets over an ECMP group.
 LB_MODES = ("round_robin", "random", "flow")
+#: Which backlog a port compares with ``ecn_threshold``: the packets queued at the packet's own
+#: priority and above, or the whole port's.
+ECN_BACKLOGS = ("ahead", "port")
 
 
 def register_band_strategy(name: str, fn: BandStrategy) -> None:
@@ -130,6 +133,19 @@ class Policy:
 
     ecn_threshold: int = 20
     """Queue depth above which ECN-capable packets are marked CE."""
+
+    ecn_backlog: str = "ahead"
+    """What ``ecn_threshold`` is compared with: ``ahead``, the backlog at the packet's priority
+    and above, or ``port``, the port's whole backlog (every priority). Strict priority decides
+    the order of service and the drops either way; this only decides whom ECN slows down.
+
+    The trade-off, measured (README, "Which backlog ECN marks on"): with ``ahead`` a sender
+    whose packets ride the high priorities sees few marks in an incast and keeps its rate while
+    the low priorities behind it overflow (7x the tail drops of ``port`` in a 32-host
+    parameter-server incast); with ``port`` every sender backs off for any backlog, including
+    lower-priority traffic that does not answer ECN, so gradients lose the share strict
+    priority was to give them. ``ahead`` is the default because it keeps that share; the
+    simulator and the testbed take ``--ecn-backlog`` to compare both."""
 
     loss_bound_push: float = 0.05
     """p for gradient push: a message completes once >= (1-p) of its elements arrived."""
@@ -190,6 +206,8 @@ class Policy:
                     "less important classes must be dropped first (non-increasing)"
                 )
         _check_range("ecn_threshold", self.ecn_threshold, 1, MAX_QUEUE_DEPTH)
+        if self.ecn_backlog not in ECN_BACKLOGS:
+            raise PolicyError(f"policy.ecn_backlog={self.ecn_backlog!r} is unknown; one of {list(ECN_BACKLOGS)}")
         _check_range("loss_bound_push", self.loss_bound_push, 0.0, 0.5, float)
         _check_range("loss_bound_pull", self.loss_bound_pull, 0.0, 0.5, float)
         for name, lo, hi in (("priority_map", 0, MAX_PRIORITIES - 1), ("dscp", 0, 63)):

@@ -17,6 +17,7 @@ from typing import Sequence
 from hostagent.cli import add_host_commands
 from hostagent.clikit import run_cli
 from hostagent.errors import DlcpUserError
+from hostagent.policy import ECN_BACKLOGS, Policy
 
 
 def _run_options(args: argparse.Namespace):
@@ -26,7 +27,7 @@ def _run_options(args: argparse.Namespace):
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
                       compute_ms=args.compute_ms, capacity_pps=2000 if args.capacity == "auto" else int(args.capacity),
-                      buffer=args.buffer,
+                      buffer=args.buffer, ecn_backlog=args.ecn_backlog,
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
@@ -122,6 +123,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
                         "(dlcp calibrate)")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
+    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=Policy.ecn_backlog,
+                   help="what ECN marks on: the backlog ahead of a packet, its priority and above "
+                        "(ahead, the default) or the port's whole backlog (port)")
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
     p.add_argument("--cross-rate", type=float, default=0.5,
                    help="UDP cross traffic while on, as a fraction of the bottleneck capacity (default 0.5)")

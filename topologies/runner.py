@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError
-from hostagent.policy import Policy
+from hostagent.policy import ECN_BACKLOGS, Policy
 from hostagent.ratecontrol import bottleneck_rates
 from topologies import traffic
 from topologies.bmv2 import terminate_group
@@ -65,6 +65,8 @@ class RunOptions:
     """UDP cross traffic rate as a fraction of the bottleneck capacity."""
     mtu: int = 1500
     loss_bound: float = 0.05
+    ecn_backlog: str = Policy.ecn_backlog
+    """What switches compare with the ECN threshold (:attr:`hostagent.policy.Policy.ecn_backlog`)."""
     fusion: bool = True
     """Pack tensors into DDP-style buckets (caps scaled by ``scale``); off: one message per tensor."""
     repeat: int = 1
@@ -105,13 +107,15 @@ class RunOptions:
             raise DlcpUserError("--target-accuracy is a fraction, 0..1")
         if self.eval_every is not None and self.eval_every < 1:
             raise DlcpUserError("--eval-every must be >= 1")
+        if self.ecn_backlog not in ECN_BACKLOGS:
+            raise DlcpUserError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
         if self.timeout <= 0:
             raise DlcpUserError("--timeout must be > 0 seconds")
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
     """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and bound."""
-    return policy_for(scheme, opts.buffer, opts.loss_bound)
+    return policy_for(scheme, opts.buffer, opts.loss_bound, opts.ecn_backlog)
 
 
 def cross_dscp(policy: Policy, opts: RunOptions) -> int:

@@ -30,9 +30,11 @@ def check_schemes(schemes: tuple[str, ...], extra: tuple[str, ...] = ()) -> None
         raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {known}")
 
 
-def policy_for(scheme: str, buffer: int, loss_bound: float) -> Policy:
+def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = Policy.ecn_backlog) -> Policy:
     """The policy of one scheme at a port buffer of ``buffer`` packets: what is off falls back
-    to the baseline's behaviour (one queue, flow hashing, no drop classes, p = 0)."""
+    to the baseline's behaviour (one queue, flow hashing, no drop classes, p = 0). Every scheme
+    marks ECN at a quarter of the buffer, on ``ecn_backlog`` (:attr:`Policy.ecn_backlog`; with
+    one queue, as the baseline has, both rules are the same)."""
     on = SCHEMES[scheme]
     return Policy(
         priority_map=(0, 1, 2, 3, 4, 5, 6, 7) if on["prio"] else (0,) * 8,
@@ -40,5 +42,6 @@ def policy_for(scheme: str, buffer: int, loss_bound: float) -> Policy:
         num_drop_classes=4 if on["drop"] else 1,
         drop_thresholds=(buffer * 3 // 4, buffer // 2, buffer // 4) if on["drop"] else (),
         ecn_threshold=max(1, buffer // 4),
+        ecn_backlog=ecn_backlog,
         loss_bound_push=loss_bound if on["bounded"] else 0.0,
     )

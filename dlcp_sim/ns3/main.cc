@@ -105,6 +105,12 @@ Scenario Parse(std::istream& in) {
     else if (key == "mtu") ls >> sc.mtu;
     else if (key == "buffer") ls >> sc.port.buffer;
     else if (key == "ecn_threshold") ls >> sc.port.ecnThreshold;
+    else if (key == "ecn_backlog") {
+      std::string b;
+      ls >> b;
+      if (b != "port" && b != "ahead") Fail("ecn_backlog: port or ahead, got " + b);
+      sc.port.ecnOnPort = b == "port";
+    }
     else if (key == "priority_map") {
       for (auto& q : sc.port.priorityMap) {
         unsigned v = 0;

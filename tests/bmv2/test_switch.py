@@ -225,3 +225,23 @@ def test_ecn_marked_above_threshold(rig):
         time.sleep(1.0)  # let the virtual queue drain
         sendp([dlcp_pkt(seq=i) for i in range(20)], iface=rig.host_ifaces[1], verbose=False)
         assert all(p[IP].tos & 3 == 0 for p in received(sniff, 1.0))
+
+
+@pytest.mark.parametrize("backlog", ["port", "ahead"])
+def test_ecn_compares_the_port_backlog_or_the_depth_ahead(rig, backlog):
+    """High-priority packets behind a low-priority backlog: ``ecn_backlog: port`` marks them
+    (the port is congested, whatever their priority), ``ahead`` does not (nothing of theirs
+    waits ahead of them)."""
+    net = _bottleneck(rig, ecn_backlog=backlog)
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        sniff = capture(rig.host_ifaces[2])
+        ect0 = 0b10
+        lows = [dlcp_pkt(priority=0, seq=i, ecn=ect0) for i in range(20)]
+        highs = [dlcp_pkt(priority=7, seq=100 + i, ecn=ect0) for i in range(3)]
+        send_fast(rig.host_ifaces[1], lows + highs)  # the lows queue: R drains ~1 per 20 ms
+        got = received(sniff, 1.0, expect=23)
+        high_marks = [p[IP].tos & 3 for p in got if p[DLCP].seq >= 100]
+        assert len(high_marks) == 3
+        assert high_marks == ([3] * 3 if backlog == "port" else [ect0] * 3), high_marks
+        assert sum(1 for p in got if p[DLCP].seq < 100 and p[IP].tos & 3 == 3) >= 10  # lows: either rule

@@ -34,6 +34,8 @@ def test_the_scenario_carries_the_schemes_policy():
     assert _lines(dlcp, "priority_map") == [[str(i) for i in range(8)]] and _lines(dlcp, "lb") == [["round_robin"]]
     assert _lines(dlcp, "drop_thresholds") == [["60", "40", "20"]]
     assert _lines(dlcp, "job")[0][:2] == ["ps", "0.1"] and _lines(base, "job")[0][:2] == ["ps", "0"]
+    assert _lines(dlcp, "ecn_backlog") == [["ahead"]]
+    assert _lines(scenario_text(SimOptions(ecn_backlog="port"), "dlcp"), "ecn_backlog") == [["port"]]
 
 
 def test_the_tcp_scheme_sends_over_tcp_through_the_baselines_switches():
@@ -112,7 +114,8 @@ def test_jobs_span_leaves_and_never_share_a_host():
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
                                  {"jobs_placement": "random"}, {"host_model": "cubic"}, {"gradient_tcp": "bbr"},
                                  {"warmup": 3}, {"control_bytes": 10}, {"control_bytes": 1473},
-                                 {"host_delay_us": -1}, {"mtu": 500}, {"mtu": 9217}])
+                                 {"host_delay_us": -1}, {"mtu": 500}, {"mtu": 9217},
+                                 {"ecn_backlog": "queue"}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):
         SimOptions(**bad)

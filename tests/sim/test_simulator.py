@@ -222,3 +222,17 @@ def test_tcp_gradients_recover_from_tail_drops():
     assert sum(p.tail_drops for p in r.ports) > 0
     assert sum(h.retransmitted for h in r.hosts) > 0
     assert all(c.missing == 0 for c in r.completions)
+
+
+def test_ecn_on_the_port_backlog_slows_every_sender_of_an_incast():
+    """Strict priority in a 32-host parameter-server incast: with ECN on the backlog ahead
+    (the default), senders whose packets ride high priorities see few marks while the low
+    priorities behind them overflow the buffer; on the port's whole backlog every sender backs
+    off, and far fewer packets are tail-dropped."""
+    base = dict(scale=0.05, iterations=1, leaves=4, hosts_per_leaf=8, spines=4, uplink_gbps=40, jobs=0)
+    ports = {b: simulate(SimOptions(**base, ecn_backlog=b), "prio").ports for b in ("ahead", "port")}
+    drops = {b: sum(p.tail_drops for p in ports[b]) for b in ports}
+    assert drops["port"] * 3 < drops["ahead"], drops
+    # the baseline has one queue, where the two rules are the same
+    same = [simulate(SimOptions(**{**base, "leaves": 2}, ecn_backlog=b), "baseline").ports for b in ("ahead", "port")]
+    assert [(p.marks, p.tail_drops) for p in same[0]] == [(p.marks, p.tail_drops) for p in same[1]]

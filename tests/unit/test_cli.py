@@ -82,3 +82,15 @@ def test_a_testbed_agent_for_synthetic_gradients_does_not_load_torch():
     where real training needs it keeps the start of every run short."""
     code = "import sys, topologies.agent, dlcp_torch.state; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_run_passes_the_ecn_rule_to_every_schemes_policy():
+    from topologies.runner import scheme_policy
+
+    args = cli.build_parser().parse_args(["run", "--ecn-backlog", "port", "--scheme", "baseline,dlcp"])
+    opts = cli._run_options(args)
+    assert {scheme_policy(s, opts).ecn_backlog for s in opts.schemes} == {"port"}
+    default = cli._run_options(cli.build_parser().parse_args(["run"]))
+    assert scheme_policy("dlcp", default).ecn_backlog == "ahead"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["run", "--ecn-backlog", "queue"])

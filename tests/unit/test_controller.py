@@ -1,5 +1,6 @@
 """Controller logic that needs no switch: entry encoding, the network file, reconciling."""
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -139,6 +140,13 @@ def test_policy_drives_switch_entries():
     assert groups[0].params == {"size": 2, "mode": 1}  # random
     ecn = [e for e in entries if e.table == "ecn_threshold"]
     assert ecn[0].default and ecn[0].params == {"depth": 12}
+    assert ecn[0].action == "mark_on_backlog_ahead"  # the default ecn_backlog
+    port = dataclasses.replace(net, policy=dataclasses.replace(net.policy, ecn_backlog="port"))
+    ecn = [e for e in desired.desired_entries(port.switches["s1"], port) if e.table == "ecn_threshold"]
+    assert ecn[0].action == "mark_on_port_backlog" and ecn[0].params == {"depth": 12}
+    # both actions are in the compiled program, with the parameter the controller writes
+    for action in ("mark_on_port_backlog", "mark_on_backlog_ahead"):
+        TableEntry("ecn_threshold", action=action, params={"depth": 1}, default=True).canonical(SCHEMA)
 
 
 def test_reconcile_diff_and_idempotence():

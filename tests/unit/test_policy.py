@@ -22,6 +22,7 @@ def test_defaults_are_valid_and_documented():
     ({"drop_thresholds": (10, 20, 5)}, "drop_thresholds"),  # increasing
     ({"drop_thresholds": (10, 0, 0)}, "drop_thresholds"),
     ({"ecn_threshold": 1 << 20}, "ecn_threshold"),
+    ({"ecn_backlog": "queue"}, "ecn_backlog"),
     ({"loss_bound_push": 0.7}, "loss_bound_push"),
     ({"loss_bound_pull": -0.1}, "loss_bound_pull"),
     ({"magnitude": "l1"}, "magnitude"),

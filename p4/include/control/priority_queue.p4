@@ -8,7 +8,8 @@
  * strict-priority server of rate R would drain its queues. A packet's fate is decided
  * against that model (see SelectiveDrop and EcnMark): the backlog *ahead of it* is what a
  * strict-priority port would have queued in front of it, i.e. the sum of the backlogs at
- * its priority and above. Admitted packets join its backlog (VqAdmit).
+ * its priority and above; the port's whole backlog (every priority) is kept beside it for
+ * EcnMark. Admitted packets join its backlog (VqAdmit).
  *
  * The real BMv2 queues of the port stay in place, each rate-limited to R and at least as
  * deep as the virtual buffer: packets still queue physically (delay that hosts see), and a
@@ -34,6 +35,7 @@ register<bit<64>>(PORT_QUEUES) vq_backlog;
     if (backlog > budget) { backlog = backlog - budget; budget = 0; } \
     else { budget = budget - backlog; backlog = 0; } \
     vq_backlog.write(base + Q, backlog); \
+    total = total + backlog; \
     if (meta.queue <= Q) { ahead = ahead + backlog; }
 
 control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
@@ -71,6 +73,7 @@ control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
             bit<64> budget = elapsed * rate;
             bit<64> backlog;
             bit<64> ahead = 0;
+            bit<64> total = 0;
             VQ_DRAIN(7)
             VQ_DRAIN(6)
             VQ_DRAIN(5)
@@ -80,6 +83,7 @@ control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
             VQ_DRAIN(1)
             VQ_DRAIN(0)
             meta.depth_ahead = (bit<32>)(ahead >> VQ_FRAC_BITS);
+            meta.depth_port = (bit<32>)(total >> VQ_FRAC_BITS);
         }
     }
 }

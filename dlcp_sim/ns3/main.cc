@@ -422,10 +422,21 @@ int main(int argc, char** argv) {
   // update would stall a flow for seconds in a fabric whose round trip is microseconds.
   Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
   Config::SetDefault("ns3::TcpSocket::PersistTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs)));
+  // ns-3 gives a connection up after 6 unanswered SYNs or 6 timeouts in a row, which from a
+  // 5 ms RTO, doubling, is 0.3 s; Linux, from 1 s, waits minutes. A background flow starved
+  // behind a whole ResNet-50 iteration under strict priority must wait, not fail.
+  Config::SetDefault("ns3::TcpSocket::ConnCount", UintegerValue(15));
+  Config::SetDefault("ns3::TcpSocket::DataRetries", UintegerValue(15));
   // The delayed ACK (200 ms by default) must be shorter than the RTO: otherwise a sender with
   // one segment in flight (after a timeout) waits out the RTO for every segment, as the
   // receiver holds its ACK for a second segment that never comes.
   Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs / 5)));
+  // TIME_WAIT lasts 2 MSL, 240 s by default: every closed background connection would keep its
+  // endpoint for the whole simulation, and ns-3 finds a packet's socket by scanning a host's
+  // endpoints one by one, so the cost of every segment grew with the flows already finished
+  // (a tenth of the 144-host target's time). 2 x 1 ms still outlasts any segment in a fabric
+  // whose round trip is microseconds.
+  Config::SetDefault("ns3::TcpSocketBase::MaxSegLifetime", DoubleValue(1e-3));
   Config::SetDefault("ns3::TcpL4Protocol::SocketType",
                      TypeIdValue(sc.tcp == "dctcp"   ? TcpDctcp::GetTypeId()
                                  : sc.tcp == "cubic" ? TcpCubic::GetTypeId()

@@ -48,6 +48,10 @@ struct TransportParams {
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
   Time increaseInterval;                    // zero: additiveIncrease per clean report
+  // With increaseInterval: until a destination's first cut, additiveIncrease per clean report
+  // anyway (reports come with the packets, so the rate grows with itself, as TCP's slow start),
+  // then per increaseInterval.
+  bool slowStart = false;
   Time maxIncreaseSpan = MilliSeconds(50);  // the most one report may grant (after idle)
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
   // The host agent's report timers instead (when feedbackInterval is not zero; control_path's
@@ -115,7 +119,7 @@ class DlcpHost : public GradientHost {
   struct Flow {
     double rate = 0, alpha = 0;
     Time nextSend, lastCut, lastReport;
-    bool reported = false;
+    bool reported = false, cut = false;
     std::vector<std::shared_ptr<TxMsg>> active;
   };
   struct RxMsg {
@@ -300,8 +304,9 @@ class DlcpHost : public GradientHost {
       if (tp.cutInterval.IsZero() || now - f.lastCut >= tp.cutInterval) {
         f.rate = std::max(tp.minRate, f.rate * (1 - f.alpha / 2));
         f.lastCut = now;
+        f.cut = true;
       }
-    } else if (tp.increaseInterval.IsZero()) {
+    } else if (tp.increaseInterval.IsZero() || (tp.slowStart && !f.cut)) {
       f.rate = std::min(tp.lineRate, f.rate + tp.additiveIncrease);  // per clean report
     } else {  // the host agent's rule: additiveIncrease per increaseInterval since the last report
       Time span = f.reported ? std::min(tp.maxIncreaseSpan, now - f.lastReport) : tp.increaseInterval;

@@ -144,6 +144,7 @@ Scenario Parse(std::istream& in) {
                                             : sc.tp.cleanFeedbackInterval) = MicroSeconds(us);
     }
     else if (key == "feedback_every") ls >> sc.tp.feedbackEvery;
+    else if (key == "slow_start") ls >> sc.tp.slowStart;
     else if (key == "top_priority") {
       unsigned v;
       ls >> v;

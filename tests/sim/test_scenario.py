@@ -76,7 +76,9 @@ def test_the_agent_host_model_is_the_host_agents_rules():
     dctcp = scenario_text(SimOptions(), "dlcp")
     assert not _lines(dctcp, "feedback_interval_us") and float(_lines(dctcp, "cut_interval_us")[0][0]) > 0
     assert _lines(agent, "initial_alpha") == _lines(dctcp, "initial_alpha") == [[f"{INITIAL_ALPHA:g}"]]
-    assert not _lines(scenario_text(SimOptions(), "dlcp"), "increase_interval_us")
+    # the dctcp model: the increase per cut interval (as DCTCP's per round trip), slow start before
+    assert _lines(dctcp, "increase_interval_us") == _lines(dctcp, "cut_interval_us")
+    assert _lines(dctcp, "slow_start") == [["1"]] and not _lines(agent, "slow_start")
 
 
 def test_buckets_carry_every_packet_with_its_layers_priority_and_a_drop_class():

@@ -50,6 +50,7 @@ PARAMS: dict[str, SweepParam] = {
     "pattern": SweepParam("pattern", str, "pattern"),
     "capacity": SweepParam("capacity_pps", int, "bottleneck capacity (packets/s)"),
     "fusion": SweepParam("fusion", _on_off, "tensor fusion"),
+    "ecn-backlog": SweepParam("ecn_backlog", str, "backlog ECN marks on"),
 }
 
 CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "lost_fraction_mean")

@@ -17,12 +17,13 @@ def test_options_at_sets_the_field_and_zero_cross_rate_means_none():
     assert options_at(base, "buffer", "32").buffer == 32
     assert options_at(base, "pattern", "ring").pattern == "ring"
     assert options_at(base, "fusion", "off").fusion is False
+    assert options_at(base, "ecn-backlog", "port").ecn_backlog == "port"
     zero = options_at(base, "cross-rate", "0")
     assert zero.cross_rate == 0 and zero.cross_traffic is False
 
 
 @pytest.mark.parametrize("param,value", [("buffer", "lots"), ("workers", "9"), ("pattern", "tree"),
-                                         ("cross-rate", "2"), ("fusion", "maybe")])
+                                         ("cross-rate", "2"), ("fusion", "maybe"), ("ecn-backlog", "queue")])
 def test_bad_values_are_refused_before_anything_runs(param, value):
     with pytest.raises(DlcpUserError):
         options_at(RunOptions(), param, value)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, TCP_VARIANTS, SimOptions
 from hostagent.errors import DlcpUserError
-from hostagent.policy import ECN_BACKLOGS
+from topologies.schemes import add_ecn_backlog_argument
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,9 +35,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="first iterations left out of the statistics (default 0; the testbed leaves out 1)")
     p.add_argument("--compute-ms", type=float, default=d.compute_ms,
                    help="backward time; buckets leave (or their rings start) as they fill during it (default 0)")
-    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=d.ecn_backlog,
-                   help="what ECN marks on: the backlog ahead of a packet, its priority and above "
-                        "(ahead, the default) or the port's whole backlog (port)")
+    add_ecn_backlog_argument(p)
     p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
     p.add_argument("--mtu", type=int, default=d.mtu)
     p.add_argument("--host-model", choices=HOST_MODELS, default=d.host_model,

@@ -17,7 +17,7 @@ from typing import Sequence
 from hostagent.cli import add_host_commands
 from hostagent.clikit import run_cli
 from hostagent.errors import DlcpUserError
-from hostagent.policy import ECN_BACKLOGS, Policy
+from topologies.schemes import add_ecn_backlog_argument
 
 
 def _run_options(args: argparse.Namespace):
@@ -123,9 +123,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
                         "(dlcp calibrate)")
     p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
-    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=Policy.ecn_backlog,
-                   help="what ECN marks on: the backlog ahead of a packet, its priority and above "
-                        "(ahead, the default) or the port's whole backlog (port)")
+    add_ecn_backlog_argument(p)
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
     p.add_argument("--cross-rate", type=float, default=0.5,
                    help="UDP cross traffic while on, as a fraction of the bottleneck capacity (default 0.5)")

@@ -7,8 +7,10 @@ the testbed (:mod:`topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 
 from __future__ import annotations
 
+import argparse
+
 from hostagent.errors import DlcpUserError
-from hostagent.policy import Policy
+from hostagent.policy import ECN_BACKLOGS, Policy
 
 #: Which mechanisms each scheme turns on.
 SCHEMES: dict[str, dict[str, bool]] = {
@@ -45,3 +47,10 @@ def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = P
         ecn_backlog=ecn_backlog,
         loss_bound_push=loss_bound if on["bounded"] else 0.0,
     )
+
+
+def add_ecn_backlog_argument(p: argparse.ArgumentParser) -> None:
+    """``--ecn-backlog`` for every scheme's policy, as ``dlcp run`` and ``dlcp sim`` both take it."""
+    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=Policy.ecn_backlog,
+                   help="what ECN marks on: the backlog ahead of a packet, its priority and above "
+                        "(ahead, the default) or the port's whole backlog (port)")

@@ -24,9 +24,10 @@ import numpy as np
 
 from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
-from hostagent.messages import InMessage, OutMessage, PeerFailed, PeerUnreachable, TransportClosed, TransportError, TransportTimeout
+from hostagent.messages import (InMessage, OutMessage, PeerFailed, PeerUnreachable, RateChange, TransportClosed, TransportError,
+                                TransportTimeout)
 from hostagent.policy import retransmission_set
-from hostagent.ratecontrol import AnswerTimer, Pacer, RateController
+from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, Pacer, RateController
 
 log = logging.getLogger("hostagent.transport")
 
@@ -567,6 +568,7 @@ class ControlPath:
                 msg.reported_missing = len(missing)
                 if new_lost:
                     self._rate[src].on_feedback(n - len(missing), 0, new_lost)
+                    self._note_rate(src, time.monotonic(), "loss")
                 msg.retx = seqs.astype(np.int64)
                 msg.retx_pos = 0
                 if len(seqs) and msg.first_retx_at is None:
@@ -588,9 +590,29 @@ class ControlPath:
             with self._lock:
                 rc = self._rate.setdefault(src, RateController(self.config.rate))
                 self._pacer.setdefault(src, Pacer(self.config.rate.burst_bytes))
+                now = time.monotonic()
                 rc.on_ceiling(share_kBps * 1000.0)
+                self._note_rate(src, now, "ceiling")
                 if received or lost:
-                    rc.on_feedback(received, marked, lost, time.monotonic())
+                    rc.on_feedback(received, marked, lost, now, hold=self._cut_hold(src))
+                    self._note_rate(src, now, "marks" if marked or lost else "increase")
+
+    def _cut_hold(self, dest: int) -> float:
+        """Longest a rate cut towards ``dest`` waits for its window to be reported
+        (:meth:`RateController.on_feedback`): a few smoothed answer times (a round trip with
+        its queue; ``probe_delay`` before any), at least a few feedback intervals. Only packets
+        lost without a report make it matter."""
+        timer = self._answer.get(dest)
+        rtt = timer.srtt if timer is not None and timer.srtt is not None else self.config.probe_delay
+        return max(CUT_HOLD_MIN_REPORTS * self.config.feedback_interval, CUT_HOLD_ANSWERS * rtt)
+
+    def _note_rate(self, dest: int, now: float, cause: str) -> None:
+        """Log the pacing rate towards ``dest`` if it changed (lock held)."""
+        rate = self._rate[dest].effective_rate
+        last = self._last_rate.get(dest)
+        if rate != last:
+            self._last_rate[dest] = rate
+            self.rate_log.append(RateChange(now, dest, rate, cause))
 
     def _on_meta(self, h: wire.Header, body: bytes) -> None:
         total, per, p = wire.META_BODY.unpack_from(body)

@@ -74,6 +74,16 @@ class MessageStats:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class RateChange:
+    """One change of the pacing rate towards a destination (:attr:`Endpoint.rate_log`)."""
+
+    time: float  # monotonic seconds
+    dest: int
+    rate: float  # the pacing rate from now on, bytes/s (the controller's, capped by the ceiling)
+    cause: str  # "start", "marks" (CE or loss in a FEEDBACK), "loss" (a BITMAP), "ceiling", "increase"
+
+
 class _Handle:
     """A one-shot result slot with a deadline-bounded wait."""
 

@@ -70,6 +70,12 @@ def bottleneck_rates(bottleneck: float, mtu: int) -> dict:
             "additive_increase": bottleneck * 0.01, "burst_bytes": 16 * mtu}
 
 
+#: A rate cut's hold (:meth:`RateController.on_feedback`) is this many smoothed answer times
+#: (:class:`AnswerTimer`: a round trip with its queue) ...
+CUT_HOLD_ANSWERS = 4
+#: ... and at least this many congestion-report intervals (``TransportConfig.feedback_interval``).
+CUT_HOLD_MIN_REPORTS = 10
+
 #: ``alpha`` before any report: as Linux DCTCP, assume the worst until measured, so the first
 #: cut halves the rate (the simulator's hosts start from the same value).
 INITIAL_ALPHA = 1.0
@@ -85,6 +91,10 @@ class RateController:
         self.decreases = 0
         self.ceiling = 0.0  # what the receiver says it can drain from us (0 = not said yet)
         self.last_report: float | None = None
+        self.last_cut: float | None = None  # when congestion last cut the rate (reports with a time)
+        self.sent = 0  # data packets sent to this destination (on_sent)
+        self.reported = 0  # of them, reported received or lost by its FEEDBACK (reports with a time)
+        self.window_end = 0  # packets sent before the last cut: its window ends once all are reported
 
     @property
     def effective_rate(self) -> float:
@@ -101,7 +111,12 @@ class RateController:
         if ceiling > 0 and self.rate > ceiling:
             self.rate = max(self.config.min_rate, ceiling)
 
-    def on_feedback(self, received: int, marked: int, lost: int, now: float | None = None) -> float:
+    def on_sent(self, packets: int) -> None:
+        """Count data packets sent to this destination (the window a cut waits out)."""
+        self.sent += packets
+
+    def on_feedback(self, received: int, marked: int, lost: int, now: float | None = None,
+                    hold: float = 0.0) -> float:
         """Update from one receiver report; returns the new rate.
 
         Args:
@@ -111,6 +126,16 @@ class RateController:
             now: the time of the report; a clean report grants ``additive_increase`` per
                 ``increase_interval`` since the previous one (at most ``max_increase_span``).
                 Without it, one ``increase_interval``.
+            hold: the longest a cut waits for its window (below); needs ``now``.
+
+        Once per window, as DCTCP: after a cut, congestion updates ``alpha`` but cuts no further
+        until the receiver has reported every packet sent before the cut (:meth:`on_sent`
+        counts them), since those were sent at the old rate and say nothing of the new one; or
+        until ``hold`` passed, for packets that will never be reported (dropped on the way).
+        Why: reports leave every 2 ms, and behind a slow bottleneck the packets queued before a
+        cut keep arriving marked for a queue's drain after it (90 ms for 64 packets at 700
+        packets/s). Cut on every report, the testbed's senders halved their rate a dozen times
+        in 40 ms, down to the floor, and waited there 100-250 ms for a clean report.
         """
         span = self.config.increase_interval
         if now is not None:
@@ -120,12 +145,18 @@ class RateController:
         total = received + lost
         if total <= 0:
             return self.rate
+        if now is not None:
+            self.reported += total
         fraction = min(1.0, (marked + lost) / total)
         g = self.config.gain
         self.alpha = (1 - g) * self.alpha + g * fraction
         if fraction > 0:
-            self.rate *= 1 - self.alpha / 2
-            self.decreases += 1
+            held = (now is not None and self.last_cut is not None and self.reported < self.window_end
+                    and now - self.last_cut < hold)
+            if not held:
+                self.rate *= 1 - self.alpha / 2
+                self.decreases += 1
+                self.last_cut, self.window_end = now, self.sent
         else:
             self.rate += self.config.additive_increase * span / self.config.increase_interval
         self.rate = min(self.config.line_rate, max(self.config.min_rate, self.rate))

@@ -26,7 +26,8 @@ message tokens); every data packet carries its message's token, which the receiv
 before anything else, so neither a frame nor a datagram from outside the job reaches a message.
 
 Every finished message's figures, with monotonic times, stay in :attr:`Endpoint.message_log`
-(the testbed's time breakdown reads them).
+(the testbed's time breakdown reads them), and every change of a destination's sending rate in
+:attr:`Endpoint.rate_log` (why a transfer ran below its bottleneck).
 
 The protocol for one message, sender S to receiver R:
 
@@ -68,8 +69,8 @@ from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.control_path import IDLE_TICK, ControlPath
 from hostagent.fusion import Layout
-from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RecvHandle,
-                                RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
+from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RateChange,
+                                RecvHandle, RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.ratecontrol import AnswerTimer, DrainMeter, Pacer, RateController
 from hostagent.reassembly import REASONS, Reassembler
@@ -81,6 +82,7 @@ from hostagent.udp_offload import DatagramSender, enable_gro
 log = logging.getLogger(__name__)
 
 MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
+RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
 
 
 class Endpoint(SendPath, ReceivePath, ControlPath):
@@ -142,6 +144,10 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self.message_log: deque[MessageStats] = deque(maxlen=MESSAGE_LOG)
         """The figures of the last MESSAGE_LOG messages finished, both directions, with their
         monotonic times: what a report needs to say where an iteration's time went."""
+        self._last_rate: dict[int, float] = {}  # the rate last logged per destination
+        self.rate_log: deque[RateChange] = deque(maxlen=RATE_LOG)
+        """The last RATE_LOG changes of a destination's pacing rate, with monotonic times and
+        their cause: whether a slow transfer was cut by marks, losses or the receiver's ceiling."""
         self._active: list[OutMessage] = []  # messages with packets to send, best first
         self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
         self._rng = np.random.default_rng(config.loss.seed)
@@ -326,7 +332,9 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             if key in self._out:
                 raise ValueError(f"message {message_id} to rank {dest} is already in flight")
             self._out[key] = msg  # before META: an empty message's STOP may come back at once
-            self._rate.setdefault(dest, RateController(self.config.rate))
+            if dest not in self._rate:
+                self._rate[dest] = RateController(self.config.rate)
+                self._note_rate(dest, time.monotonic(), "start")
             self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
         self._wake()  # the control loop ticks fast from now on
         if announce:
@@ -477,7 +485,19 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
             "reassembly": self.reassembler.stats.as_dict(),
             "rate_bytes_per_s": rates,
+            # (destination, priority, local UDP port) of every data socket: with the addresses,
+            # the 5-tuple a switch hashes, so a report can tell which flows shared an ECMP path
+            "data_sockets": self._data_sockets(),
         }
+
+    def _data_sockets(self) -> list[tuple[int, int, int]]:
+        out = []
+        for (dest, priority), sock in list(self._tx_socks.items()):
+            try:
+                out.append((dest, priority, sock.getsockname()[1]))
+            except OSError:  # closed
+                pass
+        return sorted(out)
 
 
 def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:

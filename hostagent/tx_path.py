@@ -113,6 +113,7 @@ class SendPath:
             sent = self._send_packets(msg, seqs, retx, pacer, rate, last=finished_pass)
             with self._lock:
                 self.stats.data_pkts_sent += sent[0]
+                self._rate[dest].on_sent(sent[0])
                 self.stats.data_bytes_sent += sent[1]
                 if retx:
                     msg.retransmissions += sent[0]

@@ -29,7 +29,7 @@ import numpy as np
 from dlcp_torch.state import DLCPState, start_server
 from hostagent.exchange import iteration_of, step_of, tensor_of
 from hostagent.fusion import Bucketer, FusionConfig
-from hostagent.messages import MessageStats
+from hostagent.messages import MessageStats, RateChange
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
@@ -65,6 +65,14 @@ def message_trace(log: Iterable[MessageStats], iteration: int, t0: float) -> lis
              ms(m.started), ms(m.first_arrival), ms(m.finished_at)]
             for m in log if iteration_of(m.message_id) == iteration % 1024 and m.started >= t0]
     return sorted(rows, key=lambda r: r[6])
+
+
+def rate_trace(log: Iterable[RateChange], mtu: int, since: float, until: float | None = None) -> list[list]:
+    """The changes of an endpoint's pacing rates (``Endpoint.rate_log``) from ``since`` (to
+    ``until``): rows of [ms from ``since``, destination, packets of ``mtu`` bytes per second,
+    cause], to see whether a slow transfer was cut by marks, losses or its receiver's ceiling."""
+    return [[round(1e3 * (c.time - since), 3), c.dest, round(c.rate / mtu, 1), c.cause]
+            for c in log if c.time >= since and (until is None or c.time <= until)]
 
 
 def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
@@ -123,7 +131,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "retransmissions": ep.stats.retransmitted_pkts - retx0,
                                 "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
                                 "control_bytes": _ctl_frames(ep)[1] - ctl0[1],
-                                "message_trace": message_trace(list(ep.message_log), it, t0) if not calib else []}) + "\n")
+                                "message_trace": message_trace(list(ep.message_log), it, t0) if not calib else [],
+                                "rate_trace": rate_trace(list(ep.rate_log), spec["mtu"], t0, end) if not calib else []}) + "\n")
             f.flush()
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()
@@ -191,12 +200,18 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
     session.close()
 
 
-def run_server(spec: dict, rank: int) -> None:
+def run_server(spec: dict, rank: int, out: Path | None = None) -> None:
+    """Serve until SIGTERM; then write the server's endpoint totals and its whole rate log
+    (monotonic times, as the workers' ``t_start``) to ``out``, if given."""
     ep = _endpoint(spec, rank)
+    t0 = time.monotonic()
     thread, stop = start_server(ep, list(range(spec["workers"])), ep.policy)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.is_set():
         stop.wait(0.2)
+    if out is not None:  # before the join: the runner kills the server 3 s after SIGTERM
+        out.write_text(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats(), "t0": t0,
+                                   "rate_trace": rate_trace(list(ep.rate_log), spec["mtu"], t0)}, default=str) + "\n")
     thread.join(5)
     ep.close()
 
@@ -205,7 +220,7 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
     if rank == spec["workers"] and spec["pattern"] == "ps":
-        run_server(spec, rank)
+        run_server(spec, rank, Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     elif spec["model"] in TRAINING_WORKLOADS:
         run_training(spec, rank, Path(sys.argv[3]))
     else:

@@ -283,7 +283,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             monitor.add(name, c.pid)
         if opts.pattern == "ps":
             procs.append(_popen_in(net.get(server.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
-                                                          str(len(workers))], sdir / "server.log"))
+                                                          str(len(workers)), str(sdir / "server.jsonl")],
+                                   sdir / "server.log"))
             monitor.add("server", procs[-1].pid)
         outs = []
         for rank, w in enumerate(workers):
@@ -321,6 +322,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
     received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
+    server_out = sdir / "server.jsonl"  # the server's totals (endpoints), written as it stops
+    if server_out.exists():
+        records += [json.loads(line) for line in server_out.read_text().splitlines()]
     iterations = [r for r in records if r.get("kind") != "endpoint"]
     return {"scheme": scheme, "policy": policy.to_dict(), "iterations": iterations,
             "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},

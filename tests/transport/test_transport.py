@@ -305,6 +305,14 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     while time.monotonic() < deadline and a.endpoint_stats()["rate_bytes_per_s"][1] >= rate_before:
         time.sleep(0.01)
     assert a.endpoint_stats()["rate_bytes_per_s"][1] < rate_before
+    # the rate log says why: the destination's start, then a cut by marks, at the rate now paced
+    log = [c for c in a.rate_log if c.dest == 1]
+    assert log[0].cause == "start" and any(c.cause == "marks" for c in log)
+    assert log[-1].rate == a.endpoint_stats()["rate_bytes_per_s"][1]
+    # the data sockets' ports, from which a report can tell a switch's flow hash
+    socks = a.endpoint_stats()["data_sockets"]
+    assert socks and all(d == 1 and 0 < port < 65536 for d, _, port in socks)
+    assert {port for *_, port in socks} == {s.getsockname()[1] for s in a._tx_socks.values()}
 
 
 def test_control_loop_ticks_slowly_through_a_bulk_transfer_and_answers_at_once(endpoints):

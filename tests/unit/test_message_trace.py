@@ -1,8 +1,8 @@
 """The testbed agent's per-message trace, and the message-id fields it reads."""
 
 from hostagent.exchange import iteration_of, message_id, step_of, tensor_of
-from hostagent.messages import MessageStats
-from topologies.agent import message_trace
+from hostagent.messages import MessageStats, RateChange
+from topologies.agent import message_trace, rate_trace
 
 
 def test_message_id_fields_come_back_out():
@@ -23,3 +23,10 @@ def test_trace_keeps_the_iterations_messages_in_order_of_start_with_times_from_i
            stats("recv", 3, 0, 0, 9.99, 9.995, 10.0)]  # this iteration's id, but started before it (a wrap)
     rows = message_trace(log, 3, 10.0)
     assert rows == [["recv", 1, 4, 0, 2, 0, 5.0, 8.0, 12.0], ["send", 1, 4, 1, 2, 1, 20.0, None, 30.0]]
+
+
+def test_rate_trace_keeps_the_window_in_packets_per_second():
+    log = [RateChange(9.99, 4, 3000.0, "start"), RateChange(10.002, 4, 1500.0, "marks"),
+           RateChange(10.5, 4, 3000.0, "increase")]
+    assert rate_trace(log, 1500, 10.0, 10.1) == [[2.0, 4, 1.0, "marks"]]
+    assert rate_trace(log, 1500, 10.0) == [[2.0, 4, 1.0, "marks"], [500.0, 4, 2.0, "increase"]]

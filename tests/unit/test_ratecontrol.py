@@ -34,6 +34,42 @@ def test_loss_counts_as_congestion_and_floor_holds():
     assert rc.on_feedback(0, 0, 0) == 5.0  # an empty report changes nothing
 
 
+def test_a_cut_waits_for_its_window_to_be_reported():
+    """Reports every 2 ms that still carry marks from packets queued before a cut do not cut
+    again (as on the testbed: a dozen halvings in 40 ms took a sender to its floor)."""
+    cfg = RateConfig(initial_rate=1000.0, line_rate=1000.0, min_rate=1.0, gain=1 / 16)
+    rc = RateController(cfg)
+    rc.on_sent(40)  # 40 packets in flight when the marks come back
+    rc.on_feedback(4, 4, 0, now=0.0, hold=1.0)
+    assert rc.decreases == 1 and rc.rate == pytest.approx(500.0)
+    for k in range(1, 9):  # 32 more of the 40, all marked: the old window, no new cut
+        rc.on_sent(1)
+        rc.on_feedback(4, 4, 0, now=0.002 * k, hold=1.0)
+    assert rc.decreases == 1 and rc.rate == pytest.approx(500.0)
+    rc.on_feedback(4, 4, 0, now=0.02, hold=1.0)  # 40 reported: the window is over, marks cut again
+    assert rc.decreases == 2 and rc.rate < 500.0
+
+
+def test_a_cut_held_no_longer_than_hold():
+    """Packets lost without a report never complete a window: ``hold`` bounds the wait."""
+    rc = RateController(RateConfig(initial_rate=1000.0, line_rate=1000.0, min_rate=1.0))
+    rc.on_sent(100)
+    rc.on_feedback(1, 1, 0, now=0.0, hold=0.05)
+    rc.on_feedback(1, 1, 0, now=0.04, hold=0.05)
+    assert rc.decreases == 1
+    rc.on_feedback(1, 1, 0, now=0.06, hold=0.05)
+    assert rc.decreases == 2
+
+
+def test_untimed_losses_always_cut():
+    """A BITMAP's losses (no time) cut at once, window or not."""
+    rc = RateController(RateConfig(initial_rate=1000.0, line_rate=1000.0, min_rate=1.0))
+    rc.on_sent(100)
+    rc.on_feedback(1, 1, 0, now=0.0, hold=1.0)
+    rc.on_feedback(90, 0, 10)
+    assert rc.decreases == 2
+
+
 def test_config_validation():
     with pytest.raises(ValueError):
         RateConfig(initial_rate=10.0, line_rate=5.0)

@@ -19,7 +19,7 @@ from hostagent.errors import DlcpUserError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
-from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig, bottleneck_rates
+from hostagent.ratecontrol import CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
@@ -93,9 +93,11 @@ class SimOptions:
     itself, as TCP's slow start (fast at 10 Gb/s). ``agent``: the
     host agent's own rules, what the testbed runs: congestion reported at most every 2 ms, clean
     reports every 20 ms during a bulk transfer (else 200 ms) and free beside a STOP or BITMAP
-    (:meth:`hostagent.control_path.ControlPath._take_feedback`), a cut on every congested
-    report, the increase granted per 2 ms since the last report
-    (:meth:`hostagent.ratecontrol.RateController.on_feedback`)."""
+    (:meth:`hostagent.control_path.ControlPath._take_feedback`), a cut at most once per
+    window (not again before every packet sent before it was reported), the increase granted
+    per 2 ms since the last report (:meth:`hostagent.ratecontrol.RateController.on_feedback`),
+    and pacing by token buckets that let a burst of 16 packets leave at once
+    (:class:`hostagent.ratecontrol.Pacer`)."""
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
@@ -336,12 +338,16 @@ def _dctcp_increase(opts: SimOptions) -> list[str]:
             f"max_increase_span_us {idle * rc.max_increase_span / rc.increase_interval:g}", "slow_start 1"]
 
 
-def _agent_feedback() -> list[str]:
-    """Scenario lines of the host agent's report timers and timed increase (``host_model agent``),
-    from the agent's own configuration."""
+def _agent_feedback(burst_bytes: int) -> list[str]:
+    """Scenario lines of the host agent's report timers, timed increase, cut once per window
+    and token-bucket pacing of ``burst_bytes`` (``host_model agent``), from the agent's own
+    configuration."""
     tc = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
     rc = RateConfig()
-    return [f"feedback_interval_us {tc['feedback_interval'] * 1e6:g}",
+    return [f"burst_bytes {burst_bytes}", "cut_per_window 1",
+            f"cut_hold_min_us {CUT_HOLD_MIN_REPORTS * tc['feedback_interval'] * 1e6:g}",
+            f"initial_answer_us {tc['probe_delay'] * 1e6:g}",
+            f"feedback_interval_us {tc['feedback_interval'] * 1e6:g}",
             f"bulk_feedback_interval_us {tc['bulk_feedback_interval'] * 1e6:g}",
             f"clean_feedback_interval_us {tc['clean_feedback_interval'] * 1e6:g}",
             f"bulk_feedback_packets {tc['bulk_feedback_packets']}",
@@ -369,7 +375,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
-        *(_agent_feedback() if opts.host_model == "agent" else _dctcp_increase(opts)),
+        *(_agent_feedback(rate["burst_bytes"]) if opts.host_model == "agent" else _dctcp_increase(opts)),
         f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}",
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",

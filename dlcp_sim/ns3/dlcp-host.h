@@ -11,7 +11,9 @@
 //     `probeTimeout`;
 //   - DCTCP-like rate per destination (ratecontrol.RateController): alpha is a moving average of
 //     the marked-or-lost fraction, the rate is cut by alpha/2 at most once per `cutInterval`
-//     and grows additively otherwise; the host's link paces the sum.
+//     (or, as the agent, once per window: not again until every packet sent before the cut
+//     was reported, or `cutHold` passed) and grows additively otherwise; the host's link
+//     paces the sum, packet by packet or (as the agent) by token buckets of `burstBytes`.
 // The baseline is the same transport with p = 0 over FIFO switches with per-flow ECMP, as on
 // the testbed. Packets, not elements, are the unit of completion (all but a message's last
 // packet are full, so the two agree to within one packet).
@@ -45,6 +47,12 @@ struct TransportParams {
   double gain = 1.0 / 16;
   double initialAlpha = 1.0;     // alpha before any report (the agent's and Linux DCTCP's: the first cut halves)
   Time cutInterval = MicroSeconds(20);  // zero: a cut on every congested report
+  // The agent's rule instead (RateController.on_feedback's hold): after a cut, no further cut
+  // until the receiver reported every packet sent before it, or max(cutHoldMin, 4 x the
+  // smoothed time from a pass's end to its answer; initialAnswer before any) passed.
+  bool cutPerWindow = false;
+  Time cutHoldMin, initialAnswer = MilliSeconds(5);
+  uint32_t burstBytes = 0;       // token-bucket depth of the pacers (0: one packet at a time)
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
   Time increaseInterval;                    // zero: additiveIncrease per clean report
@@ -112,6 +120,7 @@ class DlcpHost : public GradientHost {
     const MsgPlan* plan = nullptr;
     std::deque<uint32_t> retx;
     bool probing = false, done = false;
+    Time passDone = Time::Max();  // when the last pass ended (its answer times the round trip)
     EventId probeTimer;
     bool HasPacket() const { return !done && (next < plan->npkts || !retx.empty()); }
     uint32_t NextSeq() const { return next < plan->npkts ? next : retx.front(); }
@@ -120,6 +129,10 @@ class DlcpHost : public GradientHost {
     double rate = 0, alpha = 0;
     Time nextSend, lastCut, lastReport;
     bool reported = false, cut = false;
+    uint64_t sent = 0, reportedPkts = 0, windowEnd = 0;  // the window a cut waits out (cutPerWindow)
+    double tokens = 0;                                   // the pacer's bucket (burstBytes)
+    Time tokensAt;
+    double answerS = -1;                                 // smoothed answer time, s (-1: none yet)
     std::vector<std::shared_ptr<TxMsg>> active;
   };
   struct RxMsg {
@@ -135,10 +148,16 @@ class DlcpHost : public GradientHost {
   };
 
   Ptr<Socket> m_sock;
+  // Data leave from one socket per priority, each from its own port, as the agent's do
+  // (tx_path._tx_sock: one socket per destination and priority, for its DSCP): under per-flow
+  // ECMP a worker's traffic to one peer is up to eight flows, each hashed on its own.
+  Ptr<Socket> m_data[8];
   std::map<uint16_t, Flow> m_flows;
   std::map<uint64_t, RxMsg> m_rx;
   std::map<uint16_t, RxCounters> m_fb;
   Time m_hostNext;
+  double m_hostTokens = 0;  // the host pacer's bucket (burstBytes), full at the start
+  Time m_hostTokensAt;
   EventId m_pump;
 
   static uint64_t Key(uint16_t src, uint32_t msg) { return (uint64_t(src) << 32) | msg; }
@@ -149,6 +168,8 @@ class DlcpHost : public GradientHost {
       Flow f;
       f.rate = tp.initialRate;
       f.alpha = tp.initialAlpha;
+      f.tokens = tp.burstBytes;
+      f.tokensAt = Simulator::Now();
       it = m_flows.emplace(dst, f).first;
     }
     return it->second;
@@ -158,9 +179,17 @@ class DlcpHost : public GradientHost {
     m_sock = Socket::CreateSocket(GetNode(), UdpSocketFactory::GetTypeId());
     m_sock->Bind(InetSocketAddress(Ipv4Address::GetAny(), 9000));
     m_sock->SetRecvCallback(MakeCallback(&DlcpHost::Receive, this));
+    for (uint16_t q = 0; q < 8; ++q) {
+      m_data[q] = Socket::CreateSocket(GetNode(), UdpSocketFactory::GetTypeId());
+      m_data[q]->Bind(InetSocketAddress(Ipv4Address::GetAny(), 9001 + q));
+    }
+    m_hostTokens = tp.burstBytes;
+    m_hostTokensAt = Simulator::Now();
   }
   void StopApplication() override {
     if (m_sock) m_sock->Close();
+    for (auto& d : m_data)
+      if (d) d->Close();
   }
 
   void Transmit(uint16_t dst, const DlcpHeader& h, uint32_t payload) {
@@ -170,7 +199,8 @@ class DlcpHost : public GradientHost {
     tag.priority = h.priority;
     tag.dropClass = h.dropClass;
     p->AddPacketTag(tag);
-    m_sock->SendTo(p, 0, InetSocketAddress(peers[dst], 9000));
+    Ptr<Socket> from = h.type == DATA && m_data[h.priority & 7] ? m_data[h.priority & 7] : m_sock;
+    from->SendTo(p, 0, InetSocketAddress(peers[dst], 9000));
   }
 
   //! A control packet of controlBytes (plus `extraBytes`), or of exactly `bytes` when given.
@@ -255,9 +285,26 @@ class DlcpHost : public GradientHost {
     if (!first) stats.retransmitted++;
     Time now = Simulator::Now();
     double bytes = tp.datagram + 28.0;
-    f.nextSend = std::max(f.nextSend, now) + Seconds(bytes / f.rate);
-    m_hostNext = std::max(m_hostNext, now) + Seconds(bytes / tp.lineRate);
-    if (!m.HasPacket()) Probe(m);
+    f.sent++;
+    if (tp.burstBytes) {  // the agent's token buckets (ratecontrol.Pacer): bursts up to burstBytes
+      f.nextSend = Paced(f.tokens, f.tokensAt, f.rate, bytes, now);
+      m_hostNext = Paced(m_hostTokens, m_hostTokensAt, tp.lineRate, bytes, now);
+    } else {
+      f.nextSend = std::max(f.nextSend, now) + Seconds(bytes / f.rate);
+      m_hostNext = std::max(m_hostNext, now) + Seconds(bytes / tp.lineRate);
+    }
+    if (!m.HasPacket()) {
+      m.passDone = now;
+      Probe(m);
+    }
+  }
+
+  //! Take `bytes` from a token bucket refilled at `rate` up to burstBytes; returns when the
+  //! next packet of that size may leave.
+  Time Paced(double& tokens, Time& at, double rate, double bytes, Time now) {
+    tokens = std::min<double>(tp.burstBytes, tokens + (now - at).GetSeconds() * rate) - bytes;
+    at = now;
+    return tokens >= bytes ? now : now + Seconds((bytes - tokens) / rate);
   }
 
   void Probe(TxMsg& m) {
@@ -297,13 +344,24 @@ class DlcpHost : public GradientHost {
       }
   }
 
-  void Congestion(Flow& f, double fraction) {
+  //! A report of `fraction` of `count` packets marked (or lost); `timed` false for a BITMAP's
+  //! losses, which the agent neither counts towards a window nor holds back.
+  void Congestion(Flow& f, double fraction, uint32_t count = 0, bool timed = true) {
     f.alpha = (1 - tp.gain) * f.alpha + tp.gain * fraction;
     Time now = Simulator::Now();
+    if (timed) f.reportedPkts += count;
     if (fraction > 0) {
-      if (tp.cutInterval.IsZero() || now - f.lastCut >= tp.cutInterval) {
+      bool held;
+      if (tp.cutPerWindow) {
+        Time hold = std::max(tp.cutHoldMin, f.answerS < 0 ? 4 * tp.initialAnswer : Seconds(4 * f.answerS));
+        held = timed && f.cut && f.reportedPkts < f.windowEnd && now - f.lastCut < hold;
+      } else {
+        held = !tp.cutInterval.IsZero() && now - f.lastCut < tp.cutInterval;
+      }
+      if (!held) {
         f.rate = std::max(tp.minRate, f.rate * (1 - f.alpha / 2));
         f.lastCut = now;
+        f.windowEnd = f.sent;
         f.cut = true;
       }
     } else if (tp.increaseInterval.IsZero() || (tp.slowStart && !f.cut)) {
@@ -316,8 +374,20 @@ class DlcpHost : public GradientHost {
     f.reported = true;
   }
 
+  //! The answer to a pass of `msg` (STOP or BITMAP) came: sample the answer time as the agent's
+  //! AnswerTimer does (the smoothed round trip with its queue, which bounds a cut's hold).
+  void Answered(uint16_t dst, uint32_t msg) {
+    TxMsg* m = Find(dst, msg);
+    if (!m || m->passDone == Time::Max()) return;
+    double sample = (Simulator::Now() - m->passDone).GetSeconds();
+    Flow& f = FlowTo(dst);
+    f.answerS = f.answerS < 0 ? sample : 0.875 * f.answerS + 0.125 * sample;
+    m->passDone = Time::Max();
+  }
+
   void OnBitmap(uint16_t dst, const DlcpHeader& h) {
     stats.bitmaps++;
+    Answered(dst, h.msg);
     TxMsg* m = Find(dst, h.msg);
     auto snap = bitmaps->bits.find(h.aux);
     if (!m || m->done || snap == bitmaps->bits.end()) return;
@@ -331,7 +401,7 @@ class DlcpHost : public GradientHost {
         missing.push_back(s);
     }
     bitmaps->bits.erase(snap);
-    Congestion(FlowTo(dst), double(missing.size()) / n);
+    Congestion(FlowTo(dst), double(missing.size()) / n, 0, false);
     uint32_t required = n - uint32_t(double(m->ppm) / 1e6 * n + 1e-9);
     if (have >= required) return;  // its STOP is on the way
     // policy.retransmission_set: most important class first, then by sequence
@@ -356,10 +426,10 @@ class DlcpHost : public GradientHost {
         case DATA: OnData(h, tag.ce); break;
         case PROBE: OnProbe(h); break;
         case BITMAP: OnBitmap(h.src, h); break;
-        case STOP: stats.stops++; Finish(h.src, h.msg); Pump(); break;
+        case STOP: stats.stops++; Answered(h.src, h.msg); Finish(h.src, h.msg); Pump(); break;
         case FEEDBACK:
           stats.feedbacks++;
-          if (h.aux > 0) Congestion(FlowTo(h.src), double(h.aux2) / h.aux);
+          if (h.aux > 0) Congestion(FlowTo(h.src), double(h.aux2) / h.aux, h.aux);
           break;
       }
     }

@@ -144,6 +144,13 @@ Scenario Parse(std::istream& in) {
                                             : sc.tp.cleanFeedbackInterval) = MicroSeconds(us);
     }
     else if (key == "feedback_every") ls >> sc.tp.feedbackEvery;
+    else if (key == "burst_bytes") ls >> sc.tp.burstBytes;
+    else if (key == "cut_per_window") ls >> sc.tp.cutPerWindow;
+    else if (key == "cut_hold_min_us" || key == "initial_answer_us") {
+      double us;
+      ls >> us;
+      (key == "cut_hold_min_us" ? sc.tp.cutHoldMin : sc.tp.initialAnswer) = MicroSeconds(us);
+    }
     else if (key == "slow_start") ls >> sc.tp.slowStart;
     else if (key == "top_priority") {
       unsigned v;

@@ -142,11 +142,12 @@ class Policy:
     The trade-off, measured in ``dlcp sim`` (README, "Which backlog ECN marks on"): with
     ``ahead`` a sender whose packets ride the high priorities sees few marks in an incast and
     keeps its rate while the low priorities behind it fill the buffer (a 64-host
-    parameter-server incast under strict priority: 754 tail drops per run against 528); with
+    parameter-server incast under strict priority: 812 tail drops per run against 593); with
     ``port`` every sender backs off for any backlog, including the lower-priority traffic of
     other tenants, so gradients give up some of the share strict priority gives them (beside
-    50 % background TCP: DLCP's sync p99 1.15x shorter than the baseline's instead of 2.13x,
-    small background flows' p99 0.86x the baseline's instead of 1.58x). ``ahead`` is the
+    50 % background TCP: DLCP's sync 1.28x shorter than the baseline's instead of 1.35x,
+    small background flows' p99 1.03x the baseline's instead of 1.52x; on the testbed, whose
+    cross traffic ignores ECN, DLCP 0.88x instead of 1.89x). ``ahead`` is the
     default, what the testbed's figures were measured with; ``dlcp run`` and ``dlcp sim`` take
     ``--ecn-backlog`` to compare both."""
 

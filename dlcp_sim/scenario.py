@@ -19,7 +19,7 @@ from hostagent.errors import DlcpUserError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
-from hostagent.ratecontrol import CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
+from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
@@ -344,7 +344,7 @@ def _agent_feedback(burst_bytes: int) -> list[str]:
     configuration."""
     tc = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
     rc = RateConfig()
-    return [f"burst_bytes {burst_bytes}", "cut_per_window 1",
+    return [f"burst_bytes {burst_bytes}", "cut_per_window 1", f"cut_hold_answers {CUT_HOLD_ANSWERS}",
             f"cut_hold_min_us {CUT_HOLD_MIN_REPORTS * tc['feedback_interval'] * 1e6:g}",
             f"initial_answer_us {tc['probe_delay'] * 1e6:g}",
             f"feedback_interval_us {tc['feedback_interval'] * 1e6:g}",

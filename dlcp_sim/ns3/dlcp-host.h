@@ -48,10 +48,11 @@ struct TransportParams {
   double initialAlpha = 1.0;     // alpha before any report (the agent's and Linux DCTCP's: the first cut halves)
   Time cutInterval = MicroSeconds(20);  // zero: a cut on every congested report
   // The agent's rule instead (RateController.on_feedback's hold): after a cut, no further cut
-  // until the receiver reported every packet sent before it, or max(cutHoldMin, 4 x the
-  // smoothed time from a pass's end to its answer; initialAnswer before any) passed.
+  // until the receiver reported every packet sent before it, or max(cutHoldMin, cutHoldAnswers
+  // x the smoothed time from a pass's end to its answer; initialAnswer before any) passed.
   bool cutPerWindow = false;
   Time cutHoldMin, initialAnswer = MilliSeconds(5);
+  double cutHoldAnswers = 4;
   uint32_t burstBytes = 0;       // token-bucket depth of the pacers (0: one packet at a time)
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
@@ -353,7 +354,8 @@ class DlcpHost : public GradientHost {
     if (fraction > 0) {
       bool held;
       if (tp.cutPerWindow) {
-        Time hold = std::max(tp.cutHoldMin, f.answerS < 0 ? 4 * tp.initialAnswer : Seconds(4 * f.answerS));
+        double answer = f.answerS < 0 ? tp.initialAnswer.GetSeconds() : f.answerS;
+        Time hold = std::max(tp.cutHoldMin, Seconds(tp.cutHoldAnswers * answer));
         held = timed && f.cut && f.reportedPkts < f.windowEnd && now - f.lastCut < hold;
       } else {
         held = !tp.cutInterval.IsZero() && now - f.lastCut < tp.cutInterval;

@@ -146,6 +146,7 @@ Scenario Parse(std::istream& in) {
     else if (key == "feedback_every") ls >> sc.tp.feedbackEvery;
     else if (key == "burst_bytes") ls >> sc.tp.burstBytes;
     else if (key == "cut_per_window") ls >> sc.tp.cutPerWindow;
+    else if (key == "cut_hold_answers") ls >> sc.tp.cutHoldAnswers;
     else if (key == "cut_hold_min_us" || key == "initial_answer_us") {
       double us;
       ls >> us;

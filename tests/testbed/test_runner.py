@@ -44,6 +44,12 @@ def test_star_ps_run_writes_every_field(tmp_path):
     assert kinds.count("measured") == 2 * 2 and kinds.count("calibration") == 2 * 3
     for r in scheme["iterations"]:
         assert {"iteration", "rank", "iteration_time", "sync_time", "lost_fraction", "retransmissions"} <= set(r)
+    # every agent's totals, the server's (rank 2) included, with the ports its data left from
+    assert set(scheme["endpoints"]) == {"0", "1", "2"}
+    assert all(e["data_sockets"] for e in scheme["endpoints"].values())
+    server = json.loads(next(run_dir.glob("*/server.jsonl")).read_text())
+    assert server["rate_trace"] and {row[3] for row in server["rate_trace"]} <= {"start", "marks", "loss", "ceiling",
+                                                                                   "increase"}
     assert {"sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "lost_fraction_mean", "retransmissions",
             "ordering_efficiency", "straggler_spread", "switch_selective_drops_by_class"} <= set(scheme["metrics"])
     # validity from real samples: CPU of every process the run started, bottleneck service

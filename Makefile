@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.dlcp-installed
 # The CPU build of PyTorch; installed first so nothing pulls the CUDA wheels.
 TORCH  ?= torch==2.13.0
 
+# The compiled data path: `make setup` builds it again when its sources change.
+NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h) hostagent/native/CMakeLists.txt
+
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
@@ -21,11 +24,15 @@ help:
 
 setup: $(STAMP) mininet-link
 
-$(STAMP): pyproject.toml
+# pip builds hostagent/native (C++17, nanobind) with the system's g++ and CMake through
+# scikit-build-core; both come from the package index into pip's build environment if missing.
+$(STAMP): pyproject.toml $(NATIVE)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "DLCP needs Python >= 3.10; set PYTHON=python3.X")'
-	$(PYTHON) -m venv $(VENV)
+	@command -v g++ >/dev/null || { echo "g++ not found: the data path is C++ (apt-get install g++)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)"
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(PY) -c 'import hostagent._datapath'
 	@touch $@
 
 # Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if

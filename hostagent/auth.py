@@ -19,9 +19,11 @@ address check and the tokens still stop blind forgery from other hosts and other
 that never connected, but not a process that connects as a rank from that rank's address.
 
 **Tokens.** Each receiver draws a random key per sender and gives it in the handshake. Every
-data packet of message m from S to R carries ``message_token(key_R[S], job, S, m)``; R checks
-it before a byte of the payload is used. Without the key a forger guesses a 32-bit value per
-packet. Keys and tokens travel in the clear: an attacker who can read the packets on the path
+data packet of message m of iteration i from S to R carries ``message_token(key_R[S], job, S,
+m, i)``; R checks it before a byte of the payload is used. Without the key a forger guesses a
+32-bit value per packet. The iteration is bound in because message ids repeat (an exchange's
+ids wrap every 1,024 iterations): without it, a packet recorded at iteration i would carry a
+valid token again at i + 1,024. The full 32-bit iteration repeats only after 2^32 uses. Keys and tokens travel in the clear: an attacker who can read the packets on the path
 is out of scope (that is what network encryption, such as IPsec or WireGuard, is for).
 """
 
@@ -43,7 +45,7 @@ MIN_SECRET_BYTES = 16
 STEP_HELLO, STEP_CHALLENGE, STEP_RESPONSE, STEP_KEY = 1, 2, 3, 4
 
 _PROOF_INPUT = struct.Struct("!8sIHH16s16s")
-_TOKEN_INPUT = struct.Struct("!IHI")
+_TOKEN_INPUT = struct.Struct("!IHII")
 
 
 def new_nonce() -> bytes:
@@ -97,7 +99,9 @@ def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator
     return hmac.compare_digest(got, proof(secret, role, job_id, initiator, acceptor, nonce_i, nonce_a))
 
 
-def message_token(key: bytes, job_id: int, sender: int, message_id: int) -> int:
-    """The 32-bit token of message ``message_id`` from ``sender``, under the receiver's ``key``."""
-    digest = hashlib.blake2b(_TOKEN_INPUT.pack(job_id, sender, message_id), digest_size=4, key=key).digest()
+def message_token(key: bytes, job_id: int, sender: int, message_id: int, iteration: int = 0) -> int:
+    """The 32-bit token of message ``message_id`` of ``iteration`` from ``sender``, under the
+    receiver's ``key`` (keyed BLAKE2b; the compiled data path computes the same)."""
+    digest = hashlib.blake2b(_TOKEN_INPUT.pack(job_id, sender, message_id, iteration), digest_size=4,
+                             key=key).digest()
     return int.from_bytes(digest, "big")

@@ -259,7 +259,7 @@ class PSWorker:
         _check_lengths(len(flats), ids, prio)
         lays = _layouts(len(flats), layouts)
         pulls = [self.ep.recv(self.server, message_id(iteration, t, 1),
-                              expect=Expect(f.size, np.float32, self.policy.loss_bound_pull))
+                              expect=Expect(f.size, np.float32, self.policy.loss_bound_pull, iteration=iteration))
                  for t, f in zip(ids, flats)]
         pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
                                loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t,
@@ -367,7 +367,7 @@ class PSServer:
                 reply = mid | (1 << 16)
                 layout = _echo_layout(results)
                 sends = [self.ep.send(w, agg, reply, priority=results[0].stats.priority,
-                                      loss_bound=self.policy.loss_bound_pull, iteration=(mid >> 22),
+                                      loss_bound=self.policy.loss_bound_pull, iteration=results[0].stats.iteration,
                                       tensor_id=tensor_of(mid), layer=layout.first_layer, layout=layout,
                                       announce=False) for w in self.workers]
                 keep.append((agg, sends))
@@ -444,7 +444,14 @@ class RingAllreduce:
                            ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """As :meth:`allreduce`, with what this member's reduce-scatter sends lost, per tensor:
         (average, flat indices, the partial-sum values sent there). Error feedback re-injects
-        those values, which keeps the ring's sum over iterations whole."""
+        those values, which keeps the ring's sum over iterations whole.
+
+        How it runs: every step of every tensor is handed to the transport at once. Each step's
+        send waits in the data path until the step before it has been received, and then starts
+        from there, without a round trip through Python; reduce-scatter receives add each packet
+        into the working buffer as it arrives (exactly once), so a chunk is reduced while the next
+        one is still on the wire. Python only waits for the last all-gather step.
+        """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
         bufs = [_flat(g).astype(np.float32) for g in grads]  # working copies; inputs stay untouched
@@ -452,45 +459,53 @@ class RingAllreduce:
         if self.n == 1:
             return [(b.reshape(np.shape(g)), *none) for b, g in zip(bufs, grads)]
         per = elems_per_packet(self.ep.config.mtu, np.float32)
-        lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
         _check_lengths(len(bufs), ids, prio)
         lays = [lay if lay is not None else Layout.single(b.size, int(pr), t)
                 for t, (b, pr, lay) in enumerate(zip(bufs, prio, _layouts(len(bufs), layouts)))]
         bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
-        received: list[RecvResult] = []
-        sent_stats: list = []
+        # a partial sum's chunk is overwritten by the all-gather later: keep what was sent, for
+        # the values a loss took (only a bounded push can lose any)
+        keep_sent = self.policy.loss_bound_push > 0
         n, i = self.n, self.pos
-        for step in range(2 * (n - 1)):
-            gather = step >= n - 1
-            s = step - (n - 1) if gather else step
-            c_send = (i + 1 - s) % n if gather else (i - s) % n
-            c_recv = (i - s) % n if gather else (i - s - 1) % n
-            bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
-            recvs, sends = [], []
-            for t, (tid, buf, bd, lay) in enumerate(zip(ids, bufs, bounds, lays)):
-                mid = message_id(iteration, tid, step)
-                out = buf[bd[c_recv] : bd[c_recv + 1]] if gather else None
-                recvs.append(self.ep.recv(self.left, mid, out=out,
-                                          expect=Expect(int(bd[c_recv + 1] - bd[c_recv]), np.float32, bound)))
-                chunk = lay.slice(int(bd[c_send]), int(bd[c_send + 1]))
-                sends.append(self.ep.send(self.right, buf[bd[c_send] : bd[c_send + 1]], mid,
-                                          priority=chunk.top_priority if chunk.total else int(prio[t]),
-                                          loss_bound=bound, iteration=iteration, tensor_id=tid,
-                                          layer=chunk.first_layer % 65536, layout=chunk, announce=False))
-            results = _wait_all(recvs, deadline)
-            if not gather:
-                for buf, bd, r in zip(bufs, bounds, results):
-                    buf[bd[c_recv] : bd[c_recv + 1]] += r.data
-            received.extend(results)
-            step_sent = _wait_all(sends, deadline)
-            sent_stats.extend(step_sent)
-            if not gather:  # a partial sum went missing: note what it held (its chunk is not changed again)
-                for t, (buf, bd, st) in enumerate(zip(bufs, bounds, step_sent)):
-                    if st.lost_packets is not None:
-                        idx = lost_elements(st.lost_packets, per, int(bd[c_send + 1] - bd[c_send])) + bd[c_send]
-                        lost[t].append((idx, buf[idx].copy()))
+        steps = 2 * (n - 1)
+        recvs: list[RecvHandle] = []
+        sends: list[tuple[int, SendHandle, np.ndarray | None, int]] = []  # (tensor, handle, snapshot, chunk start)
+        for t, (tid, buf, bd, lay) in enumerate(zip(ids, bufs, bounds, lays)):
+            for step in range(steps):  # sends first: each is held until its trigger
+                gather = step >= n - 1
+                s = step - (n - 1) if gather else step
+                c = (i + 1 - s) % n if gather else (i - s) % n
+                lo, hi = int(bd[c]), int(bd[c + 1])
+                chunk = lay.slice(lo, hi)
+                snap = np.empty(hi - lo, np.float32) if keep_sent and not gather else None
+                h = self.ep.send(self.right, buf[lo:hi], message_id(iteration, tid, step),
+                                 priority=chunk.top_priority if chunk.total else int(prio[t]),
+                                 loss_bound=self.policy.loss_bound_pull if gather else self.policy.loss_bound_push,
+                                 iteration=iteration, tensor_id=tid, layer=chunk.first_layer % 65536, layout=chunk,
+                                 announce=False, held=step > 0, snapshot=snap)
+                if not gather:
+                    sends.append((t, h, snap, lo))
+                else:
+                    sends.append((-1, h, None, lo))
+            for step in range(steps):
+                gather = step >= n - 1
+                s = step - (n - 1) if gather else step
+                c = (i - s) % n if gather else (i - s - 1) % n
+                lo, hi = int(bd[c]), int(bd[c + 1])
+                bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
+                then = ((self.right, message_id(iteration, tid, step + 1)),) if step + 1 < steps else ()
+                recvs.append(self.ep.recv(self.left, message_id(iteration, tid, step), out=buf[lo:hi],
+                                          expect=Expect(hi - lo, np.float32, bound, iteration=iteration,
+                                                        accumulate=not gather, then_send=then)))
+        received = _wait_all(recvs, deadline)
+        sent_stats = _wait_all([h for _, h, _, _ in sends], deadline)
+        lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
+        for (t, _, snap, lo), st in zip(sends, sent_stats):
+            if t >= 0 and st.lost_packets is not None:  # a partial sum went missing: what it held
+                local = lost_elements(st.lost_packets, per, st.elements)
+                lost[t].append((local + lo, snap[local] if snap is not None else np.zeros(len(local), np.float32)))
         for buf in bufs:
             buf /= np.float32(n)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)

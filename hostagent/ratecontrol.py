@@ -226,6 +226,11 @@ class AnswerTimer:
         return max(4 * self.probe_delay(), 0.05)
 
 
+#: A receive batch that ended full counts as behind only if the socket still holds at least this
+#: fraction of its buffer: then an overrun is near, and the receiver's drain is the limit.
+BEHIND_BACKLOG = 0.5
+
+
 class DrainMeter:
     """Receiver side: what this receiver can drain, measured only while it is overloaded.
 

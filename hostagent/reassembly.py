@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -85,7 +85,14 @@ class Assembly:
         elems_per_packet: int,
         out: np.ndarray | None = None,
         token: int = 0,
+        accumulate: bool = False,
+        received: np.ndarray | None = None,
+        pkt_priority: np.ndarray | None = None,
+        pkt_layer: np.ndarray | None = None,
     ) -> None:
+        """``accumulate``: add each payload into ``out`` (float32) instead of copying it.
+        ``received`` (uint8), ``pkt_priority`` (uint8) and ``pkt_layer`` (int64), one per packet,
+        are adopted when given (a data path whose caller owns them), else allocated."""
         if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
             raise ValueError(f"total_elems={total_elems} outside 0..{wire.FIELD_MAX['elem_offset']}")
         if not 1 <= elems_per_packet <= wire.FIELD_MAX["elem_count"]:
@@ -98,17 +105,20 @@ class Assembly:
         self.elems_per_packet = elems_per_packet
         self.total_pkts = -(-total_elems // elems_per_packet)
         self.n_full, self.tail = divmod(total_elems, elems_per_packet)
+        self.accumulate = accumulate
+        dest = np.dtype(np.float32) if accumulate else self.wire_dtype.newbyteorder("=")
         if out is None:
-            out = np.zeros(total_elems, dtype=self.wire_dtype.newbyteorder("="))
-        elif out.shape != (total_elems,) or not out.flags.c_contiguous or out.dtype != self.wire_dtype.newbyteorder("="):
-            raise ValueError(f"out must be a contiguous 1-D {self.wire_dtype.newbyteorder('=')} array of {total_elems} elements, "
+            out = np.zeros(total_elems, dtype=dest)
+        elif out.shape != (total_elems,) or not out.flags.c_contiguous or out.dtype != dest:
+            raise ValueError(f"out must be a contiguous 1-D {dest} array of {total_elems} elements, "
                              f"got shape {out.shape} dtype {out.dtype}")
         self.data = out
         self._rows = out[: self.n_full * elems_per_packet].reshape(self.n_full, elems_per_packet)
-        self.received = np.zeros(self.total_pkts, dtype=bool)
-        self.pkt_priority = np.zeros(self.total_pkts, dtype=np.uint8)
+        self._received_u8 = np.zeros(self.total_pkts, np.uint8) if received is None else received[: self.total_pkts]
+        self.received = self._received_u8.view(bool)
+        self.pkt_priority = np.zeros(self.total_pkts, np.uint8) if pkt_priority is None else pkt_priority
         """Priority each packet carried (set by the transport to the message's for the rest)."""
-        self.pkt_layer = np.zeros(self.total_pkts, dtype=np.int64)
+        self.pkt_layer = np.zeros(self.total_pkts, np.int64) if pkt_layer is None else pkt_layer
         self._claim = np.zeros(self.total_pkts, dtype=np.int64)  # scratch for in-batch repeats
         self._seq_words: np.ndarray | None = None  # the run check's expected seq / elem_offset
         self._offset_words: np.ndarray | None = None
@@ -145,6 +155,11 @@ class Assembly:
         This is the payload of a BITMAP control packet; ``ceil(total_pkts / 8)`` bytes.
         """
         return np.packbits(~self.received).tobytes()
+
+    def zero_missing(self) -> None:
+        """Set every element of a missing packet to zero (a sum added into stays as it is)."""
+        if not self.accumulate:
+            self.result()
 
     def result(self) -> np.ndarray:
         """The message, with every element of a missing packet set to zero."""
@@ -193,7 +208,11 @@ class Assembly:
             if (_nz(words[:, _SEQ_WORD] != self._seq_words[s0 : s0 + n])
                     or _nz(words[:, _OFFSET_WORD] != self._offset_words[s0 : s0 + n])):
                 return False
-        self._rows[s0 : s0 + n] = slots[:, _H : _H + payload].view(self.wire_dtype)
+        src = slots[:, _H : _H + payload].view(self.wire_dtype)
+        if self.accumulate:
+            self._rows[s0 : s0 + n] += src
+        else:
+            self._rows[s0 : s0 + n] = src
         self.received[s0 : s0 + n] = True
         self.pkt_priority[s0 : s0 + n] = hdr["priority"]
         self.pkt_layer[s0 : s0 + n] = hdr["layer"]
@@ -257,13 +276,24 @@ class Assembly:
             else:
                 src = slots[rows_f, _H : _H + per * itemsize]
             k = len(seq_f)
+            values = src.view(self.wire_dtype)
             if int(seq_f[-1]) - int(seq_f[0]) + 1 == k and (k < 3 or (np.diff(seq_f) == 1).all()):
-                self._rows[int(seq_f[0]) : int(seq_f[0]) + k] = src.view(self.wire_dtype)  # in order: one block copy
+                block = self._rows[int(seq_f[0]) : int(seq_f[0]) + k]  # in order: one block copy
+                if self.accumulate:
+                    block += values
+                else:
+                    block[:] = values
+            elif self.accumulate:
+                self._rows[seq_f] += values  # seqs are unique here: each packet added once
             else:
-                self._rows[seq_f] = src.view(self.wire_dtype)
+                self._rows[seq_f] = values
         if rows_f.size < new_seq.size:  # the short last packet
             row = new_rows[~full][0]
-            self.data[self.n_full * per :] = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)
+            tail = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)
+            if self.accumulate:
+                self.data[self.n_full * per :] += tail
+            else:
+                self.data[self.n_full * per :] = tail
         self.received[new_seq] = True
         # What each packet was tagged with; a retransmission's tags are the sender's top, not its layer's.
         first = slots[new_rows, :_H].view(wire.HEADER_DTYPE).reshape(-1)
@@ -321,10 +351,10 @@ class Reassembler:
         if asm.is_complete(0.05): grad = asm.result()
     """
 
-    def __init__(self, job_id: int, token_of: Callable[[int, int], int | None] | None = None) -> None:
-        """``token_of(sender, message_id)``: the token a packet of a message not announced yet
-        must carry to be handed to ``park`` (None: that sender has no key, so nothing of it is
-        parked); without it, unannounced packets go to ``park`` unchecked."""
+    def __init__(self, job_id: int, token_of: Callable[[int, int, int], int | None] | None = None) -> None:
+        """``token_of(sender, message_id, iteration)``: the token a packet of a message not
+        announced yet must carry to be handed to ``park`` (None: that sender has no key, so
+        nothing of it is parked); without it, unannounced packets go to ``park`` unchecked."""
         if not 0 <= job_id <= wire.FIELD_MAX["job_id"]:
             raise ValueError(f"job_id={job_id} outside 0..{wire.FIELD_MAX['job_id']}")
         self.job_id = job_id
@@ -333,7 +363,7 @@ class Reassembler:
         self._messages: dict[tuple[int, int], Assembly] = {}
 
     def expect(self, sender_rank: int, message_id: int, total_elems: int, dtype: np.dtype | type | str,
-               elems_per_packet: int, out: np.ndarray | None = None, token: int = 0) -> Assembly:
+               elems_per_packet: int, out: np.ndarray | None = None, token: int = 0, **buffers: Any) -> Assembly:
         """Announce a message and preallocate (or adopt ``out`` as) its destination; its packets
         must carry ``token`` (see :func:`hostagent.auth.message_token`).
 
@@ -343,7 +373,7 @@ class Reassembler:
         key = (sender_rank, message_id)
         if key in self._messages:
             raise ValueError(f"message {message_id} from rank {sender_rank} is already expected")
-        asm = Assembly(sender_rank, message_id, total_elems, dtype, elems_per_packet, out, token)
+        asm = Assembly(sender_rank, message_id, total_elems, dtype, elems_per_packet, out, token, **buffers)
         self._messages[key] = asm
         return asm
 
@@ -420,10 +450,18 @@ class Reassembler:
                 if asm is None:
                     reason[rows] = _CODE["unknown_message"]
                     if self.token_of is not None:
-                        token = self.token_of(key >> 32, key & 0xFFFFFFFF)
-                        if token is None:
+                        its = hdr["iteration"][rows]
+                        forged = np.zeros(len(rows), dtype=bool)
+                        keyless = False
+                        for it in np.unique(its).tolist():
+                            token = self.token_of(key >> 32, key & 0xFFFFFFFF, it)
+                            if token is None:
+                                keyless = True
+                                break
+                            sel = its == it
+                            forged[sel] = hdr["token"][rows][sel] != token
+                        if keyless:
                             continue  # a sender without a key: nothing of it is kept
-                        forged = hdr["token"][rows] != token
                         if forged.any():
                             reason[rows[forged]] = _CODE["bad_token"]
                             rows = rows[~forged]

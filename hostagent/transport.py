@@ -1,91 +1,63 @@
 """The bounded-loss gradient transport: one :class:`Endpoint` per process.
 
-Each endpoint has a UDP socket for DLCP data packets and a TCP control connection to each
-peer for META, PROBE, BITMAP, STOP and FEEDBACK records; records bound for one peer at one
-moment travel together in one frame (BATCH). Three threads do the I/O, each in its own module
-(this one holds the public API and the lifecycle):
+An endpoint has a UDP socket for DLCP data packets and a TCP control connection to each peer for
+META, PROBE, BITMAP, STOP and FEEDBACK records; records bound for one peer at one moment travel
+together in one frame (BATCH). Three parts, each in its own module:
 
-* **tx** (:mod:`hostagent.tx_path`) sends data packets: of all messages with packets left, the one whose next packet has
-  the highest priority goes first (retransmissions above everything), paced per destination
-  by a token bucket whose rate a DCTCP-like controller sets from the receiver's feedback,
-  never above the receiver's drain ceiling, and by a host pacer across destinations. Runs of
-  full-size packets leave by UDP GSO from a staging buffer where the kernel takes it.
-* **rx** (:mod:`hostagent.rx_path`) receives datagrams in batches into preallocated rows (GRO reads land in them
-  directly), applies the configured loss injection, hands the batch to the
-  :class:`~hostagent.reassembly.Reassembler`, and measures what it can drain while behind.
-* **ctl** (:mod:`hostagent.control_path`) reads control frames from every peer, runs the timers (answers to the end of a
-  pass, idle completion, probes, deadlines, feedback) and flushes every peer's queued records
-  about once a millisecond while messages are in flight (every 50 ms when idle; send and recv
-  wake it). It never opens a connection and never blocks on one: a frame goes out directly
-  when the socket takes it, otherwise through that connection's own writer thread and a
-  bounded queue, so a dead or non-reading peer cannot stall it.
+* the **protocol core** (:mod:`hostagent.protocol`): every message's state (deadlines, probes,
+  bitmaps, feedback, rate decisions) as a state machine that takes the time and what arrived;
+* the **data path** (:mod:`hostagent.datapath`): everything per packet, compiled by default,
+  with threads outside the interpreter lock: sending by priority and pace (GSO), receiving
+  (GRO), validating every field and the token, placing payloads by offset, bitmaps, parking;
+* the **control thread** (:mod:`hostagent.control_path`): the handshake, control frames, the
+  data path's events and the core's timers.
 
-Every control connection opens with the handshake of :mod:`hostagent.auth` (a proof of the
-job secret both ways, the peer's configured address, and each side's key for the other's
-message tokens); every data packet carries its message's token, which the receiver checks
+This module holds the public API and the lifecycle. The protocol for one message is described
+in :mod:`hostagent.protocol.core`. Every control connection opens with the handshake of
+:mod:`hostagent.auth`; every data packet carries its message's token, which the receiver checks
 before anything else, so neither a frame nor a datagram from outside the job reaches a message.
 
 Every finished message's figures, with monotonic times, stay in :attr:`Endpoint.message_log`
 (the testbed's time breakdown reads them), and every change of a destination's sending rate in
-:attr:`Endpoint.rate_log` (why a transfer ran below its bottleneck).
-
-The protocol for one message, sender S to receiver R:
-
-1. S announces the message with a META (size, element type, loss bound p), alone, with other
-   records, or ahead of time (:meth:`Endpoint.announce`); or R already posted its size
-   (``recv(..., expect=...)``) and there is no META. The data packets go over UDP; data that
-   comes before R knows the message is parked briefly, not lost.
-2. R completes the message when every packet arrived (*exact*), or when at least (1-p) arrived
-   and S has finished its pass or nothing new came for an idle timeout (*bounded*). It
-   zero-fills the rest and sends STOP, so S stops spending bandwidth on the message.
-3. The last packet of each pass carries ``Flags.LAST``: R answers it (once its socket is
-   drained and nothing came for ``probe_grace``, or for four of the message's packet gaps)
-   with STOP, or with a BITMAP of what is missing when below the bound; S resends just enough
-   of the missing packets, most important first, at the top priority and in drop class 0,
-   ending that pass with LAST again, until STOP. A PROBE from S is only the fallback, when
-   no answer came within the measured answer time.
-
-Every wait has a deadline; a peer whose control connection drops fails every message to or
-from it with :class:`~hostagent.messages.PeerFailed`, naming the peer and the message.
+:attr:`Endpoint.rate_log`. Every wait has a deadline; a peer whose control connection drops
+fails every message to or from it with :class:`~hostagent.messages.PeerFailed`, naming the peer
+and the message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import logging
 import queue
 import selectors
 import socket
 import threading
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, deque
 from typing import Any
 
 import numpy as np
 
-from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
-from hostagent.control_path import IDLE_TICK, ControlPath
+from hostagent.control_path import ControlPath
+from hostagent.datapath import open_datapath
 from hostagent.fusion import Layout
-from hostagent.messages import (Expect, InMessage, MessageStats, OutMessage, PeerFailed, PeerUnreachable, RateChange,
-                                RecvHandle, RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.ratecontrol import AnswerTimer, DrainMeter, Pacer, RateController
-from hostagent.reassembly import REASONS, Reassembler
-from hostagent.rx_path import SO_RXQ_OVFL, ReceivePath
+from hostagent.messages import (Expect, MessageStats, PeerFailed, PeerUnreachable, RateChange, RecvHandle, RecvResult,
+                                SendHandle, TransportClosed, TransportError, TransportTimeout)
+from hostagent.protocol.core import IDLE_TICK, ProtocolCore
+from hostagent.reassembly import REASONS
 from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
-from hostagent.tx_path import SendPath
-from hostagent.udp_offload import DatagramSender, enable_gro
+from hostagent.udp_offload import enable_gro
 
 log = logging.getLogger(__name__)
 
-MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
-RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
+#: SO_RXQ_OVFL: a received datagram carries the socket's count of datagrams dropped for want of buffer.
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+#: SO_RCVBUFFORCE: a receive buffer above net.core.rmem_max, for a process with CAP_NET_ADMIN.
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
 
-class Endpoint(SendPath, ReceivePath, ControlPath):
+class Endpoint(ControlPath):
     """A DLCP transport endpoint: send and receive bounded-loss messages to and from peers.
 
     Example::
@@ -104,57 +76,20 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self.rank = config.rank
         self.me = config.peer(config.rank)
         self.policy = config.policy
-        self.stats = EndpointStats()
-        self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
-        self._lock = threading.Lock()
-        self._tx_cv = threading.Condition(self._lock)
+        self._lock = threading.RLock()  # the core and the connection maps
         self._running = False
         self._closed = False
-        self._order = itertools.count()
-        self._out: dict[tuple[int, int], OutMessage] = {}
-        self._in: dict[tuple[int, int], InMessage] = {}
-        self._waiting: dict[tuple[int, int], RecvHandle] = {}
-        self._done_in: dict[tuple[int, int], RecvResult] = {}
-        self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
-        self._parked_count: dict[int, int] = defaultdict(int)  # early packets held, per sender
+        self.core: ProtocolCore | None = None
+        self.dp: Any = None
         self._conns: dict[int, ControlConn] = {}  # rank -> the authenticated connection used for it
         self._all_conns: list[ControlConn] = []
         self._dialing: dict[int, ControlConn] = {}  # rank -> connection an application thread is opening
-        self._authed: set[int] = set()  # ranks that completed a handshake (whose data may be parked)
-        self._rx_keys: dict[int, bytes] = {}  # sender rank -> our key for its tokens (auth.message_token)
-        self._tx_keys: dict[int, bytes] = {}  # destination rank -> its key for our tokens
         self._allowed_ips: dict[int, set[str]] = {}  # rank -> addresses it may connect from
-        self._rate: dict[int, RateController] = {}
-        self._pacer: dict[int, Pacer] = {}
-        self._srtt: dict[int, float] = {}
-        self._fb: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # received, CE, overflowed
-        self._urgent = False  # a control timer may fire within a few ms: tick every millisecond
-        self._fb_sent_at: dict[int, float] = {}  # last feedback to each sender
-        self._outbox: dict[int, list[bytes]] = defaultdict(list)  # control records waiting, per peer
-        self._ob_lock = threading.Lock()
+        self.ctl_stats: Counter = Counter()
+        self.ctl_records_received: Counter = Counter()
+        self.ctl_rejected: Counter = Counter()
+        """Control connections refused or dropped, by reason (wrong_address, bad_proof, ...)."""
         self._deferring = threading.local()  # inside `with endpoint.batch()`
-        self._host_pacer = Pacer(config.rate.burst_bytes)  # the host's own link, across destinations
-        self._answer: dict[int, AnswerTimer] = {}  # sender side: how fast each destination answers a pass
-        self._drain = DrainMeter()  # receiver side: what this endpoint drains while behind
-        self._rx_holding = False  # the rx thread holds datagrams it read but has not yet placed
-        self._startup_drain = 0.0  # estimate before any measurement (set in start())
-        self._drain_sent: dict[int, int] = {}  # last drain share (KB/s) told to each sender
-        self._senders_seen: dict[int, float] = {}  # sender rank -> last data arrival
-        self._delayed: list[tuple[float, bytes]] = []
-        self.message_log: deque[MessageStats] = deque(maxlen=MESSAGE_LOG)
-        """The figures of the last MESSAGE_LOG messages finished, both directions, with their
-        monotonic times: what a report needs to say where an iteration's time went."""
-        self._last_rate: dict[int, float] = {}  # the rate last logged per destination
-        self.rate_log: deque[RateChange] = deque(maxlen=RATE_LOG)
-        """The last RATE_LOG changes of a destination's pacing rate, with monotonic times and
-        their cause: whether a slow transfer was cut by marks, losses or the receiver's ceiling."""
-        self._active: list[OutMessage] = []  # messages with packets to send, best first
-        self._recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
-        self._rng = np.random.default_rng(config.loss.seed)
-        self._tx_socks: dict[tuple[int, int], socket.socket] = {}
-        self._senders: dict[tuple[int, int], DatagramSender] = {}
-        self._stage: np.ndarray | None = None  # tx thread's staging rows for GSO runs
-        self._gro = False
         self._threads: list[threading.Thread] = []
         self._udp: socket.socket | None = None
         self._listener: socket.socket | None = None
@@ -163,23 +98,25 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)  # a full wake pipe already holds a wake: never block on it
         self._wake_pending = False
-        self._announcements: queue.Queue | None = None
         log.info("endpoint rank %d config: %s", self.rank, config)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, bound: tuple[socket.socket, socket.socket] | None = None) -> "Endpoint":
-        """Bind the data and control sockets and start the I/O threads.
+        """Bind the data and control sockets, start the data path and the control thread.
 
         ``bound``: a UDP and a TCP socket already bound to this rank's ports (see
         :func:`reserve_ports`), taken over as they are, so no other process can take the
         ports between announcing them to the peers and starting.
+
+        Raises:
+            TransportError: a port cannot be bound (names them), or the data path cannot start.
         """
         if self._running or self._closed:
             raise TransportError(f"endpoint rank {self.rank} already started or closed")
         udp, lst = bound if bound is not None else (socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
                                                       socket.socket(socket.AF_INET, socket.SOCK_STREAM))
         try:
-            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.socket_buffer)
+            set_receive_buffer(udp, self.config.socket_buffer)
             udp.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
             udp.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
             if bound is None:
@@ -188,28 +125,33 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
                 lst.bind((self.me.host, self.me.control_port))
             elif (udp.getsockname()[1], lst.getsockname()[1]) != (self.me.data_port, self.me.control_port):
                 raise OSError(f"the sockets handed over hold ports {udp.getsockname()[1]}/{lst.getsockname()[1]}")
-            self._gro = self.config.offload and enable_gro(udp)
+            gro = self.config.offload and enable_gro(udp)
             lst.listen(64)
-        except OSError as exc:
+            udp.setblocking(False)
+            lst.setblocking(False)
+            self.dp = open_datapath(self.config, udp, gro)
+            for p in self.config.peers:
+                if p.rank != self.rank:
+                    self.dp.add_peer(p.rank, _ipv4(p.host), p.data_port)
+        except (OSError, RuntimeError, ValueError) as exc:
             udp.close()
             lst.close()
             self._wake_r.close()
             self._wake_w.close()
             self._closed = True
-            raise TransportError(f"rank {self.rank} cannot bind {self.me.host} data port {self.me.data_port} / "
+            raise TransportError(f"rank {self.rank} cannot start on {self.me.host} data port {self.me.data_port} / "
                                  f"control port {self.me.control_port}: {exc}") from exc
-        udp.setblocking(False)
-        lst.setblocking(False)
         self._udp, self._listener = udp, lst
-        self._startup_drain = self._calibrate_drain()
+        self.core = ProtocolCore(self.config, self.dp, startup_drain=self.dp.calibrate())
         self._sel = selectors.DefaultSelector()
         self._sel.register(lst, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._sel.register(self.dp.event_fd(), selectors.EVENT_READ, "datapath")
         self._running = True
-        for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop), ("ctl", self._ctl_loop)):
-            t = threading.Thread(target=target, name=f"dlcp-{name}-{self.rank}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self.dp.start()
+        t = threading.Thread(target=self._ctl_loop, name=f"dlcp-ctl-{self.rank}", daemon=True)
+        t.start()
+        self._threads.append(t)
         return self
 
     def __enter__(self) -> "Endpoint":
@@ -223,27 +165,19 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            self._running = False
-            self._tx_cv.notify_all()
+        was_running = self._running
+        self._running = False
         self._wake()
         for t in self._threads:
             t.join(timeout=5)
-        err = TransportClosed(f"endpoint rank {self.rank} closed")
-        with self._lock:
-            for m in self._out.values():
-                m.handle._fail(err)
-            for m in self._in.values():
-                if m.handle:
-                    m.handle._fail(err)
-            for h in self._waiting.values():
-                h._fail(err)
-            self._out.clear()
-            self._in.clear()
-            self._waiting.clear()
+        if was_running:
+            with self._lock:
+                self.core.close(TransportClosed(f"endpoint rank {self.rank} closed"))
         for c in list(self._all_conns):
             c.finish(timeout=0.5)  # what is queued (last STOPs) still leaves
-        for s in [*self._tx_socks.values(), *(c.sock for c in self._all_conns)]:
+        if self.dp is not None:
+            self.dp.stop()
+        for s in [c.sock for c in self._all_conns]:
             s.close()
         for s in (self._udp, self._listener, self._wake_r, self._wake_w):
             if s is not None:
@@ -253,8 +187,8 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
 
     def _wake(self) -> None:
         """Make the control loop run its timers and flush now (from any thread, the control
-        thread included). Wakes coalesce: while one is pending, another adds nothing, so the
-        rx and tx threads may wake per message without a system call each, and never block."""
+        thread included). Wakes coalesce: while one is pending, another adds nothing, so
+        threads may wake per message without a system call each, and never block."""
         if self._wake_pending:
             return
         self._wake_pending = True
@@ -262,6 +196,10 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
             self._wake_w.send(b"x")
         except OSError:  # full (a wake is pending anyway) or closed
             pass
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise TransportClosed(f"endpoint rank {self.rank} is not running")
 
     @contextlib.contextmanager
     def batch(self):
@@ -279,76 +217,51 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
                 self._flush_all()
                 pending, self._deferring.pending = getattr(self._deferring, "pending", []), []
                 with self._lock:
-                    for msg in pending:
-                        if self._out.get((msg.dest, msg.message_id)) is msg:
-                            self._activate(msg)
+                    self.core.release(pending)
 
     # ------------------------------------------------------------------ public API
     def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
              loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
-             layout: Layout | None = None, announce: bool = True) -> SendHandle:
+             layout: Layout | None = None, announce: bool = True, held: bool = False,
+             snapshot: np.ndarray | None = None) -> SendHandle:
         """Send ``data`` to rank ``dest`` as message ``message_id``; returns at once.
 
         Args:
             priority: header priority (default: the policy's top, or the layout's most urgent).
             loss_bound: p for this message (default: the policy's push bound).
+            iteration: carried in every header and bound into the message token; a receiver
+                that posts ``expect=`` must name the same one.
             layout: for a fused message, which layer each element range belongs to; every packet
                 then carries the priority and layer of the most urgent layer it holds, and the
                 most urgent packets go first.
             announce: send a META first (default). ``False`` when the receiver posted the message's
                 size with ``recv(..., expect=...)``: one control record less per message.
+            held: do not send yet: the message starts when a received message that names it in
+                ``Expect.then_send`` completes (its drop classes are taken from ``data`` then).
+            snapshot: an array of ``data``'s size and type the data path copies ``data`` into
+                when the message starts, and sends from (``data`` may change afterwards).
 
-        The array is not copied: it must not change until the handle resolves.
+        The array is not copied (unless ``snapshot``): it must not change until the handle resolves.
 
         Raises:
             ValueError: bad rank, priority or array; a message id already in flight to ``dest``.
             PeerUnreachable: ``dest`` does not accept a control connection.
         """
-        if dest == self.rank:
-            raise ValueError("an endpoint does not send to itself")
         self.config.peer(dest)
-        if priority is None:
-            priority = layout.top_priority if layout is not None else self.policy.top_priority
-        p = self.policy.loss_bound_push if loss_bound is None else loss_bound
-        if not 0 <= p < 1:
-            raise ValueError(f"loss_bound must be in [0, 1), got {p}")
-        self._conn_to(dest)  # authenticated: we hold dest's key for our tokens
-        token = auth.message_token(self._tx_keys[dest], self.config.job_id, self.rank, message_id)
-        meta = MessageMeta(job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank,
-                           iteration=iteration, tensor_id=tensor_id, layer=layer, priority=priority, token=token)
-        tags: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
-        if layout is not None:
-            if layout.total != np.asarray(data).size:
-                raise ValueError(f"layout covers {layout.total} elements; the message has {np.asarray(data).size}")
-            tags = layout.packet_tags(elems_per_packet(self.config.mtu, np.asarray(data).dtype))
-        batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=tags[0],
-                          packet_layers=None if tags[1] is None else tags[1] % 65536)
-        msg = OutMessage(dest, batch, priority, p, time.monotonic() + self.config.message_deadline, next(self._order),
-                         announce)
-        key = (dest, message_id)
+        self._check_running()
+        if dest != self.rank:
+            self._conn_to(dest)  # authenticated: we hold dest's key for our tokens
+        defer = getattr(self._deferring, "depth", 0) > 0
         with self._lock:
-            if not self._running:
-                raise TransportClosed(f"endpoint rank {self.rank} is not running")
-            if key in self._out:
-                raise ValueError(f"message {message_id} to rank {dest} is already in flight")
-            self._out[key] = msg  # before META: an empty message's STOP may come back at once
-            if dest not in self._rate:
-                self._rate[dest] = RateController(self.config.rate)
-                self._note_rate(dest, time.monotonic(), "start")
-            self._pacer.setdefault(dest, Pacer(self.config.rate.burst_bytes))
+            self._check_running()
+            h = self.core.send(dest, data, message_id, time.monotonic(), priority, loss_bound, iteration, tensor_id,
+                               layer, layout, announce, held, snapshot, defer=defer)
+        if defer:
+            self._deferring.__dict__.setdefault("pending", []).append((dest, message_id))
+        elif announce:
+            self._flush(dest)  # the META leads the data
         self._wake()  # the control loop ticks fast from now on
-        if announce:
-            self._queue_meta(dest, message_id, batch.payload.size, data.dtype, p, priority, iteration, tensor_id, layer)
-        if len(batch) == 0:
-            msg.pass_done_at = time.monotonic()  # nothing to send: the probe timer takes it from here
-            self._wake()
-        if getattr(self._deferring, "depth", 0):
-            self._deferring.__dict__.setdefault("pending", []).append(msg)  # activated when the batch flushes
-        else:
-            with self._lock:
-                if self._out.get(key) is msg:  # data only after its META is on the wire
-                    self._activate(msg)
-        return msg.handle
+        return h
 
     def announce(self, dest: int, message_id: int, total_elems: int, dtype: Any = np.float32,
                  loss_bound: float | None = None, priority: int | None = None, iteration: int = 0,
@@ -357,91 +270,35 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
 
         Why: a worker knows its iteration's buckets before their gradients exist; announcing
         them together (inside :meth:`batch`) costs one control frame instead of one per bucket.
-        The receiver sets the message up as for any META; its data may come any time later.
         """
+        self._check_running()
         self.config.peer(dest)
         p = self.policy.loss_bound_push if loss_bound is None else loss_bound
         if not 0 <= p < 1:
             raise ValueError(f"loss_bound must be in [0, 1), got {p}")
         self._conn_to(dest)
-        self._queue_meta(dest, message_id, total_elems, dtype, p,
-                         self.policy.top_priority if priority is None else priority, iteration, tensor_id, layer)
-
-    def _queue_meta(self, dest: int, message_id: int, total_elems: int, dtype: Any, loss_bound: float,
-                    priority: int, iteration: int, tensor_id: int, layer: int) -> None:
-        """The META of a message (for :meth:`send` and :meth:`announce`); sent at once unless
-        inside :meth:`batch`."""
-        per = elems_per_packet(self.config.mtu, dtype)
-        self._queue_ctl(dest, wire.PacketType.META, message_id, wire.META_BODY.pack(total_elems, per, loss_bound),
-                        priority=priority, iteration=iteration, tensor_id=tensor_id, layer=layer,
-                        dtype=wire.dtype_code(dtype), total_pkts=-(-total_elems // per))
+        with self._lock:
+            self.core.queue_meta(dest, message_id, total_elems, dtype, p,
+                                 self.policy.top_priority if priority is None else priority, iteration, tensor_id,
+                                 layer)
         if not getattr(self._deferring, "depth", 0):
             self._flush(dest)
 
     def recv(self, src: int, message_id: int, out: np.ndarray | None = None,
-             expect: Expect | None = None) -> RecvHandle:
+             expect: Expect | None = None, accumulate: bool = False) -> RecvHandle:
         """Ask for message ``message_id`` from rank ``src``; returns a handle at once.
 
         ``out``, if given, is the 1-D array the message is written into (it must match the
-        announced size and element type, or the handle fails with a clear error).
+        announced size and element type, or the handle fails with a clear error); with
+        ``accumulate`` (float32 ``out``) the message is added into it instead.
         ``expect`` gives the message's size, element type and bound, so the message is set up
         now and its sender needs no META (it sends with ``announce=False``).
         """
-        self.config.peer(src)
-        key = (src, message_id)
-        if expect is not None:
-            return self._recv_expected(src, message_id, out, expect)
+        self._check_running()
         with self._lock:
-            if key in self._done_in:
-                h = RecvHandle(src, message_id, out)
-                res = self._done_in.pop(key)
-                if out is not None:
-                    if out.shape != res.data.shape or out.dtype != res.data.dtype:
-                        h._fail(ValueError(f"message {message_id} from rank {src} has {res.data.size} "
-                                           f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
-                        return h
-                    out[:] = res.data
-                    res = dataclasses.replace(res, data=out)
-                h._resolve(res)
-                return h
-            if key in self._waiting or (key in self._in and self._in[key].handle is not None):
-                raise ValueError(f"message {message_id} from rank {src} is already being received")
-            h = RecvHandle(src, message_id, out)
-            if key in self._in:
-                self._in[key].handle = h
-                if out is not None:
-                    log.debug("message %d from %d already announced: out= is copied into at the end", message_id, src)
-            else:
-                self._waiting[key] = h
+            self._check_running()
+            h = self.core.recv(src, message_id, time.monotonic(), out, expect, accumulate)
         self._wake()  # the control loop ticks fast from now on
-        return h
-
-    def _recv_expected(self, src: int, message_id: int, out: np.ndarray | None, expect: Expect) -> RecvHandle:
-        key = (src, message_id)
-        dtype = np.dtype(expect.dtype).newbyteorder("=")
-        per = elems_per_packet(self.config.mtu, dtype)
-        replay: list[bytes] = []
-        with self._lock:
-            if not self._running:
-                raise TransportClosed(f"endpoint rank {self.rank} is not running")
-            if key in self._waiting or key in self._in or key in self._done_in:
-                raise ValueError(f"message {message_id} from rank {src} is already being received")
-            h = RecvHandle(src, message_id, out)
-            asm = self.reassembler.expect(src, message_id, expect.total_elems, dtype, per, out=out,
-                                          token=self._rx_token(src, message_id))
-            msg = InMessage(src, asm, expect.loss_bound, time.monotonic() + self.config.message_deadline, h,
-                            self.policy.top_priority)
-            self._in[key] = msg
-            self._recent_done.pop(key, None)
-            self._wake()  # the control loop ticks fast from now on
-            replay = [d for _, d in self._parked.pop(key, [])]
-            self._parked_count[src] -= len(replay)
-            if expect.total_elems == 0:
-                self._complete_locked(msg, "exact")
-        if expect.total_elems == 0:
-            self._send_stop(msg)
-        elif replay:
-            self._replay(replay)
         return h
 
     def announcements(self) -> "queue.Queue[tuple[int, int]]":
@@ -452,52 +309,102 @@ class Endpoint(SendPath, ReceivePath, ControlPath):
         be claimed with :meth:`recv`.
         """
         with self._lock:
-            if self._announcements is None:
-                self._announcements = queue.Queue()
-                # messages announced before anyone asked: unclaimed, in flight or complete
-                for key, msg in self._in.items():
-                    if msg.handle is None:
-                        self._announcements.put(key)
-                for key in self._done_in:
-                    self._announcements.put(key)
-            return self._announcements
+            return self.core.announcements()
+
+    @property
+    def message_log(self) -> deque[MessageStats]:
+        """The figures of the last messages finished, both directions (see ProtocolCore)."""
+        return self.core.message_log if self.core is not None else deque()
+
+    @property
+    def rate_log(self) -> deque[RateChange]:
+        """Every recent change of a destination's pacing rate, with its cause."""
+        return self.core.rate_log if self.core is not None else deque()
+
+    @property
+    def datapath(self) -> str:
+        """Which data path runs: ``native`` or ``numpy``."""
+        return self.config.datapath
+
+    def rejected(self) -> Counter:
+        """Datagrams the data path rejected, by reason (:data:`~hostagent.reassembly.REASONS`)."""
+        return Counter(self.dp.stats()["rejected"]) if self.dp is not None else Counter()
+
+    @property
+    def stats(self) -> EndpointStats:
+        """Totals since the endpoint started (a snapshot)."""
+        d = self.dp.stats() if self.dp is not None else {}
+        c = self.core.stats if self.core is not None else EndpointStats()
+        return EndpointStats(
+            data_pkts_sent=d.get("data_pkts_sent", 0), data_bytes_sent=d.get("data_bytes_sent", 0),
+            retransmitted_pkts=d.get("retransmitted_pkts", 0), data_pkts_received=d.get("data_pkts_received", 0),
+            data_bytes_received=d.get("data_bytes_received", 0), ce_marked=d.get("ce_marked", 0),
+            parked=d.get("parked", 0), late=d.get("late", 0), rx_overflows=d.get("rx_overflows", 0),
+            rx_dropped_estimate=d.get("rx_dropped_estimate", 0),
+            injected_drops=dict(d.get("injected_drops", {})), injected_delays=d.get("injected_delays", 0),
+            send_errors=d.get("send_errors", 0), messages_sent=c.messages_sent,
+            messages_received=c.messages_received, ctl_frames_sent=self.ctl_stats["frames_sent"],
+            ctl_bytes_sent=self.ctl_stats["bytes_sent"], ctl_frames_received=self.ctl_stats["frames_received"],
+            ctl_bytes_received=self.ctl_stats["bytes_received"], ctl_records_sent=Counter(c.ctl_records_sent),
+            ctl_records_received=Counter(self.ctl_records_received), probes_unknown=c.probes_unknown,
+            ctl_rejected=Counter(self.ctl_rejected), gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
 
     def endpoint_stats(self) -> dict[str, Any]:
-        """Totals as a JSON-ready dict (reassembly's malformed counts included)."""
+        """Totals as a JSON-ready dict (the data path's rejections by reason included)."""
         s = self.stats
+        d = self.dp.stats()
         with self._lock:
-            rates = {r: c.rate for r, c in self._rate.items()}
+            rates = {r: c.rate for r, c in self.core.rate.items()}
+            authed = sorted(self.core.authed)
+        rejected = dict(d["rejected"])
         return {
-            "rank": self.rank,
+            "rank": self.rank, "datapath": self.config.datapath,
             "data_pkts_sent": s.data_pkts_sent, "data_bytes_sent": s.data_bytes_sent,
             "retransmitted_pkts": s.retransmitted_pkts,
             "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,
-            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows, "rx_dropped_estimate": s.rx_dropped_estimate, "parked_early": s.parked, "parked_now": sum(self._parked_count.values()), "late_after_completion": s.late, "send_errors": s.send_errors,
+            "ce_marked": s.ce_marked, "rx_socket_overflows": s.rx_overflows,
+            "rx_dropped_estimate": s.rx_dropped_estimate, "rx_dropped_reads": d.get("rx_dropped_reads", 0),
+            "parked_early": s.parked, "parked_now": d.get("parked_now", 0),
+            "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
-            "duplicate_pkts": self.reassembler.stats.duplicates,
+            "duplicate_pkts": d.get("duplicates", 0),
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
             "probes_unknown": s.probes_unknown, "ctl_rejected": dict(s.ctl_rejected),
-            "authenticated_peers": sorted(self._authed), "drain_bytes_per_s": self._drain.rate,
-            "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self._gro,
-            "gso_off": sorted({x.gso_off_reason for x in self._senders.values() if x.gso_off_reason} if self.config.offload else set()),
+            "authenticated_peers": authed, "drain_bytes_per_s": self.dp.drain_rate(time.monotonic()),
+            "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self.dp.gro,
+            "gso_off": sorted(d.get("gso_off", [])) if self.config.offload else [],
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
-            "reassembly": self.reassembler.stats.as_dict(),
+            "reassembly": {"accepted": d.get("accepted", 0), "duplicates": d.get("duplicates", 0),
+                           "rejected": rejected, "rejected_total": sum(rejected.values())},
             "rate_bytes_per_s": rates,
             # (destination, priority, local UDP port) of every data socket: with the addresses,
             # the 5-tuple a switch hashes, so a report can tell which flows shared an ECMP path
-            "data_sockets": self._data_sockets(),
+            "data_sockets": [tuple(x) for x in d.get("data_sockets", [])],
         }
 
-    def _data_sockets(self) -> list[tuple[int, int, int]]:
-        out = []
-        for (dest, priority), sock in list(self._tx_socks.items()):
-            try:
-                out.append((dest, priority, sock.getsockname()[1]))
-            except OSError:  # closed
-                pass
-        return sorted(out)
+
+def set_receive_buffer(sock: socket.socket, size: int) -> int:
+    """Ask for a ``size``-byte receive buffer; returns what the kernel gave (it reports double).
+
+    Past ``net.core.rmem_max`` the kernel caps SO_RCVBUF silently; a process with CAP_NET_ADMIN
+    (root, as on the testbed) may go past it with SO_RCVBUFFORCE, which is tried first.
+    """
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+
+def _ipv4(host: str) -> str:
+    """The IPv4 address a peer's host name resolves to (the data path takes addresses only)."""
+    try:
+        socket.inet_aton(host)
+        return host
+    except OSError:
+        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
 
 
 def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
@@ -517,6 +424,7 @@ def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
     return udp, tcp
 
 
-__all__ = ["CTL_WRITE_LIMIT", "IDLE_TICK", "Endpoint", "EndpointStats", "LossInjection", "MessageStats", "Peer", "PeerFailed", "PeerUnreachable",
-           "RecvHandle", "RecvResult", "SendHandle", "TransportClosed", "TransportConfig", "TransportError",
-           "TransportTimeout", "local_peers", "reserve_ports", "REASONS"]
+__all__ = ["CTL_WRITE_LIMIT", "IDLE_TICK", "Endpoint", "EndpointStats", "Expect", "LossInjection", "MessageStats",
+           "Peer", "PeerFailed", "PeerUnreachable", "REASONS", "RecvHandle", "RecvResult", "SendHandle",
+           "TransportClosed", "TransportConfig", "TransportError", "TransportTimeout", "local_peers",
+           "reserve_ports"]

@@ -148,6 +148,10 @@ class TransportConfig:
     check_address: bool = True
     """Accept a control connection for a rank only from the address that rank is configured at."""
 
+    datapath: str = "native"
+    """Which per-packet path runs: ``native``, the compiled one (built by ``make setup``), or
+    ``numpy``, the same behaviour in Python (slower; the reference and the fallback)."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "secret", parse_secret(self.secret))
         ranks = [p.rank for p in self.peers]
@@ -155,6 +159,8 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
         if self.rank not in ranks:
             raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
+        if self.datapath not in ("native", "numpy"):
+            raise ValueError(f"TransportConfig.datapath={self.datapath!r} must be 'native' or 'numpy'")
         if self.bulk_feedback_packets < 1:
             raise ValueError(f"TransportConfig.bulk_feedback_packets={self.bulk_feedback_packets} must be >= 1")
         if not 1 <= self.rx_batch <= 65536:

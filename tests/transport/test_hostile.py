@@ -147,10 +147,10 @@ def test_strangers_on_the_control_port_are_refused_counted_and_harmless(endpoint
     assert b.endpoint_stats()["authenticated_peers"] == [0]
 
 
-def test_a_wrong_secret_is_named_at_once():
+def test_a_wrong_secret_is_named_at_once(datapath):
     peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))
-    a = Endpoint(TransportConfig(rank=0, peers=peers, secret=auth.new_secret())).start()
-    b = Endpoint(TransportConfig(rank=1, peers=peers, secret=auth.new_secret())).start()
+    a = Endpoint(TransportConfig(datapath=datapath, rank=0, peers=peers, secret=auth.new_secret())).start()
+    b = Endpoint(TransportConfig(datapath=datapath, rank=1, peers=peers, secret=auth.new_secret())).start()
     try:
         t0 = time.monotonic()
         with pytest.raises(PeerUnreachable, match="job secret"):
@@ -162,13 +162,13 @@ def test_a_wrong_secret_is_named_at_once():
         b.close()
 
 
-def test_a_rank_is_accepted_only_from_its_configured_address():
+def test_a_rank_is_accepted_only_from_its_configured_address(datapath):
     """Rank 0 lives at 127.0.0.2: a connection from 127.0.0.1 claiming rank 0 is refused (even
     without a secret), and the real rank 0, whose connections leave from 127.0.0.2, is not."""
     (d0, c0), (d1, c1) = free_port_pairs(2)
     peers = (Peer(0, "127.0.0.2", d0, c0), Peer(1, "127.0.0.1", d1, c1))
-    a = Endpoint(TransportConfig(rank=0, peers=peers, policy=EXACT)).start()
-    b = Endpoint(TransportConfig(rank=1, peers=peers, policy=EXACT)).start()
+    a = Endpoint(TransportConfig(datapath=datapath, rank=0, peers=peers, policy=EXACT)).start()
+    b = Endpoint(TransportConfig(datapath=datapath, rank=1, peers=peers, policy=EXACT)).start()
     try:
         with pytest.raises(ConnectionError):
             rogue.dial_as("127.0.0.1", c1, rank=0, acceptor=1)

@@ -7,7 +7,6 @@ import pytest
 
 from hostagent import wire
 from hostagent.fusion import Bucketer, FusionConfig, Layout, plan_buckets
-from hostagent.messages import OutMessage
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import Policy, packet_tags
 
@@ -131,13 +130,6 @@ def test_packetize_tags_each_packet_and_out_message_sends_urgent_packets_first()
                       packet_layers=layers)
     assert batch.headers["priority"].tolist() == [1, 1, 1, 6, 6]
     assert batch.headers["layer"].tolist() == [4, 4, 4, 2, 2]
-    msg = OutMessage(1, batch, 6, 0.0, 1e9, 0)
-    assert msg.sending_priority == 6
-    first = msg.next_run(8)
-    assert first.tolist() == [3, 4]  # one priority per run, the urgent packets first
-    assert msg.sending_priority == 1
-    assert msg.next_run(8).tolist() == [0, 1, 2]
-    assert not msg.has_packets()
     with pytest.raises(ValueError, match="shape"):
         packetize(data, MessageMeta(job_id=1, message_id=2), Policy(), packet_priorities=prio[:3])
     with pytest.raises(ValueError, match="outside"):

@@ -160,7 +160,7 @@ def test_unannounced_packets_reach_park_only_with_their_senders_token():
     was given; a wrong token is counted as bad_token, and a sender without a key (one that never
     authenticated) gets nothing parked."""
     tokens = {1: 77}  # sender 1 authenticated; sender 2 did not
-    r = Reassembler(job_id=5, token_of=lambda sender, message_id: tokens.get(sender))
+    r = Reassembler(job_id=5, token_of=lambda sender, message_id, iteration: tokens.get(sender))
     good = packetize(DATA, MessageMeta(job_id=5, message_id=9, sender_rank=1, token=77), Policy())
     forged = packetize(DATA, MessageMeta(job_id=5, message_id=10, sender_rank=1, token=78), Policy())
     stranger = packetize(DATA, MessageMeta(job_id=5, message_id=11, sender_rank=2, token=77), Policy())

@@ -348,30 +348,3 @@ def test_gro_ancbuf_holds_tos_and_gro_cmsgs(gso_socket_ok):
     finally:
         s.close()
         r.close()
-
-
-def test_a_pick_sends_half_a_token_bucket_of_first_pass_packets_and_one_call_of_resends():
-    """Per pick (the preemption step between priorities) the sender takes up to half its
-    token bucket of first-pass packets in up to PICK_GSO_CALLS GSO calls: a pick's Python
-    costs as much as a call. A bucket under two calls (the testbed's 16 packets) keeps one
-    call; retransmissions and sends without GSO keep the small pick."""
-    from types import SimpleNamespace
-
-    from hostagent.packetizer import MessageMeta, packetize
-    from hostagent.policy import Policy
-    from hostagent.ratecontrol import RateConfig
-    from hostagent.tx_path import PICK_GSO_CALLS, SendPath
-
-    batch = packetize(np.zeros(357 * 500, np.float32), MessageMeta(job_id=1, message_id=1), Policy(), 1500)
-    per_call = 65507 // (wire.HEADER_SIZE + 357 * 4)
-    fresh = SimpleNamespace(batch=batch, retx=np.zeros(0, np.uint32), retx_pos=0)
-    resend = SimpleNamespace(batch=batch, retx=np.arange(5, dtype=np.uint32), retx_pos=0)
-
-    def pick(msg, offload=True, burst=256 * 1024):
-        ep = SimpleNamespace(config=SimpleNamespace(offload=offload, rate=RateConfig(burst_bytes=burst)))
-        return SendPath._chunk(ep, msg)
-
-    assert PICK_GSO_CALLS == 2 and pick(fresh) == 2 * per_call  # 2 x 43 packets of 1512 B: 130 KB
-    assert pick(fresh, burst=16 * 1500) == per_call
-    assert pick(resend) == per_call
-    assert pick(fresh, offload=False) == 8

@@ -1,0 +1,55 @@
+"""The per-packet path of an endpoint, behind :class:`~hostagent.protocol.port.DataPort`.
+
+Two implementations with the same behaviour, chosen by ``TransportConfig.datapath``:
+
+* ``"native"`` (default): :mod:`hostagent.datapath.native`, the compiled path
+  (``hostagent/native/``, C++ built by ``make setup``), whose threads never take the interpreter
+  lock;
+* ``"numpy"``: :mod:`hostagent.datapath.numpy_path`, the same in Python and numpy: slower, kept as
+  the readable reference and as a fallback where the extension cannot be built.
+
+The transport tests run against both and expect identical outcomes.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+    from hostagent.transport_config import TransportConfig
+
+DATAPATHS = ("native", "numpy")
+
+
+def native_available() -> str | None:
+    """None when the compiled data path imports, else why not (for messages and test skips)."""
+    try:
+        from hostagent import _datapath  # noqa: F401
+    except ImportError as exc:
+        return (f"the compiled data path is not built ({exc}); run `make setup` (or `pip install .`), "
+                f"or use TransportConfig(datapath='numpy')")
+    return None
+
+
+def open_datapath(config: "TransportConfig", udp: socket.socket, gro: bool) -> "NativeDatapath | NumpyDatapath":
+    """The data path ``config.datapath`` names, on the bound data socket ``udp``.
+
+    Raises:
+        RuntimeError: the native path was asked for and is not built (says how to build it).
+    """
+    if config.datapath == "native":
+        why = native_available()
+        if why is not None:
+            raise RuntimeError(why)
+        from hostagent.datapath.native import NativeDatapath
+
+        return NativeDatapath(config, udp, gro)
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    return NumpyDatapath(config, udp, gro)
+
+
+__all__ = ["DATAPATHS", "native_available", "open_datapath"]

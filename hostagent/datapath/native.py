@@ -1,0 +1,184 @@
+"""The compiled data path (``hostagent._datapath``) as a :class:`~hostagent.protocol.port.DataPort`.
+
+Builds the extension's configuration from the one definition of each fact (the header layout
+from :mod:`hostagent.wire`, tags from the :class:`~hostagent.policy.Policy`, limits from the
+:class:`~hostagent.transport_config.TransportConfig`) and keeps every buffer the compiled code
+reads or writes alive until that message is retired or forgotten: the extension holds raw
+pointers, never references.
+
+Why C++ with nanobind, built by scikit-build-core: the per-packet work (system calls, header
+checks, copies, bitmaps) must run on threads that do not share the interpreter lock with the
+training process, or the receiver drains only as fast as Python's slowest thread lets it;
+nanobind is small, binds numpy arrays without copies and releases the lock per call, and
+scikit-build-core builds it from ``pyproject.toml`` with the system's compiler and CMake, so a
+plain ``pip install`` builds it too.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from hostagent import _datapath, wire
+from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
+from hostagent.transport_config import TransportConfig
+
+#: Element kinds of the compiled path, by wire dtype code.
+KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
+#: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
+MAX_INLINE_WAIT = 0.0005
+
+
+def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]:
+    """The extension's configuration for an endpoint, every value from its one definition."""
+    pol, loss, meter = config.policy, config.loss, DrainMeter()
+    return {
+        "header_size": wire.HEADER_SIZE,
+        "header_fields": {name: (off, dt.itemsize) for name, (dt, off) in wire.HEADER_DTYPE.fields.items()},
+        "version": wire.VERSION, "data_ptype": int(wire.PacketType.DATA),
+        "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST), "kinds": KINDS,
+        "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
+        "max_datagram": wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4,
+        "rx_batch": config.rx_batch, "batch_bytes": 1 << 30, "socket_buffer": config.socket_buffer,
+        "park_limit": config.park_limit, "top_priority": pol.top_priority, "dscp": list(pol.dscp),
+        "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,
+        "line_rate": config.rate.line_rate, "burst_bytes": float(config.rate.burst_bytes),
+        "max_inline_wait": MAX_INLINE_WAIT,
+        "drop_p": [float(p) for p in loss.drop_probabilities], "delay": loss.delay, "delay_p": loss.delay_probability,
+        "reorder": loss.reorder, "seed": loss.seed,
+        "drain_stretch": meter.stretch, "drain_min_bytes": float(meter.min_bytes), "drain_fresh": meter.fresh,
+        "behind_backlog": BEHIND_BACKLOG,
+    }
+
+
+class NativeDatapath:
+    """One endpoint's compiled data path: a receive and a send thread outside the interpreter."""
+
+    name = "native"
+
+    def __init__(self, config: TransportConfig, udp: socket.socket, gro: bool) -> None:
+        self.config = config
+        self.gro = gro
+        self._dp = _datapath.Datapath(native_config(config, udp.fileno(), gro))
+        self._rx_refs: dict[tuple[int, int], RxSpec] = {}
+        self._tx_refs: dict[tuple[int, int], TxSpec] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._dp.start()
+
+    def stop(self) -> None:
+        """Stop both threads and close the data sockets; afterwards no buffer is read or written."""
+        self._dp.close()
+        self._rx_refs.clear()
+        self._tx_refs.clear()
+
+    def event_fd(self) -> int:
+        return self._dp.event_fd()
+
+    def take_events(self) -> list[Event]:
+        return self._dp.take_events()
+
+    def calibrate(self) -> float:
+        """Bytes/s this host's validation and placement take, on a synthetic batch (about a
+        millisecond): a start-up ceiling for senders until the drain is measured under load.
+        Half of it is offered, as the system calls cost the rest."""
+        cfg = self.config
+        per = elems_per_packet(cfg.mtu, np.float32)
+        n = min(cfg.rx_batch, 512)
+        data = np.zeros(n * per, np.float32)
+        batch = packetize(data, MessageMeta(job_id=cfg.job_id, message_id=1, sender_rank=0), cfg.policy, cfg.mtu)
+        slots, lengths = batch.to_slots()
+        probe = _datapath.Datapath(native_config(cfg, -1, False))
+        best = 0.0
+        for mid in range(3):
+            slots[:, wire.FIELD_OFFSET["message_id"] + 3] = mid + 1
+            buffers = RxBuffers.allocate(np.zeros(data.size, np.float32), n, 0)
+            probe.expect(0, mid + 1, 0, 0, data.size, per, buffers.out, False, buffers.received, buffers.pkt_priority,
+                         buffers.pkt_layer, data.size, [])
+            t0 = time.perf_counter()
+            probe.ingest_for_test(slots, lengths, 0.0)
+            best = max(best, float(lengths.sum()) / max(1e-6, time.perf_counter() - t0))
+        return best / 2
+
+    # ------------------------------------------------------------------ DataPort
+    def add_peer(self, rank: int, ipv4: str, port: int) -> None:
+        self._dp.add_peer(rank, ipv4, port)
+
+    def set_rx_key(self, rank: int, key: bytes | None) -> None:
+        self._dp.set_rx_key(rank, key or b"")
+
+    def expect(self, spec: RxSpec) -> None:
+        b = spec.buffers
+        self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
+                        b.out.reshape(-1), spec.accumulate, b.received, b.pkt_priority, b.pkt_layer,
+                        spec.required_elems, list(spec.triggers))
+        self._rx_refs[(spec.src, spec.message_id)] = spec
+
+    def progress(self, src: int, message_id: int) -> Progress | None:
+        p = self._dp.progress(src, message_id)
+        return None if p is None else Progress(*p)
+
+    def complete(self, src: int, message_id: int, fire: bool) -> bool:
+        return self._dp.complete(src, message_id, fire)
+
+    def forget(self, src: int, message_id: int, remember: bool) -> None:
+        self._dp.forget(src, message_id, remember)
+        self._rx_refs.pop((src, message_id), None)
+
+    def expire_parked(self, older_than: float) -> None:
+        self._dp.expire_parked(older_than)
+
+    def take_feedback(self, src: int) -> tuple[int, int, int]:
+        return self._dp.take_feedback(src)
+
+    def active_senders(self, now: float, window: float) -> int:
+        return self._dp.active_senders(now, window)
+
+    def drain_rate(self, now: float) -> float:
+        return self._dp.drain_rate(now)
+
+    def rx_busy(self) -> bool:
+        return self._dp.rx_busy()
+
+    def submit(self, spec: TxSpec) -> None:
+        self._dp.submit(spec.dest, spec.message_id, spec.payload.reshape(-1), spec.dtype, spec.payload.size,
+                        spec.elems_per_packet, spec.token, spec.iteration, spec.tensor_id, spec.layer, spec.priority,
+                        spec.pkt_priority, spec.pkt_layer, spec.drop_class, spec.snapshot, spec.held, spec.order)
+        self._tx_refs[(spec.dest, spec.message_id)] = spec
+
+    def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        return self._dp.retransmit(dest, message_id, [int(s) for s in seqs])
+
+    def tx_info(self, dest: int, message_id: int) -> TxInfo | None:
+        t = self._dp.tx_info(dest, message_id)
+        return None if t is None else TxInfo(*t)
+
+    def retire(self, dest: int, message_id: int) -> None:
+        self._dp.retire(dest, message_id)
+        self._tx_refs.pop((dest, message_id), None)
+
+    def set_rate(self, dest: int, rate: float) -> None:
+        self._dp.set_rate(dest, rate)
+
+    def sent_packets(self, dest: int) -> int:
+        return self._dp.sent_packets(dest)
+
+    def set_sockopt(self, dest: int, priority: int, level: int, name: int, value: int) -> None:
+        """Set an option on the data socket to ``dest`` for ``priority`` (made now if need be)."""
+        self._dp.set_sockopt(dest, priority, level, name, value)
+
+    # ------------------------------------------------------------------ figures
+    def stats(self) -> dict[str, Any]:
+        """Counters, under the names :meth:`hostagent.transport.Endpoint.endpoint_stats` reports."""
+        s = dict(self._dp.stats())
+        s["rejected"] = dict(self._dp.rejected())
+        s["injected_drops"] = {int(k): int(v) for k, v in self._dp.injected_drops().items()}
+        s["data_sockets"] = sorted(tuple(x) for x in self._dp.data_sockets())
+        s["gso_off"] = list(self._dp.gso_off_reasons())
+        return s

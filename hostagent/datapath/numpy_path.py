@@ -1,0 +1,908 @@
+"""The data path in Python and numpy: the readable reference, and the fallback.
+
+The same behaviour as the compiled path (:mod:`hostagent.datapath.native`), with two Python
+threads: ``rx`` receives datagrams in batches into preallocated rows (GRO reads land in them
+directly), applies the loss injection, and hands each batch to the vectorised
+:class:`~hostagent.reassembly.Reassembler`, which validates every field (the token included)
+before a byte is written; ``tx`` sends the message whose next packet has the highest priority,
+paced per destination and for the host, runs of full-size packets by UDP GSO from a staging
+buffer. Slower than the compiled path because both threads share the interpreter lock with
+each other and with the training process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import select
+import socket
+import struct
+import termios
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hostagent import auth, wire
+from hostagent.lossmodel import drop_by_class
+from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
+from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
+from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
+from hostagent.reassembly import REASONS, Assembly, Reassembler
+from hostagent.transport_config import TransportConfig
+from hostagent.udp_offload import GRO_ANCBUF, GRO_BUFSIZE, DatagramSender, gro_segment_size, split_segments
+
+log = logging.getLogger("hostagent.transport")
+
+_CE = 0b11  # congestion experienced
+_ECT0 = 0b10  # ECN-capable transport
+_LAST = int(wire.Flags.LAST)
+_RETX = int(wire.Flags.RETX)
+# Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of dropped datagrams.
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+# Linux: SO_MEMINFO reads a socket's memory counters (SK_MEMINFO_*, 9 x u32); the first two are
+# the bytes its receive queue holds and its receive buffer, both in the kernel's accounting.
+SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
+_MEMINFO = struct.Struct("9I")
+DONE_KEPT = 4096  # finished messages remembered: their late packets are not malformed
+MAX_INLINE_WAIT = 0.0005  # longest the send thread sleeps for one run's pacing
+
+
+def receive_backlog(sock: socket.socket) -> float | None:
+    """The fraction of ``sock``'s receive buffer its queued datagrams fill (0 to about 1), or
+    None where the kernel has no SO_MEMINFO."""
+    try:
+        queued, size = _MEMINFO.unpack(sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, _MEMINFO.size))[:2]
+    except (OSError, struct.error):
+        return None
+    return queued / size if size else None
+
+
+@dataclass
+class _Rx:
+    spec: RxSpec
+    asm: Assembly
+    retx_seen: int = 0
+    first_arrival: float = 0.0
+    last_arrival: float = 0.0
+    state: int = 0
+
+
+@dataclass
+class _Sender:
+    """What the receive side keeps per sender: its key and its feedback counters."""
+
+    key: bytes | None = None
+    received: int = 0
+    ce: int = 0
+    lost: int = 0
+    last_seen: float = -1.0
+    wake_sent: bool = False
+    parked: int = 0
+
+
+@dataclass
+class _Tx:
+    spec: TxSpec
+    batch: PacketBatch | None = None
+    send_order: np.ndarray | None = None
+    prio_in_order: np.ndarray | None = None
+    header_rows: np.ndarray | None = None
+    payload_rows: np.ndarray | None = None
+    next_pos: int = 0
+    retx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    retx_pos: int = 0
+    retransmissions: int = 0
+    pass_no: int = 0
+    held: bool = False
+    stopped: bool = False
+    busy: bool = False
+    queued: bool = False
+
+    @property
+    def packets(self) -> int:
+        per = self.spec.elems_per_packet
+        return -(-self.spec.payload.size // per)
+
+    def has_packets(self) -> bool:
+        return not self.stopped and not self.held and (self.next_pos < self.packets or self.retx_pos < len(self.retx))
+
+    def sending_priority(self) -> int:
+        if self.retx_pos < len(self.retx):
+            return 255
+        if self.prio_in_order is not None and self.next_pos < len(self.prio_in_order):
+            return int(self.prio_in_order[self.next_pos])
+        return self.spec.priority
+
+
+@dataclass
+class _Dest:
+    rank: int
+    addr: tuple[str, int]
+    rate: float
+    pacer: Pacer
+    socks: dict[int, tuple[socket.socket, DatagramSender]] = field(default_factory=dict)
+    sent: int = 0
+
+
+class NumpyDatapath:
+    """One endpoint's data path in Python: a receive and a send thread."""
+
+    name = "numpy"
+
+    def __init__(self, config: TransportConfig, udp: socket.socket, gro: bool) -> None:
+        self.config = config
+        self.gro = gro
+        self.policy = config.policy
+        self._udp = udp
+        self._running = False
+        self._threads: list[threading.Thread] = []
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ev_lock = threading.Lock()
+        self._events: list[tuple] = []
+        # receive side
+        self._lock = threading.Lock()
+        self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
+        self._rx: dict[tuple[int, int], _Rx] = {}
+        self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
+        self._senders: dict[int, _Sender] = {}
+        self._rng = np.random.default_rng(config.loss.seed)
+        self._delayed: list[tuple[float, bytes]] = []
+        self._drain = DrainMeter()
+        self._rx_holding = False
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
+             "rx_dropped_estimate", "rx_dropped_reads", "gro_reads", "rx_reads", "injected_delays", "data_pkts_sent",
+             "data_bytes_sent", "retransmitted_pkts", "send_errors", "gso_calls"), 0)
+        self.injected_drops: dict[int, int] = {}
+        # send side
+        self._tx_cv = threading.Condition()
+        self._dests: dict[int, _Dest] = {}
+        self._tx: dict[tuple[int, int], _Tx] = {}
+        self._active: list[_Tx] = []
+        self._fired: set[tuple[int, int]] = set()
+        self._host_pacer = Pacer(config.rate.burst_bytes)
+        self._stage: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._running = True
+        for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop)):
+            t = threading.Thread(target=target, name=f"dlcp-{name}-{self.config.rank}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._running = False
+        with self._tx_cv:
+            self._tx_cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+        for d in self._dests.values():
+            for sock, _ in d.socks.values():
+                sock.close()
+            d.socks.clear()
+        try:
+            os.close(self._efd)
+        except OSError:
+            pass
+
+    def event_fd(self) -> int:
+        return self._efd
+
+    def take_events(self) -> list[tuple]:
+        try:
+            os.eventfd_read(self._efd)
+        except (BlockingIOError, OSError):
+            pass
+        with self._ev_lock:
+            events, self._events = self._events, []
+        return events
+
+    def _emit(self, kind: EventKind, peer: int, mid: int, t: float, a: int = 0) -> None:
+        with self._ev_lock:
+            empty = not self._events
+            self._events.append((int(kind), peer, mid, t, a))
+        if empty:
+            try:
+                os.eventfd_write(self._efd, 1)
+            except OSError:
+                pass
+
+    def calibrate(self) -> float:
+        """Bytes/s this host's reassembly takes, timed on a synthetic batch at start (about a
+        millisecond): a start-up ceiling for senders, until the drain is measured under load.
+        Half of it is offered, as the system calls and other threads cost the rest."""
+        per = elems_per_packet(self.config.mtu, np.float32)
+        n = min(self.config.rx_batch, 512)
+        data = np.zeros(n * per, np.float32)
+        batch = packetize(data, MessageMeta(job_id=self.config.job_id, message_id=1), self.policy, self.config.mtu)
+        slots, lengths = batch.to_slots()
+        best = 0.0
+        for _ in range(3):
+            r = Reassembler(self.config.job_id)
+            r.expect(0, 1, data.size, np.float32, per)
+            t0 = time.perf_counter()
+            r.ingest_batch(slots, lengths)
+            best = max(best, float(lengths.sum()) / max(1e-6, time.perf_counter() - t0))
+        return best / 2
+
+    # ------------------------------------------------------------------ DataPort: receive side
+    def add_peer(self, rank: int, ipv4: str, port: int) -> None:
+        with self._tx_cv:
+            if rank not in self._dests:
+                self._dests[rank] = _Dest(rank, (ipv4, port), min(self.config.rate.line_rate, 0.5e9),
+                                          Pacer(self.config.rate.burst_bytes))
+
+    def set_rx_key(self, rank: int, key: bytes | None) -> None:
+        with self._lock:
+            self._senders.setdefault(rank, _Sender()).key = key
+
+    def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
+        s = self._senders.get(src)
+        if s is None or s.key is None or src == self.config.rank:
+            return None
+        return auth.message_token(s.key, self.config.job_id, src, message_id, iteration)
+
+    def expect(self, spec: RxSpec) -> None:
+        key = (spec.src, spec.message_id)
+        dtype = wire.NUMPY_DTYPES[wire.Dtype(spec.dtype)].newbyteorder("=")
+        b = spec.buffers
+        now = time.monotonic()
+        with self._lock:
+            old = self._rx.get(key)
+            if old is not None:
+                if old.state == 0:
+                    raise ValueError(f"message {spec.message_id} from rank {spec.src} is already expected")
+                del self._rx[key]
+            asm = self.reassembler.expect(spec.src, spec.message_id, spec.total_elems, dtype, spec.elems_per_packet,
+                                          out=b.out, token=spec.token, accumulate=spec.accumulate,
+                                          received=b.received, pkt_priority=b.pkt_priority, pkt_layer=b.pkt_layer)
+            rx = self._rx[key] = _Rx(spec, asm)
+            self._done.pop(key, None)
+            if asm.total_pkts == 0:
+                self._finish(rx, 1, True, now)
+                return
+            replay = [d for _, d in self._parked.pop(key, [])]
+            self._sender(spec.src).parked -= len(replay)
+        if replay:
+            slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
+            for i, d in enumerate(replay):
+                slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+            self._ingest(slots, np.array([len(d) for d in replay]), np.zeros(len(replay), dtype=bool), now)
+
+    def progress(self, src: int, message_id: int) -> Progress | None:
+        with self._lock:
+            rx = self._rx.get((src, message_id))
+            if rx is None:
+                return None
+            a = rx.asm
+            return Progress(a.received_pkts, a.received_elems, a.duplicates, rx.retx_seen, rx.first_arrival,
+                            rx.last_arrival, rx.state)
+
+    def complete(self, src: int, message_id: int, fire: bool) -> bool:
+        with self._lock:
+            rx = self._rx.get((src, message_id))
+            if rx is None or rx.state:
+                return False
+            self._finish(rx, 3, fire, time.monotonic())
+            return True
+
+    def forget(self, src: int, message_id: int, remember: bool) -> None:
+        key = (src, message_id)
+        with self._lock:
+            self._rx.pop(key, None)
+            self.reassembler.forget(*key)
+            if remember:
+                self._remember(key)
+            else:
+                self._done.pop(key, None)
+            self._sender(src).parked -= len(self._parked.pop(key, []))
+
+    def expire_parked(self, older_than: float) -> None:
+        with self._lock:
+            for key in [k for k, v in self._parked.items() if v and v[0][0] < older_than]:
+                self._sender(key[0]).parked -= len(self._parked.pop(key))
+
+    def take_feedback(self, src: int) -> tuple[int, int, int]:
+        with self._lock:
+            s = self._sender(src)
+            out = (s.received, s.ce, s.lost)
+            s.received = s.ce = s.lost = 0
+            s.wake_sent = False
+            return out
+
+    def active_senders(self, now: float, window: float) -> int:
+        with self._lock:
+            return sum(1 for s in self._senders.values() if s.last_seen >= 0 and now - s.last_seen < window)
+
+    def drain_rate(self, now: float) -> float:
+        return self._drain.current(now)
+
+    def rx_busy(self) -> bool:
+        """Datagrams still wait in the data socket, or in a batch the receive thread read but has
+        not placed: a bitmap now would list packets that have arrived."""
+        if self._rx_holding:
+            return True
+        try:
+            return struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+        except (OSError, ValueError):
+            return False
+
+    def _sender(self, rank: int) -> _Sender:
+        s = self._senders.get(rank)
+        if s is None:
+            s = self._senders[rank] = _Sender()
+        return s
+
+    def _remember(self, key: tuple[int, int]) -> None:
+        self._done[key] = None
+        self._done.move_to_end(key)
+        while len(self._done) > DONE_KEPT:
+            self._done.popitem(last=False)
+
+    def _finish(self, rx: _Rx, how: int, fire: bool, now: float) -> None:
+        """Complete ``rx`` here (lock held): nothing more is placed, missing elements read as zero,
+        its held sends start."""
+        rx.state = how
+        key = rx.asm.key
+        self.reassembler.forget(*key)
+        self._remember(key)
+        if rx.asm.received_pkts < rx.asm.total_pkts:
+            rx.asm.zero_missing()
+        if fire and rx.spec.triggers:
+            self._fire(rx.spec.triggers, now)
+        if how != 3:
+            self._emit(EventKind.RX_DONE, key[0], key[1], now, how)
+
+    # ------------------------------------------------------------------ the receive thread
+    def _rx_loop(self) -> None:
+        """Receive datagrams into the rows of a slot matrix and hand them over in batches.
+
+        A row is exactly one full-size datagram wide, so a GRO read (many datagrams of that
+        size back to back) lands in consecutive rows with no copy; a batch holds up to
+        ``rx_batch`` datagrams whatever mix of GRO and single reads brought them. A batch also
+        ends after a quarter of the socket buffer's bytes. The drain meter samples a batch only
+        when it ended by either limit, rather than because the socket ran dry, *and* the socket
+        still holds at least BEHIND_BACKLOG of its buffer: a real backlog, close to an overrun.
+        """
+        cfg = self.config
+        width = wire.HEADER_SIZE + elems_per_packet(cfg.mtu, np.float32) * 4  # a full datagram
+        spare = -(-GRO_BUFSIZE // width) if self.gro else 1  # room for one whole GRO read
+        slots = np.zeros((cfg.rx_batch + spare, width), dtype=np.uint8)
+        flat = memoryview(slots.reshape(-1))
+        lengths = np.zeros(cfg.rx_batch + spare, dtype=np.int64)
+        ce = np.zeros(cfg.rx_batch + spare, dtype=bool)
+        overflows = 0
+        sock = self._udp
+        batch_bytes = max(width, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 8)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while self._running:
+            if not poller.poll(5 if self._delayed else 50):
+                self._release_delayed()
+                continue
+            t_batch = time.monotonic()
+            self._rx_holding = True
+            k = reads = 0
+            nbytes_batch = 0
+            dry = False
+            while k < cfg.rx_batch and nbytes_batch < batch_bytes:
+                try:
+                    nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
+                except (BlockingIOError, InterruptedError):
+                    dry = True
+                    break
+                except OSError as exc:
+                    if self._running:
+                        log.warning("rank %d: data socket error: %s", cfg.rank, exc)
+                    dry = True
+                    break
+                reads += 1
+                tos = 0
+                for level, kind, value in ancdata:
+                    if level == socket.IPPROTO_IP:
+                        tos = value[0]
+                    elif kind == SO_RXQ_OVFL and len(value) >= 4:
+                        overflows = int.from_bytes(value[:4], "little")
+                seg = gro_segment_size(ancdata) if self.gro else None
+                if seg is None or nbytes <= seg:
+                    lengths[k] = nbytes  # one datagram (longer than a row: rejected as truncated)
+                    m = 1
+                elif seg == width:  # GRO read of full-size datagrams: already in their rows
+                    m = -(-nbytes // seg)
+                    lengths[k : k + m] = seg
+                    lengths[k + m - 1] = nbytes - (m - 1) * seg
+                    self.counters["gro_reads"] += 1
+                else:  # GRO of another size (another MTU): copy the datagrams into rows
+                    rows, row_lengths = split_segments(slots.reshape(-1)[k * width : k * width + nbytes].copy(),
+                                                       nbytes, seg)
+                    m = min(len(row_lengths), len(lengths) - k)
+                    cut = min(rows.shape[1], width)
+                    slots[k : k + m] = 0
+                    slots[k : k + m, :cut] = rows[:m, :cut]
+                    lengths[k : k + m] = np.where(row_lengths[:m] > width, width + 1, row_lengths[:m])
+                    self.counters["gro_reads"] += 1
+                ce[k : k + m] = (tos & 0b11) == _CE
+                k += m
+                nbytes_batch += nbytes
+            self.counters["rx_reads"] += reads
+            good = self._on_datagrams(slots[:k], lengths[:k], ce[:k]) if k else {}
+            self._rx_holding = False
+            if overflows != self.counters["rx_overflows"]:
+                self._on_overflow((overflows - self.counters["rx_overflows"]) & 0xFFFFFFFF, good, reads)
+                self.counters["rx_overflows"] = overflows
+            behind = not dry and (k >= cfg.rx_batch or nbytes_batch >= batch_bytes)  # ended full, not dry
+            if behind:
+                backlog = receive_backlog(sock)
+                behind = backlog is None or backlog >= BEHIND_BACKLOG
+            self._drain.batch(t_batch, nbytes_batch, behind, time.monotonic())
+            self._release_delayed()
+
+    def _on_overflow(self, dropped: int, good: dict[int, int], reads: int) -> None:
+        """The kernel dropped ``dropped`` socket-buffer entries (a GRO read is one entry of many
+        datagrams; a junk datagram one of none of ours). Each is taken as a random draw of the
+        reads that did arrive in this batch, so a sender is blamed for its accepted datagrams over
+        all reads: junk dilutes the blame instead of multiplying it, and nobody is blamed for a
+        batch of junk alone."""
+        self.counters["rx_dropped_reads"] += dropped
+        with self._lock:
+            for rank, n in good.items():
+                s = self._sender(rank)
+                if s.key is None or rank == self.config.rank:
+                    continue
+                blame = max(1, round(dropped * n / max(1, reads)))
+                s.lost += blame
+                self.counters["rx_dropped_estimate"] += blame
+                if not s.wake_sent:
+                    s.wake_sent = True
+                    self._emit(EventKind.CONGESTION, rank, 0, time.monotonic())
+
+    def _release_delayed(self) -> None:
+        if not self._delayed:
+            return
+        now = time.monotonic()
+        due = [d for t, d in self._delayed if t <= now]
+        if not due:
+            return
+        self._delayed = [(t, d) for t, d in self._delayed if t > now]
+        slots = np.zeros((len(due), max(len(d) for d in due)), dtype=np.uint8)
+        for i, d in enumerate(due):
+            slots[i, : len(d)] = np.frombuffer(d, np.uint8)
+        self._ingest(slots, np.array([len(d) for d in due]), np.zeros(len(due), dtype=bool), now)
+
+    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> dict[int, int]:
+        """Loss injection, then reassembly; returns accepted datagrams per sender."""
+        loss = self.config.loss
+        if loss.enabled:
+            n = len(lengths)
+            ok_len = lengths >= wire.HEADER_SIZE
+            hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n)
+            keep = np.ones(n, dtype=bool)
+            if any(loss.drop_probabilities):
+                keep = drop_by_class(hdr["drop_class"], loss.drop_probabilities, self._rng) | ~ok_len
+                for cls in hdr["drop_class"][~keep].tolist():
+                    self.injected_drops[cls] = self.injected_drops.get(cls, 0) + 1
+            if loss.delay > 0 and loss.delay_probability > 0:
+                delay = keep & (self._rng.random(n) < loss.delay_probability)
+                release = time.monotonic() + loss.delay
+                for i in np.flatnonzero(delay).tolist():
+                    self._delayed.append((release, slots[i, : lengths[i]].tobytes()))
+                self.counters["injected_delays"] += int(delay.sum())
+                keep &= ~delay
+            idx = np.flatnonzero(keep)
+            if loss.reorder:
+                idx = self._rng.permutation(idx)
+            if len(idx) < n or loss.reorder:
+                slots, lengths, ce = slots[idx], lengths[idx], ce[idx]
+        if len(lengths):
+            return self._ingest(slots, lengths, ce, time.monotonic())
+        return {}
+
+    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray, now: float) -> dict[int, int]:
+        """Validate and place a batch; events for what it changed. Returns accepted datagrams per sender."""
+        n = len(lengths)
+        hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n) if slots.shape[1] >= wire.HEADER_SIZE \
+            else None
+        good_by: dict[int, int] = {}
+        with self._lock:
+            c = self.counters
+            late_before = c["late"]
+            res = self.reassembler.ingest_batch(slots, lengths, park=lambda rows: self._park(slots, lengths, hdr, rows,
+                                                                                              now))
+            c["data_pkts_received"] += n
+            c["data_bytes_received"] += int(lengths.sum())
+            c["ce_marked"] += int(np.count_nonzero(ce))
+            c["parked"] += res.parked - (c["late"] - late_before)
+            if hdr is None:
+                return good_by
+            good = res.reasons == 0
+            senders = hdr["sender_rank"][good]
+            marks = ce[good]
+            for rank in np.unique(senders).tolist():
+                s = self._sender(rank)
+                sel = senders == rank
+                cnt = int(np.count_nonzero(sel))
+                good_by[rank] = cnt
+                s.received += cnt
+                s.last_seen = now
+                n_marks = int(np.count_nonzero(marks[sel]))
+                s.ce += n_marks
+                if n_marks and not s.wake_sent:
+                    s.wake_sent = True
+                    self._emit(EventKind.CONGESTION, rank, 0, now)
+            if not res.touched:
+                return good_by
+            if res.run:
+                keys = [res.touched[0].key]
+                last = {keys[0]} if np.count_nonzero(slots[:, wire.FIELD_OFFSET["flags"]] & _LAST) else set()
+                retx: dict[tuple[int, int], int] = {}
+            else:
+                lmask = good & ((hdr["flags"] & _LAST) != 0)
+                last = set(zip(hdr["sender_rank"][lmask].tolist(), hdr["message_id"][lmask].tolist()))
+                rmask = good & ((hdr["flags"] & _RETX) != 0)
+                retx = {}
+                for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
+                    retx[k] = retx.get(k, 0) + 1
+            for asm in res.touched:
+                rx = self._rx.get(asm.key)
+                if rx is None or rx.state:
+                    continue
+                rx.last_arrival = now
+                if not rx.first_arrival:
+                    rx.first_arrival = now
+                n_retx = retx.get(asm.key, 0)
+                rx.retx_seen += n_retx
+                if asm.key in last:
+                    self._emit(EventKind.RX_LAST, asm.key[0], asm.key[1], now)
+                if n_retx:
+                    self._emit(EventKind.RX_RETX, asm.key[0], asm.key[1], now, n_retx)
+                if asm.received_pkts == asm.total_pkts:
+                    self._finish(rx, 1, True, now)
+                elif rx.retx_seen and asm.received_elems >= rx.spec.required_elems:
+                    self._finish(rx, 2, True, now)  # recovery reached the bound: stop now
+        return good_by
+
+    def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray,
+              now: float) -> np.ndarray:
+        """Keep early data of authenticated peers until its message is set up (at most
+        ``park_limit`` per sender). The reassembler has checked the rows' tokens: nothing forged
+        or from an unauthenticated rank gets here."""
+        kept = np.zeros(len(rows), dtype=bool)
+        for i, r in enumerate(rows.tolist()):
+            key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
+            if key in self._done:  # a straggler of a finished message: not malformed
+                self.counters["late"] += 1
+                kept[i] = True
+                continue
+            s = self._sender(key[0])
+            if s.key is None or key[0] == self.config.rank or s.parked >= self.config.park_limit:
+                continue
+            self._parked.setdefault(key, []).append((now, slots[r, : lengths[r]].tobytes()))
+            s.parked += 1
+            kept[i] = True
+        return kept
+
+    # ------------------------------------------------------------------ DataPort: send side
+    def submit(self, spec: TxSpec) -> None:
+        key = (spec.dest, spec.message_id)
+        with self._tx_cv:
+            if spec.dest not in self._dests:
+                raise ValueError(f"unknown destination rank {spec.dest}")
+            if key in self._tx:
+                raise ValueError(f"message {spec.message_id} to rank {spec.dest} is already in flight")
+            m = self._tx[key] = _Tx(spec, held=spec.held)
+            if m.held and key in self._fired:
+                self._fired.discard(key)
+                m.held = False
+                self._emit(EventKind.TX_ACTIVE, spec.dest, spec.message_id, time.monotonic())
+            if not m.held:
+                self._activate(m)
+
+    def _fire(self, triggers: tuple[tuple[int, int], ...], now: float) -> None:
+        with self._tx_cv:
+            for key in triggers:
+                m = self._tx.get(key)
+                if m is None:
+                    self._fired.add(key)  # submitted later: it starts at once then
+                    continue
+                if m.held:
+                    m.held = False
+                    self._activate(m)
+                    self._emit(EventKind.TX_ACTIVE, key[0], key[1], now)
+
+    def _activate(self, m: _Tx) -> None:
+        """Queue ``m`` for sending (tx lock held)."""
+        if m.packets == 0:  # nothing to send: the pass is over at once
+            self._emit(EventKind.TX_PASS, m.spec.dest, m.spec.message_id, time.monotonic(), m.pass_no)
+            return
+        if not m.queued:
+            self._active.append(m)
+            m.queued = True
+        self._reorder()
+        self._tx_cv.notify_all()
+
+    def _reorder(self) -> None:
+        self._active.sort(key=lambda m: (-m.sending_priority(), m.spec.order))
+
+    def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        with self._tx_cv:
+            m = self._tx.get((dest, message_id))
+            if m is None:
+                return 0
+            m.retx = np.asarray(seqs, dtype=np.int64)
+            m.retx_pos = 0
+            m.pass_no += 1
+            if len(m.retx) and not m.stopped:
+                self._activate(m)
+            return m.pass_no
+
+    def tx_info(self, dest: int, message_id: int) -> TxInfo | None:
+        with self._tx_cv:
+            m = self._tx.get((dest, message_id))
+            if m is None:
+                return None
+            return TxInfo(m.packets, m.next_pos, m.retransmissions, m.pass_no, m.has_packets(), m.held)
+
+    def retire(self, dest: int, message_id: int) -> None:
+        key = (dest, message_id)
+        with self._tx_cv:
+            self._fired.discard(key)
+            m = self._tx.get(key)
+            if m is None:
+                return
+            m.stopped = True
+            while m.busy:  # the send thread reads its buffers no more
+                self._tx_cv.wait(0.05)
+            del self._tx[key]
+            if m in self._active:
+                self._active.remove(m)
+
+    def set_rate(self, dest: int, rate: float) -> None:
+        with self._tx_cv:
+            self._dests[dest].rate = max(1.0, rate)
+            self._tx_cv.notify_all()
+
+    def sent_packets(self, dest: int) -> int:
+        d = self._dests.get(dest)
+        return d.sent if d is not None else 0
+
+    def set_sockopt(self, dest: int, priority: int, level: int, name: int, value: int) -> None:
+        """Set an option on the data socket to ``dest`` for ``priority`` (made now if need be)."""
+        with self._tx_cv:
+            d = self._dests[dest]
+            self._sender_for(d, priority)
+            d.socks[priority][0].setsockopt(level, name, value)
+
+    # ------------------------------------------------------------------ the send thread
+    def _prepare(self, m: _Tx) -> None:
+        """Headers and drop classes, from the payload as it is now (outside the lock)."""
+        s = m.spec
+        data = s.payload
+        if s.snapshot is not None:
+            s.snapshot[: data.size] = data
+            data = s.snapshot[: data.size]
+        meta = MessageMeta(job_id=self.config.job_id, message_id=s.message_id, sender_rank=self.config.rank,
+                           iteration=s.iteration, tensor_id=s.tensor_id, layer=s.layer, priority=s.priority,
+                           token=s.token)
+        batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=s.pkt_priority,
+                          packet_layers=s.pkt_layer)
+        s.drop_class[:] = batch.headers["drop_class"]
+        prio = batch.headers["priority"]
+        if len(prio) and prio.min() != prio.max():
+            m.send_order = np.argsort(-prio.astype(np.int16), kind="stable")
+            m.prio_in_order = prio[m.send_order]
+        else:
+            m.send_order = np.arange(len(batch), dtype=np.int64)
+        m.header_rows = batch.headers.view(np.uint8).reshape(len(batch), wire.HEADER_SIZE)
+        per, itemsize = batch.elems_per_packet, batch.payload.itemsize
+        m.payload_rows = batch.payload[: (batch.payload.size // per) * per].view(np.uint8).reshape(
+            batch.payload.size // per, per * itemsize)
+        m.batch = batch
+
+    def _pick(self, now: float) -> tuple[_Tx | None, float]:
+        """Best message whose destination may send now, else how long until one may (lock held)."""
+        keep = []
+        for m in self._active:
+            if m.has_packets() or m.batch is None:
+                keep.append(m)
+            else:
+                m.queued = False
+        self._active = keep
+        wait = 1.0
+        blocked: dict[int, float] = {}
+        for m in self._active:
+            if m.batch is None:
+                return m, 0.0
+            d = self._dests[m.spec.dest]
+            if d.rank not in blocked:
+                pkt = m.batch.datagram_bytes
+                blocked[d.rank] = max(d.pacer.wait_time(pkt, d.rate, now),
+                                      self._host_pacer.wait_time(pkt, self.config.rate.line_rate, now))
+            if blocked[d.rank] > 0:
+                wait = min(wait, blocked[d.rank])
+                continue
+            return m, wait
+        return None, wait
+
+    def _tx_loop(self) -> None:
+        cfg = self.config
+        while True:
+            with self._tx_cv:
+                while True:
+                    if not self._running:
+                        return
+                    m, wait = self._pick(time.monotonic())
+                    if m is not None:
+                        break
+                    self._tx_cv.wait(timeout=min(wait, 0.05))
+                m.busy = True
+                if m.batch is None:
+                    prepare = True
+                else:
+                    prepare = False
+                    d = self._dests[m.spec.dest]
+                    retx = m.retx_pos < len(m.retx)
+                    pkt = m.batch.datagram_bytes
+                    chunk = max(8, min(64, 65507 // pkt)) if cfg.offload else 8
+                    now = time.monotonic()
+                    allowed = min(d.pacer.allowance(d.rate, now, MAX_INLINE_WAIT),
+                                  self._host_pacer.allowance(cfg.rate.line_rate, now, MAX_INLINE_WAIT))
+                    chunk = max(1, min(chunk, int(allowed // pkt)))
+                    before = m.sending_priority()
+                    if retx:
+                        seqs = m.retx[m.retx_pos : m.retx_pos + chunk]
+                        m.retx_pos += len(seqs)
+                    else:
+                        stop = min(m.next_pos + chunk, m.packets)
+                        if m.prio_in_order is not None and stop > m.next_pos:
+                            same = m.prio_in_order[m.next_pos : stop] == m.prio_in_order[m.next_pos]
+                            if not same.all():
+                                stop = m.next_pos + int(np.argmin(same))
+                        seqs = m.send_order[m.next_pos : stop]
+                        m.next_pos = stop
+                    finished = not m.has_packets()
+                    if not finished and m.sending_priority() != before:
+                        self._reorder()
+                    pass_no = m.pass_no
+            if prepare:
+                try:
+                    self._prepare(m)
+                finally:
+                    with self._tx_cv:
+                        m.busy = False
+                        self._reorder()
+                        self._tx_cv.notify_all()
+                continue
+            try:
+                sent, nbytes = self._send_packets(m, d, seqs, retx, finished)
+            finally:
+                with self._tx_cv:
+                    m.busy = False
+                    self._tx_cv.notify_all()
+            with self._tx_cv:
+                d.pacer.consume(nbytes)
+                self._host_pacer.consume(nbytes)
+                d.sent += sent
+                self.counters["data_pkts_sent"] += sent
+                self.counters["data_bytes_sent"] += nbytes
+                if retx:
+                    m.retransmissions += sent
+                    self.counters["retransmitted_pkts"] += sent
+                if finished and not m.stopped:
+                    self._emit(EventKind.TX_PASS, m.spec.dest, m.spec.message_id, time.monotonic(), pass_no)
+
+    def _sender_for(self, d: _Dest, priority: int) -> DatagramSender:
+        entry = d.socks.get(priority)
+        if entry is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_buffer)
+            dscp = self.policy.dscp[min(priority, self.policy.top_priority)]
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (dscp << 2) | _ECT0)
+            sock.connect(d.addr)
+            entry = d.socks[priority] = (sock, DatagramSender(sock, use_gso=self.config.offload))
+        return entry[1]
+
+    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, last: bool) -> tuple[int, int]:
+        """Send ``seqs`` of ``m`` (all of one priority) in one paced burst: full-size packets as
+        rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
+        by one; the packet that leaves last carries LAST when ``last``."""
+        batch = m.batch
+        per = batch.elems_per_packet
+        width = batch.datagram_bytes
+        k = len(seqs)
+        short_seq = len(batch) - 1 if batch.payload.size % per else -1
+        if retx:
+            hdr = batch.headers[seqs].copy()
+            hdr["priority"] = self.policy.top_priority
+            hdr["drop_class"] = 0
+            hdr["flags"] = (hdr["flags"] & ~np.uint8(_LAST)) | _RETX
+            hrows, hidx = hdr.view(np.uint8).reshape(k, wire.HEADER_SIZE), np.arange(k)
+            priority = self.policy.top_priority
+        else:
+            hrows, hidx = m.header_rows, seqs
+            priority = int(batch.headers["priority"][seqs[0]]) if k else m.spec.priority
+        hits = np.flatnonzero(seqs == short_seq) if short_seq >= 0 else np.zeros(0, np.int64)
+        short_pos = int(hits[0]) if len(hits) else -1
+        n_full = k - (1 if short_pos >= 0 else 0)
+        total = n_full * width + (wire.HEADER_SIZE + (batch.payload.size % per) * batch.payload.itemsize
+                                  if short_pos >= 0 else 0)
+        try:
+            sender = self._sender_for(d, priority)
+        except OSError:
+            self.counters["send_errors"] += k
+            return 0, 0
+        now = time.monotonic()
+        with self._tx_cv:
+            w = max(d.pacer.wait_time(total, d.rate, now),
+                    self._host_pacer.wait_time(total, self.config.rate.line_rate, now))
+        if w > 0:
+            time.sleep(w)
+        use_gso = sender.gso and n_full > 1
+        if last and k:
+            # LAST goes on the packet that really leaves last: with a GSO run, the short packet
+            # leaves first and the run's final row last.
+            last_pos = k - 2 if use_gso and short_pos == k - 1 else k - 1
+            if retx:
+                hdr["flags"][last_pos] |= _LAST
+            else:
+                batch.headers["flags"][seqs[last_pos]] |= _LAST
+        calls0, errors0 = sender.syscalls, sender.errors
+        n = nbytes = 0
+        order = [short_pos] if short_pos >= 0 else []
+        if use_gso:
+            if order:
+                n, nbytes = self._one_by_one(sender, batch, hrows, hidx, seqs, order)
+            if self._stage is None or self._stage.shape[0] < n_full or self._stage.shape[1] != width:
+                self._stage = np.empty((max(n_full, 64), width), dtype=np.uint8)
+            stage = self._stage[:n_full]
+            keep = np.ones(k, dtype=bool)
+            if short_pos >= 0:
+                keep[short_pos] = False
+            stage[:, : wire.HEADER_SIZE] = hrows[hidx[keep]]
+            stage[:, wire.HEADER_SIZE :] = m.payload_rows[seqs[keep]]
+            n2, b2 = sender.send_rows(stage)
+            n, nbytes = n + n2, nbytes + b2
+        else:
+            n, nbytes = self._one_by_one(sender, batch, hrows, hidx, seqs, list(range(k)))
+        self.counters["gso_calls"] += sender.syscalls - calls0 if sender.gso else 0
+        if sender.errors != errors0:  # e.g. ICMP unreachable from a dead peer; its TCP loss tells
+            self.counters["send_errors"] += sender.errors - errors0
+        return n, nbytes
+
+    @staticmethod
+    def _one_by_one(sender: DatagramSender, batch: PacketBatch, hrows: np.ndarray, hidx: np.ndarray,
+                    seqs: np.ndarray, positions: list[int]) -> tuple[int, int]:
+        buffers = [(memoryview(hrows[int(hidx[i])]), batch.payload_of(int(seqs[i]))) for i in positions]
+        sizes = np.array([wire.HEADER_SIZE + len(p) for _, p in buffers], dtype=np.int64)
+        return sender.send(buffers, sizes)
+
+    # ------------------------------------------------------------------ figures
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            s: dict[str, Any] = dict(self.counters)
+            r = self.reassembler.stats
+            s["accepted"], s["duplicates"] = r.accepted, r.duplicates
+            s["rejected"] = {k: v for k, v in r.rejected.items() if v}
+            s["parked_now"] = sum(len(v) for v in self._parked.values())
+            s["injected_drops"] = dict(self.injected_drops)
+        with self._tx_cv:
+            socks = []
+            for d in self._dests.values():
+                for prio, (sock, _) in d.socks.items():
+                    try:
+                        socks.append((d.rank, prio, sock.getsockname()[1]))
+                    except OSError:
+                        pass
+            s["data_sockets"] = sorted(socks)
+            s["gso_off"] = sorted({snd.gso_off_reason for d in self._dests.values() for _, snd in d.socks.values()
+                                   if snd.gso_off_reason})
+        return s
+
+
+__all__ = ["REASONS", "NumpyDatapath", "receive_backlog"]

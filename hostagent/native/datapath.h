@@ -1,0 +1,334 @@
+// The compiled per-packet path of a DLCP endpoint: everything that happens once per packet.
+//
+// Two threads of its own, which never take Python's interpreter lock:
+//  * rx: receives datagrams in batches (recvmmsg, UDP GRO), applies the configured loss
+//    injection, validates every header field and the message token, places each payload by
+//    its offset into the message's destination (or adds it in, for reductions), keeps the
+//    per-message bitmap and counters, parks early data of authenticated senders, measures
+//    what it drains while behind, and accounts socket overruns to senders;
+//  * tx: of all messages with packets left, sends the one whose next packet has the highest
+//    priority (retransmissions first), paced per destination by a token bucket at the rate
+//    Python sets and by a host pacer, by UDP GSO where the kernel takes it (sendmmsg
+//    otherwise); builds the headers and, when a message becomes ready, its drop classes.
+//
+// Python keeps the policy, the protocol (completion under the bound, probes, bitmaps,
+// feedback, rate decisions: hostagent.protocol) and the API. It learns what happened through
+// events (an eventfd it selects on) and per-message progress, and it owns every buffer this
+// code reads or writes: a buffer stays alive until the call that retires its message returns.
+//
+// Chaining: a received message may name sends that wait ("held") until it completes; they then
+// start from this code at once, so a ring's next step leaves without a round trip through Python.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <netinet/in.h>
+
+#include "layout.h"
+#include "tags.h"
+
+namespace dlcp {
+
+// Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
+enum Reason : uint8_t {
+    OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
+    BAD_OFFSET, COUNT_MISMATCH, N_REASONS
+};
+
+// What happened, for the protocol core (Python reads them as tuples).
+enum EventKind : uint8_t {
+    EV_RX_DONE = 1,     // peer=src: the message completed here (a = 1 exact, 2 bounded after recovery)
+    EV_RX_LAST = 2,     // a packet ending the sender's pass arrived: answer as to a PROBE
+    EV_RX_RETX = 3,     // a = retransmitted packets that arrived in one batch
+    EV_CONGESTION = 4,  // peer=src: first CE mark or overrun since its last feedback
+    EV_TX_PASS = 5,     // peer=dest: a sending pass ended (a = pass number)
+    EV_TX_ACTIVE = 6,   // peer=dest: a held message started (its trigger fired)
+};
+
+struct Event {
+    uint8_t kind;
+    uint16_t peer;
+    uint32_t message_id;
+    double time;
+    int64_t a;
+};
+
+struct Config {
+    HeaderLayout layout;
+    uint8_t version = 2, data_ptype = 1, flag_retx = 1, flag_last = 4;
+    std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
+    uint32_t job_id = 0;
+    uint16_t rank = 0;
+    int rx_fd = -1;            // the bound UDP data socket (Python owns and closes it)
+    bool gro = false;          // UDP_GRO is on for rx_fd
+    bool offload = true;       // UDP GSO for sends
+    uint32_t max_datagram = 0;  // widest valid datagram (header + a full float32 payload)
+    uint32_t rx_batch = 2048;   // most datagrams in one receive batch
+    uint32_t batch_bytes = 1 << 21;  // a batch also ends after this many bytes
+    int socket_buffer = 16 << 20;
+    uint32_t park_limit = 16384;
+    // policy
+    uint8_t top_priority = 7;
+    std::vector<uint8_t> dscp;
+    std::vector<double> shares;
+    Magnitude magnitude = Magnitude::L2;
+    // pacing
+    double line_rate = 1.25e9;
+    double burst_bytes = 256 * 1024;
+    double max_inline_wait = 0.0005;
+    // loss injection (receiver side)
+    std::vector<double> drop_p;
+    double delay = 0, delay_p = 0;
+    bool reorder = false;
+    uint64_t seed = 0;
+    // drain meter (hostagent.ratecontrol.DrainMeter's rule)
+    double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
+};
+
+// Buffers of one received message; Python allocates them and keeps them alive.
+struct RxSpec {
+    uint16_t src = 0;
+    uint32_t message_id = 0;
+    uint32_t token = 0;
+    uint8_t dtype = 0;          // wire code
+    uint64_t total_elems = 0;
+    uint32_t per = 1;
+    uint8_t* out = nullptr;     // destination: wire kind (place) or float32 (accumulate)
+    bool accumulate = false;
+    uint8_t* received = nullptr;    // bool per packet
+    uint8_t* pkt_priority = nullptr;
+    int64_t* pkt_layer = nullptr;
+    uint64_t required_elems = 0;
+    std::vector<std::pair<uint16_t, uint32_t>> triggers;  // held sends to start at completion
+};
+
+struct TxSpec {
+    uint16_t dest = 0;
+    uint32_t message_id = 0;
+    const uint8_t* payload = nullptr;
+    uint8_t dtype = 0;
+    uint64_t total_elems = 0;
+    uint32_t per = 1;
+    uint32_t token = 0, iteration = 0, tensor_id = 0, layer = 0;
+    uint8_t priority = 0;
+    const uint8_t* pkt_priority = nullptr;  // per packet, or null: `priority` for all
+    const uint16_t* pkt_layer = nullptr;    // per packet, or null: `layer` for all
+    uint8_t* drop_class_out = nullptr;      // filled when the message becomes ready
+    uint8_t* snapshot = nullptr;            // if set: the payload is copied here when ready and sent from it
+    bool held = false;
+    uint64_t order = 0;
+};
+
+struct Progress {
+    uint32_t received_pkts = 0;
+    uint64_t received_elems = 0;
+    uint32_t duplicates = 0;
+    uint32_t retx_seen = 0;
+    double first_arrival = 0, last_arrival = 0;
+    int state = 0;  // 0 receiving, 1 exact, 2 bounded, 3 completed by Python
+};
+
+struct TxInfo {
+    uint32_t packets = 0, next_pos = 0, retransmissions = 0, pass_no = 0;
+    bool active = false, held = false;
+};
+
+class Datapath {
+  public:
+    explicit Datapath(Config cfg);
+    ~Datapath();
+    void start();
+    void stop();
+    void close();  // stop, then close the event fd: nothing of this object is usable afterwards
+    int event_fd() const { return event_fd_; }
+    std::vector<Event> take_events();
+
+    // peers
+    void add_peer(uint16_t rank, const std::string& ipv4, uint16_t port);
+    void set_rx_key(uint16_t rank, const std::string& key);  // empty: not authenticated
+
+    // receive side
+    void expect(const RxSpec& spec);
+    bool progress(uint16_t src, uint32_t mid, Progress& out);
+    bool complete(uint16_t src, uint32_t mid, bool fire);  // false if not receiving (already done)
+    void forget(uint16_t src, uint32_t mid, bool remember);
+    void expire_parked(double older_than);
+    void take_feedback(uint16_t src, uint64_t& received, uint64_t& ce, uint64_t& lost);
+    int active_senders(double now, double window);
+    double drain_rate(double now);
+    bool rx_busy();
+
+    // send side
+    void submit(const TxSpec& spec);
+    uint32_t retransmit(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs);
+    bool tx_info(uint16_t dest, uint32_t mid, TxInfo& out);
+    void retire(uint16_t dest, uint32_t mid);  // stop sending; returns once no thread reads its buffers
+    void set_rate(uint16_t dest, double rate);
+    uint64_t sent_packets(uint16_t dest);
+    // set an option on the data socket to `dest` for `priority` (made now if need be): a real
+    // fault for tests (SO_NO_CHECK makes the kernel refuse GSO), a knob for experiments
+    void set_sockopt(uint16_t dest, uint8_t priority, int level, int name, int value);
+
+    std::map<std::string, int64_t> stats();
+    std::map<std::string, int64_t> rejected();
+    std::map<int, int64_t> injected_drops();
+    std::vector<std::tuple<int, int, int>> data_sockets();  // (dest, priority, local port)
+    std::vector<std::string> gso_off_reasons();
+
+    // one batch through validation and placement, for tests and start-up calibration
+    std::vector<uint8_t> ingest_for_test(const uint8_t* rows, const int64_t* lengths, size_t n, size_t width,
+                                         double now);
+
+  private:
+    // ---- receive state
+    struct RxMsg {
+        RxSpec spec;
+        Kind kind;       // wire element kind
+        int itemsize;
+        uint32_t total_pkts, n_full, tail;
+        Progress prog;
+        // per batch
+        uint32_t batch_new = 0, batch_retx = 0;
+        bool batch_last = false;
+        bool in_batch = false;
+    };
+    struct Parked {
+        double time;
+        std::vector<uint8_t> bytes;
+    };
+    struct SenderFb {
+        uint64_t received = 0, ce = 0, lost = 0;
+        double last_seen = -1;
+        bool wake_sent = false;
+        bool authed = false;
+        uint8_t key[16];
+        uint64_t parked = 0;
+        uint64_t batch_good = 0;
+    };
+
+    // ---- send state
+    struct Pacer {
+        double burst, tokens, last = -1;
+        explicit Pacer(double b = 0) : burst(b), tokens(b) {}
+        void refill(double rate, double now) {
+            if (last >= 0) tokens = std::min(burst, tokens + (now - last) * rate);
+            last = now;
+        }
+        double wait_time(double nbytes, double rate, double now) {
+            refill(rate, now);
+            double deficit = nbytes - tokens;
+            return deficit <= 0 ? 0.0 : deficit / rate;
+        }
+        double allowance(double rate, double now, double horizon) {
+            refill(rate, now);
+            return tokens + rate * horizon;
+        }
+    };
+    struct Sock {
+        int fd = -1;
+        bool gso = false;
+        std::string gso_off;
+    };
+    struct Dest {
+        uint16_t rank;
+        sockaddr_in addr{};
+        double rate = 0;
+        Pacer pacer;
+        std::map<uint8_t, Sock> socks;
+        std::atomic<uint64_t> sent{0};
+    };
+    struct TxMsg {
+        TxSpec spec;
+        Kind kind;
+        int itemsize;
+        uint32_t n_pkts = 0, n_full = 0, tail = 0;
+        uint32_t datagram_bytes = 0;
+        std::vector<uint8_t> hdr;  // n_pkts header rows
+        std::vector<uint32_t> send_order;
+        std::vector<uint8_t> prio_in_order;  // empty when every packet has one priority
+        uint32_t next_pos = 0;
+        std::vector<uint32_t> retx;
+        size_t retx_pos = 0;
+        uint32_t retransmissions = 0;
+        uint32_t pass_no = 0;
+        bool prepared = false, held = false, stopped = false, busy = false, queued = false;
+        const uint8_t* src = nullptr;  // payload or snapshot
+        int sending_priority() const;
+        bool has_packets() const { return !stopped && !held && (next_pos < n_pkts || retx_pos < retx.size()); }
+    };
+
+    void rx_loop();
+    void tx_loop();
+    void emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a);
+    // receive helpers (rx_mu_ held)
+    uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched);
+    void end_batch(std::vector<RxMsg*>& touched, double now);
+    void finish_locked(RxMsg* m, int how, bool fire, double now);
+    void replay_parked(uint64_t key, double now);
+    void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now);
+    void drain_batch(double started, uint64_t nbytes, bool behind, double now);
+    // send helpers
+    void prepare(TxMsg* m);
+    TxMsg* pick(double now, double& wait);
+    void activate_locked(TxMsg* m);
+    void reorder_locked();
+    std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs, bool retx, bool last);
+    Sock& sock_for(Dest& d, uint8_t priority);
+    uint64_t sendmmsg_plain(Sock& s, std::vector<struct iovec>& iov, size_t first, size_t count, uint32_t& sent);
+
+    Config cfg_;
+    int H_;
+    std::atomic<bool> running_{false};
+    int event_fd_ = -1;
+    std::thread rx_thread_, tx_thread_;
+
+    std::mutex ev_mu_;
+    std::vector<Event> events_;
+
+    // receive
+    std::mutex rx_mu_;
+    std::unordered_map<uint64_t, RxMsg*> rx_;
+    std::list<uint64_t> done_order_;
+    std::unordered_set<uint64_t> done_;
+    std::unordered_map<uint64_t, std::vector<Parked>> parked_;
+    std::map<uint16_t, SenderFb> fb_;
+    std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
+    std::atomic<bool> rx_holding_{false};
+    std::mt19937_64 rng_;
+    std::vector<std::pair<double, std::vector<uint8_t>>> delayed_;
+    // drain meter
+    double drain_rate_ = 0, drain_measured_at_ = 0, drain_since_ = -1;
+    uint64_t drain_bytes_ = 0;
+
+    // send
+    std::mutex tx_mu_;
+    std::condition_variable tx_cv_;
+    std::map<uint16_t, Dest*> dests_;
+    std::unordered_map<uint64_t, TxMsg*> tx_;
+    std::vector<TxMsg*> active_;
+    Pacer host_pacer_;
+    std::vector<uint8_t> scratch_hdr_;
+
+    // counters
+    std::atomic<int64_t> data_pkts_sent_{0}, data_bytes_sent_{0}, retransmitted_pkts_{0}, send_errors_{0},
+        gso_calls_{0};
+    int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
+            rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0, gro_reads_ = 0, injected_delays_ = 0,
+            accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0;
+    int64_t rejected_[N_REASONS] = {};
+    std::map<int, int64_t> injected_drops_;
+};
+
+}  // namespace dlcp

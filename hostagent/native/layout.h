@@ -1,0 +1,139 @@
+// The DLCP header as the compiled data path reads and writes it.
+//
+// The wire format is defined once, in hostagent/wire.py. This file holds no offsets of its
+// own: the Python side passes every field's byte offset and width when it builds a Datapath
+// (HeaderLayout::from), and the constructor refuses a layout it cannot read, so a change to
+// wire.py either works here unchanged or fails at start with the field's name.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <time.h>
+
+namespace dlcp {
+
+struct Field {
+    int off = -1;
+    int bytes = 0;
+};
+
+struct HeaderLayout {
+    int size = 0;
+    Field version, ptype, flags, priority, drop_class, dtype, sender_rank, job_id, message_id, token,
+        iteration, tensor_id, layer, elem_count, seq, total_pkts, elem_offset;
+
+    // Build from {name: (offset, bytes)}; throws std::invalid_argument naming what is wrong.
+    static HeaderLayout from(int size, const std::map<std::string, std::pair<int, int>>& fields) {
+        HeaderLayout h;
+        h.size = size;
+        auto get = [&](const char* name) {
+            auto it = fields.find(name);
+            if (it == fields.end())
+                throw std::invalid_argument(std::string("header layout has no field '") + name + "'");
+            Field f{it->second.first, it->second.second};
+            if (!(f.bytes == 1 || f.bytes == 2 || f.bytes == 4) || f.off < 0 || f.off + f.bytes > size)
+                throw std::invalid_argument(std::string("header field '") + name + "' has width " +
+                                            std::to_string(f.bytes) + " at offset " + std::to_string(f.off) +
+                                            ": the data path reads 1, 2 or 4 bytes inside the header");
+            return f;
+        };
+        h.version = get("version");
+        h.ptype = get("ptype");
+        h.flags = get("flags");
+        h.priority = get("priority");
+        h.drop_class = get("drop_class");
+        h.dtype = get("dtype");
+        h.sender_rank = get("sender_rank");
+        h.job_id = get("job_id");
+        h.message_id = get("message_id");
+        h.token = get("token");
+        h.iteration = get("iteration");
+        h.tensor_id = get("tensor_id");
+        h.layer = get("layer");
+        h.elem_count = get("elem_count");
+        h.seq = get("seq");
+        h.total_pkts = get("total_pkts");
+        h.elem_offset = get("elem_offset");
+        for (const Field* f : {&h.flags, &h.priority, &h.drop_class})
+            if (f->bytes != 1) throw std::invalid_argument("flags, priority and drop_class must be one byte each");
+        return h;
+    }
+};
+
+// Big-endian (network order) field access.
+inline uint32_t rd(const uint8_t* p, Field f) {
+    const uint8_t* q = p + f.off;
+    switch (f.bytes) {
+        case 1: return q[0];
+        case 2: return (uint32_t(q[0]) << 8) | q[1];
+        default: return (uint32_t(q[0]) << 24) | (uint32_t(q[1]) << 16) | (uint32_t(q[2]) << 8) | q[3];
+    }
+}
+
+inline void wr(uint8_t* p, Field f, uint32_t v) {
+    uint8_t* q = p + f.off;
+    switch (f.bytes) {
+        case 1: q[0] = uint8_t(v); break;
+        case 2: q[0] = uint8_t(v >> 8); q[1] = uint8_t(v); break;
+        default: q[0] = uint8_t(v >> 24); q[1] = uint8_t(v >> 16); q[2] = uint8_t(v >> 8); q[3] = uint8_t(v); break;
+    }
+}
+
+// The same clock as Python's time.monotonic() on Linux.
+inline double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// Element kinds a payload can hold (the wire's dtype codes map onto these in Python).
+enum class Kind : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+inline float half_to_float(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  // subnormal: normalise
+            int e = -1;
+            do { ++e; man <<= 1; } while (!(man & 0x400));
+            bits = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3FF) << 13;
+        }
+    } else if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | (man << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Element i of a little-endian payload as float32.
+inline float load_elem(const uint8_t* base, size_t i, Kind kind) {
+    if (kind == Kind::F32) {
+        float f;
+        std::memcpy(&f, base + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, base + 2 * i, 2);
+    return kind == Kind::F16 ? half_to_float(h) : bf16_to_float(h);
+}
+
+inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }
+
+}  // namespace dlcp

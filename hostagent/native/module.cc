@@ -1,0 +1,252 @@
+// Python bindings of the compiled data path (module hostagent._datapath), with nanobind.
+//
+// Thin on purpose: hostagent/datapath/native.py is the Python face (it builds the config from
+// wire.py and the policy, allocates and keeps alive every buffer, turns events into records).
+// Calls that can wait (preparing a large message, retiring one the send thread is using,
+// stopping) release the interpreter lock.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "datapath.h"
+#include "tags.h"
+#include "token.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace dlcp;
+
+using Bytes1D = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using U8 = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U16 = nb::ndarray<uint16_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64 = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F32 = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+namespace {
+
+template <typename T>
+T get(const nb::dict& d, const char* key) {
+    if (!d.contains(key)) throw std::invalid_argument(std::string("datapath config lacks '") + key + "'");
+    return nb::cast<T>(d[key]);
+}
+
+Config make_config(const nb::dict& d) {
+    Config c;
+    auto fields = get<std::map<std::string, std::pair<int, int>>>(d, "header_fields");
+    c.layout = HeaderLayout::from(get<int>(d, "header_size"), fields);
+    c.version = get<uint8_t>(d, "version");
+    c.data_ptype = get<uint8_t>(d, "data_ptype");
+    c.flag_retx = get<uint8_t>(d, "flag_retx");
+    c.flag_last = get<uint8_t>(d, "flag_last");
+    for (auto& kv : get<std::map<int, int>>(d, "kinds")) c.kinds[uint8_t(kv.first)] = Kind(kv.second);
+    c.job_id = get<uint32_t>(d, "job_id");
+    c.rank = get<uint16_t>(d, "rank");
+    c.rx_fd = get<int>(d, "rx_fd");
+    c.gro = get<bool>(d, "gro");
+    c.offload = get<bool>(d, "offload");
+    c.max_datagram = get<uint32_t>(d, "max_datagram");
+    c.rx_batch = get<uint32_t>(d, "rx_batch");
+    c.batch_bytes = get<uint32_t>(d, "batch_bytes");
+    c.socket_buffer = get<int>(d, "socket_buffer");
+    c.park_limit = get<uint32_t>(d, "park_limit");
+    c.top_priority = get<uint8_t>(d, "top_priority");
+    c.dscp = get<std::vector<uint8_t>>(d, "dscp");
+    c.shares = get<std::vector<double>>(d, "shares");
+    c.magnitude = get<std::string>(d, "magnitude") == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2;
+    c.line_rate = get<double>(d, "line_rate");
+    c.burst_bytes = get<double>(d, "burst_bytes");
+    c.max_inline_wait = get<double>(d, "max_inline_wait");
+    c.drop_p = get<std::vector<double>>(d, "drop_p");
+    c.delay = get<double>(d, "delay");
+    c.delay_p = get<double>(d, "delay_p");
+    c.reorder = get<bool>(d, "reorder");
+    c.seed = get<uint64_t>(d, "seed");
+    c.drain_stretch = get<double>(d, "drain_stretch");
+    c.drain_min_bytes = get<double>(d, "drain_min_bytes");
+    c.drain_fresh = get<double>(d, "drain_fresh");
+    c.behind_backlog = get<double>(d, "behind_backlog");
+    return c;
+}
+
+nb::tuple progress_tuple(const Progress& p) {
+    return nb::make_tuple(p.received_pkts, p.received_elems, p.duplicates, p.retx_seen, p.first_arrival,
+                          p.last_arrival, p.state);
+}
+
+}  // namespace
+
+NB_MODULE(_datapath, m) {
+    m.doc() = "DLCP's compiled per-packet path (see hostagent/native/datapath.h).";
+
+    m.def("message_token",
+          [](nb::bytes key, uint32_t job, uint16_t sender, uint32_t mid, uint32_t iteration) {
+              if (key.size() != 16) throw std::invalid_argument("a receive key has 16 bytes");
+              return message_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, sender, mid, iteration);
+          },
+          "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
+
+    m.def("packet_magnitudes",
+          [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {
+              size_t itemsize = data.itemsize();
+              size_t n = data.nbytes() / kind_size(Kind(kind));
+              (void)itemsize;
+              packet_magnitudes(reinterpret_cast<const uint8_t*>(data.data()), n, Kind(kind), per,
+                                how == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2, out.data());
+          },
+          "data"_a, "kind"_a, "per"_a, "how"_a, "out"_a);
+
+    m.def("drop_classes",
+          [](F32 mags, std::vector<double> shares, U8 out) {
+              drop_classes(mags.data(), mags.shape(0), shares, out.data());
+          },
+          "magnitudes"_a, "shares"_a, "out"_a);
+
+    nb::class_<Datapath>(m, "Datapath")
+        .def("__init__", [](Datapath* self, nb::dict cfg) { new (self) Datapath(make_config(cfg)); })
+        .def("start", &Datapath::start)
+        .def("stop", &Datapath::stop, nb::call_guard<nb::gil_scoped_release>())
+        .def("close", &Datapath::close, nb::call_guard<nb::gil_scoped_release>())
+        .def("event_fd", &Datapath::event_fd)
+        .def("take_events",
+             [](Datapath& d) {
+                 std::vector<Event> evs;
+                 {
+                     nb::gil_scoped_release r;
+                     evs = d.take_events();
+                 }
+                 nb::list out;
+                 for (const Event& e : evs) out.append(nb::make_tuple(e.kind, e.peer, e.message_id, e.time, e.a));
+                 return out;
+             })
+        .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a)
+        .def("set_rx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
+                 d.set_rx_key(rank, std::string(key.c_str(), key.size()));
+             })
+        .def("expect",
+             [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
+                Bytes1D out, bool accumulate, U8 received, U8 prio, I64 layer, uint64_t required,
+                std::vector<std::pair<uint16_t, uint32_t>> triggers) {
+                 RxSpec s;
+                 s.src = src;
+                 s.message_id = mid;
+                 s.token = token;
+                 s.dtype = dtype;
+                 s.total_elems = total;
+                 s.per = per;
+                 s.out = reinterpret_cast<uint8_t*>(out.data());
+                 s.accumulate = accumulate;
+                 size_t pkts = per ? size_t((total + per - 1) / per) : 0;
+                 if (received.shape(0) < pkts || prio.shape(0) < pkts || layer.shape(0) < pkts)
+                     throw std::invalid_argument("expect: per-packet arrays are shorter than the message");
+                 size_t need = accumulate ? total * 4 : 0;
+                 if (out.nbytes() < need) throw std::invalid_argument("expect: out is smaller than the message");
+                 s.received = received.data();
+                 s.pkt_priority = prio.data();
+                 s.pkt_layer = layer.data();
+                 s.required_elems = required;
+                 s.triggers = std::move(triggers);
+                 nb::gil_scoped_release r;
+                 d.expect(s);
+             },
+             "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
+             "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a)
+        .def("progress",
+             [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
+                 Progress p;
+                 if (!d.progress(src, mid, p)) return nb::none();
+                 return progress_tuple(p);
+             })
+        .def("complete", &Datapath::complete, "src"_a, "message_id"_a, "fire"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("forget", &Datapath::forget, "src"_a, "message_id"_a, "remember"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("expire_parked", &Datapath::expire_parked)
+        .def("take_feedback",
+             [](Datapath& d, uint16_t src) {
+                 uint64_t r, c, l;
+                 d.take_feedback(src, r, c, l);
+                 return nb::make_tuple(r, c, l);
+             })
+        .def("active_senders", &Datapath::active_senders)
+        .def("drain_rate", &Datapath::drain_rate)
+        .def("rx_busy", &Datapath::rx_busy)
+        .def("submit",
+             [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
+                uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,
+                nb::object pkt_priority, nb::object pkt_layer, U8 drop_class_out, nb::object snapshot, bool held,
+                uint64_t order) {
+                 TxSpec s;
+                 s.dest = dest;
+                 s.message_id = mid;
+                 s.payload = reinterpret_cast<const uint8_t*>(payload.data());
+                 s.dtype = dtype;
+                 s.total_elems = total;
+                 s.per = per;
+                 s.token = token;
+                 s.iteration = iteration;
+                 s.tensor_id = tensor_id;
+                 s.layer = layer;
+                 s.priority = priority;
+                 size_t pkts = per ? size_t((total + per - 1) / per) : 0;
+                 if (drop_class_out.shape(0) < pkts) throw std::invalid_argument("submit: drop_class_out too short");
+                 s.drop_class_out = drop_class_out.data();
+                 if (!pkt_priority.is_none()) {
+                     U8 a = nb::cast<U8>(pkt_priority);
+                     if (a.shape(0) < pkts) throw std::invalid_argument("submit: packet priorities too short");
+                     s.pkt_priority = a.data();
+                 }
+                 if (!pkt_layer.is_none()) {
+                     U16 a = nb::cast<U16>(pkt_layer);
+                     if (a.shape(0) < pkts) throw std::invalid_argument("submit: packet layers too short");
+                     s.pkt_layer = a.data();
+                 }
+                 if (!snapshot.is_none()) {
+                     Bytes1D a = nb::cast<Bytes1D>(snapshot);
+                     if (a.nbytes() < payload.nbytes()) throw std::invalid_argument("submit: snapshot too small");
+                     s.snapshot = reinterpret_cast<uint8_t*>(a.data());
+                 }
+                 s.held = held;
+                 s.order = order;
+                 nb::gil_scoped_release r;
+                 d.submit(s);
+             },
+             "dest"_a, "message_id"_a, "payload"_a, "dtype"_a, "total_elems"_a, "per"_a, "token"_a, "iteration"_a,
+             "tensor_id"_a, "layer"_a, "priority"_a, nb::arg("pkt_priority").none(), nb::arg("pkt_layer").none(),
+             "drop_class_out"_a,
+             nb::arg("snapshot").none(), "held"_a, "order"_a)
+        .def("retransmit",
+             [](Datapath& d, uint16_t dest, uint32_t mid, std::vector<uint32_t> seqs) {
+                 nb::gil_scoped_release r;
+                 return d.retransmit(dest, mid, seqs);
+             })
+        .def("tx_info",
+             [](Datapath& d, uint16_t dest, uint32_t mid) -> nb::object {
+                 TxInfo t;
+                 if (!d.tx_info(dest, mid, t)) return nb::none();
+                 return nb::make_tuple(t.packets, t.next_pos, t.retransmissions, t.pass_no, t.active, t.held);
+             })
+        .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
+        .def("set_rate", &Datapath::set_rate)
+        .def("sent_packets", &Datapath::sent_packets)
+        .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
+        .def("stats", &Datapath::stats)
+        .def("rejected", &Datapath::rejected)
+        .def("injected_drops", &Datapath::injected_drops)
+        .def("data_sockets", &Datapath::data_sockets)
+        .def("gso_off_reasons", &Datapath::gso_off_reasons)
+        .def("ingest_for_test",
+             [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
+                double now) {
+                 if (rows.shape(0) != lengths.shape(0)) throw std::invalid_argument("one length per row");
+                 std::vector<uint8_t> r;
+                 {
+                     nb::gil_scoped_release g;
+                     r = d.ingest_for_test(rows.data(), lengths.data(), rows.shape(0), rows.shape(1), now);
+                 }
+                 return r;
+             });
+}

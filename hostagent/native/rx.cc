@@ -1,0 +1,595 @@
+// The receive half of the compiled data path: batches, validation, placement, parking,
+// overrun accounting and the drain meter. See datapath.h for the division of labour.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include <linux/udp.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "datapath.h"
+#include "token.h"
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
+#endif
+#ifndef SO_MEMINFO
+#define SO_MEMINFO 55
+#endif
+
+namespace dlcp {
+
+namespace {
+constexpr int READS = 64;               // datagram reads per recvmmsg
+constexpr size_t READ_BYTES = 65536 + 512;  // one read: a whole GRO super-datagram
+constexpr size_t DONE_KEPT = 4096;      // finished messages remembered (their late packets are not malformed)
+
+inline uint64_t key_of(uint16_t src, uint32_t mid) { return (uint64_t(src) << 32) | mid; }
+}  // namespace
+
+void Datapath::emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a) {
+    bool was_empty;
+    {
+        std::lock_guard<std::mutex> g(ev_mu_);
+        was_empty = events_.empty();
+        events_.push_back(Event{kind, peer, mid, t, a});
+    }
+    if (was_empty && event_fd_ >= 0) {
+        uint64_t one = 1;
+        ssize_t r = ::write(event_fd_, &one, sizeof one);
+        (void)r;
+    }
+}
+
+std::vector<Event> Datapath::take_events() {
+    uint64_t v;
+    if (event_fd_ >= 0) {
+        ssize_t r = ::read(event_fd_, &v, sizeof v);  // reset the eventfd (nonblocking)
+        (void)r;
+    }
+    std::lock_guard<std::mutex> g(ev_mu_);
+    std::vector<Event> out;
+    out.swap(events_);
+    return out;
+}
+
+// ------------------------------------------------------------------ Python-facing calls
+
+void Datapath::set_rx_key(uint16_t rank, const std::string& key) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    SenderFb& s = fb_[rank];
+    if (key.size() == 16) {
+        std::memcpy(s.key, key.data(), 16);
+        s.authed = true;
+    } else {
+        s.authed = false;
+    }
+}
+
+void Datapath::expect(const RxSpec& spec) {
+    auto kit = cfg_.kinds.find(spec.dtype);
+    if (kit == cfg_.kinds.end()) throw std::invalid_argument("expect: unknown dtype code");
+    if (spec.per == 0) throw std::invalid_argument("expect: per must be > 0");
+    uint64_t key = key_of(spec.src, spec.message_id);
+    double now = now_s();
+    std::lock_guard<std::mutex> g(rx_mu_);
+    auto old = rx_.find(key);
+    if (old != rx_.end()) {
+        if (old->second->prog.state == 0)
+            throw std::invalid_argument("message " + std::to_string(spec.message_id) + " from rank " +
+                                        std::to_string(spec.src) + " is already expected");
+        delete old->second;  // finished and not yet forgotten: the id is used again
+        rx_.erase(old);
+    }
+    auto* m = new RxMsg();
+    m->spec = spec;
+    m->kind = kit->second;
+    m->itemsize = kind_size(m->kind);
+    m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
+    m->n_full = uint32_t(spec.total_elems / spec.per);
+    m->tail = uint32_t(spec.total_elems % spec.per);
+    rx_[key] = m;
+    done_.erase(key);  // a message id used again (a later iteration)
+    if (m->total_pkts == 0) {
+        finish_locked(m, 1, true, now);
+        return;
+    }
+    replay_parked(key, now);
+}
+
+bool Datapath::progress(uint16_t src, uint32_t mid, Progress& out) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    auto it = rx_.find(key_of(src, mid));
+    if (it == rx_.end()) return false;
+    out = it->second->prog;
+    return true;
+}
+
+bool Datapath::complete(uint16_t src, uint32_t mid, bool fire) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    auto it = rx_.find(key_of(src, mid));
+    if (it == rx_.end() || it->second->prog.state != 0) return false;
+    finish_locked(it->second, 3, fire, now_s());
+    return true;
+}
+
+void Datapath::forget(uint16_t src, uint32_t mid, bool remember) {
+    uint64_t key = key_of(src, mid);
+    std::lock_guard<std::mutex> g(rx_mu_);
+    auto it = rx_.find(key);
+    if (it != rx_.end()) {
+        delete it->second;
+        rx_.erase(it);
+    }
+    if (remember) {
+        if (done_.insert(key).second) {
+            done_order_.push_back(key);
+            while (done_order_.size() > DONE_KEPT) {
+                done_.erase(done_order_.front());
+                done_order_.pop_front();
+            }
+        }
+    } else {
+        done_.erase(key);
+    }
+    auto pit = parked_.find(key);
+    if (pit != parked_.end()) {
+        fb_[src].parked -= pit->second.size();
+        parked_now_ -= int64_t(pit->second.size());
+        parked_.erase(pit);
+    }
+}
+
+void Datapath::expire_parked(double older_than) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    for (auto it = parked_.begin(); it != parked_.end();) {
+        if (!it->second.empty() && it->second.front().time < older_than) {
+            fb_[uint16_t(it->first >> 32)].parked -= it->second.size();
+            parked_now_ -= int64_t(it->second.size());
+            it = parked_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+void Datapath::take_feedback(uint16_t src, uint64_t& received, uint64_t& ce, uint64_t& lost) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    SenderFb& s = fb_[src];
+    received = s.received;
+    ce = s.ce;
+    lost = s.lost;
+    s.received = s.ce = s.lost = 0;
+    s.wake_sent = false;
+}
+
+int Datapath::active_senders(double now, double window) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    int n = 0;
+    for (auto& kv : fb_)
+        if (kv.second.last_seen >= 0 && now - kv.second.last_seen < window) ++n;
+    return n;
+}
+
+double Datapath::drain_rate(double now) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    return (drain_rate_ > 0 && now - drain_measured_at_ <= cfg_.drain_fresh) ? drain_rate_ : 0.0;
+}
+
+bool Datapath::rx_busy() {
+    if (rx_holding_) return true;
+    int n = 0;
+    if (ioctl(cfg_.rx_fd, FIONREAD, &n) == 0) return n > 0;
+    return false;
+}
+
+// ------------------------------------------------------------------ validation and placement
+
+uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched) {
+    const HeaderLayout& L = cfg_.layout;
+    data_pkts_received_ += 1;
+    data_bytes_received_ += len;
+    ce_marked_ += ce;
+    uint8_t reason = OK;
+    uint16_t sender = 0;
+    if (len < uint32_t(H_) || len > cfg_.max_datagram) {
+        reason = TRUNCATED;
+    } else if (rd(d, L.version) != cfg_.version) {
+        reason = BAD_VERSION;
+    } else if (rd(d, L.ptype) != cfg_.data_ptype) {
+        reason = NOT_DATA;
+    } else if (rd(d, L.job_id) != cfg_.job_id) {
+        reason = WRONG_JOB;
+    }
+    if (reason != OK) {
+        rejected_[reason] += 1;
+        return reason;
+    }
+    sender = uint16_t(rd(d, L.sender_rank));
+    uint32_t mid = rd(d, L.message_id);
+    uint64_t key = key_of(sender, mid);
+    auto it = rx_.find(key);
+    SenderFb* fb = nullptr;
+    if (it == rx_.end() || it->second->prog.state != 0) {  // unknown, or finished (its stragglers are late)
+        // Not set up (yet): kept only from an authenticated sender, with the right token.
+        auto fit = fb_.find(sender);
+        if (fit == fb_.end() || !fit->second.authed || sender == cfg_.rank) {
+            rejected_[UNKNOWN_MESSAGE] += 1;
+            return UNKNOWN_MESSAGE;
+        }
+        fb = &fit->second;
+        uint32_t want = message_token(fb->key, cfg_.job_id, sender, mid, rd(d, L.iteration));
+        if (rd(d, L.token) != want) {
+            rejected_[BAD_TOKEN] += 1;
+            return BAD_TOKEN;
+        }
+        if (done_.count(key)) {
+            late_ += 1;
+        } else if (fb->parked >= cfg_.park_limit) {
+            rejected_[UNKNOWN_MESSAGE] += 1;
+            return UNKNOWN_MESSAGE;
+        } else {
+            parked_[key].push_back(Parked{now, std::vector<uint8_t>(d, d + len)});
+            fb->parked += 1;
+            parked_total_ += 1;
+            parked_now_ += 1;
+        }
+    } else {
+        RxMsg* m = it->second;
+        const RxSpec& s = m->spec;
+        uint32_t seq = rd(d, L.seq);
+        if (rd(d, L.token) != s.token) {
+            reason = BAD_TOKEN;
+        } else if (rd(d, L.dtype) != s.dtype) {
+            reason = WRONG_DTYPE;
+        } else if (rd(d, L.total_pkts) != m->total_pkts || seq >= m->total_pkts) {
+            reason = BAD_SEQ;
+        } else if (uint64_t(rd(d, L.elem_offset)) != uint64_t(seq) * s.per) {
+            reason = BAD_OFFSET;
+        } else {
+            uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
+            if (rd(d, L.elem_count) != count || len != uint32_t(H_) + count * uint32_t(m->itemsize))
+                reason = COUNT_MISMATCH;
+        }
+        if (reason != OK) {
+            rejected_[reason] += 1;
+            return reason;
+        }
+        uint8_t flags = uint8_t(rd(d, L.flags));
+        bool retx = flags & cfg_.flag_retx;
+        if (!m->in_batch) {
+            m->in_batch = true;
+            touched.push_back(m);
+        }
+        if (flags & cfg_.flag_last) m->batch_last = true;
+        if (retx) m->batch_retx += 1;
+        if (s.received[seq]) {
+            m->prog.duplicates += 1;
+            duplicates_ += 1;
+        } else {
+            uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
+            const uint8_t* payload = d + H_;
+            uint64_t first = uint64_t(seq) * s.per;
+            if (!s.accumulate) {
+                std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
+            } else {
+                float* dst = reinterpret_cast<float*>(s.out) + first;
+                if (m->kind == Kind::F32) {
+                    for (uint32_t i = 0; i < count; ++i) {
+                        float x;
+                        std::memcpy(&x, payload + 4 * i, 4);
+                        dst[i] += x;
+                    }
+                } else {
+                    for (uint32_t i = 0; i < count; ++i) dst[i] += load_elem(payload, i, m->kind);
+                }
+            }
+            s.received[seq] = 1;
+            if (!retx) {
+                s.pkt_priority[seq] = uint8_t(rd(d, L.priority));
+                s.pkt_layer[seq] = int64_t(rd(d, L.layer));
+            }
+            m->prog.received_pkts += 1;
+            m->prog.received_elems += count;
+            m->batch_new += 1;
+            accepted_ += 1;
+        }
+        fb = &fb_[sender];
+    }
+    // accepted, duplicate, parked or late: a packet of a known sender, for its feedback
+    fb->received += 1;
+    fb->batch_good += 1;
+    fb->last_seen = now;
+    if (ce) {
+        fb->ce += 1;
+        if (!fb->wake_sent) {
+            fb->wake_sent = true;
+            emit(EV_CONGESTION, sender, 0, now, 0);
+        }
+    }
+    return OK;
+}
+
+void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
+    for (RxMsg* m : touched) {
+        m->in_batch = false;
+        uint32_t n_new = m->batch_new, n_retx = m->batch_retx;
+        bool last = m->batch_last;
+        m->batch_new = m->batch_retx = 0;
+        m->batch_last = false;
+        if (n_new == 0) continue;  // only duplicates: nothing new to report
+        Progress& p = m->prog;
+        p.last_arrival = now;
+        if (p.first_arrival == 0) p.first_arrival = now;
+        p.retx_seen += n_retx;
+        if (last) emit(EV_RX_LAST, m->spec.src, m->spec.message_id, now, 0);
+        if (n_retx) emit(EV_RX_RETX, m->spec.src, m->spec.message_id, now, n_retx);
+        if (p.received_pkts == m->total_pkts) {
+            finish_locked(m, 1, true, now);
+        } else if (p.retx_seen && p.received_elems >= m->spec.required_elems) {
+            finish_locked(m, 2, true, now);  // recovery reached the bound: stop now
+        }
+    }
+    touched.clear();
+}
+
+void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
+    m->prog.state = how;
+    const RxSpec& s = m->spec;
+    if (!s.accumulate && m->prog.received_pkts < m->total_pkts) {
+        // missing elements read as zero, before a chained send reads the buffer
+        for (uint32_t seq = 0; seq < m->total_pkts; ++seq) {
+            if (s.received[seq]) continue;
+            uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
+            std::memset(s.out + size_t(seq) * s.per * m->itemsize, 0, size_t(count) * m->itemsize);
+        }
+    }
+    uint64_t key = key_of(m->spec.src, m->spec.message_id);
+    // The message stays readable (progress) until Python forgets it; packets are no longer placed.
+    if (done_.insert(key).second) {
+        done_order_.push_back(key);
+        while (done_order_.size() > DONE_KEPT) {
+            done_.erase(done_order_.front());
+            done_order_.pop_front();
+        }
+    }
+    if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now);
+    if (how != 3) emit(EV_RX_DONE, m->spec.src, m->spec.message_id, now, how);
+}
+
+void Datapath::replay_parked(uint64_t key, double now) {
+    auto pit = parked_.find(key);
+    if (pit == parked_.end()) return;
+    std::vector<Parked> items;
+    items.swap(pit->second);
+    parked_.erase(pit);
+    uint16_t src = uint16_t(key >> 32);
+    fb_[src].parked -= items.size();
+    parked_now_ -= int64_t(items.size());
+    std::vector<RxMsg*> touched;
+    for (auto& p : items) ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched);
+    end_batch(touched, now);
+}
+
+// ------------------------------------------------------------------ the receive thread
+
+void Datapath::drain_batch(double started, uint64_t nbytes, bool behind, double now) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    if (drain_since_ < 0) {
+        if (!behind) return;
+        drain_since_ = started;
+        drain_bytes_ = 0;
+    }
+    drain_bytes_ += nbytes;
+    double span = now - drain_since_;
+    if (!behind || span >= cfg_.drain_stretch) {
+        if (span > 0 && double(drain_bytes_) >= cfg_.drain_min_bytes) {
+            double sample = double(drain_bytes_) / span;
+            drain_rate_ = drain_rate_ <= 0 ? sample : 0.7 * drain_rate_ + 0.3 * sample;
+            drain_measured_at_ = now;
+        }
+        drain_since_ = behind ? now : -1;
+        drain_bytes_ = 0;
+    }
+}
+
+void Datapath::rx_loop() {
+    std::vector<uint8_t> buf(size_t(READS) * READ_BYTES);
+    std::vector<mmsghdr> msgs(READS);
+    std::vector<iovec> iov(READS);
+    constexpr size_t CTL = CMSG_SPACE(sizeof(int)) * 4;
+    std::vector<std::array<uint8_t, CTL>> ctl(READS);
+    struct Dg {
+        const uint8_t* p;
+        uint32_t len;
+        bool ce;
+    };
+    std::vector<Dg> dgs;
+    std::vector<RxMsg*> touched;
+    pollfd pfd{cfg_.rx_fd, POLLIN, 0};
+    int rcvbuf = 0;
+    socklen_t optlen = sizeof rcvbuf;
+    getsockopt(cfg_.rx_fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &optlen);
+    uint64_t batch_limit = std::max<uint64_t>(cfg_.max_datagram, std::min<uint64_t>(cfg_.batch_bytes, uint64_t(rcvbuf) / 8));
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    const bool injecting = !cfg_.drop_p.empty() || (cfg_.delay > 0 && cfg_.delay_p > 0) || cfg_.reorder;
+
+    auto release_delayed = [&]() {
+        if (delayed_.empty()) return;
+        double now = now_s();
+        std::vector<std::vector<uint8_t>> due;
+        for (auto it = delayed_.begin(); it != delayed_.end();) {
+            if (it->first <= now) {
+                due.push_back(std::move(it->second));
+                it = delayed_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        if (due.empty()) return;
+        std::lock_guard<std::mutex> g(rx_mu_);
+        for (auto& d : due) ingest_one(d.data(), uint32_t(d.size()), false, now, touched);
+        end_batch(touched, now);
+    };
+
+    while (running_) {
+        int r = poll(&pfd, 1, delayed_.empty() ? 50 : 5);
+        if (r <= 0) {
+            release_delayed();
+            continue;
+        }
+        double t_batch = now_s();
+        rx_holding_ = true;
+        uint64_t batch_dgrams = 0, batch_bytes = 0, batch_reads = 0;
+        int64_t overflow = -1;
+        bool dry = false;
+        while (batch_dgrams < cfg_.rx_batch && batch_bytes < batch_limit) {
+            for (int i = 0; i < READS; ++i) {
+                iov[i].iov_base = buf.data() + size_t(i) * READ_BYTES;
+                iov[i].iov_len = READ_BYTES;
+                std::memset(&msgs[i].msg_hdr, 0, sizeof(msghdr));
+                msgs[i].msg_hdr.msg_iov = &iov[i];
+                msgs[i].msg_hdr.msg_iovlen = 1;
+                msgs[i].msg_hdr.msg_control = ctl[i].data();
+                msgs[i].msg_hdr.msg_controllen = CTL;
+                msgs[i].msg_len = 0;
+            }
+            int k = recvmmsg(cfg_.rx_fd, msgs.data(), READS, MSG_DONTWAIT, nullptr);
+            if (k <= 0) {
+                dry = true;
+                break;
+            }
+            double now = now_s();
+            dgs.clear();
+            for (int i = 0; i < k; ++i) {
+                uint32_t len = msgs[i].msg_len;
+                int tos = 0, seg = 0;
+                for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+                    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
+                        tos = *reinterpret_cast<const uint8_t*>(CMSG_DATA(c));
+                    } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+                        uint32_t v;
+                        std::memcpy(&v, CMSG_DATA(c), 4);
+                        overflow = v;
+                    } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                        int v;
+                        std::memcpy(&v, CMSG_DATA(c), sizeof v);
+                        seg = v;
+                    }
+                }
+                rx_reads_ += 1;
+                batch_reads += 1;
+                batch_bytes += len;
+                const uint8_t* base = buf.data() + size_t(i) * READ_BYTES;
+                bool ce = (tos & 3) == 3;
+                if (cfg_.gro && seg > 0 && len > uint32_t(seg)) {
+                    gro_reads_ += 1;
+                    for (uint32_t off = 0; off < len; off += seg)
+                        dgs.push_back(Dg{base + off, std::min<uint32_t>(seg, len - off), ce});
+                } else {
+                    dgs.push_back(Dg{base, len, ce});
+                }
+            }
+            batch_dgrams += dgs.size();
+            if (injecting) {
+                std::vector<Dg> kept;
+                kept.reserve(dgs.size());
+                double now2 = now_s();
+                for (const Dg& g : dgs) {
+                    if (g.len >= uint32_t(H_) && !cfg_.drop_p.empty()) {
+                        uint8_t cls = g.p[cfg_.layout.drop_class.off];
+                        if (cls < cfg_.drop_p.size() && uni(rng_) < cfg_.drop_p[cls]) {
+                            std::lock_guard<std::mutex> lk(rx_mu_);
+                            injected_drops_[cls] += 1;
+                            continue;
+                        }
+                    }
+                    if (cfg_.delay > 0 && cfg_.delay_p > 0 && uni(rng_) < cfg_.delay_p) {
+                        delayed_.emplace_back(now2 + cfg_.delay, std::vector<uint8_t>(g.p, g.p + g.len));
+                        injected_delays_ += 1;
+                        continue;
+                    }
+                    kept.push_back(g);
+                }
+                if (cfg_.reorder) std::shuffle(kept.begin(), kept.end(), rng_);
+                dgs.swap(kept);
+            }
+            {
+                std::lock_guard<std::mutex> g(rx_mu_);
+                for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched);
+                end_batch(touched, now);
+            }
+            if (k < READS) {
+                dry = true;
+                break;
+            }
+        }
+        double now = now_s();
+        {
+            std::lock_guard<std::mutex> g(rx_mu_);
+            if (overflow >= 0 && overflow != rx_overflows_) {
+                // SO_RXQ_OVFL counts dropped socket-buffer entries (a GRO read is one entry of
+                // many datagrams, a junk datagram one of none of ours). Each dropped entry is
+                // taken as a random draw of the reads that did arrive: it held, on average, the
+                // senders' accepted datagrams over all reads. So junk in the buffer dilutes the
+                // blame instead of multiplying it, and nobody is blamed for a batch of junk alone.
+                int64_t dropped = (overflow - rx_overflows_) & 0xFFFFFFFFLL;
+                rx_overflows_ = overflow;
+                rx_dropped_reads_ += dropped;
+                for (auto& kv : fb_) {
+                    SenderFb& s = kv.second;
+                    if (!s.batch_good || !s.authed || kv.first == cfg_.rank) continue;
+                    int64_t blame = std::max<int64_t>(
+                        1, std::llround(double(dropped) * double(s.batch_good) / double(std::max<uint64_t>(1, batch_reads))));
+                    s.lost += blame;
+                    rx_dropped_estimate_ += blame;
+                    if (!s.wake_sent) {
+                        s.wake_sent = true;
+                        emit(EV_CONGESTION, kv.first, 0, now, 0);
+                    }
+                }
+            }
+            for (auto& kv : fb_) kv.second.batch_good = 0;
+        }
+        rx_holding_ = false;
+        bool behind = !dry && (batch_dgrams >= cfg_.rx_batch || batch_bytes >= batch_limit);
+        if (behind) {
+            uint32_t mem[9] = {0};
+            socklen_t ml = sizeof mem;
+            if (getsockopt(cfg_.rx_fd, SOL_SOCKET, SO_MEMINFO, mem, &ml) == 0 && mem[1] > 0)
+                behind = double(mem[0]) / double(mem[1]) >= cfg_.behind_backlog;
+        }
+        drain_batch(t_batch, batch_bytes, behind, now_s());
+        release_delayed();
+    }
+}
+
+std::vector<uint8_t> Datapath::ingest_for_test(const uint8_t* rows, const int64_t* lengths, size_t n, size_t width,
+                                               double now) {
+    std::vector<uint8_t> reasons(n);
+    std::lock_guard<std::mutex> g(rx_mu_);
+    std::vector<RxMsg*> touched;
+    for (size_t i = 0; i < n; ++i) {
+        int64_t len = lengths[i];
+        // a datagram longer than its row was cut by the read: the receive thread's "truncated"
+        uint32_t l = len > int64_t(width) ? cfg_.max_datagram + 1 : uint32_t(std::max<int64_t>(0, len));
+        reasons[i] = ingest_one(rows + i * width, l, false, now, touched);
+    }
+    end_batch(touched, now);
+    return reasons;
+}
+
+}  // namespace dlcp

@@ -1,0 +1,97 @@
+#include "tags.h"
+
+#include <algorithm>
+#include <cfenv>
+#include <cmath>
+#include <limits>
+
+namespace dlcp {
+
+void packet_magnitudes(const uint8_t* data, size_t n_elems, Kind kind, uint32_t per, Magnitude how, float* out) {
+    size_t n = per ? (n_elems + per - 1) / per : 0;
+    for (size_t p = 0; p < n; ++p) {
+        size_t lo = p * per, hi = std::min(n_elems, lo + per);
+        if (how == Magnitude::L2) {
+            double acc = 0.0;
+            if (kind == Kind::F32) {
+                // float32 products summed in lanes, as a vectorising compiler likes them
+                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                size_t i = lo;
+                for (; i + 8 <= hi; i += 8) {
+                    float x[8];
+                    std::memcpy(x, data + 4 * i, 32);
+                    for (int k = 0; k < 8; ++k) lane[k] += x[k] * x[k];
+                }
+                for (int k = 0; k < 8; ++k) acc += lane[k];
+                for (; i < hi; ++i) {
+                    float x = load_elem(data, i, kind);
+                    acc += double(x) * x;
+                }
+            } else {
+                for (size_t i = lo; i < hi; ++i) {
+                    float x = load_elem(data, i, kind);
+                    acc += double(x) * x;
+                }
+            }
+            out[p] = float(std::sqrt(acc));
+        } else {
+            float m = 0.0f;
+            bool nan = false;
+            for (size_t i = lo; i < hi; ++i) {
+                float x = std::fabs(load_elem(data, i, kind));
+                if (std::isnan(x)) nan = true;
+                m = std::max(m, x);
+            }
+            out[p] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+        }
+    }
+}
+
+void drop_classes(const float* mags_in, size_t n, const std::vector<double>& shares, uint8_t* out) {
+    const size_t classes = shares.size();
+    std::fill(out, out + n, uint8_t(0));
+    if (classes <= 1 || n == 0) return;
+    std::vector<float> mags(mags_in, mags_in + n);
+    for (float& m : mags)
+        if (std::isnan(m)) m = -std::numeric_limits<float>::infinity();
+    // boundaries: numpy's round(cumsum(shares) * n), half to even, without the last
+    std::vector<long> bounds;
+    double cum = 0.0;
+    int mode = std::fegetround();
+    std::fesetround(FE_TONEAREST);
+    for (size_t i = 0; i + 1 < classes; ++i) {
+        cum += shares[i];
+        bounds.push_back(long(std::nearbyint(cum * double(n))));
+    }
+    std::fesetround(mode);
+    std::vector<float> scratch;
+    std::vector<uint8_t> top(n);
+    for (long b : bounds) {
+        if (b >= long(n)) continue;  // every packet is within the top b
+        if (b <= 0) {
+            for (size_t i = 0; i < n; ++i) out[i] += 1;
+            continue;
+        }
+        scratch = mags;
+        std::nth_element(scratch.begin(), scratch.begin() + (n - b), scratch.end());
+        float t = scratch[n - b];  // the b-th largest
+        long above = 0, ties = 0;
+        for (size_t i = 0; i < n; ++i) {
+            above += mags[i] > t;
+            ties += mags[i] == t;
+        }
+        long need = b - above;
+        long taken = 0;
+        for (size_t i = 0; i < n; ++i) {
+            bool in_top = mags[i] > t;
+            if (!in_top && mags[i] == t && (need >= ties || taken < need)) {
+                in_top = true;
+                ++taken;
+            }
+            if (!in_top) out[i] += 1;
+        }
+    }
+    for (size_t i = 0; i < n; ++i) out[i] = std::min<uint8_t>(out[i], uint8_t(classes - 1));
+}
+
+}  // namespace dlcp

@@ -1,0 +1,649 @@
+// The send half of the compiled data path: message preparation (headers, drop classes),
+// priority scheduling, pacing and batched sends. See datapath.h for the division of labour.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <arpa/inet.h>
+#include <linux/udp.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "datapath.h"
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+namespace dlcp {
+
+namespace {
+constexpr int MAX_SEGMENTS = 64;        // segments per GSO call (Linux takes 64 up to 6.8, 128 after)
+constexpr uint32_t MAX_GSO_BYTES = 65507;  // the UDP payload of one IPv4 packet
+constexpr int ECT0 = 0b10;
+inline uint64_t key_of(uint16_t peer, uint32_t mid) { return (uint64_t(peer) << 32) | mid; }
+
+void sleep_for(double s) {
+    if (s <= 0) return;
+    timespec ts;
+    ts.tv_sec = time_t(s);
+    ts.tv_nsec = long((s - double(ts.tv_sec)) * 1e9);
+    nanosleep(&ts, nullptr);
+}
+
+bool gso_refused(int err) { return err == EIO || err == EINVAL || err == ENOPROTOOPT || err == EOPNOTSUPP; }
+}  // namespace
+
+// ------------------------------------------------------------------ lifecycle and peers
+
+Datapath::Datapath(Config cfg) : cfg_(std::move(cfg)), H_(cfg_.layout.size), rng_(cfg_.seed),
+                                 host_pacer_(cfg_.burst_bytes) {
+    if (H_ <= 0) throw std::invalid_argument("header layout has no size");
+    if (cfg_.max_datagram < uint32_t(H_)) throw std::invalid_argument("max_datagram is smaller than a header");
+    if (cfg_.dscp.empty()) throw std::invalid_argument("dscp table is empty");
+    if (cfg_.line_rate <= 0 || cfg_.burst_bytes <= 0) throw std::invalid_argument("line_rate and burst must be > 0");
+    event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+}
+
+Datapath::~Datapath() {
+    stop();
+    for (auto& kv : dests_) {
+        for (auto& s : kv.second->socks)
+            if (s.second.fd >= 0) ::close(s.second.fd);
+        delete kv.second;
+    }
+    for (auto& kv : tx_) delete kv.second;
+    for (auto& kv : rx_) delete kv.second;
+    if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void Datapath::start() {
+    if (running_.exchange(true)) return;
+    rx_thread_ = std::thread([this] { rx_loop(); });
+    tx_thread_ = std::thread([this] { tx_loop(); });
+}
+
+void Datapath::stop() {
+    if (!running_.exchange(false)) return;
+    {
+        std::lock_guard<std::mutex> g(tx_mu_);
+        tx_cv_.notify_all();
+    }
+    if (rx_thread_.joinable()) rx_thread_.join();
+    if (tx_thread_.joinable()) tx_thread_.join();
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& kv : dests_)
+        for (auto& s : kv.second->socks)
+            if (s.second.fd >= 0) {
+                ::close(s.second.fd);
+                s.second.fd = -1;
+            }
+}
+
+void Datapath::close() {
+    stop();
+    if (event_fd_ >= 0) {
+        ::close(event_fd_);
+        event_fd_ = -1;
+    }
+}
+
+void Datapath::add_peer(uint16_t rank, const std::string& ipv4, uint16_t port) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (dests_.count(rank)) return;
+    auto* d = new Dest();
+    d->rank = rank;
+    d->addr.sin_family = AF_INET;
+    d->addr.sin_port = htons(port);
+    if (inet_pton(AF_INET, ipv4.c_str(), &d->addr.sin_addr) != 1) {
+        delete d;
+        throw std::invalid_argument("peer " + std::to_string(rank) + ": '" + ipv4 + "' is not an IPv4 address");
+    }
+    d->pacer = Pacer(cfg_.burst_bytes);
+    d->rate = std::min(cfg_.line_rate, 0.5e9);
+    dests_[rank] = d;
+}
+
+void Datapath::set_rate(uint16_t dest, double rate) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = dests_.find(dest);
+    if (it == dests_.end()) throw std::invalid_argument("set_rate: unknown destination rank " + std::to_string(dest));
+    it->second->rate = std::max(1.0, rate);
+    tx_cv_.notify_all();
+}
+
+void Datapath::set_sockopt(uint16_t dest, uint8_t priority, int level, int name, int value) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = dests_.find(dest);
+    if (it == dests_.end()) throw std::invalid_argument("set_sockopt: unknown destination rank " + std::to_string(dest));
+    Sock& s = sock_for(*it->second, priority);
+    if (setsockopt(s.fd, level, name, &value, sizeof value) != 0)
+        throw std::runtime_error(std::string("setsockopt: ") + std::strerror(errno));
+}
+
+uint64_t Datapath::sent_packets(uint16_t dest) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = dests_.find(dest);
+    return it == dests_.end() ? 0 : it->second->sent.load();
+}
+
+Datapath::Sock& Datapath::sock_for(Dest& d, uint8_t priority) {
+    Sock& s = d.socks[priority];
+    if (s.fd >= 0) return s;
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    int buf = cfg_.socket_buffer;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    uint8_t p = std::min<uint8_t>(priority, cfg_.top_priority);
+    int tos = (int(cfg_.dscp[std::min<size_t>(p, cfg_.dscp.size() - 1)]) << 2) | ECT0;
+    setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&d.addr), sizeof d.addr) != 0) {
+        int e = errno;
+        ::close(fd);
+        throw std::runtime_error("connect to rank " + std::to_string(d.rank) + ": " + std::strerror(e));
+    }
+    s.fd = fd;
+    if (cfg_.offload) {
+        int seg = 0;
+        socklen_t len = sizeof seg;
+        if (getsockopt(fd, SOL_UDP, UDP_SEGMENT, &seg, &len) == 0) {
+            s.gso = true;
+        } else {
+            s.gso_off = "kernel refuses UDP_SEGMENT on this socket (getsockopt probe)";
+        }
+    } else {
+        s.gso_off = "turned off by the caller (offload=False)";
+    }
+    return s;
+}
+
+// ------------------------------------------------------------------ messages
+
+int Datapath::TxMsg::sending_priority() const {
+    if (retx_pos < retx.size()) return 255;
+    if (!prio_in_order.empty() && next_pos < prio_in_order.size()) return prio_in_order[next_pos];
+    return spec.priority;
+}
+
+void Datapath::submit(const TxSpec& spec) {
+    auto kit = cfg_.kinds.find(spec.dtype);
+    if (kit == cfg_.kinds.end()) throw std::invalid_argument("submit: unknown dtype code");
+    if (spec.per == 0) throw std::invalid_argument("submit: per must be > 0");
+    auto* m = new TxMsg();
+    m->spec = spec;
+    m->kind = kit->second;
+    m->itemsize = kind_size(m->kind);
+    m->n_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
+    m->n_full = uint32_t(spec.total_elems / spec.per);
+    m->tail = uint32_t(spec.total_elems % spec.per);
+    m->datagram_bytes = uint32_t(H_) + spec.per * uint32_t(m->itemsize);
+    m->held = spec.held;
+    uint64_t key = key_of(spec.dest, spec.message_id);
+    if (!spec.held) prepare(m);  // in the caller's thread: the tags are ready before the first packet
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (!dests_.count(spec.dest)) {
+        delete m;
+        throw std::invalid_argument("submit: unknown destination rank " + std::to_string(spec.dest));
+    }
+    if (tx_.count(key)) {
+        delete m;
+        throw std::invalid_argument("message " + std::to_string(spec.message_id) + " to rank " +
+                                    std::to_string(spec.dest) + " is already in flight");
+    }
+    tx_[key] = m;
+    if (m->held && fired_.erase(key)) {  // its trigger fired before it was submitted
+        m->held = false;
+        emit(EV_TX_ACTIVE, spec.dest, spec.message_id, now_s(), 0);
+    }
+    if (!m->held) activate_locked(m);
+}
+
+void Datapath::prepare(TxMsg* m) {
+    // Headers of every packet, drop classes from the payload's magnitudes (the policy's rule).
+    const TxSpec& s = m->spec;
+    const HeaderLayout& L = cfg_.layout;
+    if (s.snapshot) {
+        std::memcpy(s.snapshot, s.payload, size_t(s.total_elems) * m->itemsize);
+        m->src = s.snapshot;
+    } else {
+        m->src = s.payload;
+    }
+    uint32_t n = m->n_pkts;
+    std::vector<float> mags(n);
+    std::vector<uint8_t> classes(n, 0);
+    if (n) {
+        packet_magnitudes(m->src, size_t(s.total_elems), m->kind, s.per, cfg_.magnitude, mags.data());
+        drop_classes(mags.data(), n, cfg_.shares, classes.data());
+    }
+    if (s.drop_class_out) std::memcpy(s.drop_class_out, classes.data(), n);
+    m->hdr.assign(size_t(n) * H_, 0);
+    uint8_t tmpl[256];
+    std::memset(tmpl, 0, sizeof tmpl);
+    wr(tmpl, L.version, cfg_.version);
+    wr(tmpl, L.ptype, cfg_.data_ptype);
+    wr(tmpl, L.dtype, s.dtype);
+    wr(tmpl, L.sender_rank, cfg_.rank);
+    wr(tmpl, L.job_id, cfg_.job_id);
+    wr(tmpl, L.message_id, s.message_id);
+    wr(tmpl, L.token, s.token);
+    wr(tmpl, L.iteration, s.iteration);
+    wr(tmpl, L.tensor_id, s.tensor_id);
+    wr(tmpl, L.total_pkts, n);
+    for (uint32_t i = 0; i < n; ++i) {
+        uint8_t* h = m->hdr.data() + size_t(i) * H_;
+        std::memcpy(h, tmpl, H_);
+        wr(h, L.priority, s.pkt_priority ? s.pkt_priority[i] : s.priority);
+        wr(h, L.drop_class, classes[i]);
+        wr(h, L.layer, s.pkt_layer ? s.pkt_layer[i] : s.layer);
+        wr(h, L.elem_count, (m->tail && i == m->n_full) ? m->tail : s.per);
+        wr(h, L.seq, i);
+        wr(h, L.elem_offset, i * s.per);
+    }
+    // Packets leave by their own priority (a fused message carries several layers), ties in order.
+    m->send_order.resize(n);
+    for (uint32_t i = 0; i < n; ++i) m->send_order[i] = i;
+    bool uniform = true;
+    if (s.pkt_priority)
+        for (uint32_t i = 1; i < n; ++i)
+            if (s.pkt_priority[i] != s.pkt_priority[0]) uniform = false;
+    if (!uniform) {
+        std::stable_sort(m->send_order.begin(), m->send_order.end(),
+                         [&](uint32_t a, uint32_t b) { return s.pkt_priority[a] > s.pkt_priority[b]; });
+        m->prio_in_order.resize(n);
+        for (uint32_t i = 0; i < n; ++i) m->prio_in_order[i] = s.pkt_priority[m->send_order[i]];
+    }
+    m->prepared = true;
+}
+
+void Datapath::activate_locked(TxMsg* m) {
+    if (m->n_pkts == 0) {  // nothing to send: the pass is over at once
+        emit(EV_TX_PASS, m->spec.dest, m->spec.message_id, now_s(), m->pass_no);
+        return;
+    }
+    if (!m->queued) {
+        active_.push_back(m);
+        m->queued = true;
+    }
+    reorder_locked();
+    tx_cv_.notify_all();
+}
+
+void Datapath::reorder_locked() {
+    std::stable_sort(active_.begin(), active_.end(), [](const TxMsg* a, const TxMsg* b) {
+        int pa = a->sending_priority(), pb = b->sending_priority();
+        if (pa != pb) return pa > pb;
+        return a->spec.order < b->spec.order;
+    });
+}
+
+void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& t : triggers) {
+        uint64_t key = key_of(t.first, t.second);
+        auto it = tx_.find(key);
+        if (it == tx_.end()) {
+            fired_.insert(key);  // submitted later: it starts at once then
+            continue;
+        }
+        TxMsg* m = it->second;
+        if (!m->held) continue;
+        m->held = false;
+        activate_locked(m);
+        emit(EV_TX_ACTIVE, t.first, t.second, now, 0);
+    }
+}
+
+uint32_t Datapath::retransmit(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = tx_.find(key_of(dest, mid));
+    if (it == tx_.end()) return 0;
+    TxMsg* m = it->second;
+    for (uint32_t s : seqs)
+        if (s >= m->n_pkts) throw std::invalid_argument("retransmit: sequence number beyond the message");
+    m->retx.assign(seqs.begin(), seqs.end());
+    m->retx_pos = 0;
+    m->pass_no += 1;
+    if (!seqs.empty() && !m->stopped) activate_locked(m);
+    return m->pass_no;
+}
+
+bool Datapath::tx_info(uint16_t dest, uint32_t mid, TxInfo& out) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = tx_.find(key_of(dest, mid));
+    if (it == tx_.end()) return false;
+    const TxMsg* m = it->second;
+    out.packets = m->n_pkts;
+    out.next_pos = m->next_pos;
+    out.retransmissions = m->retransmissions;
+    out.pass_no = m->pass_no;
+    out.held = m->held;
+    out.active = m->has_packets();
+    return true;
+}
+
+void Datapath::retire(uint16_t dest, uint32_t mid) {
+    std::unique_lock<std::mutex> g(tx_mu_);
+    uint64_t key = key_of(dest, mid);
+    auto it = tx_.find(key);
+    fired_.erase(key);
+    if (it == tx_.end()) return;
+    TxMsg* m = it->second;
+    m->stopped = true;
+    tx_cv_.wait(g, [&] { return !m->busy; });  // the send thread reads its buffers no more
+    tx_.erase(key);
+    active_.erase(std::remove(active_.begin(), active_.end(), m), active_.end());
+    delete m;
+}
+
+// ------------------------------------------------------------------ the send thread
+
+Datapath::TxMsg* Datapath::pick(double now, double& wait) {
+    wait = 1.0;
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [](TxMsg* m) {
+                                     if (m->has_packets() || !m->prepared) return false;
+                                     m->queued = false;
+                                     return true;
+                                 }),
+                  active_.end());
+    std::map<uint16_t, double> blocked;
+    for (TxMsg* m : active_) {
+        if (!m->prepared) return m;  // ready to become a message: prepare it first
+        uint16_t dest = m->spec.dest;
+        auto b = blocked.find(dest);
+        if (b == blocked.end()) {
+            Dest* d = dests_[dest];
+            double w = std::max(d->pacer.wait_time(m->datagram_bytes, d->rate, now),
+                                host_pacer_.wait_time(m->datagram_bytes, cfg_.line_rate, now));
+            b = blocked.emplace(dest, w).first;
+        }
+        if (b->second > 0) {
+            wait = std::min(wait, b->second);
+            continue;
+        }
+        return m;
+    }
+    return nullptr;
+}
+
+void Datapath::tx_loop() {
+    std::vector<uint32_t> seqs;
+    std::unique_lock<std::mutex> g(tx_mu_);
+    while (running_) {
+        double wait;
+        TxMsg* m = pick(now_s(), wait);
+        if (!m) {
+            tx_cv_.wait_for(g, std::chrono::duration<double>(std::min(wait, 0.05)));
+            continue;
+        }
+        if (!m->prepared) {  // a held message whose trigger fired: tags from its payload as it is now
+            m->busy = true;
+            g.unlock();
+            prepare(m);
+            g.lock();
+            m->busy = false;
+            tx_cv_.notify_all();
+            reorder_locked();
+            continue;
+        }
+        Dest* d = dests_[m->spec.dest];
+        bool retx = m->retx_pos < m->retx.size();
+        // packets per pick: one GSO call's worth (the preemption granularity between priorities)
+        uint32_t size = m->datagram_bytes;
+        uint32_t chunk = cfg_.offload ? std::max<uint32_t>(8, std::min<uint32_t>(MAX_SEGMENTS, MAX_GSO_BYTES / size)) : 8;
+        double now = now_s();
+        double allowed = std::min(d->pacer.allowance(d->rate, now, cfg_.max_inline_wait),
+                                  host_pacer_.allowance(cfg_.line_rate, now, cfg_.max_inline_wait));
+        chunk = std::max<uint32_t>(1, std::min<uint32_t>(chunk, uint32_t(std::max(0.0, allowed) / size)));
+        int before = m->sending_priority();
+        seqs.clear();
+        if (retx) {
+            size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
+            seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
+            m->retx_pos = stop;
+        } else {
+            uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
+            if (!m->prio_in_order.empty()) {  // one priority per run
+                uint8_t p0 = m->prio_in_order[m->next_pos];
+                uint32_t j = m->next_pos;
+                while (j < stop && m->prio_in_order[j] == p0) ++j;
+                stop = j;
+            }
+            seqs.assign(m->send_order.begin() + m->next_pos, m->send_order.begin() + stop);
+            m->next_pos = stop;
+        }
+        bool finished_pass = !m->has_packets();
+        if (!finished_pass && m->sending_priority() != before) reorder_locked();
+        uint32_t pass_no = m->pass_no;
+        Sock* sk = nullptr;
+        try {
+            uint8_t prio = retx ? cfg_.top_priority
+                                : uint8_t(rd(m->hdr.data() + size_t(seqs[0]) * H_, cfg_.layout.priority));
+            sk = &sock_for(*d, prio);
+        } catch (const std::exception&) {
+            send_errors_ += int64_t(seqs.size());  // no socket to the peer: its control path tells
+        }
+        m->busy = true;
+        g.unlock();
+        // pace: sleep out this run's deficit (at most about max_inline_wait, by the fit above)
+        double total = double(seqs.size()) * size;
+        now = now_s();
+        double w;
+        {
+            std::lock_guard<std::mutex> lk(tx_mu_);
+            w = std::max(d->pacer.wait_time(total, d->rate, now), host_pacer_.wait_time(total, cfg_.line_rate, now));
+        }
+        sleep_for(w);
+        std::pair<uint32_t, uint64_t> sent{0, 0};
+        if (sk) sent = send_packets(m, *sk, seqs, retx, finished_pass);
+        g.lock();
+        m->busy = false;
+        d->pacer.tokens -= double(sent.second);
+        host_pacer_.tokens -= double(sent.second);
+        d->sent += sent.first;
+        data_pkts_sent_ += sent.first;
+        data_bytes_sent_ += int64_t(sent.second);
+        if (retx) {
+            m->retransmissions += sent.first;
+            retransmitted_pkts_ += sent.first;
+        }
+        tx_cv_.notify_all();
+        if (finished_pass && !m->stopped) emit(EV_TX_PASS, m->spec.dest, m->spec.message_id, now_s(), pass_no);
+    }
+}
+
+uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first, size_t count, uint32_t& sent) {
+    // one datagram per mmsghdr (header + payload gathered by the kernel)
+    uint64_t bytes = 0;
+    std::vector<mmsghdr> mm(count);
+    for (size_t i = 0; i < count; ++i) {
+        std::memset(&mm[i], 0, sizeof(mmsghdr));
+        mm[i].msg_hdr.msg_iov = &iov[2 * (first + i)];
+        mm[i].msg_hdr.msg_iovlen = 2;
+    }
+    size_t done = 0;
+    while (done < count) {
+        int r = sendmmsg(s.fd, mm.data() + done, unsigned(count - done), 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            send_errors_ += 1;  // e.g. ECONNREFUSED from a dead peer: skip this datagram
+            done += 1;
+            continue;
+        }
+        for (int i = 0; i < r; ++i) bytes += mm[done + i].msg_len;
+        sent += uint32_t(r);
+        done += size_t(r);
+    }
+    return bytes;
+}
+
+std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs,
+                                                     bool retx, bool last) {
+    const HeaderLayout& L = cfg_.layout;
+    size_t k = seqs.size();
+    if (k == 0) return {0, 0};
+    std::vector<uint8_t>& sh = scratch_hdr_;  // only this thread sends
+    const uint8_t* hrows;
+    std::vector<const uint8_t*> hp(k);
+    if (retx) {
+        sh.resize(k * size_t(H_));
+        for (size_t i = 0; i < k; ++i) {
+            uint8_t* h = sh.data() + i * H_;
+            std::memcpy(h, m->hdr.data() + size_t(seqs[i]) * H_, H_);
+            wr(h, L.priority, cfg_.top_priority);
+            wr(h, L.drop_class, 0);
+            wr(h, L.flags, (rd(h, L.flags) & ~uint32_t(cfg_.flag_last)) | cfg_.flag_retx);
+            hp[i] = h;
+        }
+    } else {
+        hrows = m->hdr.data();
+        for (size_t i = 0; i < k; ++i) hp[i] = hrows + size_t(seqs[i]) * H_;
+    }
+    // the short last packet of a message leaves first, so LAST lands on the run's final row
+    int short_pos = -1;
+    if (m->tail)
+        for (size_t i = 0; i < k; ++i)
+            if (seqs[i] == m->n_full) short_pos = int(i);
+    std::vector<size_t> order;
+    order.reserve(k);
+    if (short_pos >= 0) order.push_back(size_t(short_pos));
+    for (size_t i = 0; i < k; ++i)
+        if (int(i) != short_pos) order.push_back(i);
+    if (last) {
+        uint8_t* h = const_cast<uint8_t*>(hp[order.back()]);
+        wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
+    }
+    std::vector<iovec> iov(2 * k);
+    std::vector<uint32_t> len(k);
+    for (size_t j = 0; j < k; ++j) {
+        size_t i = order[j];
+        uint32_t seq = seqs[i];
+        uint32_t count = (m->tail && seq == m->n_full) ? m->tail : m->spec.per;
+        iov[2 * j].iov_base = const_cast<uint8_t*>(hp[i]);
+        iov[2 * j].iov_len = size_t(H_);
+        iov[2 * j + 1].iov_base = const_cast<uint8_t*>(m->src + size_t(seq) * m->spec.per * m->itemsize);
+        iov[2 * j + 1].iov_len = size_t(count) * m->itemsize;
+        len[j] = uint32_t(H_) + count * uint32_t(m->itemsize);
+    }
+    uint32_t sent = 0;
+    uint64_t bytes = 0;
+    size_t j = 0;
+    while (j < k) {
+        // a GSO call: a run of equal-size datagrams (at most MAX_SEGMENTS, MAX_GSO_BYTES)
+        size_t stop = j + 1;
+        uint32_t seg = len[j];
+        while (stop < k && stop - j < size_t(MAX_SEGMENTS) && len[stop] == seg && (stop - j + 1) * seg <= MAX_GSO_BYTES)
+            ++stop;
+        if (s.gso && stop - j > 1) {
+            msghdr mh{};
+            mh.msg_iov = &iov[2 * j];
+            mh.msg_iovlen = 2 * (stop - j);
+            alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(uint16_t))] = {};
+            mh.msg_control = cbuf;
+            mh.msg_controllen = sizeof cbuf;
+            cmsghdr* c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t segsz = uint16_t(seg);
+            std::memcpy(CMSG_DATA(c), &segsz, sizeof segsz);
+            gso_calls_ += 1;
+            ssize_t r;
+            do {
+                r = sendmsg(s.fd, &mh, 0);
+            } while (r < 0 && errno == EINTR);
+            if (r >= 0) {
+                sent += uint32_t(stop - j);
+                bytes += uint64_t(r);
+                j = stop;
+                continue;
+            }
+            if (gso_refused(errno)) {
+                s.gso = false;
+                s.gso_off = std::string("sendmsg with UDP_SEGMENT failed: ") + std::strerror(errno);
+            }
+            // this call's datagrams one by one
+        }
+        bytes += sendmmsg_plain(s, iov, j, stop - j, sent);
+        j = stop;
+    }
+    return {sent, bytes};
+}
+
+// ------------------------------------------------------------------ counters
+
+std::map<std::string, int64_t> Datapath::stats() {
+    std::map<std::string, int64_t> out;
+    out["data_pkts_sent"] = data_pkts_sent_;
+    out["data_bytes_sent"] = data_bytes_sent_;
+    out["retransmitted_pkts"] = retransmitted_pkts_;
+    out["send_errors"] = send_errors_;
+    out["gso_calls"] = gso_calls_;
+    std::lock_guard<std::mutex> g(rx_mu_);
+    out["data_pkts_received"] = data_pkts_received_;
+    out["data_bytes_received"] = data_bytes_received_;
+    out["ce_marked"] = ce_marked_;
+    out["parked"] = parked_total_;
+    out["parked_now"] = parked_now_;
+    out["late"] = late_;
+    out["rx_overflows"] = rx_overflows_;
+    out["rx_dropped_estimate"] = rx_dropped_estimate_;
+    out["rx_dropped_reads"] = rx_dropped_reads_;
+    out["gro_reads"] = gro_reads_;
+    out["rx_reads"] = rx_reads_;
+    out["injected_delays"] = injected_delays_;
+    out["accepted"] = accepted_;
+    out["duplicates"] = duplicates_;
+    return out;
+}
+
+std::map<std::string, int64_t> Datapath::rejected() {
+    static const char* names[N_REASONS] = {"ok", "truncated", "bad_version", "not_data", "wrong_job", "bad_token",
+                                           "unknown_message", "wrong_dtype", "bad_seq", "bad_offset", "count_mismatch"};
+    std::map<std::string, int64_t> out;
+    std::lock_guard<std::mutex> g(rx_mu_);
+    for (int i = 1; i < N_REASONS; ++i)
+        if (rejected_[i]) out[names[i]] = rejected_[i];
+    return out;
+}
+
+std::map<int, int64_t> Datapath::injected_drops() {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    return injected_drops_;
+}
+
+std::vector<std::tuple<int, int, int>> Datapath::data_sockets() {
+    std::vector<std::tuple<int, int, int>> out;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& kv : dests_)
+        for (auto& s : kv.second->socks) {
+            if (s.second.fd < 0) continue;
+            sockaddr_in a{};
+            socklen_t l = sizeof a;
+            if (getsockname(s.second.fd, reinterpret_cast<sockaddr*>(&a), &l) == 0)
+                out.emplace_back(kv.first, s.first, ntohs(a.sin_port));
+        }
+    return out;
+}
+
+std::vector<std::string> Datapath::gso_off_reasons() {
+    std::vector<std::string> out;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& kv : dests_)
+        for (auto& s : kv.second->socks)
+            if (s.second.fd >= 0 && !s.second.gso_off.empty()) out.push_back(s.second.gso_off);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+}  // namespace dlcp

@@ -1,0 +1,739 @@
+"""The bounded-loss protocol of one endpoint, as a state machine without I/O.
+
+:class:`ProtocolCore` holds every message's protocol state (deadlines, probes, bitmaps,
+feedback, rate decisions). It never touches a socket, a thread or a clock: each call takes the
+time ``now`` and what arrived (a control record, the data path's events), drives the data path
+through the narrow :class:`~hostagent.protocol.port.DataPort`, and leaves the control records to
+send in an outbox; :meth:`ProtocolCore.handle_timer` says when it wants to be called again. The
+endpoint's threads (:mod:`hostagent.transport`, :mod:`hostagent.control_path`) are thin drivers
+around it, and tests drive it with a fake clock and an in-memory data path.
+
+The protocol, sender S to receiver R, for one message:
+
+1. S announces the message with a META (size, element type, loss bound p), or R already posted
+   its size (``recv(..., expect=...)``) and there is no META. Data that comes before R knows the
+   message is parked by the data path, not lost.
+2. R's data path completes the message when every packet arrived (*exact*). The core completes
+   it when at least (1-p) arrived and the sender's pass is over (an end of pass, LAST or PROBE,
+   answered once the message is quiet) or nothing new came for the idle timeout (*bounded*).
+   Missing elements read as zero; R sends STOP, with the bitmap of what is missing.
+3. An end of pass below the bound is answered with a BITMAP; S resends just enough of the
+   missing packets, most important first, at the top priority and in drop class 0, until STOP.
+   A PROBE from S is only the fallback, when no answer came within the measured answer time.
+4. R reports CE marks and its socket overruns in FEEDBACK every few milliseconds, with the rate
+   it can drain; S's :class:`~hostagent.ratecontrol.RateController` sets the pacing rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections import OrderedDict, defaultdict, deque
+from typing import Any, Callable
+
+import numpy as np
+
+from hostagent import auth, wire
+from hostagent.fusion import Layout
+from hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, RecvHandle, RecvResult, SendHandle,
+                                TransportClosed, TransportError, TransportTimeout)
+from hostagent.packetizer import MessageMeta, elems_per_packet
+from hostagent.policy import required_elements, retransmission_set
+from hostagent.protocol.incoming import Incoming, answer_due, packet_gap
+from hostagent.protocol.outgoing import Outgoing
+from hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
+from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
+from hostagent.transport_config import EndpointStats, TransportConfig
+
+log = logging.getLogger("hostagent.transport")
+
+MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
+RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
+RECENT_DONE = 4096  # finished messages remembered, to answer a repeated PROBE
+IDLE_TICK = 0.05  # timer period of an endpoint with no message in flight (s)
+BULK_TICK = 0.005  # period while messages are in flight but no timer is close (s)
+URGENT_TICK = 0.001  # period while a timer is close: an answer, a probe or congestion feedback (s)
+HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
+ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long after its last packet
+
+
+class ProtocolCore:
+    """Every message of one endpoint, both directions. Not thread-safe: the driver serialises calls.
+
+    Args:
+        config: the endpoint's configuration.
+        port: the data path.
+        new_key: draws this endpoint's receive key for a sender (random; tests pass their own).
+        startup_drain: bytes/s a new sender is offered before the drain was measured.
+    """
+
+    def __init__(self, config: TransportConfig, port: DataPort, new_key: Callable[[], bytes] = auth.new_key,
+                 startup_drain: float = 0.0) -> None:
+        self.config = config
+        self.rank = config.rank
+        self.policy = config.policy
+        self.port = port
+        self.new_key = new_key
+        self.startup_drain = startup_drain
+        self.stats = EndpointStats()
+        self.out: dict[tuple[int, int], Outgoing] = {}
+        self.inc: dict[tuple[int, int], Incoming] = {}
+        self.waiting: dict[tuple[int, int], RecvHandle] = {}
+        self.done_in: dict[tuple[int, int], RecvResult] = {}
+        self.recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
+        self.announced: queue.Queue | None = None
+        self.rx_keys: dict[int, bytes] = {}  # sender rank -> our key for its tokens
+        self.tx_keys: dict[int, bytes] = {}  # destination rank -> its key for our tokens
+        self.authed: set[int] = set()
+        self.rate: dict[int, RateController] = {}
+        self.answer: dict[int, AnswerTimer] = {}  # sender side: how fast each destination answers a pass
+        self.srtt: dict[int, float] = {}  # receiver side: bitmap to first retransmission, per sender
+        self.fb: dict[int, FeedbackCounts] = defaultdict(FeedbackCounts)
+        self.fb_sent_at: dict[int, float] = {}
+        self.drain_sent: dict[int, int] = {}
+        self.outbox: dict[int, list[bytes]] = defaultdict(list)
+        self.urgent = False
+        self._order = 0
+        self._deferred: dict[tuple[int, int], TxSpec] = {}
+        self._last_rate: dict[int, float] = {}
+        self.message_log: deque[MessageStats] = deque(maxlen=MESSAGE_LOG)
+        """The figures of the last MESSAGE_LOG messages finished, both directions, with their
+        monotonic times: what a report needs to say where an iteration's time went."""
+        self.rate_log: deque[RateChange] = deque(maxlen=RATE_LOG)
+        """The last RATE_LOG changes of a destination's pacing rate, with their cause."""
+
+    # ------------------------------------------------------------------ keys
+    def rx_key(self, rank: int) -> bytes:
+        """This endpoint's receive key for sender ``rank`` (drawn once, kept for its lifetime)."""
+        key = self.rx_keys.get(rank)
+        if key is None:
+            key = self.rx_keys[rank] = self.new_key()
+        return key
+
+    def peer_authenticated(self, rank: int, tx_key: bytes) -> None:
+        """The handshake with ``rank`` completed: its key for our tokens, and it may send to us."""
+        self.tx_keys[rank] = tx_key
+        self.authed.add(rank)
+        self.port.set_rx_key(rank, self.rx_key(rank))
+
+    def rx_token(self, src: int, message_id: int, iteration: int) -> int:
+        return auth.message_token(self.rx_key(src), self.config.job_id, src, message_id, iteration)
+
+    # ------------------------------------------------------------------ records
+    def queue(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
+              flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
+        """Queue a control record for ``rank``; the driver sends a peer's records together."""
+        fields.setdefault("priority", self.policy.top_priority)
+        self.outbox[rank].append(wire.pack_record(wire.Header(
+            ptype=ptype, job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank, flags=flags,
+            **fields), body))
+        self.stats.ctl_records_sent[ptype.name] += 1
+
+    def take_records(self, rank: int, now: float) -> list[bytes]:
+        """Everything queued for ``rank``, with a FEEDBACK riding along when it has something to say."""
+        records = self.outbox.pop(rank, [])
+        if records:
+            fb = self.feedback_record(rank, now, force=True)
+            if fb is not None:
+                records.append(fb)
+        return records
+
+    def ranks_with_records(self) -> list[int]:
+        return [r for r, recs in self.outbox.items() if recs]
+
+    # ------------------------------------------------------------------ sending
+    def send(self, dest: int, data: np.ndarray, message_id: int, now: float, priority: int | None = None,
+             loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
+             layout: Layout | None = None, announce: bool = True, held: bool = False,
+             snapshot: np.ndarray | None = None, defer: bool = False) -> SendHandle:
+        """Start sending ``data`` (see :meth:`hostagent.transport.Endpoint.send`); with ``defer``
+        the data path gets it only at :meth:`release`, once its META has left."""
+        if dest == self.rank:
+            raise ValueError("an endpoint does not send to itself")
+        self.config.peer(dest)
+        if priority is None:
+            priority = layout.top_priority if layout is not None else self.policy.top_priority
+        p = self.policy.loss_bound_push if loss_bound is None else loss_bound
+        if not 0 <= p < 1:
+            raise ValueError(f"loss_bound must be in [0, 1), got {p}")
+        data = _wire_array(data)
+        flat = data.reshape(-1)
+        code = wire.dtype_code(data.dtype)
+        if not 0 <= priority < self.policy.num_priorities:
+            raise ValueError(f"priority {priority} is outside the policy's 0..{self.policy.num_priorities - 1}")
+        MessageMeta(job_id=self.config.job_id, message_id=message_id, sender_rank=self.rank, iteration=iteration,
+                    tensor_id=tensor_id, layer=layer, priority=priority)  # checks every field's range
+        if flat.size > wire.FIELD_MAX["elem_offset"]:
+            raise ValueError(f"message of {flat.size} elements is too large; split it below "
+                             f"{wire.FIELD_MAX['elem_offset']} elements")
+        per = elems_per_packet(self.config.mtu, data.dtype)
+        n = -(-flat.size // per)
+        pkt_prio = pkt_layer = None
+        if layout is not None:
+            if layout.total != flat.size:
+                raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
+            prio, layers = layout.packet_tags(per)
+            if n and (prio.min() < 0 or prio.max() >= self.policy.num_priorities):
+                raise ValueError(f"packet priorities outside the policy's 0..{self.policy.num_priorities - 1}")
+            pkt_prio = np.ascontiguousarray(prio, dtype=np.uint8)
+            pkt_layer = np.ascontiguousarray(layers % 65536, dtype=np.uint16)
+        if snapshot is not None and (snapshot.dtype != flat.dtype or snapshot.size < flat.size
+                                     or not snapshot.flags.c_contiguous):
+            raise ValueError("snapshot must be a contiguous array of the message's type and size")
+        key = (dest, message_id)
+        if key in self.out:
+            raise ValueError(f"message {message_id} to rank {dest} is already in flight")
+        tx_key = self.tx_keys.get(dest)
+        if tx_key is None:
+            raise PeerFailed(f"rank {self.rank}: no authenticated control connection to rank {dest}")
+        token = auth.message_token(tx_key, self.config.job_id, self.rank, message_id, iteration)
+        self._order += 1
+        msg = Outgoing(dest, message_id, flat.size, per, flat.itemsize, p, priority,
+                       now + self.config.message_deadline, self._order, np.zeros(n, np.uint8), held, now, snapshot,
+                       iteration)
+        self.out[key] = msg
+        self._rate_for(dest, now)
+        if announce:
+            self.queue_meta(dest, message_id, flat.size, data.dtype, p, priority, iteration, tensor_id, layer)
+        spec = TxSpec(dest, message_id, flat, int(code), per, token, iteration, tensor_id, layer % 65536, priority,
+                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order)
+        if defer and not held:
+            self._deferred[key] = spec  # submitted when the batch's METAs have left
+        else:
+            self.port.submit(spec)
+        return msg.handle
+
+    def queue_meta(self, dest: int, message_id: int, total_elems: int, dtype: Any, loss_bound: float,
+                   priority: int, iteration: int, tensor_id: int, layer: int) -> None:
+        per = elems_per_packet(self.config.mtu, dtype)
+        self.queue(dest, wire.PacketType.META, message_id, wire.META_BODY.pack(total_elems, per, loss_bound),
+                   priority=priority, iteration=iteration, tensor_id=tensor_id, layer=layer % 65536,
+                   dtype=wire.dtype_code(dtype), total_pkts=-(-total_elems // per))
+
+    def release(self, keys: list[tuple[int, int]]) -> None:
+        """Hand the deferred sends ``keys`` to the data path (the driver flushed their METAs)."""
+        for key in keys:
+            spec = self._deferred.pop(key, None)
+            if spec is not None and key in self.out:
+                self.port.submit(spec)
+
+    def _rate_for(self, dest: int, now: float) -> RateController:
+        rc = self.rate.get(dest)
+        if rc is None:
+            rc = self.rate[dest] = RateController(self.config.rate)
+            self._note_rate(dest, now, "start")
+        return rc
+
+    # ------------------------------------------------------------------ receiving
+    def recv(self, src: int, message_id: int, now: float, out: np.ndarray | None = None,
+             expect: Expect | None = None, accumulate: bool = False) -> RecvHandle:
+        """Ask for a message (see :meth:`hostagent.transport.Endpoint.recv`)."""
+        self.config.peer(src)
+        key = (src, message_id)
+        if expect is not None:
+            return self._recv_expected(src, message_id, out, expect, now)
+        if key in self.done_in:
+            h = RecvHandle(src, message_id, out)
+            res = self.done_in.pop(key)
+            if out is not None:
+                if out.shape != res.data.shape or out.dtype != res.data.dtype:
+                    h._fail(ValueError(f"message {message_id} from rank {src} has {res.data.size} "
+                                       f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
+                    return h
+                if accumulate:
+                    out += res.data
+                else:
+                    out[:] = res.data
+                res = RecvResult(out, *_rest(res))
+            h._resolve(res)
+            return h
+        if key in self.waiting or (key in self.inc and self.inc[key].handle is not None):
+            raise ValueError(f"message {message_id} from rank {src} is already being received")
+        h = RecvHandle(src, message_id, out, accumulate)
+        if key in self.inc:
+            self.inc[key].handle = h  # announced already: ``out`` is filled at the end
+        else:
+            self.waiting[key] = h
+        return h
+
+    def _recv_expected(self, src: int, message_id: int, out: np.ndarray | None, expect: Expect,
+                       now: float) -> RecvHandle:
+        key = (src, message_id)
+        if key in self.waiting or key in self.inc or key in self.done_in:
+            raise ValueError(f"message {message_id} from rank {src} is already being received")
+        dtype = np.dtype(expect.dtype).newbyteorder("=")
+        code = wire.dtype_code(dtype)
+        per = elems_per_packet(self.config.mtu, dtype)
+        h = RecvHandle(src, message_id, out, expect.accumulate)
+        self._setup_in(src, message_id, expect.total_elems, int(code), per, expect.loss_bound,
+                       self.policy.top_priority, expect.iteration, h, out, expect.accumulate, expect.then_send, now)
+        return h
+
+    def _setup_in(self, src: int, message_id: int, total: int, code: int, per: int, loss_bound: float,
+                  priority: int, iteration: int, handle: RecvHandle | None, out: np.ndarray | None,
+                  accumulate: bool, triggers: tuple[tuple[int, int], ...], now: float) -> Incoming:
+        """Set a message up for receiving (from a META or an expect); raises ValueError for bad sizes."""
+        if not 0 <= total <= wire.FIELD_MAX["elem_offset"]:
+            raise ValueError(f"total_elems={total} outside 0..{wire.FIELD_MAX['elem_offset']}")
+        if not 1 <= per <= wire.FIELD_MAX["elem_count"]:
+            raise ValueError(f"elems_per_packet={per} outside 1..{wire.FIELD_MAX['elem_count']}")
+        wire_dtype = wire.NUMPY_DTYPES[wire.Dtype(code)].newbyteorder("=")
+        dest_dtype = np.dtype(np.float32) if accumulate else wire_dtype
+        if out is None:
+            out = np.zeros(total, dtype=dest_dtype)
+        elif out.shape != (total,) or out.dtype != dest_dtype or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out must be a writable contiguous 1-D {dest_dtype} array of {total} elements, "
+                             f"got shape {out.shape} dtype {out.dtype}")
+        n = -(-total // per)
+        buffers = RxBuffers.allocate(out, n, priority)
+        msg = Incoming(src, message_id, total, per, code, loss_bound, now + self.config.message_deadline, handle,
+                       priority, buffers, accumulate, iteration, now)
+        key = (src, message_id)
+        self.inc[key] = msg
+        self.recent_done.pop(key, None)
+        self.port.expect(RxSpec(src, message_id, self.rx_token(src, message_id, iteration), code, total, per,
+                                buffers, accumulate, required_elements(total, loss_bound), tuple(triggers)))
+        return msg
+
+    def announcements(self) -> "queue.Queue[tuple[int, int]]":
+        """(src, message id) of every message announced without a waiting recv."""
+        if self.announced is None:
+            self.announced = queue.Queue()
+            for key, msg in self.inc.items():
+                if msg.handle is None:
+                    self.announced.put(key)
+            for key in self.done_in:
+                self.announced.put(key)
+        return self.announced
+
+    def _finish(self, msg: Incoming, how: str, now: float) -> None:
+        """A received message is done (the data path places nothing more of it)."""
+        key = msg.key
+        p = self.port.progress(*key)
+        if p is not None:
+            msg.update(p)
+        del self.inc[key]
+        self.port.forget(*key, remember=True)
+        result = msg.result(how, now)
+        self.stats.messages_received += 1
+        self.message_log.append(result.stats)
+        self.recent_done[key] = msg.received_elems
+        while len(self.recent_done) > RECENT_DONE:
+            self.recent_done.popitem(last=False)
+        body = wire.STOP_BODY.pack(msg.received_elems) + (b"" if msg.is_exact() else msg.missing_bitmap())
+        self.queue(msg.src, wire.PacketType.STOP, msg.message_id, body)
+        h = msg.handle
+        if h is None:
+            self.done_in[key] = result
+            return
+        if h.out is not None and h.out is not result.data:
+            if h.out.shape == result.data.shape and h.out.dtype == result.data.dtype:
+                if h.accumulate:
+                    h.out += result.data
+                else:
+                    h.out[:] = result.data
+                result = RecvResult(h.out, *_rest(result))
+            else:
+                h._fail(ValueError(f"message {msg.message_id} from rank {msg.src} has {result.data.size} "
+                                   f"{result.data.dtype}; out is {h.out.shape} {h.out.dtype}"))
+                return
+        h._resolve(result)
+
+    def _complete(self, msg: Incoming, how: str, now: float) -> None:
+        """Complete a message under its bound (the data path stops placing it, starts its triggers)."""
+        if self.port.complete(msg.src, msg.message_id, True):
+            self._finish(msg, how, now)
+        # else the data path completed it first: its RX_DONE event finishes it
+
+    # ------------------------------------------------------------------ inputs: records
+    def on_record(self, h: wire.Header, body: bytes, now: float) -> None:
+        """A control record from an authenticated peer (META, PROBE, STOP, BITMAP or FEEDBACK)."""
+        t, src = h.ptype, h.sender_rank
+        key = (src, h.message_id)
+        if t == wire.PacketType.META:
+            self._on_meta(h, body, now)
+        elif t == wire.PacketType.PROBE:
+            msg = self.inc.get(key)
+            if msg is not None:
+                msg.ask(now)
+                msg.probes += 1
+                self.urgent = True
+                return
+            held = self.recent_done.get(key)
+            if held is None:
+                # Not known (yet): a receiver that posts its recv later (expect=) will know it;
+                # the sender probes again after its timeout, and its deadline bounds the wait.
+                self.stats.probes_unknown += 1
+                return
+            self.queue(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
+        elif t == wire.PacketType.STOP:
+            self._on_stop(src, h.message_id, body, now)
+        elif t == wire.PacketType.BITMAP:
+            self._on_bitmap(src, h.message_id, body, now)
+        elif t == wire.PacketType.FEEDBACK:
+            self._on_feedback(h, body, now)
+
+    def _on_meta(self, h: wire.Header, body: bytes, now: float) -> None:
+        total, per, p = wire.META_BODY.unpack_from(body)
+        src, key = h.sender_rank, (h.sender_rank, h.message_id)
+        if key in self.inc:
+            log.warning("rank %d: duplicate META for message %d from rank %d ignored", self.rank, h.message_id, src)
+            return
+        handle = self.waiting.pop(key, None)
+        out = handle.out if handle is not None else None
+        accumulate = handle.accumulate if handle is not None else False
+        if not 0 <= p < 1:
+            if handle:
+                handle._fail(ValueError(f"message {h.message_id} from rank {src} announced loss bound {p}"))
+            log.warning("rank %d: META from rank %d with loss bound %r ignored", self.rank, src, p)
+            return
+        dtype = wire.NUMPY_DTYPES[h.dtype].newbyteorder("=")
+        want = np.dtype(np.float32) if accumulate else dtype
+        if out is not None and (out.shape != (total,) or out.dtype != want):
+            handle._fail(ValueError(f"message {h.message_id} from rank {src} has {total} {dtype}; "
+                                    f"out is {out.shape} {out.dtype}"))
+            handle, out, accumulate = None, None, False
+        try:
+            self._setup_in(src, h.message_id, total, int(h.dtype), per, p, h.priority, h.iteration, handle, out,
+                           accumulate, (), now)
+        except ValueError as exc:
+            if handle:
+                handle._fail(exc)
+            log.warning("rank %d: bad META from rank %d: %s", self.rank, src, exc)
+            return
+        if handle is None and self.announced is not None:
+            self.announced.put(key)
+
+    def _on_stop(self, src: int, message_id: int, body: bytes, now: float) -> None:
+        (held,) = wire.STOP_BODY.unpack_from(body)
+        m = self.out.pop((src, message_id), None)
+        if m is None:
+            return
+        m.stopped = True
+        self._rtt_sample(src, m, now)
+        info = self.port.tx_info(src, message_id)
+        self.port.retire(src, message_id)
+        lost = 0.0 if m.total_elems == 0 else 1.0 - held / m.total_elems
+        self.stats.messages_sent += 1
+        stats = m.stats("stopped", lost, info.retransmissions if info else 0, now)
+        self.message_log.append(stats)
+        if len(body) > wire.STOP_BODY.size:
+            bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.STOP_BODY.size))[: m.packets]
+            stats.lost_packets = np.flatnonzero(bits)
+        m.handle._resolve(stats)
+
+    def _on_bitmap(self, src: int, message_id: int, body: bytes, now: float) -> None:
+        (held,) = wire.BITMAP_PREFIX.unpack_from(body)
+        bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.BITMAP_PREFIX.size))
+        m = self.out.get((src, message_id))
+        if m is None:
+            return
+        self._rtt_sample(src, m, now)
+        n = m.packets
+        missing = np.flatnonzero(bits[:n])
+        seqs = retransmission_set(missing, m.drop_class, m.elem_counts(), held, m.total_elems, m.loss_bound)
+        new_lost = max(0, len(missing) - m.reported_missing)
+        m.reported_missing = len(missing)
+        if new_lost:
+            self._rate_for(src, now).on_feedback(n - len(missing), 0, new_lost)
+            self._note_rate(src, now, "loss")
+        m.awaiting_reply = False
+        m.probe_sent_at = None
+        if len(seqs):
+            if m.first_retx_at is None:
+                m.first_retx_at = now
+            m.begin_pass()
+            self.port.retransmit(src, message_id, seqs.astype(np.int64))
+        else:  # nothing needed (the receiver's count moved on): probe again right away
+            m.pass_done_at = 0.0
+
+    def _on_feedback(self, h: wire.Header, body: bytes, now: float) -> None:
+        received, marked, lost, share_kBps = wire.FEEDBACK_BODY.unpack_from(body)
+        src = h.sender_rank
+        if h.message_id == HELLO:
+            # A peer that just connected: tell it at once what we can drain, so its first data
+            # already goes no faster than that.
+            self.queue(src, wire.PacketType.FEEDBACK, HELLO_REPLY,
+                       wire.FEEDBACK_BODY.pack(0, 0, 0, self.drain_share_kBps(now, new_sender=True)))
+        rc = self._rate_for(src, now)
+        rc.on_ceiling(share_kBps * 1000.0)
+        self._note_rate(src, now, "ceiling")
+        if received or lost:
+            rc.sent = self.port.sent_packets(src)
+            rc.on_feedback(received, marked, lost, now, hold=self._cut_hold(src))
+            self._note_rate(src, now, "marks" if marked or lost else "increase")
+
+    # ------------------------------------------------------------------ inputs: data path events
+    def on_events(self, events: list[Event] | list[tuple], now: float) -> None:
+        """What the data path reported since the last call."""
+        for ev in events:
+            kind, peer, mid, t, a = ev
+            key = (peer, mid)
+            if kind == EventKind.RX_DONE:
+                msg = self.inc.get(key)
+                if msg is not None:
+                    self._finish(msg, DONE_HOW.get(a, "exact"), t)
+            elif kind == EventKind.RX_LAST:
+                msg = self.inc.get(key)
+                if msg is not None:
+                    msg.last_arrival = max(msg.last_arrival, t)
+                    msg.ask(t)
+                    self.urgent = True
+            elif kind == EventKind.RX_RETX:
+                msg = self.inc.get(key)
+                if msg is not None:
+                    if msg.bitmap_sent_at is not None:
+                        sample = t - msg.bitmap_sent_at
+                        old = self.srtt.get(peer)
+                        self.srtt[peer] = sample if old is None else 0.875 * old + 0.125 * sample
+                        msg.bitmap_sent_at = None
+                    msg.retx_seen += a
+            elif kind == EventKind.CONGESTION:
+                self.urgent = True
+            elif kind == EventKind.TX_PASS:
+                m = self.out.get(key)
+                if m is not None and m.on_pass_done(a, t):
+                    self.urgent = True
+            elif kind == EventKind.TX_ACTIVE:
+                m = self.out.get(key)
+                if m is not None:
+                    m.held = False
+                    m.sending = True
+
+    # ------------------------------------------------------------------ inputs: time
+    def handle_timer(self, now: float) -> float:
+        """Answers to ends of pass, idle completion, probes, deadlines, feedback, parked data.
+
+        Returns how long until it should run again (shorter while a timer is close).
+        """
+        urgent = False
+        busy: bool | None = None
+        for msg in list(self.inc.values()):
+            p = self.port.progress(msg.src, msg.message_id)
+            if p is not None:
+                if p.state:
+                    continue  # completed by the data path: its RX_DONE event finishes it
+                msg.update(p)
+            if now > msg.deadline:
+                del self.inc[msg.key]
+                self.port.forget(msg.src, msg.message_id, remember=False)
+                if msg.handle:
+                    msg.handle._fail(TransportTimeout(
+                        f"rank {self.rank}: message {msg.message_id} from rank {msg.src} missed its "
+                        f"{self.config.message_deadline:g} s deadline with "
+                        f"{msg.received_elems / max(1, msg.total_elems):.1%} received"))
+                continue
+            urgent = urgent or msg.probe_pending
+            if msg.probe_pending:
+                if busy is None:
+                    busy = self.port.rx_busy()
+                if answer_due(msg, now, self.config.probe_grace, busy):
+                    msg.probe_pending = False
+                    msg.probe_since = None
+                    if msg.is_complete():
+                        self._complete(msg, "exact" if msg.is_exact() else "bounded", now)
+                    else:
+                        self.queue(msg.src, wire.PacketType.BITMAP, msg.message_id,
+                                   wire.BITMAP_PREFIX.pack(msg.received_elems) + msg.missing_bitmap())
+                        msg.bitmap_sent_at = now
+                        if msg.first_bitmap_at is None:
+                            msg.first_bitmap_at = now
+                            msg.pace = packet_gap(msg)  # the first pass's; recovery waits are not its pace
+                    continue
+            idle = now - msg.last_arrival
+            if (idle >= max(self.config.idle_timeout, 8 * self.srtt.get(msg.src, 0.0)) and msg.received_pkts
+                    and msg.is_complete()):
+                self._complete(msg, "idle", now)
+        for key, m in list(self.out.items()):
+            if now > m.deadline:
+                del self.out[key]
+                info = self.port.tx_info(*key)
+                self.port.retire(*key)
+                peer = self.config.peer(m.dest)
+                sent = f"{info.next_pos}/{info.packets}" if info else f"?/{m.packets}"
+                m.handle._fail(TransportTimeout(
+                    f"rank {self.rank}: message {m.message_id} to rank {m.dest} ({peer.host}:{peer.data_port}) "
+                    f"missed its {self.config.message_deadline:g} s deadline ({sent} packets sent, {m.probes} "
+                    f"probes, {info.retransmissions if info else 0} retransmitted)"))
+                continue
+            if m.stopped or m.held or m.sending:
+                continue
+            urgent = True  # the pass is over: a probe is due within a round trip
+            timer = self.answer_timer(m.dest)
+            if not m.awaiting_reply:
+                # A STOP usually arrives within a round trip, so a PROBE before then would be wasted.
+                if m.pass_done_at is not None and now >= m.pass_done_at + timer.probe_delay():
+                    m.awaiting_reply = True
+                    m.probe_sent_at = now
+                    m.probes += 1
+                    self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
+            elif m.probe_sent_at is not None and now >= m.probe_sent_at + timer.reprobe_timeout():
+                # no answer (the receiver did not know the message yet): ask again
+                m.probe_sent_at = now
+                m.probes += 1
+                self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
+        for rank in sorted(self.authed):
+            if rank == self.rank:
+                continue
+            self.fb[rank].add(self.port.take_feedback(rank))
+            counts = self.fb[rank]
+            urgent = urgent or bool(counts.marked or counts.lost)  # congestion is reported every feedback_interval
+            rec = self.feedback_record(rank, now, force=False)
+            if rec is not None:
+                self.outbox[rank].append(rec)
+        self.port.expire_parked(now - self.config.message_deadline)
+        self.urgent = urgent
+        return self.tick_period()
+
+    def tick_period(self) -> float:
+        if not (self.inc or self.out or self.waiting):
+            return IDLE_TICK
+        return URGENT_TICK if self.urgent else BULK_TICK
+
+    # ------------------------------------------------------------------ inputs: peers
+    def peer_failed(self, rank: int, why: str) -> bool:
+        """``rank``'s control connection is gone: fail every message to or from it. Returns
+        whether any was in flight."""
+        peer = self.config.peer(rank)
+        where = f"peer rank {rank} ({peer.host}:{peer.control_port})"
+        in_flight = any(k[0] == rank for k in [*self.out, *self.inc, *self.waiting])
+        for key in [k for k in self.out if k[0] == rank]:
+            m = self.out.pop(key)
+            self.port.retire(*key)
+            m.handle._fail(PeerFailed(f"rank {self.rank}: {where} {why} while sending message {key[1]}"))
+        for key in [k for k in self.inc if k[0] == rank]:
+            m = self.inc.pop(key)
+            self.port.forget(*key, remember=False)
+            if m.handle:
+                m.handle._fail(PeerFailed(f"rank {self.rank}: {where} {why} while receiving message {key[1]}"))
+        for key in [k for k in self.waiting if k[0] == rank]:
+            self.waiting.pop(key)._fail(PeerFailed(f"rank {self.rank}: {where} {why} before announcing message "
+                                                   f"{key[1]}"))
+        self.outbox.pop(rank, None)
+        return in_flight
+
+    def peer_lost(self, rank: int) -> None:
+        """No authenticated connection with ``rank`` remains: nothing more of it is parked."""
+        self.authed.discard(rank)
+        self.port.set_rx_key(rank, None)
+
+    def close(self, error: TransportError) -> None:
+        """Fail everything still in flight and retire it from the data path."""
+        for key, m in list(self.out.items()):
+            self.port.retire(*key)
+            m.handle._fail(error)
+        for key, m in list(self.inc.items()):
+            self.port.forget(*key, remember=False)
+            if m.handle:
+                m.handle._fail(error)
+        for h in self.waiting.values():
+            h._fail(error)
+        self.out.clear()
+        self.inc.clear()
+        self.waiting.clear()
+
+    # ------------------------------------------------------------------ rates, timing, feedback
+    def answer_timer(self, dest: int) -> AnswerTimer:
+        timer = self.answer.get(dest)
+        if timer is None:
+            cfg = self.config
+            timer = self.answer[dest] = AnswerTimer(cfg.probe_delay, cfg.probe_delay_min, cfg.probe_delay_max)
+        return timer
+
+    def _rtt_sample(self, dest: int, m: Outgoing, now: float) -> None:
+        """Sender side: time from the end of a pass (or from a probe) to the receiver's answer."""
+        since = m.probe_sent_at if m.probe_sent_at is not None else m.pass_done_at
+        if since is None or since <= 0:
+            return
+        self.answer_timer(dest).sample(now - since)
+
+    def _cut_hold(self, dest: int) -> float:
+        """Longest a rate cut towards ``dest`` waits for its window to be reported
+        (:meth:`RateController.on_feedback`): a few smoothed answer times (a round trip with its
+        queue; ``probe_delay`` before any), at least a few feedback intervals."""
+        timer = self.answer.get(dest)
+        rtt = timer.srtt if timer is not None and timer.srtt is not None else self.config.probe_delay
+        return max(CUT_HOLD_MIN_REPORTS * self.config.feedback_interval, CUT_HOLD_ANSWERS * rtt)
+
+    def _note_rate(self, dest: int, now: float, cause: str) -> None:
+        """Hand the pacing rate towards ``dest`` to the data path, and log it, if it changed."""
+        rate = self.rate[dest].effective_rate
+        if rate != self._last_rate.get(dest):
+            self._last_rate[dest] = rate
+            self.rate_log.append(RateChange(now, dest, rate, cause))
+            self.port.set_rate(dest, rate)
+
+    def drain_share_kBps(self, now: float, new_sender: bool = False) -> int:
+        """The drain ceiling for each current sender, KB/s, as FEEDBACK carries it (0 = none):
+        the measured drain shared among the senders seen in the last ACTIVE_WINDOW; for a
+        ``new_sender`` before anything was measured, the start-up estimate shared among every
+        authenticated peer (peers of a collective connect together, then all send at once)."""
+        active = self.port.active_senders(now, ACTIVE_WINDOW)
+        if new_sender:
+            active = max(active, len(self.authed) - 1)  # the new one is counted by drain_share
+        share = drain_share(self.port.drain_rate(now), self.startup_drain, active, new_sender)
+        return 0 if share <= 0 else max(1, min(wire.FIELD_MAX["job_id"], int(share / 1000)))
+
+    def feedback_record(self, rank: int, now: float, force: bool) -> bytes | None:
+        """A FEEDBACK record for sender ``rank`` if one is due, resetting its counters.
+
+        Congestion (CE marks, socket overruns) is reported every ``feedback_interval``; a clean
+        report waits ``bulk_feedback_interval`` once ``bulk_feedback_packets`` arrived (a long
+        transfer, whose sender grows its rate on these reports), else
+        ``clean_feedback_interval``, unless ``force`` (another record is leaving for that peer
+        anyway, so it rides along for free).
+        """
+        if rank in self.authed:
+            self.fb[rank].add(self.port.take_feedback(rank))
+        counts = self.fb.get(rank)
+        if not counts:
+            return None
+        since = now - self.fb_sent_at.get(rank, 0.0)
+        share = self.drain_share_kBps(now)
+        last = self.drain_sent.get(rank, 0)
+        # a new or much lower drain share is as urgent as congestion: the sender must slow down
+        congested = counts.marked or counts.lost or (share and (not last or share < 0.8 * last))
+        if congested:
+            due = self.config.feedback_interval
+        elif counts.received >= self.config.bulk_feedback_packets:
+            due = self.config.bulk_feedback_interval
+        else:
+            due = self.config.clean_feedback_interval
+        if not force and since < due:
+            return None
+        del self.fb[rank]
+        self.fb_sent_at[rank] = now
+        self.drain_sent[rank] = share
+        self.stats.ctl_records_sent["FEEDBACK"] += 1
+        flags = wire.Flags.ECN_ECHO if counts.marked else wire.Flags.NONE
+        return wire.pack_record(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id, message_id=0,
+                                            sender_rank=self.rank, flags=flags, priority=self.policy.top_priority),
+                                wire.FEEDBACK_BODY.pack(min(counts.received, 0xFFFFFFFF), min(counts.marked, 0xFFFFFFFF),
+                                                        min(counts.lost, 0xFFFFFFFF), share))
+
+    def hello_feedback(self, now: float) -> bytes:
+        """The FEEDBACK that opens a connection: what we can drain, before any data."""
+        self.stats.ctl_records_sent["FEEDBACK"] += 1
+        return wire.pack_record(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id, message_id=HELLO,
+                                            sender_rank=self.rank, priority=self.policy.top_priority),
+                                wire.FEEDBACK_BODY.pack(0, 0, 0, self.drain_share_kBps(now)))
+
+
+def _wire_array(data: Any) -> np.ndarray:
+    """``data`` as an array the wire can carry as it is (no hidden copy of a gradient)."""
+    if not isinstance(data, np.ndarray):
+        raise ValueError(f"send needs a numpy array, got {type(data).__name__}")
+    wire.dtype_code(data.dtype)
+    if data.dtype.byteorder == ">":
+        raise ValueError("payload must be little-endian (native on every supported host); got big-endian")
+    if not data.flags.c_contiguous:
+        raise ValueError("send needs a C-contiguous array (no hidden copy of a gradient); "
+                         "call np.ascontiguousarray first")
+    return data
+
+
+def _rest(result: RecvResult) -> tuple:
+    return (result.stats, result.received, result.elems_per_packet, result.packet_priorities, result.packet_layers)
+
+
+__all__ = ["BULK_TICK", "HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK"]

@@ -1,0 +1,140 @@
+"""Receiver-side state of one message, and when its end of pass is answered.
+
+The data path holds the message's packets and counters; this holds what the protocol decides
+from them: whether a PROBE (or a LAST) is waiting for an answer, when the first bitmap went
+out, the pace of the first pass, the deadline. Pure: no sockets, no clocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hostagent.messages import MessageStats, RecvHandle, RecvResult
+from hostagent.policy import is_complete
+from hostagent.protocol.port import Progress, RxBuffers
+
+#: An end of pass is answered after at most this much quiet, however slowly data arrived.
+MAX_ANSWER_GRACE = 0.1
+#: An answer waits for the receive socket to drain at most this long: a socket that stays busy
+#: (a flood of junk, or a receiver far behind) must not hold every answer back until the deadline.
+MAX_BUSY_DEFER = 0.02
+
+
+class Incoming:
+    """One message being received."""
+
+    def __init__(self, src: int, message_id: int, total_elems: int, elems_per_packet: int, dtype_code: int,
+                 loss_bound: float, deadline: float, handle: RecvHandle | None, priority: int,
+                 buffers: RxBuffers, accumulate: bool, iteration: int, now: float) -> None:
+        self.src = src
+        self.message_id = message_id
+        self.total_elems = total_elems
+        self.elems_per_packet = elems_per_packet
+        self.total_pkts = -(-total_elems // elems_per_packet) if elems_per_packet else 0
+        self.dtype_code = dtype_code
+        self.loss_bound = loss_bound
+        self.deadline = deadline
+        self.handle = handle
+        self.priority = priority
+        self.buffers = buffers
+        self.accumulate = accumulate
+        self.iteration = iteration
+        self.started = now
+        self.received_pkts = 0
+        self.received_elems = 0
+        self.duplicates = 0
+        self.retx_seen = 0
+        self.first_arrival: float | None = None
+        self.last_arrival = now
+        self.first_bitmap_at: float | None = None
+        self.pace: float | None = None  # mean packet gap of the first pass, fixed at the first BITMAP
+        self.probe_pending = False
+        self.probe_since: float | None = None  # when the pending answer was first asked for
+        self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
+        self.probes = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.src, self.message_id
+
+    def update(self, p: Progress) -> None:
+        """Take the data path's counters."""
+        self.received_pkts, self.received_elems, self.duplicates = p.received_pkts, p.received_elems, p.duplicates
+        if p.first_arrival > 0:
+            self.first_arrival = p.first_arrival
+            self.last_arrival = max(self.last_arrival, p.last_arrival)
+
+    def ask(self, now: float) -> None:
+        """A PROBE or the end of the sender's pass: answer once the message is quiet."""
+        if not self.probe_pending:
+            self.probe_since = now
+        self.probe_pending = True
+
+    def is_exact(self) -> bool:
+        return self.received_pkts == self.total_pkts
+
+    def is_complete(self) -> bool:
+        return is_complete(self.received_elems, self.total_elems, self.loss_bound)
+
+    @property
+    def lost_fraction(self) -> float:
+        return 1.0 - self.received_elems / self.total_elems if self.total_elems else 0.0
+
+    def missing_bitmap(self) -> bytes:
+        """Bit ``seq`` set (MSB first) for every packet still missing: a BITMAP's and STOP's body."""
+        return np.packbits(self.buffers.received[: self.total_pkts] == 0).tobytes()
+
+    def result(self, how: str, now: float) -> RecvResult:
+        """The finished message: missing elements read as zero (a sum added into stays as it is)."""
+        b = self.buffers
+        received = b.received[: self.total_pkts].astype(bool)
+        exact = self.received_pkts == self.total_pkts
+        if not exact and not self.accumulate:
+            per = self.elems_per_packet
+            for seq in np.flatnonzero(~received).tolist():
+                b.out[seq * per : (seq + 1) * per] = 0
+        stats = MessageStats(
+            peer=self.src, message_id=self.message_id, direction="recv", elements=self.total_elems,
+            packets=self.total_pkts, bytes=b.out.nbytes, loss_bound=self.loss_bound, priority=self.priority,
+            lost_fraction=self.lost_fraction, retransmissions=self.retx_seen, duplicates=self.duplicates,
+            probes=self.probes, completion_time=now - self.started, how=how, started=self.started,
+            first_arrival=self.first_arrival, recovery_started=self.first_bitmap_at, finished_at=now,
+            iteration=self.iteration,
+        )
+        return RecvResult(b.out, stats, None if exact else received, self.elems_per_packet, b.pkt_priority,
+                          b.pkt_layer)
+
+
+def packet_gap(msg: Incoming) -> float | None:
+    """Mean time between ``msg``'s packets so far (None before two arrived)."""
+    n = msg.received_pkts
+    if msg.first_arrival is None or n < 2:
+        return None
+    return (msg.last_arrival - msg.first_arrival) / (n - 1)
+
+
+def answer_grace(floor: float, msg: Incoming) -> float:
+    """How long no data of ``msg`` must have arrived before its end of pass (LAST or a PROBE)
+    is answered: ``floor`` (``probe_grace``), or four of the message's own mean gaps between
+    packets if that is longer (at most MAX_ANSWER_GRACE).
+
+    Why: when a switch sprays a message over paths whose queues differ, its LAST overtakes
+    packets still queued on another path; they arrive within a few packet times of that path.
+    A bitmap sent sooner lists them as missing and they are sent again. The mean gap measures
+    the pace of this very message, whatever the link speed; once a bitmap went out, the gap of
+    the first pass stands (the wait for retransmissions is not the message's pace).
+    """
+    gap = msg.pace if msg.pace is not None else packet_gap(msg)
+    return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, 4 * gap))
+
+
+def answer_due(msg: Incoming, now: float, floor: float, rx_busy: bool) -> bool:
+    """Whether a pending answer goes out now: the message has been quiet for its grace, and the
+    receive socket holds nothing unread (so a bitmap does not list packets already here), or it
+    has stayed busy for MAX_BUSY_DEFER past the grace (a flood must not silence every answer)."""
+    if not msg.probe_pending or now - msg.last_arrival < answer_grace(floor, msg):
+        return False
+    if not rx_busy:
+        return True
+    since = msg.probe_since if msg.probe_since is not None else now
+    return now - max(since, msg.last_arrival) >= answer_grace(floor, msg) + MAX_BUSY_DEFER

@@ -1,0 +1,178 @@
+"""What the protocol core asks of a data path, and what a data path tells it.
+
+The core (:mod:`hostagent.protocol.core`) decides; a data path moves packets. This module is the
+whole contract between them: the specifications of a message to receive (:class:`RxSpec`) or to
+send (:class:`TxSpec`), the :class:`DataPort` methods the core calls, and the events a data path
+reports (:class:`Event`). Two data paths implement it: the compiled one
+(:mod:`hostagent.datapath.native`) and the numpy one (:mod:`hostagent.datapath.numpy_path`);
+the core's tests use an in-memory one on a fake clock.
+
+Every buffer in a spec belongs to the caller, who keeps it alive until the message is retired
+(sender) or forgotten (receiver); a data path never frees one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+
+class EventKind(enum.IntEnum):
+    """What a data path reports (the compiled path's ``EventKind`` has the same values)."""
+
+    RX_DONE = 1  #: a received message completed in the data path (``a``: 1 every packet, 2 bounded after recovery)
+    RX_LAST = 2  #: a packet that ends the sender's pass arrived: answer as to a PROBE
+    RX_RETX = 3  #: ``a`` retransmitted packets of the message arrived
+    CONGESTION = 4  #: the first CE mark or socket overrun from ``peer`` since its last feedback
+    TX_PASS = 5  #: a sending pass of the message ended (``a``: its pass number)
+    TX_ACTIVE = 6  #: a held message started sending (its trigger fired)
+
+
+class Event(NamedTuple):
+    kind: int
+    peer: int
+    message_id: int
+    time: float
+    a: int
+
+
+#: How a data path completed a message (``Event.a`` of RX_DONE).
+DONE_HOW = {1: "exact", 2: "bounded"}
+
+
+class Progress(NamedTuple):
+    """A received message's counters, as the data path holds them."""
+
+    received_pkts: int
+    received_elems: int
+    duplicates: int
+    retx_seen: int
+    first_arrival: float  #: 0 before the first packet
+    last_arrival: float
+    state: int  #: 0 receiving, 1 exact, 2 bounded (completed by the data path), 3 completed by the core
+
+
+class TxInfo(NamedTuple):
+    packets: int
+    next_pos: int  #: first-pass packets sent so far
+    retransmissions: int
+    pass_no: int
+    active: bool
+    held: bool
+
+
+@dataclass
+class RxBuffers:
+    """Where a received message lands: the destination and per-packet records."""
+
+    out: np.ndarray
+    """1-D destination: the wire's element type, or float32 when the message is added in."""
+    received: np.ndarray
+    """uint8 per packet: 1 once it arrived."""
+    pkt_priority: np.ndarray
+    """uint8 per packet: the priority it carried (the message's own until then)."""
+    pkt_layer: np.ndarray
+    """int64 per packet: the layer field it carried."""
+
+    @staticmethod
+    def allocate(out: np.ndarray, packets: int, priority: int) -> "RxBuffers":
+        return RxBuffers(out, np.zeros(packets, np.uint8), np.full(packets, priority, np.uint8),
+                         np.zeros(packets, np.int64))
+
+
+@dataclass(frozen=True)
+class RxSpec:
+    """A message to receive."""
+
+    src: int
+    message_id: int
+    token: int
+    dtype: int  #: wire dtype code
+    total_elems: int
+    elems_per_packet: int
+    buffers: RxBuffers
+    accumulate: bool = False
+    """Add each payload into ``buffers.out`` (float32) instead of copying it: a reduction done as
+    the packets arrive, exactly once per packet."""
+    required_elems: int = 0
+    """Elements that must arrive under the bound (the data path completes a message that
+    reaches it during recovery)."""
+    triggers: tuple[tuple[int, int], ...] = ()
+    """Held sends, (destination, message id), to start when this message completes."""
+
+
+@dataclass(frozen=True)
+class TxSpec:
+    """A message to send."""
+
+    dest: int
+    message_id: int
+    payload: np.ndarray  #: 1-D, the wire's element type; read until the message is retired
+    dtype: int
+    elems_per_packet: int
+    token: int
+    iteration: int
+    tensor_id: int
+    layer: int
+    priority: int
+    pkt_priority: np.ndarray | None  #: uint8 per packet, or None: ``priority`` for all
+    pkt_layer: np.ndarray | None  #: uint16 per packet, or None: ``layer`` for all
+    drop_class: np.ndarray
+    """uint8 per packet, filled by the data path when the message becomes ready to send."""
+    snapshot: np.ndarray | None = None
+    """If given, the payload is copied here when the message becomes ready and sent from the copy
+    (a ring step's partial sum, whose chunk is overwritten later in the same allreduce)."""
+    held: bool = False
+    """Wait for a trigger (:attr:`RxSpec.triggers`) before sending."""
+    order: int = 0  #: FIFO rank among equal priorities
+
+
+class DataPort(Protocol):
+    """The data path as the protocol core sees it. Calls are quick and never block on the network."""
+
+    def add_peer(self, rank: int, ipv4: str, port: int) -> None: ...
+    def set_rx_key(self, rank: int, key: bytes | None) -> None: ...
+
+    # receive side
+    def expect(self, spec: RxSpec) -> None: ...
+    def progress(self, src: int, message_id: int) -> Progress | None: ...
+    def complete(self, src: int, message_id: int, fire: bool) -> bool: ...
+    def forget(self, src: int, message_id: int, remember: bool) -> None: ...
+    def expire_parked(self, older_than: float) -> None: ...
+    def take_feedback(self, src: int) -> tuple[int, int, int]: ...
+    def active_senders(self, now: float, window: float) -> int: ...
+    def drain_rate(self, now: float) -> float: ...
+    def rx_busy(self) -> bool: ...
+
+    # send side
+    def submit(self, spec: TxSpec) -> None: ...
+    def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int: ...
+    def tx_info(self, dest: int, message_id: int) -> TxInfo | None: ...
+    def retire(self, dest: int, message_id: int) -> None: ...
+    def set_rate(self, dest: int, rate: float) -> None: ...
+    def sent_packets(self, dest: int) -> int: ...
+
+
+@dataclass
+class FeedbackCounts:
+    """Data packets received from one sender since its last FEEDBACK, CE-marked ones, and
+    packets the receiver counts as lost to its own socket overruns."""
+
+    received: int = 0
+    marked: int = 0
+    lost: int = 0
+
+    def add(self, counts: tuple[int, int, int]) -> None:
+        self.received += counts[0]
+        self.marked += counts[1]
+        self.lost += counts[2]
+
+    def __bool__(self) -> bool:
+        return bool(self.received or self.lost)
+
+
+__all__ = ["DONE_HOW", "DataPort", "Event", "EventKind", "FeedbackCounts", "Progress", "RxBuffers", "RxSpec",
+           "TxInfo", "TxSpec"]

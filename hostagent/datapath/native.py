@@ -169,6 +169,11 @@ class NativeDatapath:
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)
 
+    def ingest_for_test(self, slots: np.ndarray, lengths: np.ndarray, now: float) -> None:
+        """Validate and place a batch of datagrams (rows of ``slots``) as the receive thread
+        would, without a socket: for tests and calibration."""
+        self._dp.ingest_for_test(np.ascontiguousarray(slots, np.uint8), np.asarray(lengths, np.int64), now)
+
     def set_sockopt(self, dest: int, priority: int, level: int, name: int, value: int) -> None:
         """Set an option on the data socket to ``dest`` for ``priority`` (made now if need be)."""
         self._dp.set_sockopt(dest, priority, level, name, value)

@@ -70,6 +70,12 @@ class _Rx:
     first_arrival: float = 0.0
     last_arrival: float = 0.0
     state: int = 0
+    # evidence of loss: packets below the highest one received that are missing (first pass, one
+    # priority, so packets leave in sequence order); those already blamed on overruns
+    max_seq1: int = 0
+    holes_blamed: int = 0
+    prio0: int = -1
+    mixed: bool = False
 
 
 @dataclass
@@ -83,6 +89,7 @@ class _Sender:
     last_seen: float = -1.0
     wake_sent: bool = False
     parked: int = 0
+    good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
 
 
 @dataclass
@@ -155,6 +162,7 @@ class NumpyDatapath:
         self._delayed: list[tuple[float, bytes]] = []
         self._drain = DrainMeter()
         self._rx_holding = False
+        self._reads_since = 0.0  # reads (socket-buffer entries) since the last overrun was accounted
         self.counters: dict[str, int] = dict.fromkeys(
             ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
              "rx_dropped_estimate", "rx_dropped_reads", "gro_reads", "rx_reads", "injected_delays", "data_pkts_sent",
@@ -432,11 +440,17 @@ class NumpyDatapath:
                 k += m
                 nbytes_batch += nbytes
             self.counters["rx_reads"] += reads
-            good = self._on_datagrams(slots[:k], lengths[:k], ce[:k]) if k else {}
+            if k:
+                self._on_datagrams(slots[:k], lengths[:k], ce[:k])
             self._rx_holding = False
+            self._reads_since += reads
             if overflows != self.counters["rx_overflows"]:
-                self._on_overflow((overflows - self.counters["rx_overflows"]) & 0xFFFFFFFF, good, reads)
+                self._on_overflow((overflows - self.counters["rx_overflows"]) & 0xFFFFFFFF)
                 self.counters["rx_overflows"] = overflows
+            elif self._reads_since > 8192:  # a long quiet stretch: older reads weigh less
+                self._reads_since /= 2
+                for snd in self._senders.values():
+                    snd.good_since /= 2
             behind = not dry and (k >= cfg.rx_batch or nbytes_batch >= batch_bytes)  # ended full, not dry
             if behind:
                 backlog = receive_backlog(sock)
@@ -444,19 +458,35 @@ class NumpyDatapath:
             self._drain.batch(t_batch, nbytes_batch, behind, time.monotonic())
             self._release_delayed()
 
-    def _on_overflow(self, dropped: int, good: dict[int, int], reads: int) -> None:
+    def _on_overflow(self, dropped: int) -> None:
         """The kernel dropped ``dropped`` socket-buffer entries (a GRO read is one entry of many
         datagrams; a junk datagram one of none of ours). Each is taken as a random draw of the
-        reads that did arrive in this batch, so a sender is blamed for its accepted datagrams over
-        all reads: junk dilutes the blame instead of multiplying it, and nobody is blamed for a
-        batch of junk alone."""
+        entries that arrived meanwhile, so a sender is blamed for its accepted datagrams over all
+        reads since the last drops were accounted: junk dilutes the blame instead of multiplying
+        it, and nobody is blamed for drops among junk alone."""
         self.counters["rx_dropped_reads"] += dropped
         with self._lock:
-            for rank, n in good.items():
-                s = self._sender(rank)
-                if s.key is None or rank == self.config.rank:
+            reads, self._reads_since = self._reads_since, 0.0
+            for rank, s in self._senders.items():
+                n, s.good_since = s.good_since, 0.0
+                if n <= 0 or s.key is None or rank == self.config.rank:
                     continue
-                blame = max(1, round(dropped * n / max(1, reads)))
+                # That share overstates a flood's effect (a flood fills every gap in the buffer,
+                # paced senders meet it less often), so a sender is blamed for no more than the
+                # holes its own messages show: missing packets below the highest one received.
+                # Junk cannot make those.
+                share = round(dropped * n / max(1.0, reads))
+                blame = 0
+                for rx in self._rx.values():
+                    if rx.spec.src != rank or rx.state or rx.mixed:
+                        continue
+                    holes = rx.max_seq1 - rx.asm.received_pkts - rx.holes_blamed
+                    take = min(max(0, holes), share - blame)
+                    if take > 0:
+                        rx.holes_blamed += take
+                        blame += take
+                if blame == 0:
+                    continue
                 s.lost += blame
                 self.counters["rx_dropped_estimate"] += blame
                 if not s.wake_sent:
@@ -530,6 +560,7 @@ class NumpyDatapath:
                 cnt = int(np.count_nonzero(sel))
                 good_by[rank] = cnt
                 s.received += cnt
+                s.good_since += cnt
                 s.last_seen = now
                 n_marks = int(np.count_nonzero(marks[sel]))
                 s.ce += n_marks
@@ -549,6 +580,19 @@ class NumpyDatapath:
                 retx = {}
                 for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
                     retx[k] = retx.get(k, 0) + 1
+            if res.run:
+                rx = self._rx.get(keys[0])
+                if rx is not None:
+                    self._note_first_pass(rx, hdr["priority"], hdr["seq"])
+            else:
+                first = good & ((hdr["flags"] & _RETX) == 0)
+                if first.any():
+                    fkeys = (hdr["sender_rank"][first].astype(np.int64) << 32) | hdr["message_id"][first]
+                    for k in np.unique(fkeys).tolist():
+                        rx = self._rx.get((k >> 32, k & 0xFFFFFFFF))
+                        if rx is not None:
+                            sel = fkeys == k
+                            self._note_first_pass(rx, hdr["priority"][first][sel], hdr["seq"][first][sel])
             for asm in res.touched:
                 rx = self._rx.get(asm.key)
                 if rx is None or rx.state:
@@ -567,6 +611,22 @@ class NumpyDatapath:
                 elif rx.retx_seen and asm.received_elems >= rx.spec.required_elems:
                     self._finish(rx, 2, True, now)  # recovery reached the bound: stop now
         return good_by
+
+    @staticmethod
+    def _note_first_pass(rx: _Rx, priorities: np.ndarray, seqs: np.ndarray) -> None:
+        """Track the highest first-pass packet and whether the message has one priority."""
+        if not len(seqs):
+            return
+        lo, hi = int(priorities.min()), int(priorities.max())
+        if rx.prio0 < 0:
+            rx.prio0 = lo
+        if lo != rx.prio0 or hi != rx.prio0:
+            rx.mixed = True
+        asm = rx.asm
+        if asm.tail:  # the short last packet leaves ahead of its run
+            seqs = seqs[seqs != asm.n_full]
+        if len(seqs):
+            rx.max_seq1 = max(rx.max_seq1, int(seqs.max()) + 1)
 
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray,
               now: float) -> np.ndarray:
@@ -671,6 +731,12 @@ class NumpyDatapath:
     def sent_packets(self, dest: int) -> int:
         d = self._dests.get(dest)
         return d.sent if d is not None else 0
+
+    def ingest_for_test(self, slots: np.ndarray, lengths: np.ndarray, now: float) -> None:
+        """Validate and place a batch of datagrams (rows of ``slots``) as the receive thread
+        would, without a socket: for tests."""
+        lengths = np.asarray(lengths, np.int64)
+        self._ingest(np.ascontiguousarray(slots, np.uint8), lengths, np.zeros(len(lengths), dtype=bool), now)
 
     def set_sockopt(self, dest: int, priority: int, level: int, name: int, value: int) -> None:
         """Set an option on the data socket to ``dest`` for ``priority`` (made now if need be)."""

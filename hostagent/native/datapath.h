@@ -199,6 +199,11 @@ class Datapath {
         int itemsize;
         uint32_t total_pkts, n_full, tail;
         Progress prog;
+        // evidence of loss: packets below the highest one received that are missing (first pass,
+        // one priority, so packets leave in sequence order); those already blamed on overruns
+        uint32_t max_seq1 = 0, holes_blamed = 0;
+        int prio0 = -1;
+        bool mixed = false;
         // per batch
         uint32_t batch_new = 0, batch_retx = 0;
         bool batch_last = false;
@@ -215,7 +220,7 @@ class Datapath {
         bool authed = false;
         uint8_t key[16];
         uint64_t parked = 0;
-        uint64_t batch_good = 0;
+        double good_since = 0;  // accepted datagrams since the last overrun was accounted
     };
 
     // ---- send state
@@ -306,6 +311,7 @@ class Datapath {
     std::map<uint16_t, SenderFb> fb_;
     std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
     std::atomic<bool> rx_holding_{false};
+    double reads_since_ = 0;  // reads (socket-buffer entries) since the last overrun was accounted
     std::mt19937_64 rng_;
     std::vector<std::pair<double, std::vector<uint8_t>>> delayed_;
     // drain meter

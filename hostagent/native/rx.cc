@@ -275,7 +275,15 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             touched.push_back(m);
         }
         if (flags & cfg_.flag_last) m->batch_last = true;
-        if (retx) m->batch_retx += 1;
+        if (retx) {
+            m->batch_retx += 1;
+        } else {
+            int prio = int(rd(d, L.priority));
+            if (m->prio0 < 0) m->prio0 = prio;
+            else if (prio != m->prio0) m->mixed = true;
+            if (!(m->tail && seq == m->n_full))  // the short last packet leaves ahead of its run
+                m->max_seq1 = std::max(m->max_seq1, seq + 1);
+        }
         if (s.received[seq]) {
             m->prog.duplicates += 1;
             duplicates_ += 1;
@@ -311,7 +319,7 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
     }
     // accepted, duplicate, parked or late: a packet of a known sender, for its feedback
     fb->received += 1;
-    fb->batch_good += 1;
+    fb->good_since += 1;
     fb->last_seen = now;
     if (ce) {
         fb->ce += 1;
@@ -540,20 +548,38 @@ void Datapath::rx_loop() {
         double now = now_s();
         {
             std::lock_guard<std::mutex> g(rx_mu_);
+            reads_since_ += double(batch_reads);
             if (overflow >= 0 && overflow != rx_overflows_) {
                 // SO_RXQ_OVFL counts dropped socket-buffer entries (a GRO read is one entry of
                 // many datagrams, a junk datagram one of none of ours). Each dropped entry is
-                // taken as a random draw of the reads that did arrive: it held, on average, the
-                // senders' accepted datagrams over all reads. So junk in the buffer dilutes the
-                // blame instead of multiplying it, and nobody is blamed for a batch of junk alone.
+                // taken as a random draw of the entries that arrived meanwhile: it held, on
+                // average, a sender's accepted datagrams over all reads since the last drops were
+                // accounted. So junk in the buffer dilutes the blame instead of multiplying it,
+                // and nobody is blamed for drops among junk alone.
                 int64_t dropped = (overflow - rx_overflows_) & 0xFFFFFFFFLL;
                 rx_overflows_ = overflow;
                 rx_dropped_reads_ += dropped;
+                //
+                // That share overstates a flood's effect (a flood fills every gap in the buffer,
+                // paced senders meet it less often), so a sender is blamed for no more than the
+                // holes its own messages show: missing packets below the highest one received.
+                // Junk cannot make those.
+                std::map<uint16_t, std::vector<RxMsg*>> msgs;
+                for (auto& kv : rx_)
+                    if (kv.second->prog.state == 0 && !kv.second->mixed) msgs[kv.second->spec.src].push_back(kv.second);
                 for (auto& kv : fb_) {
                     SenderFb& s = kv.second;
-                    if (!s.batch_good || !s.authed || kv.first == cfg_.rank) continue;
-                    int64_t blame = std::max<int64_t>(
-                        1, std::llround(double(dropped) * double(s.batch_good) / double(std::max<uint64_t>(1, batch_reads))));
+                    if (s.good_since <= 0 || !s.authed || kv.first == cfg_.rank) continue;
+                    int64_t share = std::llround(double(dropped) * s.good_since / std::max(1.0, reads_since_));
+                    int64_t blame = 0;
+                    for (RxMsg* m : msgs[kv.first]) {
+                        int64_t holes = int64_t(m->max_seq1) - int64_t(m->prog.received_pkts) - int64_t(m->holes_blamed);
+                        int64_t take = std::min<int64_t>(std::max<int64_t>(0, holes), share - blame);
+                        if (take <= 0) continue;
+                        m->holes_blamed += uint32_t(take);
+                        blame += take;
+                    }
+                    if (blame == 0) continue;
                     s.lost += blame;
                     rx_dropped_estimate_ += blame;
                     if (!s.wake_sent) {
@@ -561,8 +587,12 @@ void Datapath::rx_loop() {
                         emit(EV_CONGESTION, kv.first, 0, now, 0);
                     }
                 }
+                reads_since_ = 0;
+                for (auto& kv : fb_) kv.second.good_since = 0;
+            } else if (reads_since_ > 8192) {  // a long quiet stretch: older reads weigh less
+                reads_since_ /= 2;
+                for (auto& kv : fb_) kv.second.good_since /= 2;
             }
-            for (auto& kv : fb_) kv.second.batch_good = 0;
         }
         rx_holding_ = false;
         bool behind = !dry && (batch_dgrams >= cfg_.rx_batch || batch_bytes >= batch_limit);

@@ -688,7 +688,8 @@ class ProtocolCore:
         counts = self.fb.get(rank)
         if not counts:
             return None
-        since = now - self.fb_sent_at.get(rank, 0.0)
+        sent_at = self.fb_sent_at.get(rank)
+        since = float("inf") if sent_at is None else now - sent_at
         share = self.drain_share_kBps(now)
         last = self.drain_sent.get(rank, 0)
         # a new or much lower drain share is as urgent as congestion: the sender must slow down

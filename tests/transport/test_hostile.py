@@ -107,6 +107,90 @@ def test_junk_at_an_overrun_receiver_blames_no_one(endpoints, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+class _Flood:
+    """64 KB junk datagrams at a port from a thread, as fast as the kernel takes them."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.stop = port, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        junk = bytes(65000)
+        while not self.stop.is_set():
+            for _ in range(64):
+                try:
+                    s.sendto(junk, ("127.0.0.1", self.port))
+                except OSError:
+                    pass
+        s.close()
+
+    def __enter__(self) -> "_Flood":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def test_overruns_under_a_junk_flood_blame_a_sender_for_no_more_than_it_lost(endpoints):
+    """A flood of 64 KB junk datagrams overruns the receiver while a real sender's messages
+    arrive. The kernel's drop count is mostly junk: the real sender may be blamed only for
+    packets of its own it is really missing (here every one it lost was resent, bound 0), never
+    for the flood's drops nor a GRO read's worth per dropped entry."""
+    a, b = endpoints(2, policy=EXACT, secret=SECRET, per_rank={1: {"socket_buffer": 1 << 20}})
+    a.connect([1])
+    x = _grad(1_000_000)  # 2,802 packets
+    with _Flood(b.me.data_port):
+        time.sleep(0.1)
+        for i in range(3):
+            h = b.recv(0, i)
+            a.send(1, x, i).wait(20)
+            np.testing.assert_array_equal(h.wait(20).data, x)
+    rx, tx = b.endpoint_stats(), a.endpoint_stats()
+    assert rx["rx_socket_overflows"] > 0, "the flood did not overrun the receiver; the test proves nothing"
+    assert rx["rx_dropped_estimate"] <= tx["retransmitted_pkts"]
+
+
+def test_a_flood_longer_than_the_deadline_does_not_silence_the_answers(endpoints):
+    """While junk keeps the receive socket busy, a message that lost packets still gets its
+    bitmap, and completes: an answer waits for a busy socket only briefly (it used to wait for
+    an idle socket, and every such message missed its deadline)."""
+    from hostagent.transport import LossInjection
+
+    a, b = endpoints(2, policy=EXACT, secret=SECRET, message_deadline=3.0,
+                     per_rank={1: {"loss": LossInjection(drop_probabilities=(0.05,) * 4, seed=1)}})
+    a.connect([1])
+    with _Flood(b.me.data_port):
+        time.sleep(0.1)
+        for i in range(3):
+            x = _grad(100_000, i)
+            h = b.recv(0, i)
+            st = a.send(1, x, i).wait(3)
+            np.testing.assert_array_equal(h.wait(3).data, x)
+            assert st.retransmissions > 0  # it did lose packets and recover them under the flood
+
+
+def test_a_packet_recorded_1024_iterations_ago_is_not_accepted_again(endpoints):
+    """Message ids of an exchange repeat every 1,024 iterations. A datagram recorded at
+    iteration i, replayed when the same id comes round at i + 1,024, carried a valid token when
+    the token bound only (job, sender, message id): it was placed, and the message reported
+    exact with the old values. The token binds the iteration now."""
+    a, b = endpoints(2, policy=EXACT, secret=SECRET)
+    a.connect([1])
+    mid, old = 77, 5
+    recorded = packetize(_grad(PER * 10, 1) * 1e3, MessageMeta(
+        job_id=1, message_id=mid, sender_rank=0, iteration=old, token=b.core.rx_token(0, mid, old)), EXACT)
+    x = _grad(PER * 10, 2)
+    h = b.recv(0, mid, expect=Expect(x.size, np.float32, 0.0, iteration=old + 1024))
+    _blast(b.me.data_port, list(recorded))
+    time.sleep(0.1)
+    a.send(1, x, mid, iteration=old + 1024, announce=False)
+    np.testing.assert_array_equal(h.wait(10).data, x)
+    assert b.endpoint_stats()["reassembly"]["rejected"]["bad_token"] == len(recorded)
+
+
 def test_strangers_on_the_control_port_are_refused_counted_and_harmless(endpoints):
     """With a job secret: a connection that claims rank 0 without it, one that sends a record
     before the handshake, one that sends garbage, and a crowd that never speaks. Each is

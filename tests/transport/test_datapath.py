@@ -1,0 +1,230 @@
+"""The two data paths against each other, below the protocol: the same datagrams must be
+rejected for the same reasons and leave the same bytes; the wire order and the tags they send
+must be the same; a reduction must add each packet exactly once."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from hostagent import auth, wire
+from hostagent.datapath import native_available
+from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from hostagent.policy import Policy, drop_classes, packet_magnitudes
+from hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
+from hostagent.reassembly import REASONS
+from hostagent.transport_config import TransportConfig, local_peers
+from tests.transport import rogue
+
+PER = elems_per_packet(1500, np.float32)
+KEY1 = bytes(range(16))  # the receiver's key for sender 1 (authenticated); sender 2 has none
+POLICY = Policy(loss_bound_push=0.0)
+
+pytestmark = pytest.mark.skipif(native_available() is not None, reason=str(native_available()))
+
+
+def _paths(**config):
+    """A native and a numpy data path for rank 0 of a 3-rank job, threads not started."""
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), **config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    paths = [NativeDatapath(cfg, sock, False), NumpyDatapath(cfg, sock, False)]
+    for dp in paths:
+        dp.set_rx_key(1, KEY1)
+    return paths, sock
+
+
+def _expect(dp, src: int, mid: int, total: int, iteration: int = 0, accumulate: bool = False,
+            dtype=np.float32) -> RxBuffers:
+    code = int(wire.dtype_code(dtype))
+    out = np.zeros(total, np.float32 if accumulate else dtype)
+    n = -(-total // elems_per_packet(1500, dtype))
+    buffers = RxBuffers.allocate(out, n, 0)
+    dp.expect(RxSpec(src, mid, auth.message_token(KEY1, 1, src, mid, iteration), code, total,
+                     elems_per_packet(1500, dtype), buffers, accumulate, total))
+    return buffers
+
+
+def _datagrams(x: np.ndarray, mid: int, sender: int = 1, iteration: int = 0, token: int | None = None,
+               dtype=np.float32) -> list[bytes]:
+    tok = auth.message_token(KEY1, 1, sender, mid, iteration) if token is None else token
+    return list(packetize(x.astype(dtype), MessageMeta(job_id=1, message_id=mid, sender_rank=sender, iteration=iteration,
+                                                       token=tok), POLICY))
+
+
+def _with(d: bytes, **fields) -> bytes:
+    h = wire.unpack_header(d).as_dict()
+    h.update(fields)
+    return wire.pack_header(wire.Header(**{**h, "ptype": wire.PacketType(h["ptype"]), "dtype": wire.Dtype(h["dtype"]),
+                                           "flags": wire.Flags(h["flags"])})) + d[wire.HEADER_SIZE:]
+
+
+def _counts(dp) -> dict:
+    s = dp.stats()
+    return {"rejected": {k: v for k, v in s["rejected"].items() if v}, "accepted": s["accepted"],
+            "duplicates": s["duplicates"], "parked": s["parked"], "late": s["late"]}
+
+
+def _one(dp, d: bytes, now: float) -> None:
+    """One datagram as the receive thread sees it: in a row one full datagram wide (a longer
+    one keeps its length and is cut to the row, as a read into the row would cut it)."""
+    width = wire.HEADER_SIZE + PER * 4
+    row = np.zeros((1, width), np.uint8)
+    row[0, : min(len(d), width)] = np.frombuffer(d, np.uint8)[:width]
+    dp.ingest_for_test(row, np.array([len(d)]), now)
+
+
+def test_every_datagram_is_judged_alike_by_both_paths():
+    """A corpus of every kind of datagram, one at a time: after each, both paths have counted
+    the same reasons, accepted and parked the same, and at the end hold the same bytes."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(PER * 20 + 100).astype(np.float32)
+    y = rng.standard_normal(PER * 6).astype(np.float32)
+    good = _datagrams(x, 9, iteration=1030)
+    early = _datagrams(y, 11, iteration=3)  # before its message is set up: parked
+    corpus: list[bytes] = []
+    corpus += good[:10] + good[3:5]  # duplicates
+    base = good[12]
+    corpus += [base[: wire.HEADER_SIZE - 1], base + b"\0" * 8,  # truncated: too short, too long
+               _with(base, version=wire.VERSION + 1), _with(base, ptype=wire.PacketType.PROBE),
+               _with(base, job_id=2), _with(base, token=1234), _with(base, dtype=wire.Dtype.FLOAT16),
+               _with(base, seq=10_000), _with(base, total_pkts=99), _with(base, elem_offset=5),
+               _with(base, elem_count=3), base[:-4]]
+    corpus += _datagrams(x, 9, iteration=1030 - 1024)  # a replay of 1,024 iterations ago: bad_token
+    corpus += early + _datagrams(y, 11, iteration=3, token=77)  # forged early data: bad_token
+    corpus += _datagrams(y, 12, sender=2)  # an unauthenticated sender: unknown_message
+    corpus += _datagrams(y, 13, sender=0)  # the receiver itself: unknown_message
+    corpus += rogue.hostile_datagrams(300, 1, victim=0, real=[(1, 9)], seed=2)
+    corpus += good[10:]
+    paths, sock = _paths()
+    bufs = [_expect(dp, 1, 9, x.size, iteration=1030) for dp in paths]
+    for i, d in enumerate(corpus):
+        for dp in paths:
+            _one(dp, d, now=1.0 + i * 1e-4)
+        native, numpy = (_counts(dp) for dp in paths)
+        assert native == numpy, f"datagram {i}: {native} != {numpy}"
+    for b in bufs:
+        np.testing.assert_array_equal(b.out, x)
+    assert set(_counts(paths[0])["rejected"]) == set(REASONS[1:])  # every reason was met
+    assert _counts(paths[0])["parked"] == len(early)
+    bufs = [_expect(dp, 1, 11, y.size, iteration=3) for dp in paths]  # the parked data is placed now
+    for b in bufs:
+        np.testing.assert_array_equal(b.out, y)
+    for dp in paths:
+        dp.stop()
+    sock.close()
+
+
+def test_a_sum_adds_each_packet_once_whatever_repeats():
+    """A reduction placed by the data path (Expect.accumulate): duplicates, resends and reorder
+    never add a packet twice; a float16 payload adds into float32."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(PER * 8 + 5).astype(np.float32)
+    for dtype in (np.float32, np.float16):
+        x = rng.standard_normal(base.size).astype(dtype)
+        dgs = _datagrams(x, 9, dtype=dtype)
+        order = rng.permutation(len(dgs)).tolist() + [0, 3, 3, len(dgs) - 1]
+        paths, sock = _paths()
+        for dp in paths:
+            b = _expect(dp, 1, 9, base.size, accumulate=True, dtype=dtype)
+            b.out[:] = base
+            for i in order:
+                _one(dp, dgs[i], now=1.0)
+            np.testing.assert_allclose(b.out, base + x.astype(np.float32), rtol=1e-6)
+            dp.stop()
+        sock.close()
+
+
+def _capture(dp, dest_sock: socket.socket, spec: TxSpec, n: int) -> list[bytes]:
+    dp.submit(spec)
+    out = []
+    dest_sock.settimeout(5)
+    while len(out) < n:
+        out.append(dest_sock.recv(65536))
+    return out
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_classes(which):
+    """Packets of a fused message go out by their own priority (ties in order), each with the
+    drop class the policy gives its magnitude; a LAST flag ends the pass."""
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    peers = local_peers(2, 42000)
+    cfg = TransportConfig(rank=0, peers=peers, offload=False)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
+    dp.set_rate(1, 1e9)
+    dp.start()
+    try:
+        x = np.random.default_rng(3).standard_normal(PER * 5).astype(np.float32)
+        prio = np.array([1, 1, 1, 6, 6], np.uint8)
+        layers = np.array([4, 4, 4, 2, 2], np.uint16)
+        classes = np.zeros(5, np.uint8)
+        got = _capture(dp, rx, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, prio, layers, classes), 5)
+    finally:
+        dp.stop()
+        sock.close()
+        rx.close()
+    hdr = [wire.unpack_header(d) for d in got]
+    assert [h.seq for h in hdr] == [3, 4, 0, 1, 2]
+    assert [h.priority for h in hdr] == [6, 6, 1, 1, 1] and [h.layer for h in hdr] == [2, 2, 4, 4, 4]
+    want = drop_classes(packet_magnitudes(x, PER, "l2"), Policy())
+    assert [h.drop_class for h in sorted(hdr, key=lambda h: h.seq)] == want.tolist() == classes.tolist()
+    assert [bool(h.flags & wire.Flags.LAST) for h in hdr] == [False] * 4 + [True]
+    assert all(h.token == 99 and h.iteration == 2 and h.tensor_id == 3 for h in hdr)
+    for h, d in zip(hdr, got):
+        np.testing.assert_array_equal(np.frombuffer(d[wire.HEADER_SIZE :], np.float32),
+                                      x[h.elem_offset : h.elem_offset + h.elem_count])
+
+
+def test_the_compiled_tags_equal_the_policys():
+    """Drop classes from the compiled path are the policy's for the same magnitudes (ties by
+    packet order included), and its magnitudes equal numpy's to float32 rounding."""
+    from hostagent import _datapath
+
+    rng = np.random.default_rng(0)
+    for n, per, classes, kind in [(10_000, 357, 4, "l2"), (1, 7, 4, "l2"), (12_345, 100, 3, "maxabs"),
+                                  (100_000, 2231, 8, "l2"), (5_000, 50, 1, "l2")]:
+        policy = Policy(num_drop_classes=classes, drop_thresholds=tuple(range(64, 64 - 8 * (classes - 1), -8)),
+                        magnitude=kind)
+        x = rng.standard_normal(n).astype(np.float32)
+        x[::97] = 0
+        mags = packet_magnitudes(x, per, kind)
+        native = np.empty_like(mags)
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, per, kind, native)
+        np.testing.assert_allclose(native, mags, rtol=1e-5)
+        for m in (mags, np.round(mags).astype(np.float32)):  # rounded: many ties
+            out = np.empty(len(m), np.uint8)
+            _datapath.drop_classes(m, list(policy.shares()), out)
+            np.testing.assert_array_equal(out, drop_classes(m, policy))
+
+
+def test_the_compiled_token_is_the_python_token():
+    from hostagent import _datapath
+
+    rng = np.random.default_rng(4)
+    for _ in range(500):
+        key = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
+        job, sender, mid, it = (int(v) for v in rng.integers(0, 1 << 16, 4))
+        assert _datapath.message_token(key, job, sender, mid, it) == auth.message_token(key, job, sender, mid, it)
+
+
+def test_a_message_set_up_twice_is_refused_by_both_paths():
+    paths, sock = _paths()
+    for dp in paths:
+        _expect(dp, 1, 9, PER)
+        with pytest.raises(ValueError, match="already expected"):
+            _expect(dp, 1, 9, PER)
+        dp.stop()
+    sock.close()
+    time.sleep(0)

@@ -1,0 +1,395 @@
+"""The protocol core on a fake clock: every rule, deterministic, no sockets, no threads, no sleeps.
+
+An in-memory data port records what the core asks of it and lets a test deliver exactly the
+packets it wants at exactly the time it wants; the clock is a number each call takes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from hostagent import auth, wire
+from hostagent.messages import Expect, PeerFailed, TransportTimeout
+from hostagent.policy import Policy, required_elements
+from hostagent.protocol.core import BULK_TICK, IDLE_TICK, URGENT_TICK, ProtocolCore
+from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
+from hostagent.protocol.port import EventKind, Progress, RxBuffers, TxInfo
+from hostagent.transport_config import TransportConfig, local_peers
+
+PER = 357  # elements per packet at MTU 1500 (float32)
+KEY = b"k" * 16  # this endpoint's receive key for every sender
+TX_KEY = b"t" * 16  # the peer's key for our tokens
+
+
+class FakePort:
+    """An in-memory data path: records calls, holds what it was given, delivers on request."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.rx: dict[tuple[int, int], object] = {}
+        self.prog: dict[tuple[int, int], Progress] = {}
+        self.tx: dict[tuple[int, int], object] = {}
+        self.feedback: dict[int, tuple[int, int, int]] = {}
+        self.busy = False
+        self.sent: dict[int, int] = defaultdict(int)
+        self.rates: dict[int, float] = {}
+        self.keys: dict[int, bytes | None] = {}
+
+    # DataPort
+    def add_peer(self, rank, ipv4, port): pass
+    def set_rx_key(self, rank, key): self.keys[rank] = key
+    def expect(self, spec):
+        self.rx[(spec.src, spec.message_id)] = spec
+        self.prog[(spec.src, spec.message_id)] = Progress(0, 0, 0, 0, 0.0, 0.0, 0)
+    def progress(self, src, mid): return self.prog.get((src, mid))
+    def complete(self, src, mid, fire):
+        p = self.prog.get((src, mid))
+        if p is None or p.state:
+            return False
+        self.prog[(src, mid)] = p._replace(state=3)
+        self.calls.append(("complete", src, mid, fire))
+        return True
+    def forget(self, src, mid, remember):
+        self.calls.append(("forget", src, mid, remember))
+        self.prog.pop((src, mid), None)
+        self.rx.pop((src, mid), None)
+    def expire_parked(self, older_than): pass
+    def take_feedback(self, src): return self.feedback.pop(src, (0, 0, 0))
+    def active_senders(self, now, window): return 0
+    def drain_rate(self, now): return 0.0
+    def rx_busy(self): return self.busy
+    def submit(self, spec):
+        self.tx[(spec.dest, spec.message_id)] = spec
+        spec.drop_class[:] = np.arange(len(spec.drop_class)) % 4  # classes 0 1 2 3 0 1 ...
+    def retransmit(self, dest, mid, seqs):
+        self.calls.append(("retransmit", dest, mid, [int(s) for s in seqs]))
+        return 0
+    def tx_info(self, dest, mid):
+        spec = self.tx.get((dest, mid))
+        return None if spec is None else TxInfo(len(spec.drop_class), len(spec.drop_class), 0, 0, False, False)
+    def retire(self, dest, mid):
+        self.calls.append(("retire", dest, mid))
+        self.tx.pop((dest, mid), None)
+    def set_rate(self, dest, rate): self.rates[dest] = rate
+    def sent_packets(self, dest): return self.sent[dest]
+
+    # delivering data
+    def deliver(self, src: int, mid: int, seqs, now: float, retx: int = 0) -> None:
+        """Packets ``seqs`` of a message arrive at ``now`` (their payload: the seq number)."""
+        spec = self.rx[(src, mid)]
+        p = self.prog[(src, mid)]
+        new = [s for s in seqs if not spec.buffers.received[s]]
+        for s in new:
+            spec.buffers.received[s] = 1
+            spec.buffers.out[s * PER : (s + 1) * PER] = s
+        elems = sum(min(PER, spec.total_elems - s * PER) for s in new)
+        self.prog[(src, mid)] = p._replace(received_pkts=p.received_pkts + len(new),
+                                           received_elems=p.received_elems + elems, retx_seen=p.retx_seen + retx,
+                                           first_arrival=p.first_arrival or now, last_arrival=now)
+
+
+def make_core(**config) -> tuple[ProtocolCore, FakePort]:
+    port = FakePort()
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 50000), **config)
+    core = ProtocolCore(cfg, port, new_key=lambda: KEY)
+    for rank in (1, 2):
+        core.peer_authenticated(rank, TX_KEY)
+    return core, port
+
+
+def records(core: ProtocolCore, rank: int) -> list[tuple[wire.Header, bytes]]:
+    """The control records queued for ``rank`` (taken out of the outbox)."""
+    return [wire.split_frame(r) for r in core.outbox.pop(rank, [])]
+
+
+def kinds(core: ProtocolCore, rank: int) -> list[str]:
+    return [h.ptype.name for h, _ in records(core, rank)]
+
+
+# ---------------------------------------------------------------- sender side
+
+
+def test_a_pass_end_is_followed_by_a_probe_only_after_the_answer_time():
+    core, port = make_core()
+    h = core.send(1, np.zeros(PER * 10, np.float32), 7, now=0.0, iteration=3)
+    spec = port.tx[(1, 7)]
+    assert spec.token == auth.message_token(TX_KEY, 1, 0, 7, 3)  # the iteration is bound in
+    assert kinds(core, 1) == ["META"]
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.010, 0)], now=0.010)
+    delay = core.answer_timer(1).probe_delay()
+    core.handle_timer(0.010 + delay / 2)
+    assert "PROBE" not in kinds(core, 1)  # a STOP usually comes within a round trip
+    core.handle_timer(0.010 + delay + 1e-6)
+    assert kinds(core, 1) == ["PROBE"]
+    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(stop, wire.STOP_BODY.pack(PER * 10), now=0.020)
+    assert h.done() and h.wait(0).how == "stopped" and h.wait(0).lost_fraction == 0.0
+    assert ("retire", 1, 7) in port.calls
+
+
+def test_a_bitmap_resends_just_enough_most_important_first_and_a_stale_pass_end_is_ignored():
+    core, port = make_core()
+    n = 20
+    core.send(1, np.zeros(PER * n, np.float32), 7, now=0.0, loss_bound=0.2)
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.01, 0)], now=0.01)
+    missing = [1, 2, 4, 5, 8, 9]  # classes 1 2 0 1 0 1 (FakePort: seq % 4)
+    bits = np.zeros(n, np.uint8)
+    bits[missing] = 1
+    held = (n - len(missing)) * PER
+    bitmap = wire.Header(ptype=wire.PacketType.BITMAP, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(bitmap, wire.BITMAP_PREFIX.pack(held) + np.packbits(bits).tobytes(), now=0.02)
+    # needs required_elements - held = 16 - 14 = 2 packets: class 0 first (seqs 4, 8)
+    assert required_elements(PER * n, 0.2) - held == 2 * PER
+    assert port.calls[-1] == ("retransmit", 1, 7, [4, 8])
+    assert port.rates[1] < core.config.rate.initial_rate  # a loss cuts the rate
+    # the end of the first pass reported late must not look like the end of the resend pass
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.021, 0)], now=0.021)
+    core.handle_timer(1.0)
+    assert "PROBE" not in kinds(core, 1)
+    core.on_events([(EventKind.TX_PASS, 1, 7, 1.0, 1)], now=1.0)
+    core.handle_timer(2.0)
+    assert kinds(core, 1) == ["PROBE"]
+
+
+def test_a_held_send_has_no_pass_and_no_probe_until_its_trigger_fires():
+    core, port = make_core()
+    h = core.send(1, np.zeros(PER, np.float32), 7, now=0.0, announce=False, held=True)
+    assert port.tx[(1, 7)].held
+    core.handle_timer(10.0)
+    assert kinds(core, 1) == [] and not h.done()
+    core.on_events([(EventKind.TX_ACTIVE, 1, 7, 10.0, 0), (EventKind.TX_PASS, 1, 7, 10.001, 0)], now=10.001)
+    core.handle_timer(11.0)
+    assert kinds(core, 1) == ["PROBE"]
+
+
+def test_a_send_past_its_deadline_fails_naming_the_message_and_is_retired():
+    core, port = make_core(message_deadline=1.0)
+    h = core.send(1, np.zeros(PER * 3, np.float32), 7, now=0.0)
+    core.handle_timer(1.5)
+    with pytest.raises(TransportTimeout, match="message 7 to rank 1"):
+        h.wait(0)
+    assert ("retire", 1, 7) in port.calls
+
+
+# ---------------------------------------------------------------- receiver side
+
+
+def _expect(core: ProtocolCore, packets: int, p: float, iteration: int = 0, out=None):
+    return core.recv(1, 9, now=0.0, out=out, expect=Expect(PER * packets, np.float32, p, iteration=iteration))
+
+
+def test_an_expected_message_is_set_up_with_its_iterations_token():
+    core, port = make_core()
+    _expect(core, 4, 0.0, iteration=1030)
+    spec = port.rx[(1, 9)]
+    assert spec.token == auth.message_token(KEY, 1, 1, 9, 1030)
+    assert spec.token != auth.message_token(KEY, 1, 1, 9, 1030 - 1024)  # the replay of 1,024 iterations ago
+
+
+def test_the_end_of_a_pass_is_answered_once_the_message_is_quiet_for_its_grace():
+    core, port = make_core(probe_grace=0.002)
+    h = _expect(core, 20, 0.1)
+    port.deliver(1, 9, range(19), now=0.010)
+    core.on_events([(EventKind.RX_LAST, 1, 9, 0.010, 0)], now=0.010)
+    assert core.tick_period() == URGENT_TICK
+    core.handle_timer(0.011)
+    assert not h.done() and kinds(core, 1) == []  # 1 ms quiet: not yet
+    core.handle_timer(0.013)
+    assert h.done() and port.calls[-2][:3] == ("complete", 1, 9)
+    (stop, body), = records(core, 1)
+    assert stop.ptype == wire.PacketType.STOP and wire.STOP_BODY.unpack_from(body)[0] == 19 * PER
+    missing = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.STOP_BODY.size))[:20]
+    assert missing.nonzero()[0].tolist() == [19]
+    res = h.wait(0)
+    assert res.stats.how == "bounded" and not res.data[19 * PER :].any()  # the missing packet reads as zero
+    assert res.data[PER] == 1  # what arrived stays
+
+
+def test_below_the_bound_the_answer_is_a_bitmap_and_the_pace_of_the_first_pass_is_kept():
+    core, port = make_core(probe_grace=0.002)
+    h = _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(0, 20, 2), now=0.020)  # every other packet
+    core.on_events([(EventKind.RX_LAST, 1, 9, 0.020, 0)], now=0.020)
+    core.handle_timer(0.030)
+    (bm, body), = records(core, 1)
+    assert bm.ptype == wire.PacketType.BITMAP and not h.done()
+    missing = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.BITMAP_PREFIX.size))[:20]
+    assert missing.nonzero()[0].tolist() == list(range(1, 20, 2))
+    # the resends arrive: the data path completes it (exact) and says so
+    port.deliver(1, 9, range(1, 20, 2), now=0.050, retx=10)
+    core.on_events([(EventKind.RX_RETX, 1, 9, 0.050, 10)], now=0.050)
+    assert core.srtt[1] == pytest.approx(0.020)  # bitmap to first resend
+    port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 9, 0.050, 1)], now=0.050)
+    assert h.wait(0).stats.how == "exact" and kinds(core, 1) == ["STOP"]
+
+
+def test_a_busy_socket_delays_an_answer_but_not_past_its_bound():
+    """A receive socket with unread data (a batch the data path has not placed yet) holds the
+    answer, or the bitmap would list packets already here; but a socket that stays busy (a flood
+    of junk) must not hold it for ever: the answer goes MAX_BUSY_DEFER past its grace."""
+    core, port = make_core(probe_grace=0.002)
+    h = _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(10), now=1.0)
+    core.on_events([(EventKind.RX_LAST, 1, 9, 1.0, 0)], now=1.0)
+    port.busy = True
+    core.handle_timer(1.0 + 0.002 + MAX_BUSY_DEFER / 2)
+    assert kinds(core, 1) == []
+    core.handle_timer(1.0 + 0.002 + MAX_BUSY_DEFER + 1e-6)
+    assert kinds(core, 1) == ["BITMAP"] and not h.done()
+
+
+def test_a_message_quiet_for_the_idle_timeout_completes_under_its_bound_without_a_pass_end():
+    core, port = make_core(idle_timeout=0.05)
+    h = _expect(core, 20, 0.1)
+    port.deliver(1, 9, range(18), now=0.0)
+    core.handle_timer(0.04)
+    assert not h.done()
+    core.handle_timer(0.051)
+    assert h.wait(0).stats.how == "idle"
+
+
+def test_a_receive_past_its_deadline_fails_and_is_forgotten():
+    core, port = make_core(message_deadline=2.0)
+    h = _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(5), now=0.5)
+    core.handle_timer(2.5)
+    with pytest.raises(TransportTimeout, match="message 9 from rank 1 .* 25.0% received"):
+        h.wait(0)
+    assert ("forget", 1, 9, False) in port.calls
+
+
+def test_a_probe_for_a_finished_message_is_answered_with_what_was_held():
+    core, port = make_core()
+    _expect(core, 2, 0.0)
+    port.deliver(1, 9, [0, 1], now=0.0)
+    port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 9, 0.0, 1)], now=0.0)
+    records(core, 1)
+    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1)
+    core.on_record(probe, b"", now=0.1)
+    (stop, body), = records(core, 1)
+    assert stop.ptype == wire.PacketType.STOP and wire.STOP_BODY.unpack_from(body)[0] == 2 * PER
+    core.on_record(wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=123, sender_rank=1), b"", now=0.1)
+    assert core.stats.probes_unknown == 1 and kinds(core, 1) == []
+
+
+def test_a_meta_sets_the_message_up_for_a_recv_posted_before_it():
+    core, port = make_core()
+    h = core.recv(1, 9, now=0.0)
+    meta = wire.Header(ptype=wire.PacketType.META, job_id=1, message_id=9, sender_rank=1, iteration=77, priority=3)
+    core.on_record(meta, wire.META_BODY.pack(PER * 2, PER, 0.0), now=0.0)
+    spec = port.rx[(1, 9)]
+    assert spec.token == auth.message_token(KEY, 1, 1, 9, 77) and spec.total_elems == 2 * PER
+    assert spec.buffers.pkt_priority.tolist() == [3, 3]
+    core.on_record(meta, wire.META_BODY.pack(5, PER, 0.0), now=0.0)  # a duplicate changes nothing
+    assert port.rx[(1, 9)] is spec
+    port.deliver(1, 9, [0, 1], now=0.01)
+    port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 9, 0.01, 1)], now=0.01)
+    assert h.wait(0).stats.iteration == 77
+
+
+def test_a_failed_peer_fails_exactly_its_own_messages():
+    core, port = make_core()
+    to1 = core.send(1, np.zeros(PER, np.float32), 1, now=0.0)
+    to2 = core.send(2, np.zeros(PER, np.float32), 2, now=0.0)
+    from1 = _expect(core, 2, 0.0)
+    waiting = core.recv(1, 50, now=0.0)
+    assert core.peer_failed(1, "closed the control connection")
+    for h in (to1, from1, waiting):
+        with pytest.raises(PeerFailed, match="peer rank 1"):
+            h.wait(0)
+    assert not to2.done() and ("retire", 1, 1) in port.calls and ("forget", 1, 9, False) in port.calls
+
+
+# ---------------------------------------------------------------- feedback and rates
+
+
+def test_congestion_is_reported_every_feedback_interval_and_a_clean_transfer_rarely():
+    core, port = make_core(feedback_interval=0.002, clean_feedback_interval=0.2)
+    port.feedback[1] = (100, 0, 0)
+    core.handle_timer(0.0)
+    assert kinds(core, 1) == ["FEEDBACK"]  # the first report: nothing sent before
+    port.feedback[1] = (10, 0, 0)
+    core.handle_timer(0.1)
+    assert kinds(core, 1) == []  # clean: it waits for the clean interval
+    port.feedback[1] = (10, 3, 0)
+    core.handle_timer(0.103)
+    (fb, body), = records(core, 1)
+    assert fb.flags & wire.Flags.ECN_ECHO and wire.FEEDBACK_BODY.unpack_from(body)[:3] == (20, 3, 0)
+
+
+def test_a_report_rides_along_with_any_record_leaving_for_that_peer():
+    core, port = make_core()
+    core.handle_timer(0.0)
+    port.feedback[1] = (5, 0, 0)
+    core.queue(1, wire.PacketType.STOP, 3, wire.STOP_BODY.pack(0))
+    out = [wire.split_frame(r)[0].ptype.name for r in core.take_records(1, now=0.001)]
+    assert out == ["STOP", "FEEDBACK"]
+
+
+def test_marks_cut_the_rate_once_per_window_and_the_data_path_paces_at_it():
+    core, port = make_core()
+    core.send(1, np.zeros(PER, np.float32), 1, now=0.0)
+    start = port.rates[1]
+    fb = wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=1, message_id=0, sender_rank=1)
+    port.sent[1] = 100
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(50, 50, 0, 0), now=0.01)
+    cut = port.rates[1]
+    assert cut < start and core.rate_log[-1].cause == "marks"
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(40, 40, 0, 0), now=0.012)  # the same window: no second cut
+    assert port.rates[1] == cut
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(20, 20, 0, 0), now=0.014)  # the window (100 sent) reported
+    assert port.rates[1] < cut
+
+
+def test_the_timer_period_follows_what_is_in_flight():
+    """Idle: rarely; messages in flight: BULK_TICK; an answer, probe or report due: every ms.
+    (The control thread sleeps this long between timer runs, so a bulk transfer costs the
+    application little, and the end of a pass is still answered within a millisecond.)"""
+    core, port = make_core()
+    assert core.handle_timer(0.0) == IDLE_TICK
+    _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(5), now=0.0)
+    assert core.handle_timer(0.001) == BULK_TICK
+    core.on_events([(EventKind.RX_LAST, 1, 9, 0.002, 0)], now=0.002)
+    assert core.tick_period() == URGENT_TICK
+
+
+# ---------------------------------------------------------------- the answer grace
+
+
+def _incoming(packets: int, span: float) -> Incoming:
+    buffers = RxBuffers.allocate(np.zeros(PER * 20, np.float32), 20, 0)
+    m = Incoming(1, 7, PER * 20, PER, 0, 0.0, 10.0, None, 0, buffers, False, 0, 100.0)
+    m.received_pkts = packets
+    m.first_arrival = 100.0
+    m.last_arrival = 100.0 + span
+    return m
+
+
+def test_an_end_of_pass_waits_a_few_of_the_messages_own_packet_gaps():
+    """The configured floor for a fast message, four mean packet gaps for a slow one (a sprayed
+    LAST overtakes packets queued on the other path by a few packet times), capped; before two
+    packets arrived there is no gap to go by."""
+    assert answer_grace(0.002, _incoming(0, 0.0)) == 0.002
+    assert answer_grace(0.002, _incoming(1, 0.0)) == 0.002
+    assert answer_grace(0.002, _incoming(11, 0.001)) == 0.002  # 0.1 ms apart: the floor
+    assert answer_grace(0.002, _incoming(11, 0.0143)) == pytest.approx(4 * 0.00143)
+    assert answer_grace(0.002, _incoming(3, 10.0)) == MAX_ANSWER_GRACE
+    # after a bitmap the first pass's pace stands: a wait for the resends does not stretch it
+    m = _incoming(11, 0.0143)
+    m.pace = 0.00143
+    m.last_arrival += 0.06
+    m.received_pkts = 12
+    assert answer_grace(0.002, m) == pytest.approx(4 * 0.00143)
+
+
+def test_the_default_policy_is_what_the_core_reads():
+    core, _ = make_core(policy=Policy(loss_bound_push=0.1))
+    core.send(1, np.zeros(PER, np.float32), 1, now=0.0)
+    assert core.out[(1, 1)].loss_bound == 0.1

@@ -1,28 +1,32 @@
-"""Transport benchmark on loopback: one sender's goodput, PS / ring completion times, and the
-testbed's workload without a switch.
+"""Transport benchmark on loopback, DLCP against what users run (gloo), in the same run.
 
-Prints, from one run:
-  1. goodput (MB/s of gradient data) of one sender to one receiver, separate processes,
-     100 MB messages, at MTU 1500 with GSO/GRO on and off and at MTU 9000, into a posted
-     receive buffer and (one row) into a fresh one per message, with what it cost: the
-     sender's per-message preparation, packets sent, retransmissions, duplicates (as a share
-     of packets sent), socket-buffer overruns, GSO calls and GRO reads;
-  2. message completion time p50/p99 (ms) and iteration sync time for 4 workers exchanging
-     25 MB of gradients per iteration (fused into buckets) by parameter server (plus a server
-     process) and by ring allreduce, reliable (p = 0) vs bounded (p = 0.05), with 0 % and 2 %
-     injected loss (every drop class alike, at each receiver);
-  3. the testbed's workload on loopback: 4 workers + PS as ``topologies.agent`` processes with
-     the testbed's spec (ResNet-50 profile at scale 0.002, the 2000-pps rate configuration), no
-     compute; sync p50 against the line-rate bound, messages and control frames and bytes per
-     worker per iteration, with fusion on and off.
+Prints, with the command, the commit and the machine's load beside every row:
 
-Every participant is its own process (spawned), all on this machine; with 2 cores the
-figures of parts 2 and 3 are machine-bound and best read as ratios between rows. Targets:
-one sender >= 1 GB/s at MTU 1500 with at most 0.1 % duplicates (on loopback, whose line rate the
-goodput rows configure: 10 Gb/s, the default, and 25 Gb/s); part 3 with fusion: sync p50
-<= 1.5x the bound and <= 10 control frames per worker per iteration.
+  1. **one sender -> one receiver**: 100 MB messages between two processes at MTU 1500 with a
+     25 Gb/s line-rate configuration: a bare UDP GSO sender into a GRO receiver (this machine's
+     limit for one sender), DLCP's compiled path, DLCP's numpy path (the path before the
+     compiled one), and gloo's send/recv; goodput and the CPU both processes spent per 100 MB.
+  2. **collectives**: 4 processes averaging 25 MB in 12 tensors (fused into DDP's buckets) per
+     iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
+     and with p = 0.05 under 2 % injected loss; sync time per iteration (the slowest process).
+  3. **DDP training steps**: 4 workers, stock DDP over gloo against DDP with ``dlcp_hook`` (ring
+     and parameter server, the default policy): the digits MLP, and the MNIST-1D CNN when
+     ``mnist1d`` is installed.
+  4. the testbed's workload on loopback (4 workers + PS as ``topologies.agent`` processes).
 
-Run: python bench/transport.py [--iterations 5] [--quick] [--part goodput|collective|testbed]
+Parts 1-3 run their schemes interleaved (A B C, A B C, ...) for ``--rounds`` rounds; a figure is
+the median over rounds of each round's median, with the range over rounds. Ratios are taken
+within a round, then their median. Every participant is its own (spawned) process on this
+machine: with 2 cores, 4 processes share them, so parts 2-3 measure the hosts' software, CPU
+included; ``load`` is the 1-minute load average before the row and ``idle`` the machine's idle
+CPU while it ran.
+
+Targets (issue 26): ring lossless <= 1.0x gloo; ring at p = 0.05 with 2 % loss <= 1.0x gloo
+lossless; PS <= 1.5x gloo, at most 1 % of packets resent after the first iteration; one sender
+>= 2 GB/s and >= 85 % of the bare pair, at most half the numpy path's CPU per 100 MB; DDP step
+through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
+
+Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -32,18 +36,25 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
+import psutil
 
-# Messages sent before the goodput rows start timing: the first ones meet a cold receiver (the
-# pages of its buffer not yet touched, a drain ceiling measured while it was that slow).
-WARMUP = 2
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # 25 MB of float32 in 12 tensors of uneven size (a scaled CNN-like profile, first layers small).
 TENSOR_ELEMS = [9_408, 36_864, 147_456, 294_912, 589_824, 1_179_648, 2_359_296, 2_359_296,
                 4_718_592, 2_048_000, 131_072, 375_632]
+GOODPUT_ELEMS = 25_000_000  # 100 MB per message
+WARMUP = 2  # iterations or messages before timing starts: the first ones meet cold buffers and rates
 
+
+# ----------------------------------------------------------------------------- plumbing
 
 def _ports(n: int) -> list[tuple[int, int]]:
     socks, out = [], []
@@ -64,204 +75,387 @@ def _peers(n: int):
     return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(_ports(n)))
 
 
-def _cpu_seconds() -> float:
-    """CPU time (user + system, every thread) this process has used."""
+def _cpu() -> float:
+    """CPU seconds (user + system, every thread) this process has used."""
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
 
 
-def _goodput_proc(rank, peers, mtu, size, runs, q, offload=True, posted=True, line_rate=1.25e9):
-    from hostagent.packetizer import MessageMeta, packetize
-    from hostagent.policy import Policy
+def _run(target: Callable, args_of: Callable[[int], tuple], n: int, timeout: float = 600) -> list:
+    """Start ``n`` spawned processes ``target(*args_of(rank), queue)``; their results by rank."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_of(r), q)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        rows = [q.get(timeout=timeout) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return [r for _, r in sorted(rows, key=lambda x: x[0])]
+
+
+class Load:
+    """The load average before a row and the machine's idle CPU while it ran."""
+
+    def __enter__(self) -> "Load":
+        self.load = os.getloadavg()[0]
+        psutil.cpu_times_percent(None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.idle = psutil.cpu_times_percent(None).idle
+
+    def __str__(self) -> str:
+        return f"load {self.load:4.2f} idle {self.idle:3.0f}%"
+
+
+def interleaved(schemes: dict[str, Callable[[], dict]], rounds: int, key: str) -> dict[str, list[dict]]:
+    """Run every scheme once per round, in turn; each scheme's results per round (with their load)."""
+    out: dict[str, list[dict]] = {name: [] for name in schemes}
+    for r in range(rounds):
+        for name, fn in schemes.items():
+            with Load() as load:
+                res = fn()
+            res["load"] = str(load)
+            out[name].append(res)
+            print(f"   round {r + 1}/{rounds} {name:<28} {res[key]:9.1f}  {load}", flush=True)
+    return out
+
+
+def summary(results: dict[str, list[dict]], key: str, base: str) -> dict[str, tuple[float, float, float, float]]:
+    """Per scheme: median, min, max over rounds of ``key``, and the median per-round ratio to ``base``."""
+    out = {}
+    for name, rs in results.items():
+        vals = [r[key] for r in rs]
+        ratios = [r[key] / b[key] for r, b in zip(rs, results[base])]
+        out[name] = (statistics.median(vals), min(vals), max(vals), statistics.median(ratios))
+    return out
+
+
+# ----------------------------------------------------------------------------- part 1: one sender
+
+def _bare_proc(rank: int, port: int, mtu: int, messages: int, q) -> None:
+    """A bare UDP pair: 64 KB GSO sends into a GRO receiver, no protocol at all."""
+    from hostagent.udp_offload import GRO_ANCBUF, SOL_UDP, UDP_GRO, UDP_SEGMENT
+
+    seg = mtu - 28
+    total = GOODPUT_ELEMS * 4
+    per_call = (65507 // seg) * seg
+    if rank == 1:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE (root); else the default
+        s.setsockopt(SOL_UDP, UDP_GRO, 1)
+        s.bind(("127.0.0.1", port))
+        buf = bytearray(1 << 17)
+        times, got, t0, cpu0 = [], 0, None, 0.0
+        while len(times) < messages + WARMUP:
+            n, _, _, _ = s.recvmsg_into([buf], GRO_ANCBUF)
+            if t0 is None:
+                t0, cpu0 = time.perf_counter(), _cpu()
+            got += n
+            if got >= total * 0.98:  # a bare pair has no recovery: a message ends with 98 % of it
+                times.append((time.perf_counter() - t0, _cpu() - cpu0))
+                got, t0 = 0, None
+        q.put((rank, times[WARMUP:]))
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect(("127.0.0.1", port))
+        data = np.random.default_rng(0).integers(0, 255, total, dtype=np.uint8)
+        view = memoryview(data)
+        cmsg = [(SOL_UDP, UDP_SEGMENT, seg.to_bytes(2, "little"))]
+        time.sleep(0.5)
+        cpus = []
+        for _ in range(messages + WARMUP):
+            c0 = _cpu()
+            for off in range(0, total, per_call):
+                try:
+                    s.sendmsg([view[off : off + per_call]], cmsg)
+                except OSError:
+                    pass
+            cpus.append(_cpu() - c0)
+            time.sleep(0.05)  # the receiver ends the message before the next starts
+        q.put((rank, cpus[WARMUP:]))
+
+
+def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str, line_rate: float, q) -> None:
     from hostagent.ratecontrol import RateConfig
     from hostagent.transport import Endpoint, TransportConfig
 
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, offload=offload,
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath,
                                   rate=RateConfig(line_rate=line_rate))).start()
     ep.connect()
-    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal(GOODPUT_ELEMS).astype(np.float32)
+    out = np.empty_like(x)  # a posted receive buffer, as MPI and NCCL receives take one
     times = []
-    prep = 0.0
-    if rank == 0:
-        # the sender's fixed cost before a message's first packet: per-packet magnitudes and
-        # drop classes over the whole message (timed apart, as the send path does it; median of 3)
-        preps = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            packetize(x, MessageMeta(job_id=0, message_id=0), Policy(), mtu)
-            preps.append(time.perf_counter() - t0)
-        prep = statistics.median(preps)
-    # A posted receive buffer, as MPI and NCCL receives take one: a fresh 100 MB array per
-    # message costs the receiving thread its first-touch page faults (the "fresh" row).
-    out = np.empty_like(x) if posted else None
-    cpu0 = 0.0
-    for i in range(WARMUP + runs):
-        if i == WARMUP:
-            cpu0 = _cpu_seconds()
+    for i in range(messages + WARMUP):
+        c0, t0 = _cpu(), time.perf_counter()
         if rank == 0:
-            t0 = time.perf_counter()
             ep.send(1, x, message_id=i, loss_bound=0.0).wait(60)
-            if i >= WARMUP:
-                times.append(time.perf_counter() - t0)
         else:
             got = ep.recv(0, i, out=out).wait(60).data
-            # every element of the last message, a sample of the others: a full compare of
-            # 100 MB takes the receiver's CPU while the next message is already arriving
-            if i == WARMUP + runs - 1:
-                assert np.array_equal(got, x)
-            else:
-                assert np.array_equal(got[::4099], x[::4099])
-    cpu = (_cpu_seconds() - cpu0) / runs
-    q.put((rank, times, ep.endpoint_stats(), prep, cpu))
+            assert np.array_equal(got[::4099], x[::4099])
+        times.append((time.perf_counter() - t0, _cpu() - c0))
+    st = ep.endpoint_stats()
+    q.put((rank, (times[WARMUP:], st)))
     time.sleep(0.3)
     ep.close()
 
 
-def goodput(mtu: int, runs: int, offload: bool = True, posted: bool = True, line_rate: float = 1.25e9) -> dict:
-    """One sender to one receiver: goodput, and what it cost (retransmissions, duplicates, overruns).
-    ``line_rate``: the hosts' configured link rate (bytes/s), which paces the sender."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+def _gloo_p2p_proc(rank: int, port: int, messages: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    x = torch.randn(GOODPUT_ELEMS)
+    times = []
+    for _ in range(messages + WARMUP):
+        dist.barrier()
+        c0, t0 = _cpu(), time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+        else:
+            dist.recv(x, 0)
+        times.append((time.perf_counter() - t0, _cpu() - c0))
+    q.put((rank, times[WARMUP:]))
+    dist.destroy_process_group()
+
+
+def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25e9 / 8) -> dict:
+    """MB/s of one 100 MB message (median) and CPU ms both processes spent per 100 MB."""
+    mb = GOODPUT_ELEMS * 4 / 1e6
+    if kind == "bare":
+        port = _ports(1)[0][0]
+        tx, rx = _run(_bare_proc, lambda r: (r, port, mtu, messages), 2)
+        rates = [mb / t for t, _ in rx]
+        cpu = statistics.median(c for _, c in rx) + statistics.median(tx)
+        return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": 0, "overruns": 0}
+    if kind == "gloo":
+        port = _ports(1)[0][1]
+        tx, rx = _run(_gloo_p2p_proc, lambda r: (r, port, messages), 2)
+        rates = [mb / t for t, _ in rx]
+        cpu = statistics.median(c for _, c in tx) + statistics.median(c for _, c in rx)
+        return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": 0, "overruns": 0}
     peers = _peers(2)
-    size = 25_000_000
-    procs = [ctx.Process(target=_goodput_proc, args=(r, peers, mtu, size, runs, q, offload, posted, line_rate))
-             for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = dict((r, (t, st, prep, cpu)) for r, t, st, prep, cpu in (q.get(timeout=300) for _ in range(2)))
-    for p in procs:
-        p.join(30)
-    times, tx, prep, _ = got[0]
-    rx = got[1][1]
-    rates = [size * 4 / t / 1e6 for t in times]
-    return {"median": statistics.median(rates), "best": max(rates), "retx": tx["retransmitted_pkts"],
-            "sent": tx["data_pkts_sent"], "dup": rx["duplicate_pkts"] + rx["late_after_completion"],
-            "overruns": rx["rx_socket_overflows"], "gso_calls": tx["gso_calls"], "gro_reads": rx["gro_reads"],
-            "prep_ms": prep * 1e3, "cpu_ms": (got[0][3] + got[1][3]) * 1e3}
+    (tx, stx), (rx, srx) = _run(_dlcp_goodput_proc, lambda r: (r, peers, mtu, messages, kind, line_rate), 2)
+    rates = [mb / t for t, _ in tx]
+    cpu = statistics.median(c for _, c in tx) + statistics.median(c for _, c in rx)
+    return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": stx["retransmitted_pkts"],
+            "overruns": srx["rx_socket_overflows"], "sent": stx["data_pkts_sent"]}
 
 
-def _collective_proc(rank, peers, pattern, p, loss, iterations, mtu, q):
+def print_goodput(args) -> None:
+    print("1. one sender -> one receiver, 100 MB messages, MTU 1500, 25 Gb/s configured, separate processes")
+    kinds = {"bare GSO -> GRO pair": "bare", "DLCP native": "native", "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
+    res = interleaved({k: (lambda v=v: goodput_row(v, args.messages)) for k, v in kinds.items()}, args.rounds, "MB/s")
+    s = summary(res, "MB/s", "bare GSO -> GRO pair")
+    cpu = summary(res, "cpu", "DLCP numpy")
+    print(f"   {'':<22}{'MB/s':>8}{'range':>14}{'of bare':>9}{'cpu ms/100MB':>14}{'of numpy':>10}{'retx':>7}"
+          f"{'overruns':>9}")
+    for name in kinds:
+        med, lo, hi, ratio = s[name]
+        retx = sum(r["retx"] for r in res[name])
+        over = sum(r["overruns"] for r in res[name])
+        print(f"   {name:<22}{med:8.0f}{f'{lo:.0f}-{hi:.0f}':>14}{ratio:9.2f}{cpu[name][0]:14.0f}{cpu[name][3]:10.2f}"
+              f"{retx:7}{over:9}")
+    print("   of bare / of numpy: the median over rounds of the ratio within a round. cpu: user + system of both")
+    print("   processes per 100 MB. The bare pair has no protocol (no pacing, headers, checks or recovery).")
+    print()
+
+
+# ----------------------------------------------------------------------------- part 2: collectives
+
+def _buckets() -> list:
+    from hostagent.fusion import plan_buckets
+
+    return plan_buckets(TENSOR_ELEMS, [0] * len(TENSOR_ELEMS))
+
+
+def _gloo_collective_proc(rank: int, port: int, iterations: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    bufs = [torch.from_numpy(np.random.default_rng(rank).standard_normal(b.total).astype(np.float32))
+            for b in _buckets()]
+    times = []
+    for _ in range(iterations + WARMUP):
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = []
+        for b in bufs:  # DDP's default hook: divide, then all_reduce, every bucket in flight
+            b.div_(4)
+            works.append(dist.all_reduce(b, async_op=True))
+        for w in works:
+            w.wait()
+        times.append(time.perf_counter() - t0)
+    q.put((rank, {"times": times[WARMUP:]}))
+    dist.destroy_process_group()
+
+
+def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float, iterations: int, mtu: int,
+                          datapath: str, q) -> None:
     from hostagent.exchange import PSServer, PSWorker, RingAllreduce
     from hostagent.policy import Policy
     from hostagent.transport import Endpoint, LossInjection, TransportConfig
 
-    n_workers = 4
+    n = 4
     policy = Policy(loss_bound_push=p)
     inj = LossInjection(drop_probabilities=(loss,) * 4, seed=rank) if loss else LossInjection()
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj)).start()
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj, datapath=datapath)).start()
     ep.connect()
-    rng = np.random.default_rng(rank)
-    grads = [rng.standard_normal(n).astype(np.float32) for n in TENSOR_ELEMS]
-    sync, completions, lost = [], [], []
-    if pattern == "ps" and rank == n_workers:
-        server = PSServer(ep, list(range(n_workers)))
-        for it in range(iterations):
-            st = server.serve_iteration(it, len(PSWorker(ep, 0).plan(TENSOR_ELEMS)))
-            completions += [m["completion_time"] for m in st.per_message]
-            lost.append(st.lost_fraction_max)
+    plan = _buckets()
+    bufs = [np.random.default_rng(rank).standard_normal(b.total).astype(np.float32) for b in plan]
+    times, sent, resent = [], [], []
+    if pattern == "ps" and rank == n:
+        PSServer(ep, list(range(n))).serve(iterations + WARMUP, len(plan))
     else:
-        ex = PSWorker(ep, n_workers) if pattern == "ps" else RingAllreduce(ep, list(range(n_workers)))
-        for it in range(iterations):
+        ex = PSWorker(ep, n) if pattern == "ps" else RingAllreduce(ep, list(range(n)))
+        for it in range(iterations + WARMUP):
+            s0 = ep.stats
             t0 = time.perf_counter()
             if pattern == "ps":
-                ex.exchange(it, grads)
+                ex.exchange_detailed(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
+                                     [b.layout for b in plan])
             else:
-                ex.allreduce(it, grads)
-            sync.append(time.perf_counter() - t0)
-            completions += [m["completion_time"] for m in ex.last_stats.per_message]
-            lost.append(ex.last_stats.lost_fraction_max)
-    q.put((rank, sync, completions, lost, ep.endpoint_stats()["retransmitted_pkts"]))
+                ex.allreduce_inplace(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
+                                     [b.layout for b in plan])
+            times.append(time.perf_counter() - t0)
+            s1 = ep.stats
+            sent.append(s1.data_pkts_sent - s0.data_pkts_sent)
+            resent.append(s1.retransmitted_pkts - s0.retransmitted_pkts)
+    q.put((rank, {"times": times[WARMUP:], "sent": sum(sent[1:]), "resent": sum(resent[1:]),
+                  "overruns": ep.endpoint_stats()["rx_socket_overflows"]}))
     time.sleep(0.5)
     ep.close()
 
 
-def collective(pattern: str, p: float, loss: float, iterations: int, mtu: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    n = 5 if pattern == "ps" else 4
-    peers = _peers(n)
-    procs = [ctx.Process(target=_collective_proc, args=(r, peers, pattern, p, loss, iterations, mtu, q))
-             for r in range(n)]
-    for pr in procs:
-        pr.start()
-    rows = [q.get(timeout=600) for _ in range(n)]
-    for pr in procs:
-        pr.join(30)
-    sync = [s for r in rows for s in r[1]]
-    comp = np.array([c for r in rows for c in r[2]]) * 1e3
-    return {
-        "sync_p50": statistics.median(sync) * 1e3,
-        "msg_p50": float(np.percentile(comp, 50)),
-        "msg_p99": float(np.percentile(comp, 99)),
-        "lost_max": max(max(r[3]) for r in rows),
-        "retx": sum(r[4] for r in rows),
-    }
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--runs", type=int, default=10, help="goodput messages per row")
-    ap.add_argument("--mtu", type=int, default=9000, help="MTU of the PS / ring runs")
-    ap.add_argument("--quick", action="store_true", help="fewer iterations, for a smoke run")
-    ap.add_argument("--part", choices=("all", "goodput", "collective", "testbed"), default="all",
-                    help="run one part only")
-    args = ap.parse_args()
-    if args.quick:
-        args.iterations, args.runs = 2, 2
-    if args.part in ("all", "goodput"):
-        print_goodput(args)
-    if args.part in ("all", "collective"):
-        print_collective(args)
-    if args.part in ("all", "testbed"):
-        print_testbed(args)
-
-
-def print_goodput(args) -> None:
-    print("1. one sender -> one receiver, 100 MB messages, separate processes, loopback")
-    print(f"{'MTU':>6}{'GSO/GRO':>9}{'recv buffer':>12}{'line Gb/s':>10}{'median MB/s':>13}{'best MB/s':>11}"
-          f"{'prep ms':>9}{'cpu ms':>8}{'sent pkts':>11}{'retx':>7}{'dup %':>7}{'overruns':>10}{'GSO calls':>11}"
-          f"{'GRO reads':>11}")
-    for mtu, offload, posted, gbps in ((1500, True, True, 10), (1500, True, True, 25), (1500, True, False, 25),
-                                       (1500, False, True, 25), (9000, True, True, 25)):
-        r = goodput(mtu, args.runs, offload, posted, gbps * 1e9 / 8)
-        print(f"{mtu:>6}{'on' if offload else 'off':>9}{'posted' if posted else 'fresh':>12}{gbps:>10}{r['median']:>13.0f}"
-              f"{r['best']:>11.0f}{r['prep_ms']:>9.1f}{r['cpu_ms']:>8.0f}{r['sent']:>11}{r['retx']:>7}"
-              f"{100 * r['dup'] / max(1, r['sent']):>7.2f}{r['overruns']:>10}{r['gso_calls']:>11}{r['gro_reads']:>11}")
-    print("   prep ms: the sender's work before a message's first packet (per-packet magnitudes and drop")
-    print("   classes over the whole message); posted: the receiver reuses one buffer (recv(out=...)).")
-    print(f"   Each row: {args.runs} timed messages after {WARMUP} untimed ones; counters cover all of them.")
-    print("   cpu ms: CPU time (user + system, all threads) both processes spent per timed message.")
-    print("   line Gb/s: the hosts' configured link rate, which paces the sender. At 10 Gb/s a 100 MB message")
-    print("   needs 82 ms on the wire alone, so the goodput ceiling is near 1.2 GB/s less the prep; loopback")
-    print("   itself is not a 10 Gb/s link, and the 25 Gb/s rows show what the software sustains.")
-    print()
+def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
+    """Sync ms per iteration (the slowest process's, median over iterations)."""
+    if scheme == "gloo":
+        port = _ports(1)[0][1]
+        rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations), 4)
+    else:
+        datapath, pattern, p, loss = scheme.split(":")
+        n = 5 if pattern == "ps" else 4
+        peers = _peers(n)
+        rows = _run(_dlcp_collective_proc, lambda r: (r, peers, pattern, float(p), float(loss), iterations, mtu,
+                                                       datapath), n)
+        rows = [r for r in rows if r.get("times")]
+    per_it = [max(r["times"][i] for r in rows) for i in range(iterations)]
+    sent = sum(r.get("sent", 0) for r in rows)
+    resent = sum(r.get("resent", 0) for r in rows)
+    return {"ms": statistics.median(per_it) * 1e3, "resent %": 100 * resent / max(1, sent),
+            "overruns": sum(r.get("overruns", 0) for r in rows)}
 
 
 def print_collective(args) -> None:
-    print(f"2. 4 workers, 25 MB of gradients per iteration in {len(TENSOR_ELEMS)} tensors, "
-          f"MTU {args.mtu}, {args.iterations} iterations")
-    print(f"{'pattern':<8}{'p':>6}{'loss':>6}{'sync p50 ms':>13}{'msg p50 ms':>12}{'msg p99 ms':>12}"
-          f"{'max lost':>10}{'retx pkts':>11}")
-    for pattern in ("ps", "ring"):
-        for loss in (0.0, 0.02):
-            for p in (0.0, 0.05):
-                r = collective(pattern, p, loss, args.iterations, args.mtu)
-                print(f"{pattern:<8}{p:>6.2f}{loss:>6.0%}{r['sync_p50']:>13.1f}{r['msg_p50']:>12.1f}"
-                      f"{r['msg_p99']:>12.1f}{r['lost_max']:>10.4f}{r['retx']:>11}")
+    print(f"2. collectives: 4 processes, 25 MB in {len(TENSOR_ELEMS)} tensors fused into DDP's buckets, "
+          f"MTU {args.mtu}, {args.iterations} timed iterations per round")
+    schemes = {
+        "gloo all_reduce": "gloo",
+        "DLCP ring, lossless": "native:ring:0:0",
+        "DLCP ring, p=.05, 2% loss": "native:ring:0.05:0.02",
+        "DLCP PS, lossless": "native:ps:0:0",
+        "DLCP PS, p=.05, 2% loss": "native:ps:0.05:0.02",
+    }
+    if args.numpy:
+        schemes["DLCP ring lossless, numpy"] = "numpy:ring:0:0"
+    res = interleaved({k: (lambda v=v: collective_row(v, args.iterations, args.mtu)) for k, v in schemes.items()},
+                      args.rounds, "ms")
+    s = summary(res, "ms", "gloo all_reduce")
+    print(f"   {'':<28}{'sync ms':>9}{'range':>14}{'x gloo':>8}{'resent %':>10}{'overruns':>10}")
+    for name in schemes:
+        med, lo, hi, ratio = s[name]
+        resent = statistics.median(r["resent %"] for r in res[name])
+        over = sum(r["overruns"] for r in res[name])
+        print(f"   {name:<28}{med:9.1f}{f'{lo:.0f}-{hi:.0f}':>14}{ratio:8.2f}{resent:10.2f}{over:10}")
+    print("   sync ms: per iteration, the slowest process; resent %: of data packets sent, after the first timed")
+    print("   iteration; x gloo: the median over rounds of the ratio within a round.")
+    print()
 
+
+# ----------------------------------------------------------------------------- part 3: DDP steps
+
+def _ddp_proc(rank: int, port: int, store_port: int, workload: str, scheme: str, steps: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DLCP_STORE_PORT=str(store_port),
+                      RANK=str(rank), WORLD_SIZE="4")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.dptrain import get_workload
+
+    wl = get_workload(workload)
+    (x, y), _ = wl.load_data()
+    model = wl.make_model(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    session = None
+    if scheme != "gloo":
+        import dlcp_torch
+
+        session = dlcp_torch.init(scheme, model=model)
+        ddp.register_comm_hook(session.state, dlcp_torch.dlcp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=wl.lr, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    times = []
+    for _ in range(steps + 5):
+        idx = torch.randint(0, len(x), (wl.batch,), generator=g)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    dist.barrier()
+    if session is not None:
+        session.close()
+    q.put((rank, {"times": times[5:]}))
+    dist.destroy_process_group()
+
+
+def ddp_row(workload: str, scheme: str, steps: int) -> dict:
+    (port, _), (store, _) = _ports(2)
+    rows = _run(_ddp_proc, lambda r: (r, port, store, workload, scheme, steps), 4)
+    per_step = [max(r["times"][i] for r in rows) for i in range(steps)]
+    return {"ms": statistics.median(per_step) * 1e3}
+
+
+def print_ddp(args) -> None:
+    import importlib.util
+
+    workloads = ["digits"] + (["mnist1d"] if importlib.util.find_spec("mnist1d") else [])
+    print(f"3. DDP training steps, 4 workers on loopback, {args.steps} timed steps per round "
+          f"({', '.join(workloads)}{'' if 'mnist1d' in workloads else '; MNIST-1D skipped: pip install mnist1d'})")
+    for wl in workloads:
+        schemes = {f"{wl}: stock DDP over gloo": "gloo", f"{wl}: DDP + dlcp_hook, ring": "ring",
+                   f"{wl}: DDP + dlcp_hook, PS": "ps"}
+        res = interleaved({k: (lambda v=v, wl=wl: ddp_row(wl, v, args.steps)) for k, v in schemes.items()},
+                          args.rounds, "ms")
+        s = summary(res, "ms", f"{wl}: stock DDP over gloo")
+        print(f"   {'':<34}{'step ms':>9}{'range':>14}{'x gloo':>8}")
+        for name in schemes:
+            med, lo, hi, ratio = s[name]
+            print(f"   {name:<34}{med:9.2f}{f'{lo:.1f}-{hi:.1f}':>14}{ratio:8.2f}")
+    print("   step ms: forward, backward (with the exchange) and optimiser step, the slowest worker's median.")
+    print()
+
+
+# ----------------------------------------------------------------------------- part 4: the testbed workload
 
 def testbed_workload(fusion: bool, iterations: int) -> dict:
     """The testbed's workload on loopback: 4 workers + PS as separate ``topologies.agent``
     processes with the testbed's spec (ResNet-50 profile at scale 0.002, the rate configuration
     of 2000-pps bottlenecks), no switch and no compute, so an iteration is all communication."""
     import json
-    import subprocess
-    import sys
     import tempfile
-    from pathlib import Path
 
     from hostagent.policy import Policy
     from topologies.runner import RunOptions, agent_spec
@@ -283,13 +477,10 @@ def testbed_workload(fusion: bool, iterations: int) -> dict:
             server.terminate()
             server.wait(timeout=30)
         rows = [json.loads(line) for o in outs for line in o.read_text().splitlines()]
-    if os.environ.get("DLCP_BENCH_DEBUG"):
-        print([r for r in rows if r["kind"] == "endpoint"][0])
     measured = [r for r in rows if r["kind"] == "measured"]
     rate = spec["rate"]["line_rate"]
     sizes = layer_sizes_bytes(spec)
-    # the busiest link is the server's: it takes every worker's push and sends every pull
-    bound = 4 * sizes / rate
+    bound = 4 * sizes / rate  # the busiest link is the server's: every worker's push
     return {"sync_p50": statistics.median(r["sync_time"] for r in measured) * 1e3,
             "sync_p99": float(np.percentile([r["sync_time"] for r in measured], 99)) * 1e3,
             "bound": bound * 1e3, "messages": measured[0]["messages"],
@@ -313,18 +504,51 @@ def layer_sizes_bytes(spec: dict) -> int:
 
 
 def print_testbed(args) -> None:
-    print()
-    print("3. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
+    print("4. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
           "2000-pps rate configuration, no compute")
     print(f"{'fusion':<8}{'msgs/it':>8}{'sync p50 ms':>13}{'sync p99 ms':>13}{'bound ms':>10}{'p50/bound':>11}"
           f"{'ctl frames/it':>15}{'ctl bytes/it':>14}{'retx':>6}")
     for fusion in (True, False):
-        r = testbed_workload(fusion, max(3, args.iterations * 2))
+        with Load() as load:
+            r = testbed_workload(fusion, max(3, args.iterations * 2))
         print(f"{'on' if fusion else 'off':<8}{r['messages']:>8}{r['sync_p50']:>13.1f}{r['sync_p99']:>13.1f}"
               f"{r['bound']:>10.1f}{r['sync_p50'] / r['bound']:>11.2f}{r['ctl']:>15.0f}{r['ctl_bytes']:>14.0f}"
-              f"{r['retx']:>6}")
+              f"{r['retx']:>6}  {load}")
     print("bound = bytes the server's link carries in one direction per iteration (4 pushes) / the hosts' "
           "line rate; ctl frames/bytes = control frames a worker sent and received per iteration (medians)")
+
+
+# ----------------------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every scheme (default 3)")
+    ap.add_argument("--iterations", type=int, default=5, help="timed iterations per collective row (default 5)")
+    ap.add_argument("--messages", type=int, default=5, help="timed 100 MB messages per goodput row (default 5)")
+    ap.add_argument("--steps", type=int, default=50, help="timed DDP steps per row (default 50)")
+    ap.add_argument("--mtu", type=int, default=9000, help="MTU of the collectives (default 9000)")
+    ap.add_argument("--numpy", action="store_true", help="add the numpy path's ring to part 2")
+    ap.add_argument("--quick", action="store_true", help="1 round and fewer iterations: a smoke run")
+    ap.add_argument("--part", choices=("all", "goodput", "collective", "ddp", "testbed"), default="all")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.iterations, args.messages, args.steps = 1, 2, 2, 10
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    print(f"$ python {' '.join(sys.argv)}")
+    print(f"commit {commit}{' (with uncommitted changes)' if dirty else ''}, {os.cpu_count()} CPUs, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print()
+    if args.part in ("all", "goodput"):
+        print_goodput(args)
+    if args.part in ("all", "collective"):
+        print_collective(args)
+    if args.part in ("all", "ddp"):
+        print_ddp(args)
+    if args.part in ("all", "testbed"):
+        print_testbed(args)
 
 
 if __name__ == "__main__":

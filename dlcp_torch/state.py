@@ -191,6 +191,9 @@ class DLCPState:
                        layout: Layout | None = None, announced: bool = False) -> Future:
         """Start averaging ``grad`` (flat float32) over the workers; a Future of the average.
 
+        A ring averages ``grad`` in place (as DDP's allreduce hook averages its bucket) unless
+        error feedback is on; keep a copy if the original values are still needed.
+
         ``layout`` (a fused bucket's) tags each packet with the priority of the layer it carries;
         ``announced``: :meth:`announce` already announced it for ``iteration``.
         """
@@ -213,6 +216,10 @@ class DLCPState:
                                                              announced=announced)
             idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
             vals = grad[idx]  # the worker's own gradient there
+        elif grad.dtype == np.float32 and grad.ndim == 1 and grad.flags.c_contiguous and grad.flags.writeable:
+            # in place, as DDP's own allreduce hook averages its bucket: no copy of the gradient
+            (idx, vals), = self._exchanger.allreduce_inplace(iteration, [grad], [key], [priority], [layout])
+            avg = grad
         else:
             (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority], [layout])
         if self.error_feedback:

@@ -21,13 +21,13 @@ import time
 from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.messages import PeerUnreachable, TransportClosed, TransportError
-from hostagent.protocol.core import BULK_TICK, IDLE_TICK, URGENT_TICK
+from hostagent.protocol.core import IDLE_TICK
 
 log = logging.getLogger("hostagent.transport")
 
 MAX_PENDING_HANDSHAKES = 64  # accepted connections still in their handshake; past it the oldest goes
 
-__all__ = ["BULK_TICK", "IDLE_TICK", "URGENT_TICK", "ControlPath"]
+__all__ = ["IDLE_TICK", "ControlPath"]
 
 
 class _Rejected(Exception):
@@ -170,13 +170,12 @@ class ControlPath:
 
     # ------------------------------------------------------------------ the control thread
     def _ctl_loop(self) -> None:
+        """Wait for a frame, an event of the data path or a wake, or the core's next deadline;
+        hand over what came; run the core's timers when something happened or a deadline
+        passed; send what it queued. Between deadlines the thread sleeps: a bulk transfer costs
+        the application (whose interpreter lock the thread takes) nothing."""
         next_timer = 0.0
         while self._running:
-            # Why three periods: a tick takes the interpreter lock from the application's threads;
-            # idle agents must not spin a core on a 2-core testbed.
-            with self._lock:
-                period = self.core.tick_period()
-            next_timer = min(next_timer, time.monotonic() + period)  # idle -> busy: tick fast at once
             timeout = max(0.0, next_timer - time.monotonic())
             try:
                 events = self._sel.select(timeout)
@@ -194,17 +193,14 @@ class ControlPath:
                     # cleared after draining and before the timers run below: a wake that
                     # finds it still set is served by this very run
                     self._wake_pending = False
-                    next_timer = 0.0  # new work: run the timers now, not at the end of an idle tick
                 elif key.data == "datapath":
                     self._on_datapath_events()
-                    next_timer = min(next_timer, time.monotonic() + URGENT_TICK)
                 elif key.data is None:
                     self._accept()
                 else:
                     self._read(key.data)
-                    # a frame may have made a timer close (a BITMAP ends a retransmission's
-                    # pass, a PROBE asks for an answer): look again within a millisecond
-                    next_timer = min(next_timer, time.monotonic() + URGENT_TICK)
+            if events:
+                next_timer = 0.0  # something came: its answers and deadlines are worked out now
             for conn in [c for c in self._all_conns if c.error]:
                 self._drop_conn(conn, conn.error)
             now = time.monotonic()
@@ -214,11 +210,11 @@ class ControlPath:
             if now >= next_timer:
                 try:
                     with self._lock:
-                        period = self.core.handle_timer(now)
+                        delay = self.core.handle_timer(now)
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
-                    period = BULK_TICK
-                next_timer = now + period
+                    delay = IDLE_TICK
+                next_timer = now + delay
             self._flush_all(connect=False)
 
     def _on_datapath_events(self) -> None:

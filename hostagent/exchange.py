@@ -175,12 +175,16 @@ class _Planner:
         return plan
 
 
-def _fuse(flats: Sequence[np.ndarray], plan: Sequence[Bucket]) -> list[np.ndarray]:
+def _fuse(flats: Sequence[np.ndarray], plan: Sequence[Bucket], scale: float = 1.0) -> list[np.ndarray]:
+    """The tensors laid out in their buckets (float32), each times ``scale``, in one pass."""
     out = []
     for b in plan:
         buf = np.empty(b.total, dtype=np.float32)
         for t, off, size in zip(b.tensors, b.offsets, b.sizes):
-            buf[off : off + size] = flats[t]
+            if scale == 1.0:
+                buf[off : off + size] = flats[t]
+            else:
+                np.multiply(flats[t], np.float32(scale), out=buf[off : off + size], casting="unsafe")
         out.append(buf)
     return out
 
@@ -435,29 +439,54 @@ class RingAllreduce:
         """
         flats = [_flat(g) for g in grads]
         plan = self.plan([f.size for f in flats], priorities)
-        res = self.allreduce_detailed(iteration, _fuse(flats, plan), [b.index for b in plan],
-                                      [b.layout.top_priority for b in plan], [b.layout for b in plan])
-        return _unfuse([avg for avg, _, _ in res], plan, grads)
+        bufs = _fuse(flats, plan, 1.0 / self.n)  # scaled as they are copied: no pass to divide at the end
+        self._ring(iteration, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
+                   [b.layout for b in plan])
+        return _unfuse(bufs, plan, grads)
+
+    def allreduce_inplace(self, iteration: int, buffers: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                          priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Average each of ``buffers`` (contiguous 1-D float32, a DDP bucket's, say) over the
+        ring in place, as DDP's own allreduce hook does with its buckets; returns what each
+        buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does.
+
+        Example: ``ring.allreduce_inplace(it, [bucket])``
+        """
+        for b in buffers:
+            if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
+                raise ValueError("allreduce_inplace needs contiguous 1-D float32 arrays")
+            b *= np.float32(1.0 / self.n)
+        return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts)
 
     def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
                            priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None
                            ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """As :meth:`allreduce`, with what this member's reduce-scatter sends lost, per tensor:
         (average, flat indices, the partial-sum values sent there). Error feedback re-injects
-        those values, which keeps the ring's sum over iterations whole.
+        those values, which keeps the ring's sum over iterations whole. The inputs are not changed."""
+        bufs = [_flat(g).astype(np.float32) * np.float32(1.0 / self.n) for g in grads]  # scaled working copies
+        lost = self._ring(iteration, bufs, tensor_ids, priorities, layouts)
+        return [(b.reshape(np.shape(g)), idx, vals) for b, g, (idx, vals) in zip(bufs, grads, lost)]
+
+    def _ring(self, iteration: int, bufs: list[np.ndarray], tensor_ids: Sequence[int] | None,
+              priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Sum ``bufs`` (float32, each already divided by the ring's size) over the ring, in place;
+        returns per buffer what its reduce-scatter sends lost: (flat indices, values in the
+        inputs' units).
 
         How it runs: every step of every tensor is handed to the transport at once. Each step's
         send waits in the data path until the step before it has been received, and then starts
         from there, without a round trip through Python; reduce-scatter receives add each packet
-        into the working buffer as it arrives (exactly once), so a chunk is reduced while the next
-        one is still on the wire. Python only waits for the last all-gather step.
+        into the buffer as it arrives (exactly once), so a chunk is reduced while the next one is
+        still on the wire. Python only waits for the last all-gather step.
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
-        bufs = [_flat(g).astype(np.float32) for g in grads]  # working copies; inputs stay untouched
         none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         if self.n == 1:
-            return [(b.reshape(np.shape(g)), *none) for b, g in zip(bufs, grads)]
+            return [none for _ in bufs]
         per = elems_per_packet(self.ep.config.mtu, np.float32)
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
@@ -505,13 +534,8 @@ class RingAllreduce:
         for (t, _, snap, lo), st in zip(sends, sent_stats):
             if t >= 0 and st.lost_packets is not None:  # a partial sum went missing: what it held
                 local = lost_elements(st.lost_packets, per, st.elements)
-                lost[t].append((local + lo, snap[local] if snap is not None else np.zeros(len(local), np.float32)))
-        for buf in bufs:
-            buf /= np.float32(n)
+                vals = snap[local] * np.float32(n) if snap is not None else np.zeros(len(local), np.float32)
+                lost[t].append((local + lo, vals))
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)
-        out = []
-        for b, g, ls in zip(bufs, grads, lost):
-            idx = np.concatenate([x for x, _ in ls]) if ls else none[0]
-            vals = np.concatenate([v for _, v in ls]) if ls else none[1]
-            out.append((b.reshape(np.shape(g)), idx, vals))
-        return out
+        return [(np.concatenate([x for x, _ in ls]), np.concatenate([v for _, v in ls])) if ls else none
+                for ls in lost]

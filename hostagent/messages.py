@@ -8,7 +8,6 @@ there is no way to wait forever.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

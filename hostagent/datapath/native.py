@@ -124,6 +124,9 @@ class NativeDatapath:
         p = self._dp.progress(src, message_id)
         return None if p is None else Progress(*p)
 
+    def progress_all(self) -> dict[tuple[int, int], Progress]:
+        return {(src, mid): Progress(*p) for src, mid, p in self._dp.progress_all()}
+
     def complete(self, src: int, message_id: int, fire: bool) -> bool:
         return self._dp.complete(src, message_id, fire)
 

@@ -21,7 +21,7 @@ import struct
 import termios
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,6 +292,11 @@ class NumpyDatapath:
             a = rx.asm
             return Progress(a.received_pkts, a.received_elems, a.duplicates, rx.retx_seen, rx.first_arrival,
                             rx.last_arrival, rx.state)
+
+    def progress_all(self) -> dict[tuple[int, int], Progress]:
+        with self._lock:
+            return {k: Progress(rx.asm.received_pkts, rx.asm.received_elems, rx.asm.duplicates, rx.retx_seen,
+                                rx.first_arrival, rx.last_arrival, rx.state) for k, rx in self._rx.items()}
 
     def complete(self, src: int, message_id: int, fire: bool) -> bool:
         with self._lock:

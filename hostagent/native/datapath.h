@@ -162,6 +162,7 @@ class Datapath {
     // receive side
     void expect(const RxSpec& spec);
     bool progress(uint16_t src, uint32_t mid, Progress& out);
+    std::vector<std::tuple<uint16_t, uint32_t, Progress>> progress_all();
     bool complete(uint16_t src, uint32_t mid, bool fire);  // false if not receiving (already done)
     void forget(uint16_t src, uint32_t mid, bool remember);
     void expire_parked(double older_than);

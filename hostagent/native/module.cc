@@ -160,6 +160,17 @@ NB_MODULE(_datapath, m) {
                  if (!d.progress(src, mid, p)) return nb::none();
                  return progress_tuple(p);
              })
+        .def("progress_all",
+             [](Datapath& d) {
+                 std::vector<std::tuple<uint16_t, uint32_t, Progress>> all;
+                 {
+                     nb::gil_scoped_release r;
+                     all = d.progress_all();
+                 }
+                 nb::list out;
+                 for (auto& [src, mid, p] : all) out.append(nb::make_tuple(src, mid, progress_tuple(p)));
+                 return out;
+             })
         .def("complete", &Datapath::complete, "src"_a, "message_id"_a, "fire"_a,
              nb::call_guard<nb::gil_scoped_release>())
         .def("forget", &Datapath::forget, "src"_a, "message_id"_a, "remember"_a,

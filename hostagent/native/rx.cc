@@ -118,6 +118,14 @@ bool Datapath::progress(uint16_t src, uint32_t mid, Progress& out) {
     return true;
 }
 
+std::vector<std::tuple<uint16_t, uint32_t, Progress>> Datapath::progress_all() {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    std::vector<std::tuple<uint16_t, uint32_t, Progress>> out;
+    out.reserve(rx_.size());
+    for (auto& kv : rx_) out.emplace_back(kv.second->spec.src, kv.second->spec.message_id, kv.second->prog);
+    return out;
+}
+
 bool Datapath::complete(uint16_t src, uint32_t mid, bool fire) {
     std::lock_guard<std::mutex> g(rx_mu_);
     auto it = rx_.find(key_of(src, mid));

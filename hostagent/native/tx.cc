@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <linux/udp.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
@@ -70,6 +71,8 @@ void Datapath::start() {
     if (running_.exchange(true)) return;
     rx_thread_ = std::thread([this] { rx_loop(); });
     tx_thread_ = std::thread([this] { tx_loop(); });
+    pthread_setname_np(rx_thread_.native_handle(), ("dlcp-rx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
+    pthread_setname_np(tx_thread_.native_handle(), ("dlcp-tx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
 }
 
 void Datapath::stop() {
@@ -188,8 +191,7 @@ void Datapath::submit(const TxSpec& spec) {
     m->datagram_bytes = uint32_t(H_) + spec.per * uint32_t(m->itemsize);
     m->held = spec.held;
     uint64_t key = key_of(spec.dest, spec.message_id);
-    if (!spec.held) prepare(m);  // in the caller's thread: the tags are ready before the first packet
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard<std::mutex> g(tx_mu_);  // the send thread prepares it (tags from the payload) when it picks it
     if (!dests_.count(spec.dest)) {
         delete m;
         throw std::invalid_argument("submit: unknown destination rank " + std::to_string(spec.dest));

@@ -39,7 +39,7 @@ from hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, Re
                                 TransportClosed, TransportError, TransportTimeout)
 from hostagent.packetizer import MessageMeta, elems_per_packet
 from hostagent.policy import required_elements, retransmission_set
-from hostagent.protocol.incoming import Incoming, answer_due, packet_gap
+from hostagent.protocol.incoming import Incoming, answer_due, answer_grace, packet_gap
 from hostagent.protocol.outgoing import Outgoing
 from hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
@@ -50,9 +50,8 @@ log = logging.getLogger("hostagent.transport")
 MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
 RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
 RECENT_DONE = 4096  # finished messages remembered, to answer a repeated PROBE
-IDLE_TICK = 0.05  # timer period of an endpoint with no message in flight (s)
-BULK_TICK = 0.005  # period while messages are in flight but no timer is close (s)
-URGENT_TICK = 0.001  # period while a timer is close: an answer, a probe or congestion feedback (s)
+IDLE_TICK = 0.05  # the longest the timers wait between runs (s)
+URGENT_TICK = 0.001  # how soon an answer held by a busy receive socket is looked at again (s)
 HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long after its last packet
 
@@ -92,7 +91,6 @@ class ProtocolCore:
         self.fb_sent_at: dict[int, float] = {}
         self.drain_sent: dict[int, int] = {}
         self.outbox: dict[int, list[bytes]] = defaultdict(list)
-        self.urgent = False
         self._order = 0
         self._deferred: dict[tuple[int, int], TxSpec] = {}
         self._last_rate: dict[int, float] = {}
@@ -357,7 +355,6 @@ class ProtocolCore:
             if msg is not None:
                 msg.ask(now)
                 msg.probes += 1
-                self.urgent = True
                 return
             held = self.recent_done.get(key)
             if held is None:
@@ -478,7 +475,6 @@ class ProtocolCore:
                 if msg is not None:
                     msg.last_arrival = max(msg.last_arrival, t)
                     msg.ask(t)
-                    self.urgent = True
             elif kind == EventKind.RX_RETX:
                 msg = self.inc.get(key)
                 if msg is not None:
@@ -488,12 +484,10 @@ class ProtocolCore:
                         self.srtt[peer] = sample if old is None else 0.875 * old + 0.125 * sample
                         msg.bitmap_sent_at = None
                     msg.retx_seen += a
-            elif kind == EventKind.CONGESTION:
-                self.urgent = True
             elif kind == EventKind.TX_PASS:
                 m = self.out.get(key)
-                if m is not None and m.on_pass_done(a, t):
-                    self.urgent = True
+                if m is not None:
+                    m.on_pass_done(a, t)
             elif kind == EventKind.TX_ACTIVE:
                 m = self.out.get(key)
                 if m is not None:
@@ -504,12 +498,15 @@ class ProtocolCore:
     def handle_timer(self, now: float) -> float:
         """Answers to ends of pass, idle completion, probes, deadlines, feedback, parked data.
 
-        Returns how long until it should run again (shorter while a timer is close).
+        Returns how long until it wants to run again: until its earliest deadline (an answer's
+        grace, a probe, an idle timeout, a report, a message's deadline), at most IDLE_TICK. The
+        data path's events and every control record call for a run at once besides.
         """
-        urgent = False
+        wake = now + IDLE_TICK
         busy: bool | None = None
+        progress = self.port.progress_all() if self.inc else {}
         for msg in list(self.inc.values()):
-            p = self.port.progress(msg.src, msg.message_id)
+            p = progress.get(msg.key)
             if p is not None:
                 if p.state:
                     continue  # completed by the data path: its RX_DONE event finishes it
@@ -523,27 +520,35 @@ class ProtocolCore:
                         f"{self.config.message_deadline:g} s deadline with "
                         f"{msg.received_elems / max(1, msg.total_elems):.1%} received"))
                 continue
-            urgent = urgent or msg.probe_pending
+            wake = min(wake, msg.deadline)
             if msg.probe_pending:
+                due = msg.last_arrival + answer_grace(self.config.probe_grace, msg)
+                if now < due:
+                    wake = min(wake, due)
+                    continue
                 if busy is None:
                     busy = self.port.rx_busy()
-                if answer_due(msg, now, self.config.probe_grace, busy):
-                    msg.probe_pending = False
-                    msg.probe_since = None
-                    if msg.is_complete():
-                        self._complete(msg, "exact" if msg.is_exact() else "bounded", now)
-                    else:
-                        self.queue(msg.src, wire.PacketType.BITMAP, msg.message_id,
-                                   wire.BITMAP_PREFIX.pack(msg.received_elems) + msg.missing_bitmap())
-                        msg.bitmap_sent_at = now
-                        if msg.first_bitmap_at is None:
-                            msg.first_bitmap_at = now
-                            msg.pace = packet_gap(msg)  # the first pass's; recovery waits are not its pace
+                if not answer_due(msg, now, self.config.probe_grace, busy):
+                    wake = min(wake, now + URGENT_TICK)  # the socket is busy: look again shortly
                     continue
-            idle = now - msg.last_arrival
-            if (idle >= max(self.config.idle_timeout, 8 * self.srtt.get(msg.src, 0.0)) and msg.received_pkts
-                    and msg.is_complete()):
-                self._complete(msg, "idle", now)
+                msg.probe_pending = False
+                msg.probe_since = None
+                if msg.is_complete():
+                    self._complete(msg, "exact" if msg.is_exact() else "bounded", now)
+                else:
+                    self.queue(msg.src, wire.PacketType.BITMAP, msg.message_id,
+                               wire.BITMAP_PREFIX.pack(msg.received_elems) + msg.missing_bitmap())
+                    msg.bitmap_sent_at = now
+                    if msg.first_bitmap_at is None:
+                        msg.first_bitmap_at = now
+                        msg.pace = packet_gap(msg)  # the first pass's; recovery waits are not its pace
+                continue
+            if msg.loss_bound > 0 and msg.received_pkts:  # (a bound of 0 completes only exact, in the data path)
+                due = msg.last_arrival + max(self.config.idle_timeout, 8 * self.srtt.get(msg.src, 0.0))
+                if now >= due and msg.is_complete():
+                    self._complete(msg, "idle", now)
+                else:
+                    wake = min(wake, due if due > now else now + self.config.idle_timeout)
         for key, m in list(self.out.items()):
             if now > m.deadline:
                 del self.out[key]
@@ -556,39 +561,40 @@ class ProtocolCore:
                     f"missed its {self.config.message_deadline:g} s deadline ({sent} packets sent, {m.probes} "
                     f"probes, {info.retransmissions if info else 0} retransmitted)"))
                 continue
+            wake = min(wake, m.deadline)
             if m.stopped or m.held or m.sending:
                 continue
-            urgent = True  # the pass is over: a probe is due within a round trip
             timer = self.answer_timer(m.dest)
             if not m.awaiting_reply:
                 # A STOP usually arrives within a round trip, so a PROBE before then would be wasted.
-                if m.pass_done_at is not None and now >= m.pass_done_at + timer.probe_delay():
-                    m.awaiting_reply = True
-                    m.probe_sent_at = now
-                    m.probes += 1
-                    self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
-            elif m.probe_sent_at is not None and now >= m.probe_sent_at + timer.reprobe_timeout():
-                # no answer (the receiver did not know the message yet): ask again
-                m.probe_sent_at = now
-                m.probes += 1
-                self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
+                if m.pass_done_at is None:
+                    continue
+                due = m.pass_done_at + timer.probe_delay()
+                if now < due:
+                    wake = min(wake, due)
+                    continue
+                m.awaiting_reply = True
+            elif m.probe_sent_at is not None and now < m.probe_sent_at + timer.reprobe_timeout():
+                wake = min(wake, m.probe_sent_at + timer.reprobe_timeout())
+                continue
+            # the first probe, or no answer to the last one (the receiver did not know the message yet)
+            m.probe_sent_at = now
+            m.probes += 1
+            self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
+            wake = min(wake, now + timer.reprobe_timeout())
         for rank in sorted(self.authed):
             if rank == self.rank:
                 continue
-            self.fb[rank].add(self.port.take_feedback(rank))
-            counts = self.fb[rank]
-            urgent = urgent or bool(counts.marked or counts.lost)  # congestion is reported every feedback_interval
             rec = self.feedback_record(rank, now, force=False)
             if rec is not None:
                 self.outbox[rank].append(rec)
+            due = self.feedback_due(rank, now)
+            if due is not None:
+                wake = min(wake, due)
+        if self.inc:  # data streams in without events: its clean reports are due every bulk interval
+            wake = min(wake, now + self.config.bulk_feedback_interval)
         self.port.expire_parked(now - self.config.message_deadline)
-        self.urgent = urgent
-        return self.tick_period()
-
-    def tick_period(self) -> float:
-        if not (self.inc or self.out or self.waiting):
-            return IDLE_TICK
-        return URGENT_TICK if self.urgent else BULK_TICK
+        return max(0.0, wake - now)
 
     # ------------------------------------------------------------------ inputs: peers
     def peer_failed(self, rank: int, why: str) -> bool:
@@ -674,33 +680,40 @@ class ProtocolCore:
         share = drain_share(self.port.drain_rate(now), self.startup_drain, active, new_sender)
         return 0 if share <= 0 else max(1, min(wire.FIELD_MAX["job_id"], int(share / 1000)))
 
-    def feedback_record(self, rank: int, now: float, force: bool) -> bytes | None:
-        """A FEEDBACK record for sender ``rank`` if one is due, resetting its counters.
+    def _feedback_interval(self, counts: FeedbackCounts, rank: int, now: float) -> tuple[float, int]:
+        """How long a report to ``rank`` may wait after the previous one, and the drain share it
+        carries: congestion (CE marks, socket overruns, a new or much lower drain share, which
+        the sender must heed) every ``feedback_interval``; a clean report every
+        ``bulk_feedback_interval`` once ``bulk_feedback_packets`` arrived (a long transfer, whose
+        sender grows its rate on these reports), else every ``clean_feedback_interval``."""
+        share = self.drain_share_kBps(now)
+        last = self.drain_sent.get(rank, 0)
+        if counts.marked or counts.lost or (share and (not last or share < 0.8 * last)):
+            return self.config.feedback_interval, share
+        if counts.received >= self.config.bulk_feedback_packets:
+            return self.config.bulk_feedback_interval, share
+        return self.config.clean_feedback_interval, share
 
-        Congestion (CE marks, socket overruns) is reported every ``feedback_interval``; a clean
-        report waits ``bulk_feedback_interval`` once ``bulk_feedback_packets`` arrived (a long
-        transfer, whose sender grows its rate on these reports), else
-        ``clean_feedback_interval``, unless ``force`` (another record is leaving for that peer
-        anyway, so it rides along for free).
-        """
+    def feedback_due(self, rank: int, now: float) -> float | None:
+        """When the next report to ``rank`` is due (None: nothing to report)."""
+        counts = self.fb.get(rank)
+        if not counts:
+            return None
+        sent_at = self.fb_sent_at.get(rank)
+        return now if sent_at is None else sent_at + self._feedback_interval(counts, rank, now)[0]
+
+    def feedback_record(self, rank: int, now: float, force: bool) -> bytes | None:
+        """A FEEDBACK record for sender ``rank`` if one is due (see :meth:`_feedback_interval`),
+        resetting its counters; with ``force`` at once (another record is leaving for that peer
+        anyway, so it rides along for free)."""
         if rank in self.authed:
             self.fb[rank].add(self.port.take_feedback(rank))
         counts = self.fb.get(rank)
         if not counts:
             return None
         sent_at = self.fb_sent_at.get(rank)
-        since = float("inf") if sent_at is None else now - sent_at
-        share = self.drain_share_kBps(now)
-        last = self.drain_sent.get(rank, 0)
-        # a new or much lower drain share is as urgent as congestion: the sender must slow down
-        congested = counts.marked or counts.lost or (share and (not last or share < 0.8 * last))
-        if congested:
-            due = self.config.feedback_interval
-        elif counts.received >= self.config.bulk_feedback_packets:
-            due = self.config.bulk_feedback_interval
-        else:
-            due = self.config.clean_feedback_interval
-        if not force and since < due:
+        interval, share = self._feedback_interval(counts, rank, now)
+        if not force and sent_at is not None and now - sent_at < interval:
             return None
         del self.fb[rank]
         self.fb_sent_at[rank] = now
@@ -709,8 +722,8 @@ class ProtocolCore:
         flags = wire.Flags.ECN_ECHO if counts.marked else wire.Flags.NONE
         return wire.pack_record(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id, message_id=0,
                                             sender_rank=self.rank, flags=flags, priority=self.policy.top_priority),
-                                wire.FEEDBACK_BODY.pack(min(counts.received, 0xFFFFFFFF), min(counts.marked, 0xFFFFFFFF),
-                                                        min(counts.lost, 0xFFFFFFFF), share))
+                                wire.FEEDBACK_BODY.pack(*(min(c, 0xFFFFFFFF) for c in
+                                                          (counts.received, counts.marked, counts.lost)), share))
 
     def hello_feedback(self, now: float) -> bytes:
         """The FEEDBACK that opens a connection: what we can drain, before any data."""
@@ -737,4 +750,4 @@ def _rest(result: RecvResult) -> tuple:
     return (result.stats, result.received, result.elems_per_packet, result.packet_priorities, result.packet_layers)
 
 
-__all__ = ["BULK_TICK", "HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK"]
+__all__ = ["HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK"]

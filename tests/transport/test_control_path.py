@@ -225,7 +225,8 @@ def test_a_peer_that_stops_reading_costs_only_its_own_messages(datapath):
     held = []
     # completes the handshake (an authenticated peer), then never reads again
     threading.Thread(target=lambda: held.append(rogue.accept_as(mute, 2)), daemon=True).start()
-    a, b = (Endpoint(TransportConfig(datapath=datapath, rank=r, peers=peers, policy=Policy(loss_bound_push=0.0))).start() for r in (0, 1))
+    a, b = (Endpoint(TransportConfig(datapath=datapath, rank=r, peers=peers, policy=Policy(loss_bound_push=0.0))).start()
+            for r in (0, 1))
     try:
         flooded = threading.Event()
 

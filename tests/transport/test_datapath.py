@@ -53,8 +53,8 @@ def _expect(dp, src: int, mid: int, total: int, iteration: int = 0, accumulate: 
 def _datagrams(x: np.ndarray, mid: int, sender: int = 1, iteration: int = 0, token: int | None = None,
                dtype=np.float32) -> list[bytes]:
     tok = auth.message_token(KEY1, 1, sender, mid, iteration) if token is None else token
-    return list(packetize(x.astype(dtype), MessageMeta(job_id=1, message_id=mid, sender_rank=sender, iteration=iteration,
-                                                       token=tok), POLICY))
+    meta = MessageMeta(job_id=1, message_id=mid, sender_rank=sender, iteration=iteration, token=tok)
+    return list(packetize(x.astype(dtype), meta, POLICY))
 
 
 def _with(d: bytes, **fields) -> bytes:

@@ -287,8 +287,8 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 
     per = elems_per_packet(1500, np.float32)
-    batch = packetize(_grad(per * 4), MessageMeta(job_id=1, message_id=5, sender_rank=0, token=b.core.rx_token(0, 5, 0)),
-                      Policy())
+    meta = MessageMeta(job_id=1, message_id=5, sender_rank=0, token=b.core.rx_token(0, 5, 0))
+    batch = packetize(_grad(per * 4), meta, Policy())
     b.recv(0, 5)
     ce = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     ce.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0b11)

@@ -14,7 +14,7 @@ import pytest
 from hostagent import auth, wire
 from hostagent.messages import Expect, PeerFailed, TransportTimeout
 from hostagent.policy import Policy, required_elements
-from hostagent.protocol.core import BULK_TICK, IDLE_TICK, URGENT_TICK, ProtocolCore
+from hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
 from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
 from hostagent.protocol.port import EventKind, Progress, RxBuffers, TxInfo
 from hostagent.transport_config import TransportConfig, local_peers
@@ -45,6 +45,7 @@ class FakePort:
         self.rx[(spec.src, spec.message_id)] = spec
         self.prog[(spec.src, spec.message_id)] = Progress(0, 0, 0, 0, 0.0, 0.0, 0)
     def progress(self, src, mid): return self.prog.get((src, mid))
+    def progress_all(self): return dict(self.prog)
     def complete(self, src, mid, fire):
         p = self.prog.get((src, mid))
         if p is None or p.state:
@@ -194,7 +195,7 @@ def test_the_end_of_a_pass_is_answered_once_the_message_is_quiet_for_its_grace()
     h = _expect(core, 20, 0.1)
     port.deliver(1, 9, range(19), now=0.010)
     core.on_events([(EventKind.RX_LAST, 1, 9, 0.010, 0)], now=0.010)
-    assert core.tick_period() == URGENT_TICK
+    assert core.handle_timer(0.010) == pytest.approx(0.002)  # it wants to run when the grace is over
     core.handle_timer(0.011)
     assert not h.done() and kinds(core, 1) == []  # 1 ms quiet: not yet
     core.handle_timer(0.013)
@@ -347,17 +348,23 @@ def test_marks_cut_the_rate_once_per_window_and_the_data_path_paces_at_it():
     assert port.rates[1] < cut
 
 
-def test_the_timer_period_follows_what_is_in_flight():
-    """Idle: rarely; messages in flight: BULK_TICK; an answer, probe or report due: every ms.
-    (The control thread sleeps this long between timer runs, so a bulk transfer costs the
-    application little, and the end of a pass is still answered within a millisecond.)"""
-    core, port = make_core()
+def test_the_timers_sleep_until_their_next_deadline():
+    """Idle: IDLE_TICK; data streaming in: the next clean report; a pass ended: the probe; an
+    answer due: the end of its grace; a socket busy when an answer is due: a millisecond. (The
+    control thread sleeps this long, so a bulk transfer costs the application nothing, and the
+    end of a pass is still answered when its grace is over.)"""
+    core, port = make_core(bulk_feedback_interval=0.02)
     assert core.handle_timer(0.0) == IDLE_TICK
     _expect(core, 20, 0.0)
     port.deliver(1, 9, range(5), now=0.0)
-    assert core.handle_timer(0.001) == BULK_TICK
-    core.on_events([(EventKind.RX_LAST, 1, 9, 0.002, 0)], now=0.002)
-    assert core.tick_period() == URGENT_TICK
+    assert core.handle_timer(0.001) == pytest.approx(0.02)
+    core.send(2, np.zeros(PER, np.float32), 3, now=0.001)
+    core.on_events([(EventKind.TX_PASS, 2, 3, 0.002, 0)], now=0.002)
+    assert core.handle_timer(0.002) == pytest.approx(core.answer_timer(2).probe_delay())
+    core.on_events([(EventKind.RX_LAST, 1, 9, 0.003, 0)], now=0.003)
+    assert core.handle_timer(0.003) == pytest.approx(core.config.probe_grace)
+    port.busy = True
+    assert core.handle_timer(0.003 + core.config.probe_grace) == pytest.approx(URGENT_TICK)
 
 
 # ---------------------------------------------------------------- the answer grace

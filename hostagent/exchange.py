@@ -43,7 +43,7 @@ import numpy as np
 from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
 from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, layer_priorities
+from hostagent.policy import Policy, drop_classes, layer_priorities, packet_magnitudes
 from hostagent.transport import Endpoint
 
 log = logging.getLogger(__name__)
@@ -296,48 +296,89 @@ class PSServer:
         self.missing: Missing = missing
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.history: list[ExchangeStats] = []
+        self._sizes: dict[int, int] = {}  # tensor -> elements, once seen
+        self._banks: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
 
     def serve_iteration(self, iteration: int, num_tensors: int) -> ExchangeStats:
         """Receive ``num_tensors`` messages from every worker, aggregate, reply.
 
         With fused workers a message is a bucket: pass ``len(worker.plan(sizes))``.
 
-        Tensors are aggregated as soon as every worker's copy is complete, highest priority
-        first among those ready; replies carry the tensor's priority and the pull bound.
+        A tensor is answered as soon as every worker's copy is complete; replies carry the
+        tensor's priority (per packet, as the pushes carried it) and the pull bound. Once a
+        tensor's size is known (after the first iteration) and missing elements count as zero,
+        the workers' pushes are added into one buffer by the receive path as they arrive, so
+        nothing is summed afterwards; the reply's drop classes are computed once for all workers.
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
-        pushes = {(w, t): self.ep.recv(w, message_id(iteration, t, 0)) for w in self.workers for t in range(num_tensors)}
-        pending = list(range(num_tensors))
+        n = len(self.workers)
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        sums = self._sum_buffers(iteration, num_tensors)
+        pushes: dict[tuple[int, int], RecvHandle] = {}
+        for t in range(num_tensors):
+            for w in self.workers:
+                mid = message_id(iteration, t, 0)
+                h = (self.ep.recv(w, mid, out=sums[t], accumulate=True) if sums[t] is not None
+                     else self.ep.recv(w, mid))
+                h.add_done_callback(lambda _h, t=t: done.put(t))
+                pushes[(w, t)] = h
+        waiting = dict.fromkeys(range(num_tensors), n)
         replies: list[SendHandle] = []
         received: list[RecvResult] = []
-        keep: list[np.ndarray] = []
         prio_of: dict[int, int] = {}
-        while pending:
-            ready = [t for t in pending if all(pushes[(w, t)].done() for w in self.workers)]
-            if not ready:
-                if time.monotonic() > deadline:
-                    raise TransportTimeout(f"parameter server: iteration {iteration} not complete within "
-                                           f"{self.timeout:g} s; waiting on tensors {pending[:8]}")
-                time.sleep(0.0002)
+        per = elems_per_packet(self.ep.config.mtu, np.float32)
+        while waiting:
+            try:
+                t = done.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TransportTimeout(f"parameter server: iteration {iteration} not complete within "
+                                       f"{self.timeout:g} s; waiting on tensors {sorted(waiting)[:8]}") from None
+            waiting[t] -= 1
+            if waiting[t]:
                 continue
-            for t in ready:
-                results = [pushes[(w, t)].wait(0) for w in self.workers]
-                received.extend(results)
-                agg = aggregate(results, len(self.workers), self.missing)
-                keep.append(agg)  # must outlive its sends (zero-copy)
-                priority = prio_of.setdefault(t, self._priority(results[0]))
-                layout = _echo_layout(results)
-                for w in self.workers:
-                    replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
-                                                loss_bound=self.policy.loss_bound_pull, iteration=iteration,
-                                                tensor_id=t, layer=layout.first_layer, layout=layout,
-                                                announce=False))
-                pending.remove(t)
-        sent = _wait_all(replies, deadline)
+            del waiting[t]
+            results = [pushes[(w, t)].wait(0) for w in self.workers]
+            received.extend(results)
+            if sums[t] is not None:  # added as it arrived: average in place
+                agg = sums[t]
+                agg *= np.float32(1.0 / n)
+            else:
+                agg = aggregate(results, n, self.missing)
+                self._sizes[t] = agg.size
+            priority = prio_of.setdefault(t, self._priority(results[0]))
+            layout = _echo_layout(results)
+            classes = drop_classes(packet_magnitudes(agg, per, self.policy.magnitude), self.policy)
+            for w in self.workers:
+                replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
+                                            loss_bound=self.policy.loss_bound_pull, iteration=iteration, tensor_id=t,
+                                            layer=layout.first_layer, layout=layout, announce=False,
+                                            drop_classes=classes))
+        sent = _wait_all(replies, deadline)  # (the aggregates must outlive their sends: zero-copy)
         stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent)
         self.history.append(stats)
         return stats
+
+    def _sum_buffers(self, iteration: int, num_tensors: int) -> list[np.ndarray | None]:
+        """A zeroed buffer per tensor whose size is known (None for the others, or for all when
+        missing elements are averaged over the workers present): two sets, used in turn, so an
+        iteration's aggregates stay untouched until their replies are done."""
+        if self.missing != "zero":
+            return [None] * num_tensors
+        bank = self._banks[iteration % 2]
+        out: list[np.ndarray | None] = []
+        for t in range(num_tensors):
+            size = self._sizes.get(t)
+            if size is None:
+                out.append(None)
+                continue
+            buf = bank.get(t)
+            if buf is None or buf.size != size:
+                buf = bank[t] = np.zeros(size, np.float32)
+            else:
+                buf.fill(0.0)
+            out.append(buf)
+        return out
 
     def serve(self, iterations: int, num_tensors: int, first_iteration: int = 0) -> list[ExchangeStats]:
         """Serve ``iterations`` consecutive iterations."""

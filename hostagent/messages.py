@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -93,19 +93,37 @@ class _Handle:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[["_Handle"], None]] = []
+        self._lock = threading.Lock()
 
     def done(self) -> bool:
         return self._event.is_set()
 
+    def add_done_callback(self, fn: Callable[["_Handle"], None]) -> None:
+        """Call ``fn(handle)`` once the handle resolves or fails (at once if it has). It runs on
+        the transport's thread: keep it short (put the handle on a queue, say)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _settle(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
     def _resolve(self, result: Any) -> None:
         if not self._event.is_set():
             self._result = result
-            self._event.set()
+            self._settle()
 
     def _fail(self, error: BaseException) -> None:
         if not self._event.is_set():
             self._error = error
-            self._event.set()
+            self._settle()
 
     def wait(self, timeout: float) -> Any:
         """The result, or the message's error; :class:`TransportTimeout` after ``timeout`` s."""

@@ -159,6 +159,8 @@ class RateController:
                 self.last_cut, self.window_end = now, self.sent
         else:
             self.rate += self.config.additive_increase * span / self.config.increase_interval
+            if self.ceiling > 0:  # probe above the receiver's ceiling, but not far (see CEILING_HEADROOM)
+                self.rate = min(self.rate, CEILING_HEADROOM * self.ceiling)
         self.rate = min(self.config.line_rate, max(self.config.min_rate, self.rate))
         return self.rate
 
@@ -225,6 +227,12 @@ class AnswerTimer:
         """How long to wait for an answer to a PROBE before asking again."""
         return max(4 * self.probe_delay(), 0.05)
 
+
+#: While a receiver's drain ceiling caps a sender, additive increase may take the controller's
+#: own rate at most this far above the ceiling. Why a bound: a ceiling lapses when the receiver
+#: stops falling behind; a rate that grew unbounded underneath it (a parameter server's incast:
+#: 300 MB/s capped, 600 MB/s underneath) then jumped at once and overran the receiver again.
+CEILING_HEADROOM = 1.25
 
 #: A receive batch that ended full counts as behind only if the socket still holds at least this
 #: fraction of its buffer: then an overrun is near, and the receiver's drain is the limit.

@@ -223,7 +223,7 @@ class Endpoint(ControlPath):
     def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
              loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
              layout: Layout | None = None, announce: bool = True, held: bool = False,
-             snapshot: np.ndarray | None = None) -> SendHandle:
+             snapshot: np.ndarray | None = None, drop_classes: np.ndarray | None = None) -> SendHandle:
         """Send ``data`` to rank ``dest`` as message ``message_id``; returns at once.
 
         Args:
@@ -240,6 +240,8 @@ class Endpoint(ControlPath):
                 ``Expect.then_send`` completes (its drop classes are taken from ``data`` then).
             snapshot: an array of ``data``'s size and type the data path copies ``data`` into
                 when the message starts, and sends from (``data`` may change afterwards).
+            drop_classes: each packet's drop class, computed by the caller by the policy's rule
+                (a server sending one array to many workers computes them once).
 
         The array is not copied (unless ``snapshot``): it must not change until the handle resolves.
 
@@ -255,7 +257,7 @@ class Endpoint(ControlPath):
         with self._lock:
             self._check_running()
             h = self.core.send(dest, data, message_id, time.monotonic(), priority, loss_bound, iteration, tensor_id,
-                               layer, layout, announce, held, snapshot, defer=defer)
+                               layer, layout, announce, held, snapshot, defer=defer, drop_classes=drop_classes)
         if defer:
             self._deferring.__dict__.setdefault("pending", []).append((dest, message_id))
         elif announce:

@@ -152,7 +152,8 @@ class NativeDatapath:
     def submit(self, spec: TxSpec) -> None:
         self._dp.submit(spec.dest, spec.message_id, spec.payload.reshape(-1), spec.dtype, spec.payload.size,
                         spec.elems_per_packet, spec.token, spec.iteration, spec.tensor_id, spec.layer, spec.priority,
-                        spec.pkt_priority, spec.pkt_layer, spec.drop_class, spec.snapshot, spec.held, spec.order)
+                        spec.pkt_priority, spec.pkt_layer, spec.drop_class, spec.snapshot, spec.held, spec.order,
+                        spec.tags_given)
         self._tx_refs[(spec.dest, spec.message_id)] = spec
 
     def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:

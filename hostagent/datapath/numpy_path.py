@@ -70,12 +70,15 @@ class _Rx:
     first_arrival: float = 0.0
     last_arrival: float = 0.0
     state: int = 0
-    # evidence of loss: packets below the highest one received that are missing (first pass, one
-    # priority, so packets leave in sequence order); those already blamed on overruns
-    max_seq1: int = 0
+    # evidence of loss: first-pass packets leave by priority level and, within a level, in sequence
+    # order, and a level is one run of sequence numbers (layers are contiguous): so per level,
+    # missing packets between the lowest and highest received are holes (the short last packet,
+    # which leaves ahead of its run, does not count)
+    levels: dict[int, list[int]] = field(default_factory=dict)  # priority -> [min seq, max seq, count]
     holes_blamed: int = 0
-    prio0: int = -1
-    mixed: bool = False
+
+    def holes(self) -> int:
+        return sum(hi - lo + 1 - n for lo, hi, n in self.levels.values()) - self.holes_blamed
 
 
 @dataclass
@@ -478,15 +481,13 @@ class NumpyDatapath:
                     continue
                 # That share overstates a flood's effect (a flood fills every gap in the buffer,
                 # paced senders meet it less often), so a sender is blamed for no more than the
-                # holes its own messages show: missing packets below the highest one received.
-                # Junk cannot make those.
+                # holes its own messages show (_Rx.holes). Junk cannot make those.
                 share = round(dropped * n / max(1.0, reads))
                 blame = 0
                 for rx in self._rx.values():
-                    if rx.spec.src != rank or rx.state or rx.mixed:
+                    if rx.spec.src != rank or rx.state:
                         continue
-                    holes = rx.max_seq1 - rx.asm.received_pkts - rx.holes_blamed
-                    take = min(max(0, holes), share - blame)
+                    take = min(max(0, rx.holes()), share - blame)
                     if take > 0:
                         rx.holes_blamed += take
                         blame += take
@@ -619,19 +620,19 @@ class NumpyDatapath:
 
     @staticmethod
     def _note_first_pass(rx: _Rx, priorities: np.ndarray, seqs: np.ndarray) -> None:
-        """Track the highest first-pass packet and whether the message has one priority."""
-        if not len(seqs):
-            return
-        lo, hi = int(priorities.min()), int(priorities.max())
-        if rx.prio0 < 0:
-            rx.prio0 = lo
-        if lo != rx.prio0 or hi != rx.prio0:
-            rx.mixed = True
+        """Count newly placed first-pass packets per priority level, with each level's lowest and
+        highest sequence number (the short last packet aside)."""
         asm = rx.asm
-        if asm.tail:  # the short last packet leaves ahead of its run
-            seqs = seqs[seqs != asm.n_full]
-        if len(seqs):
-            rx.max_seq1 = max(rx.max_seq1, int(seqs.max()) + 1)
+        if asm.tail:
+            keep = seqs != asm.n_full
+            priorities, seqs = priorities[keep], seqs[keep]
+        for prio in np.unique(priorities).tolist():
+            s = seqs[priorities == prio]
+            lv = rx.levels.get(prio)
+            if lv is None:
+                rx.levels[prio] = [int(s.min()), int(s.max()), len(s)]
+            else:
+                lv[0], lv[1], lv[2] = min(lv[0], int(s.min())), max(lv[1], int(s.max())), lv[2] + len(s)
 
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray,
               now: float) -> np.ndarray:
@@ -763,7 +764,10 @@ class NumpyDatapath:
                            token=s.token)
         batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=s.pkt_priority,
                           packet_layers=s.pkt_layer)
-        s.drop_class[:] = batch.headers["drop_class"]
+        if s.tags_given:
+            batch.headers["drop_class"] = s.drop_class
+        else:
+            s.drop_class[:] = batch.headers["drop_class"]
         prio = batch.headers["priority"]
         if len(prio) and prio.min() != prio.max():
             m.send_order = np.argsort(-prio.astype(np.int16), kind="stable")

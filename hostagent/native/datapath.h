@@ -129,6 +129,7 @@ struct TxSpec {
     uint8_t* snapshot = nullptr;            // if set: the payload is copied here when ready and sent from it
     bool held = false;
     uint64_t order = 0;
+    bool tags_given = false;  // drop_class_out already holds the classes
 };
 
 struct Progress {
@@ -200,11 +201,21 @@ class Datapath {
         int itemsize;
         uint32_t total_pkts, n_full, tail;
         Progress prog;
-        // evidence of loss: packets below the highest one received that are missing (first pass,
-        // one priority, so packets leave in sequence order); those already blamed on overruns
-        uint32_t max_seq1 = 0, holes_blamed = 0;
-        int prio0 = -1;
-        bool mixed = false;
+        // evidence of loss: first-pass packets leave by priority level and, within a level, in
+        // sequence order, and a level is one run of sequence numbers (layers are contiguous): so
+        // per level, missing packets between the lowest and highest received are holes (the
+        // short last packet, which leaves ahead of its run, is not counted as the highest)
+        uint32_t lvl_min[8], lvl_max[8], lvl_count[8];
+        uint32_t holes_blamed = 0;
+        RxMsg() {
+            for (int i = 0; i < 8; ++i) { lvl_min[i] = UINT32_MAX; lvl_max[i] = 0; lvl_count[i] = 0; }
+        }
+        int64_t holes() const {
+            int64_t h = 0;
+            for (int i = 0; i < 8; ++i)
+                if (lvl_count[i]) h += int64_t(lvl_max[i]) - int64_t(lvl_min[i]) + 1 - int64_t(lvl_count[i]);
+            return h - int64_t(holes_blamed);
+        }
         // per batch
         uint32_t batch_new = 0, batch_retx = 0;
         bool batch_last = false;

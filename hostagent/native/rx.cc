@@ -283,15 +283,7 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             touched.push_back(m);
         }
         if (flags & cfg_.flag_last) m->batch_last = true;
-        if (retx) {
-            m->batch_retx += 1;
-        } else {
-            int prio = int(rd(d, L.priority));
-            if (m->prio0 < 0) m->prio0 = prio;
-            else if (prio != m->prio0) m->mixed = true;
-            if (!(m->tail && seq == m->n_full))  // the short last packet leaves ahead of its run
-                m->max_seq1 = std::max(m->max_seq1, seq + 1);
-        }
+        if (retx) m->batch_retx += 1;
         if (s.received[seq]) {
             m->prog.duplicates += 1;
             duplicates_ += 1;
@@ -315,8 +307,15 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             }
             s.received[seq] = 1;
             if (!retx) {
-                s.pkt_priority[seq] = uint8_t(rd(d, L.priority));
+                uint8_t prio = uint8_t(rd(d, L.priority));
+                s.pkt_priority[seq] = prio;
                 s.pkt_layer[seq] = int64_t(rd(d, L.layer));
+                if (!(m->tail && seq == m->n_full)) {
+                    int l = prio & 7;
+                    m->lvl_min[l] = std::min(m->lvl_min[l], seq);
+                    m->lvl_max[l] = std::max(m->lvl_max[l], seq);
+                    m->lvl_count[l] += 1;
+                }
             }
             m->prog.received_pkts += 1;
             m->prog.received_elems += count;
@@ -570,19 +569,17 @@ void Datapath::rx_loop() {
                 //
                 // That share overstates a flood's effect (a flood fills every gap in the buffer,
                 // paced senders meet it less often), so a sender is blamed for no more than the
-                // holes its own messages show: missing packets below the highest one received.
-                // Junk cannot make those.
+                // holes its own messages show (RxMsg::holes). Junk cannot make those.
                 std::map<uint16_t, std::vector<RxMsg*>> msgs;
                 for (auto& kv : rx_)
-                    if (kv.second->prog.state == 0 && !kv.second->mixed) msgs[kv.second->spec.src].push_back(kv.second);
+                    if (kv.second->prog.state == 0) msgs[kv.second->spec.src].push_back(kv.second);
                 for (auto& kv : fb_) {
                     SenderFb& s = kv.second;
                     if (s.good_since <= 0 || !s.authed || kv.first == cfg_.rank) continue;
                     int64_t share = std::llround(double(dropped) * s.good_since / std::max(1.0, reads_since_));
                     int64_t blame = 0;
                     for (RxMsg* m : msgs[kv.first]) {
-                        int64_t holes = int64_t(m->max_seq1) - int64_t(m->prog.received_pkts) - int64_t(m->holes_blamed);
-                        int64_t take = std::min<int64_t>(std::max<int64_t>(0, holes), share - blame);
+                        int64_t take = std::min<int64_t>(std::max<int64_t>(0, m->holes()), share - blame);
                         if (take <= 0) continue;
                         m->holes_blamed += uint32_t(take);
                         blame += take;

@@ -222,11 +222,15 @@ void Datapath::prepare(TxMsg* m) {
     uint32_t n = m->n_pkts;
     std::vector<float> mags(n);
     std::vector<uint8_t> classes(n, 0);
-    if (n) {
-        packet_magnitudes(m->src, size_t(s.total_elems), m->kind, s.per, cfg_.magnitude, mags.data());
-        drop_classes(mags.data(), n, cfg_.shares, classes.data());
+    if (s.tags_given) {
+        std::memcpy(classes.data(), s.drop_class_out, n);
+    } else {
+        if (n) {
+            packet_magnitudes(m->src, size_t(s.total_elems), m->kind, s.per, cfg_.magnitude, mags.data());
+            drop_classes(mags.data(), n, cfg_.shares, classes.data());
+        }
+        if (s.drop_class_out) std::memcpy(s.drop_class_out, classes.data(), n);
     }
-    if (s.drop_class_out) std::memcpy(s.drop_class_out, classes.data(), n);
     m->hdr.assign(size_t(n) * H_, 0);
     uint8_t tmpl[256];
     std::memset(tmpl, 0, sizeof tmpl);

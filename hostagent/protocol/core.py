@@ -143,7 +143,8 @@ class ProtocolCore:
     def send(self, dest: int, data: np.ndarray, message_id: int, now: float, priority: int | None = None,
              loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
              layout: Layout | None = None, announce: bool = True, held: bool = False,
-             snapshot: np.ndarray | None = None, defer: bool = False) -> SendHandle:
+             snapshot: np.ndarray | None = None, defer: bool = False,
+             drop_classes: np.ndarray | None = None) -> SendHandle:
         """Start sending ``data`` (see :meth:`hostagent.transport.Endpoint.send`); with ``defer``
         the data path gets it only at :meth:`release`, once its META has left."""
         if dest == self.rank:
@@ -178,6 +179,12 @@ class ProtocolCore:
         if snapshot is not None and (snapshot.dtype != flat.dtype or snapshot.size < flat.size
                                      or not snapshot.flags.c_contiguous):
             raise ValueError("snapshot must be a contiguous array of the message's type and size")
+        if drop_classes is not None:
+            drop_classes = np.asarray(drop_classes)
+            if drop_classes.shape != (n,) or (n and (drop_classes.min() < 0
+                                                    or drop_classes.max() >= self.policy.num_drop_classes)):
+                raise ValueError(f"drop_classes must give each of the {n} packets a class in "
+                                 f"0..{self.policy.num_drop_classes - 1}")
         key = (dest, message_id)
         if key in self.out:
             raise ValueError(f"message {message_id} to rank {dest} is already in flight")
@@ -186,15 +193,15 @@ class ProtocolCore:
             raise PeerFailed(f"rank {self.rank}: no authenticated control connection to rank {dest}")
         token = auth.message_token(tx_key, self.config.job_id, self.rank, message_id, iteration)
         self._order += 1
+        classes = np.zeros(n, np.uint8) if drop_classes is None else drop_classes.astype(np.uint8)
         msg = Outgoing(dest, message_id, flat.size, per, flat.itemsize, p, priority,
-                       now + self.config.message_deadline, self._order, np.zeros(n, np.uint8), held, now, snapshot,
-                       iteration)
+                       now + self.config.message_deadline, self._order, classes, held, now, snapshot, iteration)
         self.out[key] = msg
         self._rate_for(dest, now)
         if announce:
             self.queue_meta(dest, message_id, flat.size, data.dtype, p, priority, iteration, tensor_id, layer)
         spec = TxSpec(dest, message_id, flat, int(code), per, token, iteration, tensor_id, layer % 65536, priority,
-                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order)
+                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order, drop_classes is not None)
         if defer and not held:
             self._deferred[key] = spec  # submitted when the batch's METAs have left
         else:

@@ -128,6 +128,8 @@ class TxSpec:
     held: bool = False
     """Wait for a trigger (:attr:`RxSpec.triggers`) before sending."""
     order: int = 0  #: FIFO rank among equal priorities
+    tags_given: bool = False
+    """``drop_class`` already holds the classes (the caller computed them): none are computed."""
 
 
 class DataPort(Protocol):

@@ -128,10 +128,13 @@ def test_receiver_ceiling_caps_the_start_and_lifts_when_withdrawn():
     assert rc.rate == 1e8 and rc.effective_rate == 1e8  # a new sender starts no faster than the receiver drains
     rc.on_feedback(10, 0, 0, now=0.0)
     assert rc.rate > 1e8 and rc.effective_rate == 1e8  # probes upward, still capped
+    for t in range(1, 200):  # a long time capped: the rate underneath does not run away
+        rc.on_feedback(10, 0, 0, now=t * 0.01)
+    assert rc.rate == pytest.approx(1.25e8) and rc.effective_rate == 1e8
     rc.on_ceiling(2e8)
     assert 1e8 < rc.effective_rate <= 2e8
-    rc.on_ceiling(0)  # the receiver keeps up: no ceiling
-    assert rc.effective_rate == rc.rate
+    rc.on_ceiling(0)  # the receiver keeps up: no ceiling, and the rate resumes near the last one
+    assert rc.effective_rate == rc.rate <= 1.25 * 2e8
 
 
 def test_answer_timer_waits_for_the_usual_answer_plus_its_jitter():

@@ -99,6 +99,18 @@ def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator
     return hmac.compare_digest(got, proof(secret, role, job_id, initiator, acceptor, nonce_i, nonce_a))
 
 
+_CREDIT_INPUT = struct.Struct("!IHIQc")
+
+
+def credit_token(key: bytes, job_id: int, granter: int, sequence: int, consumed: int) -> int:
+    """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`) from ``granter``:
+    keyed BLAKE2b of a different input than a data token's (a trailing ``C``), so no data header
+    can be turned into a credit."""
+    digest = hashlib.blake2b(_CREDIT_INPUT.pack(job_id, granter, sequence, consumed, b"C"), digest_size=4,
+                             key=key).digest()
+    return int.from_bytes(digest, "big")
+
+
 def message_token(key: bytes, job_id: int, sender: int, message_id: int, iteration: int = 0) -> int:
     """The 32-bit token of message ``message_id`` of ``iteration`` from ``sender``, under the
     receiver's ``key`` (keyed BLAKE2b; the compiled data path computes the same)."""

@@ -124,12 +124,14 @@ class TransportConfig:
     rx_batch: int = 2048
     """Most datagrams received per reassembly batch (a batch also ends when the socket runs dry)."""
 
-    socket_buffer: int = 16 * 1024 * 1024
-    """SO_RCVBUF / SO_SNDBUF asked for (the kernel caps it at net.core.rmem_max / wmem_max,
-    212 KB on a stock Linux; raise those with sysctl for rates near 10 Gb/s). Why this large: a
-    receiver that falls behind for a few milliseconds (the scheduler, a page fault, another
-    thread holding the GIL) must not lose what a 10 Gb/s sender put out meanwhile; 16 MB is
-    about 13 ms of it."""
+    socket_buffer: int = 64 * 1024 * 1024
+    """SO_RCVBUF / SO_SNDBUF asked for: a limit, not an allocation. The kernel caps it at
+    net.core.rmem_max / wmem_max (212 KB on a stock Linux) unless the process may exceed them
+    (root, SO_RCVBUFFORCE); raise those with sysctl for rates near 10 Gb/s. Why this large: the
+    windows receivers grant are a sixteenth of it in all (the kernel also keeps memory of
+    datagrams already read charged to the socket, in steps of a quarter of the limit), and a
+    receiver that falls behind for a few milliseconds must not lose what its senders put out
+    meanwhile."""
 
     park_limit: int = 16384
     """Most early packets (data before their META or the receiver's ``recv``) held at once, per sender."""

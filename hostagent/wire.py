@@ -55,6 +55,7 @@ class PacketType(enum.IntEnum):
     FEEDBACK = 6  #: receiver reports packets received and CE-marked, for rate control
     BATCH = 7  #: several control records in one frame (control path only; never on the data path)
     HELLO = 8  #: a step of the handshake that opens a control connection (control path only)
+    CREDIT = 9  #: receiver grants a sender a window: data packets it may have unconsumed (data path only)
 
 
 class Flags(enum.IntFlag):
@@ -260,6 +261,18 @@ def encode_headers(n: int, **fields: Any) -> np.ndarray:
 def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int | None = None) -> np.ndarray:
     """View ``count`` back-to-back headers in ``buf`` as a :data:`HEADER_DTYPE` array (no copy)."""
     return np.frombuffer(buf, dtype=HEADER_DTYPE, count=-1 if count is None else count)
+
+
+# --- credits ---------------------------------------------------------------------------
+# A CREDIT is a bare header on the data path (no payload), from a receiver R to a sender S:
+# ``sender_rank`` R, ``iteration`` a sequence number that grows with every credit R sends S,
+# ``total_pkts``/``elem_offset`` the high and low 32 bits of the data packets of S that R has
+# taken from its socket so far, ``elem_count`` the window: how many packets S may have sent
+# beyond that. ``token`` is :func:`hostagent.auth.credit_token`, under the key S gave R for its
+# tokens; S keeps the highest count of the highest sequence, so a replayed credit grants nothing.
+
+#: Most packets a credit can grant (``elem_count``'s width).
+MAX_CREDIT_WINDOW = FIELD_MAX["elem_count"]
 
 
 def header_fields_for_p4() -> list[tuple[str, int]]:

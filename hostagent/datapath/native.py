@@ -32,6 +32,20 @@ from hostagent.transport_config import TransportConfig
 KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
 #: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
 MAX_INLINE_WAIT = 0.0005
+#: A sender whose window is full and that got no credit for this long takes its packets as lost
+#: and sends on: the last resort for a lost credit. (Packets a bitmap reports lost release their
+#: window at once, and all of it is released when nothing is in flight to the receiver; a short
+#: timeout fired whenever a receiver was descheduled, and its reset overran the receiver.)
+CREDIT_TIMEOUT = 0.2
+
+
+def initial_window(config: TransportConfig) -> int:
+    """Packets a sender may have unconsumed at a receiver before the receiver's first credit: as
+    a receiver grants (a sixteenth of its socket's memory limit, which the kernel sets at twice
+    the buffer asked for, in datagrams) shared by every other rank, as if all sent to one."""
+    datagram = wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4
+    senders = max(1, len(config.peers) - 1)
+    return int(max(8, min(wire.MAX_CREDIT_WINDOW, 2 * config.socket_buffer // 16 // datagram // senders)))
 
 
 def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]:
@@ -41,6 +55,8 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "header_size": wire.HEADER_SIZE,
         "header_fields": {name: (off, dt.itemsize) for name, (dt, off) in wire.HEADER_DTYPE.fields.items()},
         "version": wire.VERSION, "data_ptype": int(wire.PacketType.DATA),
+        "credit_ptype": int(wire.PacketType.CREDIT), "initial_window": initial_window(config),
+        "credit_timeout": CREDIT_TIMEOUT,
         "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST), "kinds": KINDS,
         "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
         "max_datagram": wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4,
@@ -110,8 +126,9 @@ class NativeDatapath:
     def add_peer(self, rank: int, ipv4: str, port: int) -> None:
         self._dp.add_peer(rank, ipv4, port)
 
-    def set_rx_key(self, rank: int, key: bytes | None) -> None:
-        self._dp.set_rx_key(rank, key or b"")
+    def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
+        self._dp.set_rx_key(rank, rx_key or b"")
+        self._dp.set_tx_key(rank, tx_key or b"")
 
     def expect(self, spec: RxSpec) -> None:
         b = spec.buffers
@@ -166,6 +183,9 @@ class NativeDatapath:
     def retire(self, dest: int, message_id: int) -> None:
         self._dp.retire(dest, message_id)
         self._tx_refs.pop((dest, message_id), None)
+
+    def forgive(self, dest: int, packets: int) -> None:
+        self._dp.forgive(dest, packets)
 
     def set_rate(self, dest: int, rate: float) -> None:
         self._dp.set_rate(dest, rate)

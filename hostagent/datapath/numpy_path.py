@@ -41,6 +41,7 @@ log = logging.getLogger("hostagent.transport")
 _CE = 0b11  # congestion experienced
 _ECT0 = 0b10  # ECN-capable transport
 _LAST = int(wire.Flags.LAST)
+_CREDIT = int(wire.PacketType.CREDIT)
 _RETX = int(wire.Flags.RETX)
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of dropped datagrams.
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -86,6 +87,10 @@ class _Sender:
     """What the receive side keeps per sender: its key and its feedback counters."""
 
     key: bytes | None = None
+    tx_key: bytes | None = None  # the key the sender gave us: signs the credits we grant it
+    consumed: int = 0  # its packets taken from the socket, and as of the last credit
+    credited: int = 0
+    credit_seq: int = 0
     received: int = 0
     ce: int = 0
     lost: int = 0
@@ -137,6 +142,10 @@ class _Dest:
     pacer: Pacer
     socks: dict[int, tuple[socket.socket, DatagramSender]] = field(default_factory=dict)
     sent: int = 0
+    acked: int = 0  # the window this destination grants us: packets sent beyond ``acked``
+    window: int = 256
+    credit_seq: int = 0
+    held_since: float = -1.0  # when the window last filled
 
 
 class NumpyDatapath:
@@ -169,7 +178,11 @@ class NumpyDatapath:
         self.counters: dict[str, int] = dict.fromkeys(
             ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
              "rx_dropped_estimate", "rx_dropped_reads", "gro_reads", "rx_reads", "injected_delays", "data_pkts_sent",
-             "data_bytes_sent", "retransmitted_pkts", "send_errors", "gso_calls"), 0)
+             "data_bytes_sent", "retransmitted_pkts", "send_errors", "gso_calls", "credits_sent", "credits_received",
+             "credit_waits", "credit_timeouts"), 0)
+        self._credit_sock: socket.socket | None = None
+        self._rcvbuf = udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self._max_datagram = wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4
         self.injected_drops: dict[int, int] = {}
         # send side
         self._tx_cv = threading.Condition()
@@ -182,6 +195,9 @@ class NumpyDatapath:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        self._credit_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._credit_sock.setblocking(False)
+        self._credit_sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.policy.dscp[self.policy.top_priority] << 2)
         self._running = True
         for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop)):
             t = threading.Thread(target=target, name=f"dlcp-{name}-{self.config.rank}", daemon=True)
@@ -198,6 +214,8 @@ class NumpyDatapath:
             for sock, _ in d.socks.values():
                 sock.close()
             d.socks.clear()
+        if self._credit_sock is not None:
+            self._credit_sock.close()
         try:
             os.close(self._efd)
         except OSError:
@@ -245,14 +263,17 @@ class NumpyDatapath:
 
     # ------------------------------------------------------------------ DataPort: receive side
     def add_peer(self, rank: int, ipv4: str, port: int) -> None:
+        from hostagent.datapath.native import initial_window
+
         with self._tx_cv:
             if rank not in self._dests:
                 self._dests[rank] = _Dest(rank, (ipv4, port), min(self.config.rate.line_rate, 0.5e9),
-                                          Pacer(self.config.rate.burst_bytes))
+                                          Pacer(self.config.rate.burst_bytes), window=initial_window(self.config))
 
-    def set_rx_key(self, rank: int, key: bytes | None) -> None:
+    def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
         with self._lock:
-            self._senders.setdefault(rank, _Sender()).key = key
+            s = self._senders.setdefault(rank, _Sender())
+            s.key, s.tx_key = rx_key, tx_key
 
     def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
         s = self._senders.get(src)
@@ -450,6 +471,7 @@ class NumpyDatapath:
             self.counters["rx_reads"] += reads
             if k:
                 self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+            self._send_credits(time.monotonic(), dry)
             self._rx_holding = False
             self._reads_since += reads
             if overflows != self.counters["rx_overflows"]:
@@ -546,6 +568,17 @@ class NumpyDatapath:
         hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n) if slots.shape[1] >= wire.HEADER_SIZE \
             else None
         good_by: dict[int, int] = {}
+        if hdr is not None:
+            credit = ((lengths >= wire.HEADER_SIZE) & (lengths <= slots.shape[1]) & (hdr["version"] == wire.VERSION)
+                      & (hdr["ptype"] == _CREDIT))
+            if credit.any():  # credits are not data: judged here, the rest goes on to reassembly
+                self._on_credits(hdr[credit], lengths[credit], now)
+                self.counters["data_pkts_received"] += int(np.count_nonzero(credit))
+                keep = ~credit
+                slots, lengths, ce, hdr = slots[keep], lengths[keep], ce[keep], hdr[keep]
+                n = len(lengths)
+                if n == 0:
+                    return good_by
         with self._lock:
             c = self.counters
             late_before = c["late"]
@@ -566,6 +599,7 @@ class NumpyDatapath:
                 cnt = int(np.count_nonzero(sel))
                 good_by[rank] = cnt
                 s.received += cnt
+                s.consumed += cnt
                 s.good_since += cnt
                 s.last_seen = now
                 n_marks = int(np.count_nonzero(marks[sel]))
@@ -617,6 +651,86 @@ class NumpyDatapath:
                 elif rx.retx_seen and asm.received_elems >= rx.spec.required_elems:
                     self._finish(rx, 2, True, now)  # recovery reached the bound: stop now
         return good_by
+
+    # ------------------------------------------------------------------ credits
+    def _on_credits(self, hdr: np.ndarray, lengths: np.ndarray, now: float) -> None:
+        """Credits from receivers we send to: the windows they grant us; bad ones are counted
+        under the same reasons as the compiled path counts them."""
+        rejected = self.reassembler.stats.rejected
+        for h, length in zip(hdr, lengths.tolist()):
+            granter, seq = int(h["sender_rank"]), int(h["iteration"])
+            consumed = (int(h["total_pkts"]) << 32) | int(h["elem_offset"])
+            with self._lock:
+                s = self._senders.get(granter)
+                key = s.key if s is not None else None
+            if int(h["job_id"]) != self.config.job_id:
+                rejected["wrong_job"] += 1
+            elif length != wire.HEADER_SIZE:
+                rejected["count_mismatch"] += 1
+            elif (key is None or granter == self.config.rank
+                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed)):
+                rejected["bad_token"] += 1
+            else:
+                self.counters["credits_received"] += 1
+                with self._tx_cv:
+                    d = self._dests.get(granter)
+                    if d is not None and seq > d.credit_seq:  # a replay or a late one grants nothing
+                        d.credit_seq, d.acked = seq, max(d.acked, consumed)
+                        d.window, d.held_since = max(1, int(h["elem_count"])), -1.0
+                        self._tx_cv.notify_all()
+
+    def _send_credits(self, now: float, dry: bool) -> None:
+        """Grant every sender whose packets we took from the socket a window: a sixteenth of the
+        socket's memory limit in datagrams, shared among every authenticated peer (see the
+        compiled path's send_credits for why); a credit goes when a quarter of its window was
+        used, or when the socket ran dry."""
+        sock = self._credit_sock
+        if sock is None:
+            return
+        with self._lock:
+            senders = max(1, sum(1 for r, s in self._senders.items() if s.key is not None and r != self.config.rank))
+            grant = int(max(8, min(wire.MAX_CREDIT_WINDOW, self._rcvbuf // 16 // self._max_datagram // senders)))
+            out = []
+            for rank, s in self._senders.items():
+                pending = s.consumed - s.credited
+                if s.key is None or s.tx_key is None or rank == self.config.rank or not pending:
+                    continue
+                if pending < max(1, grant // 4) and not dry:
+                    continue
+                d = self._dests.get(rank)
+                if d is None:
+                    continue
+                s.credit_seq += 1
+                h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=self.config.job_id, message_id=0,
+                                sender_rank=self.config.rank, priority=self.policy.top_priority, iteration=s.credit_seq,
+                                elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF,
+                                token=auth.credit_token(s.tx_key, self.config.job_id, self.config.rank, s.credit_seq,
+                                                        s.consumed))
+                out.append((s, s.consumed, wire.pack_header(h), d.addr))
+        for s, consumed, datagram, addr in out:
+            try:
+                sock.sendto(datagram, addr)
+            except OSError:
+                continue
+            s.credited = consumed
+            self.counters["credits_sent"] += 1
+
+    def _window_full(self, d: _Dest, now: float) -> float:
+        """0 when ``d`` may take more of our packets, else how long until the credit timeout
+        (tx lock held); a destination that grants nothing for that long lost them."""
+        from hostagent.datapath.native import CREDIT_TIMEOUT
+
+        if d.sent - d.acked < d.window:
+            d.held_since = -1.0
+            return 0.0
+        if d.held_since < 0:
+            d.held_since = now
+            self.counters["credit_waits"] += 1
+        if now - d.held_since >= CREDIT_TIMEOUT:
+            d.acked, d.held_since = d.sent, -1.0
+            self.counters["credit_timeouts"] += 1
+            return 0.0
+        return d.held_since + CREDIT_TIMEOUT - now
 
     @staticmethod
     def _note_first_pass(rx: _Rx, priorities: np.ndarray, seqs: np.ndarray) -> None:
@@ -728,11 +842,21 @@ class NumpyDatapath:
             del self._tx[key]
             if m in self._active:
                 self._active.remove(m)
+            d = self._dests.get(dest)
+            if d is not None and not any(k[0] == dest for k in self._tx):
+                d.acked, d.held_since = d.sent, -1.0  # nothing in flight to it: what was never credited was lost
 
     def set_rate(self, dest: int, rate: float) -> None:
         with self._tx_cv:
             self._dests[dest].rate = max(1.0, rate)
             self._tx_cv.notify_all()
+
+    def forgive(self, dest: int, packets: int) -> None:
+        with self._tx_cv:
+            d = self._dests.get(dest)
+            if d is not None:
+                d.acked, d.held_since = min(d.sent, d.acked + packets), -1.0
+                self._tx_cv.notify_all()
 
     def sent_packets(self, dest: int) -> int:
         d = self._dests.get(dest)
@@ -797,8 +921,8 @@ class NumpyDatapath:
             d = self._dests[m.spec.dest]
             if d.rank not in blocked:
                 pkt = m.batch.datagram_bytes
-                blocked[d.rank] = max(d.pacer.wait_time(pkt, d.rate, now),
-                                      self._host_pacer.wait_time(pkt, self.config.rate.line_rate, now))
+                blocked[d.rank] = self._window_full(d, now) or max(
+                    d.pacer.wait_time(pkt, d.rate, now), self._host_pacer.wait_time(pkt, self.config.rate.line_rate, now))
             if blocked[d.rank] > 0:
                 wait = min(wait, blocked[d.rank])
                 continue
@@ -828,7 +952,7 @@ class NumpyDatapath:
                     now = time.monotonic()
                     allowed = min(d.pacer.allowance(d.rate, now, MAX_INLINE_WAIT),
                                   self._host_pacer.allowance(cfg.rate.line_rate, now, MAX_INLINE_WAIT))
-                    chunk = max(1, min(chunk, int(allowed // pkt)))
+                    chunk = max(1, min(chunk, int(allowed // pkt), d.window - (d.sent - d.acked)))
                     before = m.sending_priority()
                     if retx:
                         seqs = m.retx[m.retx_pos : m.retx_pos + chunk]

@@ -67,7 +67,7 @@ struct Event {
 
 struct Config {
     HeaderLayout layout;
-    uint8_t version = 2, data_ptype = 1, flag_retx = 1, flag_last = 4;
+    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4;
     std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
     uint32_t job_id = 0;
     uint16_t rank = 0;
@@ -79,6 +79,9 @@ struct Config {
     uint32_t batch_bytes = 1 << 21;  // a batch also ends after this many bytes
     int socket_buffer = 16 << 20;
     uint32_t park_limit = 16384;
+    // credits (receiver-driven flow control)
+    uint32_t initial_window = 256;  // packets a sender may have unconsumed before its first credit
+    double credit_timeout = 0.02;   // a sender held this long without a credit assumes its packets lost
     // policy
     uint8_t top_priority = 7;
     std::vector<uint8_t> dscp;
@@ -159,6 +162,7 @@ class Datapath {
     // peers
     void add_peer(uint16_t rank, const std::string& ipv4, uint16_t port);
     void set_rx_key(uint16_t rank, const std::string& key);  // empty: not authenticated
+    void set_tx_key(uint16_t rank, const std::string& key);  // the key ``rank`` gave us: signs our credits
 
     // receive side
     void expect(const RxSpec& spec);
@@ -178,6 +182,7 @@ class Datapath {
     bool tx_info(uint16_t dest, uint32_t mid, TxInfo& out);
     void retire(uint16_t dest, uint32_t mid);  // stop sending; returns once no thread reads its buffers
     void set_rate(uint16_t dest, double rate);
+    void forgive(uint16_t dest, uint64_t packets);  // lost packets: their window is free again
     uint64_t sent_packets(uint16_t dest);
     // set an option on the data socket to `dest` for `priority` (made now if need be): a real
     // fault for tests (SO_NO_CHECK makes the kernel refuse GSO), a knob for experiments
@@ -233,6 +238,11 @@ class Datapath {
         uint8_t key[16];
         uint64_t parked = 0;
         double good_since = 0;  // accepted datagrams since the last overrun was accounted
+        // credits we grant this sender: its packets taken from the socket, and as of the last credit
+        uint64_t consumed = 0, credited = 0;
+        uint32_t credit_seq = 0;
+        bool has_tx_key = false;
+        uint8_t tx_key[16];
     };
 
     // ---- send state
@@ -265,6 +275,10 @@ class Datapath {
         Pacer pacer;
         std::map<uint8_t, Sock> socks;
         std::atomic<uint64_t> sent{0};
+        // the window this destination grants us (its credits): packets sent beyond `acked`
+        uint64_t acked = 0;
+        uint32_t window = 256, credit_seq = 0;
+        double held_since = -1;  // when the window last filled (the credit timeout runs from there)
     };
     struct TxMsg {
         TxSpec spec;
@@ -291,6 +305,9 @@ class Datapath {
     void emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a);
     // receive helpers (rx_mu_ held)
     uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched);
+    uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
+    void send_credits(double now, bool dry);
+    bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
     void replay_parked(uint64_t key, double now);
@@ -323,6 +340,9 @@ class Datapath {
     std::map<uint16_t, SenderFb> fb_;
     std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
     std::atomic<bool> rx_holding_{false};
+    std::map<uint16_t, sockaddr_in> peer_addr_;  // peers' data addresses (set before start)
+    int credit_fd_ = -1;
+    uint32_t rcvbuf_ = 0;
     double reads_since_ = 0;  // reads (socket-buffer entries) since the last overrun was accounted
     std::mt19937_64 rng_;
     std::vector<std::pair<double, std::vector<uint8_t>>> delayed_;
@@ -344,7 +364,8 @@ class Datapath {
         gso_calls_{0};
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
             rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0, gro_reads_ = 0, injected_delays_ = 0,
-            accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0;
+            accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0;
+    std::atomic<int64_t> credit_waits_{0}, credit_timeouts_{0}, max_in_flight_{0}, max_window_{0};
     int64_t rejected_[N_REASONS] = {};
     std::map<int, int64_t> injected_drops_;
 };

@@ -40,6 +40,9 @@ Config make_config(const nb::dict& d) {
     c.layout = HeaderLayout::from(get<int>(d, "header_size"), fields);
     c.version = get<uint8_t>(d, "version");
     c.data_ptype = get<uint8_t>(d, "data_ptype");
+    c.credit_ptype = get<uint8_t>(d, "credit_ptype");
+    c.initial_window = get<uint32_t>(d, "initial_window");
+    c.credit_timeout = get<double>(d, "credit_timeout");
     c.flag_retx = get<uint8_t>(d, "flag_retx");
     c.flag_last = get<uint8_t>(d, "flag_last");
     for (auto& kv : get<std::map<int, int>>(d, "kinds")) c.kinds[uint8_t(kv.first)] = Kind(kv.second);
@@ -89,6 +92,13 @@ NB_MODULE(_datapath, m) {
           },
           "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
 
+    m.def("credit_token",
+          [](nb::bytes key, uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed) {
+              if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
+              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, granter, sequence, consumed);
+          },
+          "key"_a, "job"_a, "granter"_a, "sequence"_a, "consumed"_a);
+
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {
               size_t itemsize = data.itemsize();
@@ -125,6 +135,9 @@ NB_MODULE(_datapath, m) {
         .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a)
         .def("set_rx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
                  d.set_rx_key(rank, std::string(key.c_str(), key.size()));
+             })
+        .def("set_tx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
+                 d.set_tx_key(rank, std::string(key.c_str(), key.size()));
              })
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
@@ -243,6 +256,7 @@ NB_MODULE(_datapath, m) {
              })
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rate", &Datapath::set_rate)
+        .def("forgive", &Datapath::forgive)
         .def("sent_packets", &Datapath::sent_packets)
         .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
         .def("stats", &Datapath::stats)

@@ -79,6 +79,13 @@ void Datapath::set_rx_key(uint16_t rank, const std::string& key) {
     }
 }
 
+void Datapath::set_tx_key(uint16_t rank, const std::string& key) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    SenderFb& s = fb_[rank];
+    s.has_tx_key = key.size() == 16;
+    if (s.has_tx_key) std::memcpy(s.tx_key, key.data(), 16);
+}
+
 void Datapath::expect(const RxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("expect: unknown dtype code");
@@ -217,6 +224,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         reason = TRUNCATED;
     } else if (rd(d, L.version) != cfg_.version) {
         reason = BAD_VERSION;
+    } else if (rd(d, L.ptype) == cfg_.credit_ptype) {
+        return on_credit(d, len, now);
     } else if (rd(d, L.ptype) != cfg_.data_ptype) {
         reason = NOT_DATA;
     } else if (rd(d, L.job_id) != cfg_.job_id) {
@@ -324,8 +333,9 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         }
         fb = &fb_[sender];
     }
-    // accepted, duplicate, parked or late: a packet of a known sender, for its feedback
+    // accepted, duplicate, parked or late: a packet of a known sender, for its feedback and credits
     fb->received += 1;
+    fb->consumed += 1;
     fb->good_since += 1;
     fb->last_seen = now;
     if (ce) {
@@ -336,6 +346,91 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         }
     }
     return OK;
+}
+
+// ------------------------------------------------------------------ credits
+
+uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
+    // A credit from a receiver we send to: the window it grants us (rx_mu_ held).
+    const HeaderLayout& L = cfg_.layout;
+    uint8_t reason = OK;
+    uint16_t granter = uint16_t(rd(d, L.sender_rank));
+    auto fit = fb_.find(granter);
+    uint32_t seq = rd(d, L.iteration);
+    uint64_t consumed = (uint64_t(rd(d, L.total_pkts)) << 32) | rd(d, L.elem_offset);
+    if (rd(d, L.job_id) != cfg_.job_id) {
+        reason = WRONG_JOB;
+    } else if (len != uint32_t(H_)) {
+        reason = COUNT_MISMATCH;
+    } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank ||
+               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed)) {
+        reason = BAD_TOKEN;
+    }
+    if (reason != OK) {
+        rejected_[reason] += 1;
+        return reason;
+    }
+    credits_received_ += 1;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = dests_.find(granter);
+    if (it == dests_.end()) return OK;
+    Dest* dst = it->second;
+    if (seq > dst->credit_seq) {  // newer than any seen: a replay or a late one grants nothing
+        dst->credit_seq = seq;
+        dst->acked = std::max(dst->acked, consumed);
+        dst->window = std::max<uint32_t>(1, rd(d, L.elem_count));
+        dst->held_since = -1;
+        tx_cv_.notify_all();
+    }
+    (void)now;
+    return OK;
+}
+
+void Datapath::send_credits(double now, bool dry) {
+    // Grant every sender whose packets we took from the socket a window (rx_mu_ held): a
+    // sixteenth of the socket's memory limit in datagrams (CREDIT_SHARE), shared among every
+    // authenticated peer, so the windows together fit (shared among the senders seen lately, an
+    // incast's first senders were each promised most of it, and it overflowed). Why so little:
+    // the kernel counts a queued datagram at up to twice its bytes (more for the short runs a
+    // tight window makes) and releases what was read only in steps of a quarter of the limit;
+    // measured in a 4-to-1 incast on a loaded host, a datagram in flight held up to 47 KB of a
+    // 9 KB datagram's memory, and windows of a quarter, then an eighth of the limit still
+    // overflowed. A credit goes when a quarter of the window was used since the last, or when
+    // the socket ran dry (a message's tail is credited at once).
+    if (credit_fd_ < 0) return;
+    int senders = 0;
+    for (auto& kv : fb_)
+        if (kv.second.authed && kv.first != cfg_.rank) ++senders;
+    uint64_t grant64 = uint64_t(rcvbuf_) / 16 / std::max<uint32_t>(1, cfg_.max_datagram) / uint64_t(std::max(1, senders));
+    uint32_t grant = uint32_t(std::min<uint64_t>(65535, std::max<uint64_t>(8, grant64)));
+    const HeaderLayout& L = cfg_.layout;
+    for (auto& kv : fb_) {
+        SenderFb& s = kv.second;
+        if (!s.authed || !s.has_tx_key || kv.first == cfg_.rank) continue;
+        uint64_t pending = s.consumed - s.credited;
+        if (pending == 0 || (pending < std::max<uint32_t>(1, grant / 4) && !dry)) continue;
+        auto ait = peer_addr_.find(kv.first);
+        if (ait == peer_addr_.end()) continue;
+        uint8_t h[256];
+        std::memset(h, 0, size_t(H_));
+        s.credit_seq += 1;
+        wr(h, L.version, cfg_.version);
+        wr(h, L.ptype, cfg_.credit_ptype);
+        wr(h, L.priority, cfg_.top_priority);
+        wr(h, L.sender_rank, cfg_.rank);
+        wr(h, L.job_id, cfg_.job_id);
+        wr(h, L.iteration, s.credit_seq);
+        wr(h, L.elem_count, grant);
+        wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
+        wr(h, L.elem_offset, uint32_t(s.consumed));
+        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed));
+        ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
+                           sizeof(sockaddr_in));
+        if (r == ssize_t(H_)) {
+            s.credited = s.consumed;
+            credits_sent_ += 1;
+        }
+    }
 }
 
 void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
@@ -439,6 +534,10 @@ void Datapath::rx_loop() {
     socklen_t optlen = sizeof rcvbuf;
     getsockopt(cfg_.rx_fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &optlen);
     uint64_t batch_limit = std::max<uint64_t>(cfg_.max_datagram, std::min<uint64_t>(cfg_.batch_bytes, uint64_t(rcvbuf) / 8));
+    {
+        std::lock_guard<std::mutex> g(rx_mu_);
+        rcvbuf_ = uint32_t(rcvbuf);
+    }
     std::uniform_real_distribution<double> uni(0.0, 1.0);
     const bool injecting = !cfg_.drop_p.empty() || (cfg_.delay > 0 && cfg_.delay_p > 0) || cfg_.reorder;
 
@@ -458,6 +557,7 @@ void Datapath::rx_loop() {
         std::lock_guard<std::mutex> g(rx_mu_);
         for (auto& d : due) ingest_one(d.data(), uint32_t(d.size()), false, now, touched);
         end_batch(touched, now);
+        send_credits(now, true);
     };
 
     while (running_) {
@@ -546,6 +646,7 @@ void Datapath::rx_loop() {
                 std::lock_guard<std::mutex> g(rx_mu_);
                 for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched);
                 end_batch(touched, now);
+                send_credits(now, k < READS);
             }
             if (k < READS) {
                 dry = true;

@@ -69,6 +69,11 @@ Datapath::~Datapath() {
 
 void Datapath::start() {
     if (running_.exchange(true)) return;
+    credit_fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (credit_fd_ >= 0) {  // credits leave at the top priority, as control records do
+        int tos = int(cfg_.dscp[std::min<size_t>(cfg_.top_priority, cfg_.dscp.size() - 1)]) << 2;
+        setsockopt(credit_fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
+    }
     rx_thread_ = std::thread([this] { rx_loop(); });
     tx_thread_ = std::thread([this] { tx_loop(); });
     pthread_setname_np(rx_thread_.native_handle(), ("dlcp-rx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
@@ -90,6 +95,10 @@ void Datapath::stop() {
                 ::close(s.second.fd);
                 s.second.fd = -1;
             }
+    if (credit_fd_ >= 0) {
+        ::close(credit_fd_);
+        credit_fd_ = -1;
+    }
 }
 
 void Datapath::close() {
@@ -101,19 +110,24 @@ void Datapath::close() {
 }
 
 void Datapath::add_peer(uint16_t rank, const std::string& ipv4, uint16_t port) {
-    std::lock_guard<std::mutex> g(tx_mu_);
-    if (dests_.count(rank)) return;
-    auto* d = new Dest();
-    d->rank = rank;
-    d->addr.sin_family = AF_INET;
-    d->addr.sin_port = htons(port);
-    if (inet_pton(AF_INET, ipv4.c_str(), &d->addr.sin_addr) != 1) {
-        delete d;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    if (inet_pton(AF_INET, ipv4.c_str(), &addr.sin_addr) != 1)
         throw std::invalid_argument("peer " + std::to_string(rank) + ": '" + ipv4 + "' is not an IPv4 address");
+    {
+        std::lock_guard<std::mutex> g(tx_mu_);
+        if (dests_.count(rank)) return;
+        auto* d = new Dest();
+        d->rank = rank;
+        d->addr = addr;
+        d->pacer = Pacer(cfg_.burst_bytes);
+        d->rate = std::min(cfg_.line_rate, 0.5e9);
+        d->window = std::max<uint32_t>(1, cfg_.initial_window);
+        dests_[rank] = d;
     }
-    d->pacer = Pacer(cfg_.burst_bytes);
-    d->rate = std::min(cfg_.line_rate, 0.5e9);
-    dests_[rank] = d;
+    std::lock_guard<std::mutex> g(rx_mu_);  // (never under tx_mu_: the receive thread takes rx, then tx)
+    peer_addr_[rank] = addr;
 }
 
 void Datapath::set_rate(uint16_t dest, double rate) {
@@ -131,6 +145,16 @@ void Datapath::set_sockopt(uint16_t dest, uint8_t priority, int level, int name,
     Sock& s = sock_for(*it->second, priority);
     if (setsockopt(s.fd, level, name, &value, sizeof value) != 0)
         throw std::runtime_error(std::string("setsockopt: ") + std::strerror(errno));
+}
+
+void Datapath::forgive(uint16_t dest, uint64_t packets) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = dests_.find(dest);
+    if (it == dests_.end()) return;
+    Dest* d = it->second;
+    d->acked = std::min<uint64_t>(d->sent.load(), d->acked + packets);
+    d->held_since = -1;
+    tx_cv_.notify_all();
 }
 
 uint64_t Datapath::sent_packets(uint16_t dest) {
@@ -348,6 +372,37 @@ void Datapath::retire(uint16_t dest, uint32_t mid) {
     tx_.erase(key);
     active_.erase(std::remove(active_.begin(), active_.end(), m), active_.end());
     delete m;
+    bool more = false;
+    for (auto& kv : tx_)
+        if (kv.second->spec.dest == dest) more = true;
+    auto dit = dests_.find(dest);
+    if (!more && dit != dests_.end()) {  // nothing in flight to it: what was never credited was lost
+        dit->second->acked = dit->second->sent.load();
+        dit->second->held_since = -1;
+    }
+}
+
+bool Datapath::window_full(Dest* d, double now, double& wait) {
+    // Whether `d` has as many of our packets unconsumed as its window allows (tx_mu_ held). A
+    // destination that grants nothing more for credit_timeout is taken to have lost them.
+    uint64_t sent = d->sent.load();
+    uint64_t in_flight = sent > d->acked ? sent - d->acked : 0;
+    if (in_flight < d->window) {
+        d->held_since = -1;
+        return false;
+    }
+    if (d->held_since < 0) {
+        d->held_since = now;
+        credit_waits_ += 1;
+    }
+    if (now - d->held_since >= cfg_.credit_timeout) {
+        d->acked = sent;
+        d->held_since = -1;
+        credit_timeouts_ += 1;
+        return false;
+    }
+    wait = d->held_since + cfg_.credit_timeout - now;
+    return true;
 }
 
 // ------------------------------------------------------------------ the send thread
@@ -368,8 +423,10 @@ Datapath::TxMsg* Datapath::pick(double now, double& wait) {
         auto b = blocked.find(dest);
         if (b == blocked.end()) {
             Dest* d = dests_[dest];
-            double w = std::max(d->pacer.wait_time(m->datagram_bytes, d->rate, now),
-                                host_pacer_.wait_time(m->datagram_bytes, cfg_.line_rate, now));
+            double w = 0;
+            if (!window_full(d, now, w))
+                w = std::max(d->pacer.wait_time(m->datagram_bytes, d->rate, now),
+                             host_pacer_.wait_time(m->datagram_bytes, cfg_.line_rate, now));
             b = blocked.emplace(dest, w).first;
         }
         if (b->second > 0) {
@@ -410,6 +467,8 @@ void Datapath::tx_loop() {
         double allowed = std::min(d->pacer.allowance(d->rate, now, cfg_.max_inline_wait),
                                   host_pacer_.allowance(cfg_.line_rate, now, cfg_.max_inline_wait));
         chunk = std::max<uint32_t>(1, std::min<uint32_t>(chunk, uint32_t(std::max(0.0, allowed) / size)));
+        uint64_t in_flight = d->sent.load() > d->acked ? d->sent.load() - d->acked : 0;
+        if (in_flight < d->window) chunk = std::min<uint32_t>(chunk, uint32_t(d->window - in_flight));
         int before = m->sending_priority();
         seqs.clear();
         if (retx) {
@@ -456,6 +515,11 @@ void Datapath::tx_loop() {
         d->pacer.tokens -= double(sent.second);
         host_pacer_.tokens -= double(sent.second);
         d->sent += sent.first;
+        {
+            int64_t f = int64_t(d->sent.load()) - int64_t(d->acked);
+            if (f > max_in_flight_) max_in_flight_ = f;
+            if (int64_t(d->window) > max_window_) max_window_ = d->window;
+        }
         data_pkts_sent_ += sent.first;
         data_bytes_sent_ += int64_t(sent.second);
         if (retx) {
@@ -595,7 +659,13 @@ std::map<std::string, int64_t> Datapath::stats() {
     out["send_errors"] = send_errors_;
     out["gso_calls"] = gso_calls_;
     std::lock_guard<std::mutex> g(rx_mu_);
+    out["credit_waits"] = credit_waits_;
+    out["credit_timeouts"] = credit_timeouts_;
+    out["max_in_flight"] = max_in_flight_;
+    out["max_window"] = max_window_;
     out["data_pkts_received"] = data_pkts_received_;
+    out["credits_sent"] = credits_sent_;
+    out["credits_received"] = credits_received_;
     out["data_bytes_received"] = data_bytes_received_;
     out["ce_marked"] = ce_marked_;
     out["parked"] = parked_total_;

@@ -112,7 +112,7 @@ class ProtocolCore:
         """The handshake with ``rank`` completed: its key for our tokens, and it may send to us."""
         self.tx_keys[rank] = tx_key
         self.authed.add(rank)
-        self.port.set_rx_key(rank, self.rx_key(rank))
+        self.port.set_keys(rank, self.rx_key(rank), tx_key)
 
     def rx_token(self, src: int, message_id: int, iteration: int) -> int:
         return auth.message_token(self.rx_key(src), self.config.job_id, src, message_id, iteration)
@@ -441,6 +441,7 @@ class ProtocolCore:
         if new_lost:
             self._rate_for(src, now).on_feedback(n - len(missing), 0, new_lost)
             self._note_rate(src, now, "loss")
+            self.port.forgive(src, new_lost)  # never to be consumed: their window is free
         m.awaiting_reply = False
         m.probe_sent_at = None
         if len(seqs):
@@ -628,7 +629,7 @@ class ProtocolCore:
     def peer_lost(self, rank: int) -> None:
         """No authenticated connection with ``rank`` remains: nothing more of it is parked."""
         self.authed.discard(rank)
-        self.port.set_rx_key(rank, None)
+        self.port.set_keys(rank, None, None)
 
     def close(self, error: TransportError) -> None:
         """Fail everything still in flight and retire it from the data path."""

@@ -15,9 +15,12 @@ from hostagent.protocol.port import Progress, RxBuffers
 
 #: An end of pass is answered after at most this much quiet, however slowly data arrived.
 MAX_ANSWER_GRACE = 0.1
-#: An answer waits for the receive socket to drain at most this long: a socket that stays busy
-#: (a flood of junk, or a receiver far behind) must not hold every answer back until the deadline.
-MAX_BUSY_DEFER = 0.02
+#: An answer waits for the receive socket to drain at most this long past its grace: a socket
+#: that a flood of junk keeps busy must not hold every answer back until the deadline. Long,
+#: because a receiver that is merely behind (descheduled on a loaded host) also has a busy
+#: socket, and a bitmap sent then lists packets still queued in it: they would be resent, and
+#: their window released twice.
+MAX_BUSY_DEFER = 0.2
 
 
 class Incoming:

@@ -35,7 +35,7 @@ def _paths(**config):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     paths = [NativeDatapath(cfg, sock, False), NumpyDatapath(cfg, sock, False)]
     for dp in paths:
-        dp.set_rx_key(1, KEY1)
+        dp.set_keys(1, KEY1, KEY1)
     return paths, sock
 
 

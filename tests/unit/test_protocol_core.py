@@ -40,7 +40,7 @@ class FakePort:
 
     # DataPort
     def add_peer(self, rank, ipv4, port): pass
-    def set_rx_key(self, rank, key): self.keys[rank] = key
+    def set_keys(self, rank, rx_key, tx_key): self.keys[rank] = rx_key
     def expect(self, spec):
         self.rx[(spec.src, spec.message_id)] = spec
         self.prog[(spec.src, spec.message_id)] = Progress(0, 0, 0, 0, 0.0, 0.0, 0)
@@ -75,6 +75,7 @@ class FakePort:
         self.calls.append(("retire", dest, mid))
         self.tx.pop((dest, mid), None)
     def set_rate(self, dest, rate): self.rates[dest] = rate
+    def forgive(self, dest, packets): self.calls.append(("forgive", dest, packets))
     def sent_packets(self, dest): return self.sent[dest]
 
     # delivering data

@@ -33,9 +33,10 @@ KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
 #: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
 MAX_INLINE_WAIT = 0.0005
 #: A sender whose window is full and that got no credit for this long takes its packets as lost
-#: and sends on: the last resort for a lost credit. (Packets a bitmap reports lost release their
-#: window at once, and all of it is released when nothing is in flight to the receiver; a short
-#: timeout fired whenever a receiver was descheduled, and its reset overran the receiver.)
+#: and sends on: the last resort for a lost credit. (A receiver counts the transmissions a
+#: finished message will never bring as read, and all of a window is released when nothing is
+#: in flight to the receiver; a short timeout fired whenever a receiver was descheduled, and its
+#: reset overran the receiver.)
 CREDIT_TIMEOUT = 0.2
 
 
@@ -183,9 +184,6 @@ class NativeDatapath:
     def retire(self, dest: int, message_id: int) -> None:
         self._dp.retire(dest, message_id)
         self._tx_refs.pop((dest, message_id), None)
-
-    def forgive(self, dest: int, packets: int) -> None:
-        self._dp.forgive(dest, packets)
 
     def set_rate(self, dest: int, rate: float) -> None:
         self._dp.set_rate(dest, rate)

@@ -388,6 +388,10 @@ class NumpyDatapath:
         its held sends start."""
         rx.state = how
         key = rx.asm.key
+        # The sender's transmissions this message will never bring (packets that never came, the
+        # first sending of each that came as a resend) count as read for its credits, or its
+        # window would shrink by every loss.
+        self._sender(key[0]).consumed += (rx.asm.total_pkts - rx.asm.received_pkts) + rx.retx_seen
         self.reassembler.forget(*key)
         self._remember(key)
         if rx.asm.received_pkts < rx.asm.total_pkts:
@@ -850,13 +854,6 @@ class NumpyDatapath:
         with self._tx_cv:
             self._dests[dest].rate = max(1.0, rate)
             self._tx_cv.notify_all()
-
-    def forgive(self, dest: int, packets: int) -> None:
-        with self._tx_cv:
-            d = self._dests.get(dest)
-            if d is not None:
-                d.acked, d.held_since = min(d.sent, d.acked + packets), -1.0
-                self._tx_cv.notify_all()
 
     def sent_packets(self, dest: int) -> int:
         d = self._dests.get(dest)

@@ -182,7 +182,6 @@ class Datapath {
     bool tx_info(uint16_t dest, uint32_t mid, TxInfo& out);
     void retire(uint16_t dest, uint32_t mid);  // stop sending; returns once no thread reads its buffers
     void set_rate(uint16_t dest, double rate);
-    void forgive(uint16_t dest, uint64_t packets);  // lost packets: their window is free again
     uint64_t sent_packets(uint16_t dest);
     // set an option on the data socket to `dest` for `priority` (made now if need be): a real
     // fault for tests (SO_NO_CHECK makes the kernel refuse GSO), a knob for experiments

@@ -256,7 +256,6 @@ NB_MODULE(_datapath, m) {
              })
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rate", &Datapath::set_rate)
-        .def("forgive", &Datapath::forgive)
         .def("sent_packets", &Datapath::sent_packets)
         .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
         .def("stats", &Datapath::stats)

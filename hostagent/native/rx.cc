@@ -459,6 +459,10 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
 void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
     m->prog.state = how;
     const RxSpec& s = m->spec;
+    // The sender's transmissions this message will never bring: packets that never came, and the
+    // first sending of each packet that came as a resend. They count as read for its credits,
+    // or its window would shrink by every loss (a bound's losses are never resent at all).
+    fb_[s.src].consumed += uint64_t(m->total_pkts - m->prog.received_pkts) + m->prog.retx_seen;
     if (!s.accumulate && m->prog.received_pkts < m->total_pkts) {
         // missing elements read as zero, before a chained send reads the buffer
         for (uint32_t seq = 0; seq < m->total_pkts; ++seq) {

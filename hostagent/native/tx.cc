@@ -147,16 +147,6 @@ void Datapath::set_sockopt(uint16_t dest, uint8_t priority, int level, int name,
         throw std::runtime_error(std::string("setsockopt: ") + std::strerror(errno));
 }
 
-void Datapath::forgive(uint16_t dest, uint64_t packets) {
-    std::lock_guard<std::mutex> g(tx_mu_);
-    auto it = dests_.find(dest);
-    if (it == dests_.end()) return;
-    Dest* d = it->second;
-    d->acked = std::min<uint64_t>(d->sent.load(), d->acked + packets);
-    d->held_since = -1;
-    tx_cv_.notify_all();
-}
-
 uint64_t Datapath::sent_packets(uint16_t dest) {
     std::lock_guard<std::mutex> g(tx_mu_);
     auto it = dests_.find(dest);

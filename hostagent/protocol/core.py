@@ -441,7 +441,6 @@ class ProtocolCore:
         if new_lost:
             self._rate_for(src, now).on_feedback(n - len(missing), 0, new_lost)
             self._note_rate(src, now, "loss")
-            self.port.forgive(src, new_lost)  # never to be consumed: their window is free
         m.awaiting_reply = False
         m.probe_sent_at = None
         if len(seqs):

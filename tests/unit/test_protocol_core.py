@@ -75,7 +75,6 @@ class FakePort:
         self.calls.append(("retire", dest, mid))
         self.tx.pop((dest, mid), None)
     def set_rate(self, dest, rate): self.rates[dest] = rate
-    def forgive(self, dest, packets): self.calls.append(("forgive", dest, packets))
     def sent_packets(self, dest): return self.sent[dest]
 
     # delivering data

@@ -3,8 +3,8 @@
 Prints, with the command, the commit and the machine's load beside every row:
 
   1. **one sender -> one receiver**: 100 MB messages between two processes at MTU 1500 with a
-     25 Gb/s line-rate configuration: a bare UDP GSO sender into a GRO receiver (this machine's
-     limit for one sender), DLCP's compiled path, DLCP's numpy path (the path before the
+     25 Gb/s line-rate configuration: a bare UDP GSO sender into a GRO receiver in C++
+     (``bench/bare_pair.cc``, compiled here with g++: this machine's limit for one sender), DLCP's compiled path, DLCP's numpy path (the path before the
      compiled one), and gloo's send/recv; goodput and the CPU both processes spent per 100 MB.
   2. **collectives**: 4 processes averaging 57 MB in 12 tensors (fused into DDP's buckets) per
      iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
@@ -141,47 +141,27 @@ def summary(results: dict[str, list[dict]], key: str, base: str) -> dict[str, tu
 
 # ----------------------------------------------------------------------------- part 1: one sender
 
-def _bare_proc(rank: int, port: int, mtu: int, messages: int, q) -> None:
-    """A bare UDP pair: 64 KB GSO sends into a GRO receiver, no protocol at all."""
-    from hostagent.udp_offload import GRO_ANCBUF, SOL_UDP, UDP_GRO, UDP_SEGMENT
+BARE_SRC = Path(__file__).with_name("bare_pair.cc")
+BARE_BIN = Path(__file__).resolve().parents[1] / "build" / "bench" / "bare_pair"
 
-    seg = mtu - 28
-    total = GOODPUT_ELEMS * 4
-    per_call = (65507 // seg) * seg
-    if rank == 1:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE (root); else the default
-        s.setsockopt(SOL_UDP, UDP_GRO, 1)
-        s.bind(("127.0.0.1", port))
-        buf = bytearray(1 << 17)
-        times, got, t0, cpu0 = [], 0, None, 0.0
-        while len(times) < messages + WARMUP:
-            n, _, _, _ = s.recvmsg_into([buf], GRO_ANCBUF)
-            if t0 is None:
-                t0, cpu0 = time.perf_counter(), _cpu()
-            got += n
-            if got >= total * 0.98:  # a bare pair has no recovery: a message ends with 98 % of it
-                times.append((time.perf_counter() - t0, _cpu() - cpu0))
-                got, t0 = 0, None
-        q.put((rank, times[WARMUP:]))
-    else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.connect(("127.0.0.1", port))
-        data = np.random.default_rng(0).integers(0, 255, total, dtype=np.uint8)
-        view = memoryview(data)
-        cmsg = [(SOL_UDP, UDP_SEGMENT, seg.to_bytes(2, "little"))]
-        time.sleep(0.5)
-        cpus = []
-        for _ in range(messages + WARMUP):
-            c0 = _cpu()
-            for off in range(0, total, per_call):
-                try:
-                    s.sendmsg([view[off : off + per_call]], cmsg)
-                except OSError:
-                    pass
-            cpus.append(_cpu() - c0)
-            time.sleep(0.05)  # the receiver ends the message before the next starts
-        q.put((rank, cpus[WARMUP:]))
+
+def _bare_binary() -> Path:
+    """bench/bare_pair.cc compiled with the system's g++ (again when the source is newer)."""
+    if not BARE_BIN.exists() or BARE_BIN.stat().st_mtime < BARE_SRC.stat().st_mtime:
+        BARE_BIN.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["g++", "-O2", "-std=c++17", "-o", str(BARE_BIN), str(BARE_SRC)], check=True)
+    return BARE_BIN
+
+
+def _bare_pair(mtu: int, messages: int) -> tuple[list[tuple[int, float, float]], list[float]]:
+    """Run the C++ bare pair: per message the receiver's (bytes, seconds, cpu) and the sender's cpu."""
+    exe, port = str(_bare_binary()), _ports(1)[0][0]
+    n, total, seg = messages + WARMUP, str(GOODPUT_ELEMS * 4), str(mtu - 28)
+    rx = subprocess.Popen([exe, "recv", str(port), seg, str(n), total], stdout=subprocess.PIPE, text=True)
+    tx = subprocess.run([exe, "send", str(port), seg, str(n), total], capture_output=True, text=True, check=True)
+    out, _ = rx.communicate(timeout=120)
+    got = [(int(b), float(t), float(c)) for b, t, c in (line.split() for line in out.splitlines())]
+    return got[WARMUP:], [float(c) for c in tx.stdout.split()][WARMUP:]
 
 
 def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str, line_rate: float, q) -> None:
@@ -231,11 +211,11 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25
     """MB/s of one 100 MB message (median) and CPU ms both processes spent per 100 MB."""
     mb = GOODPUT_ELEMS * 4 / 1e6
     if kind == "bare":
-        port = _ports(1)[0][0]
-        tx, rx = _run(_bare_proc, lambda r: (r, port, mtu, messages), 2)
-        rates = [mb / t for t, _ in rx]
-        cpu = statistics.median(c for _, c in rx) + statistics.median(tx)
-        return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": 0, "overruns": 0}
+        rx, tx = _bare_pair(mtu, messages)
+        rates = [b / 1e6 / t for b, t, _ in rx]  # what arrived (a bare pair resends nothing)
+        cpu = statistics.median(c for _, _, c in rx) + statistics.median(tx)
+        lost = sum(GOODPUT_ELEMS * 4 - b for b, _, _ in rx) // (mtu - 28)
+        return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": 0, "overruns": lost}
     if kind == "gloo":
         port = _ports(1)[0][1]
         tx, rx = _run(_gloo_p2p_proc, lambda r: (r, port, messages), 2)
@@ -265,7 +245,8 @@ def print_goodput(args) -> None:
         print(f"   {name:<22}{med:8.0f}{f'{lo:.0f}-{hi:.0f}':>14}{ratio:9.2f}{cpu[name][0]:14.0f}{cpu[name][3]:10.2f}"
               f"{retx:7}{over:9}")
     print("   of bare / of numpy: the median over rounds of the ratio within a round. cpu: user + system of both")
-    print("   processes per 100 MB. The bare pair has no protocol (no pacing, headers, checks or recovery).")
+    print("   processes per 100 MB. The bare pair (bench/bare_pair.cc, C++) has no protocol: no pacing, headers,")
+    print("   checks or recovery; its rate counts what arrived, its overruns column the segments lost.")
     print()
 
 
@@ -316,7 +297,9 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
     if pattern == "ps" and rank == n:
         PSServer(ep, list(range(n))).serve(iterations + WARMUP, len(plan))
     else:
-        ex = PSWorker(ep, n) if pattern == "ps" else RingAllreduce(ep, list(range(n)))
+        # "ring": the default direct all-gather; "ring-gather": the all-gather forwarded around the ring
+        ex = PSWorker(ep, n) if pattern == "ps" else RingAllreduce(
+            ep, list(range(n)), gather="ring" if pattern == "ring-gather" else "direct")
         for it in range(iterations + WARMUP):
             s0 = ep.stats
             t0 = time.perf_counter()
@@ -325,7 +308,7 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
                                      [b.layout for b in plan])
             else:
                 ex.allreduce_inplace(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
-                                     [b.layout for b in plan])
+                                     [b.layout for b in plan], lost_values=False)  # as the DDP hook without error feedback
             times.append(time.perf_counter() - t0)
             s1 = ep.stats
             sent.append(s1.data_pkts_sent - s0.data_pkts_sent)
@@ -363,6 +346,7 @@ def print_collective(args) -> None:
         "gloo all_reduce": "gloo",
         "DLCP ring, lossless": "native:ring:0:0",
         "DLCP ring, p=.05, 2% loss": "native:ring:0.05:0.02",
+        "  all-gather around ring": "native:ring-gather:0.05:0.02",
         "DLCP PS, lossless": "native:ps:0:0",
         "DLCP PS, p=.05, 2% loss": "native:ps:0.05:0.02",
     }

@@ -218,10 +218,12 @@ class DLCPState:
             vals = grad[idx]  # the worker's own gradient there
         elif grad.dtype == np.float32 and grad.ndim == 1 and grad.flags.c_contiguous and grad.flags.writeable:
             # in place, as DDP's own allreduce hook averages its bucket: no copy of the gradient
-            (idx, vals), = self._exchanger.allreduce_inplace(iteration, [grad], [key], [priority], [layout])
+            (idx, vals), = self._exchanger.allreduce_inplace(iteration, [grad], [key], [priority], [layout],
+                                                             lost_values=self.error_feedback)
             avg = grad
         else:
-            (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority], [layout])
+            (avg, idx, vals), = self._exchanger.allreduce_detailed(iteration, [grad], [key], [priority], [layout],
+                                                                    lost_values=self.error_feedback)
         if self.error_feedback:
             err = np.zeros_like(grad)
             np.add.at(err, idx, vals)

@@ -438,18 +438,31 @@ def _echo_layout(results: Sequence[RecvResult]) -> Layout:
                   results[0].data.size)
 
 
+GatherMode = Literal["direct", "ring"]
+
+
 class RingAllreduce:
-    """Ring allreduce over the transport: reduce-scatter then all-gather, bound per chunk.
+    """Ring allreduce over the transport: reduce-scatter around the ring, then all-gather, bound
+    per chunk.
 
     ``ranks`` is the ring order, the same list on every member. Reduce-scatter steps use the
     push bound (missing elements of a partial sum count as zero); all-gather steps use the
     pull bound (0 by default, so every member ends with the same result).
 
+    ``gather``: ``"direct"`` (default) has each chunk's owner send its reduced chunk to every
+    other member at once; ``"ring"`` forwards it around the ring in n-1 steps. Both move the
+    same bytes in and out of every host. Direct is the default because a reliable all-gather
+    recovers its losses: around the ring each step waits for the previous one's recovery, so
+    losses cost up to n-1 recovery rounds in a row; direct sends recover side by side, in one.
+
     Example: ``avg = RingAllreduce(ep, ranks=[0, 1, 2, 3]).allreduce(it, grads)``
     """
 
     def __init__(self, endpoint: Endpoint, ranks: Sequence[int], policy: Policy | None = None,
-                 timeout: float | None = None, fusion: FusionConfig = FusionConfig()) -> None:
+                 timeout: float | None = None, fusion: FusionConfig = FusionConfig(),
+                 gather: GatherMode = "direct") -> None:
+        if gather not in ("direct", "ring"):
+            raise ValueError(f"gather must be 'direct' or 'ring', not {gather!r}")
         ranks = list(ranks)
         if len(set(ranks)) != len(ranks) or endpoint.rank not in ranks:
             raise ValueError(f"ring {ranks} must list distinct ranks including this endpoint's ({endpoint.rank})")
@@ -465,8 +478,11 @@ class RingAllreduce:
         self.left = ranks[(self.pos - 1) % self.n]
         self.policy = policy or endpoint.policy
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
+        self.gather = gather
         self.last_stats: ExchangeStats | None = None
         self._planner = _Planner(fusion, self.policy)
+        self._spare: dict[int, list[np.ndarray]] = {}  # snapshot buffers by size, reused across calls
+        self._spare_lock = threading.Lock()
 
     def plan(self, sizes: Sequence[int], priorities: Sequence[int] | None = None) -> list[Bucket]:
         """The buckets :meth:`allreduce` reduces for tensors of ``sizes``."""
@@ -486,11 +502,14 @@ class RingAllreduce:
         return _unfuse(bufs, plan, grads)
 
     def allreduce_inplace(self, iteration: int, buffers: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                          priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None
-                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+                          priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
+                          lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """Average each of ``buffers`` (contiguous 1-D float32, a DDP bucket's, say) over the
         ring in place, as DDP's own allreduce hook does with its buckets; returns what each
         buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does.
+
+        ``lost_values=False``: the lost values come back as zeros (their indices stay right).
+        Keeping them costs a copy of every partial sum sent, which only error feedback needs.
 
         Example: ``ring.allreduce_inplace(it, [bucket])``
         """
@@ -498,30 +517,31 @@ class RingAllreduce:
             if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
                 raise ValueError("allreduce_inplace needs contiguous 1-D float32 arrays")
             b *= np.float32(1.0 / self.n)
-        return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts)
+        return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
 
     def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
-                           priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None
-                           ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                           priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
+                           lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """As :meth:`allreduce`, with what this member's reduce-scatter sends lost, per tensor:
         (average, flat indices, the partial-sum values sent there). Error feedback re-injects
         those values, which keeps the ring's sum over iterations whole. The inputs are not changed."""
         bufs = [_flat(g).astype(np.float32) * np.float32(1.0 / self.n) for g in grads]  # scaled working copies
-        lost = self._ring(iteration, bufs, tensor_ids, priorities, layouts)
+        lost = self._ring(iteration, bufs, tensor_ids, priorities, layouts, lost_values)
         return [(b.reshape(np.shape(g)), idx, vals) for b, g, (idx, vals) in zip(bufs, grads, lost)]
 
     def _ring(self, iteration: int, bufs: list[np.ndarray], tensor_ids: Sequence[int] | None,
-              priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None
-              ) -> list[tuple[np.ndarray, np.ndarray]]:
+              priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None,
+              lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """Sum ``bufs`` (float32, each already divided by the ring's size) over the ring, in place;
         returns per buffer what its reduce-scatter sends lost: (flat indices, values in the
-        inputs' units).
+        inputs' units, zeros unless ``lost_values``).
 
         How it runs: every step of every tensor is handed to the transport at once. Each step's
         send waits in the data path until the step before it has been received, and then starts
         from there, without a round trip through Python; reduce-scatter receives add each packet
         into the buffer as it arrives (exactly once), so a chunk is reduced while the next one is
-        still on the wire. Python only waits for the last all-gather step.
+        still on the wire. The last reduce-scatter receive starts the all-gather sends of the
+        chunk it completed. Python only waits for the results.
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
@@ -536,39 +556,67 @@ class RingAllreduce:
                 for t, (b, pr, lay) in enumerate(zip(bufs, prio, _layouts(len(bufs), layouts)))]
         bounds = [np.linspace(0, b.size, self.n + 1).astype(np.int64) for b in bufs]
         # a partial sum's chunk is overwritten by the all-gather later: keep what was sent, for
-        # the values a loss took (only a bounded push can lose any)
-        keep_sent = self.policy.loss_bound_push > 0
+        # the values a loss took (only a bounded push can lose any, and only error feedback asks)
+        keep_sent = lost_values and self.policy.loss_bound_push > 0
         n, i = self.n, self.pos
-        steps = 2 * (n - 1)
+        rs_steps = n - 1
         recvs: list[RecvHandle] = []
         sends: list[tuple[int, SendHandle, np.ndarray | None, int]] = []  # (tensor, handle, snapshot, chunk start)
-        for t, (tid, buf, bd, lay) in enumerate(zip(ids, bufs, bounds, lays)):
-            for step in range(steps):  # sends first: each is held until its trigger
-                gather = step >= n - 1
-                s = step - (n - 1) if gather else step
-                c = (i + 1 - s) % n if gather else (i - s) % n
-                lo, hi = int(bd[c]), int(bd[c + 1])
-                chunk = lay.slice(lo, hi)
-                snap = np.empty(hi - lo, np.float32) if keep_sent and not gather else None
-                h = self.ep.send(self.right, buf[lo:hi], message_id(iteration, tid, step),
-                                 priority=chunk.top_priority if chunk.total else int(prio[t]),
-                                 loss_bound=self.policy.loss_bound_pull if gather else self.policy.loss_bound_push,
-                                 iteration=iteration, tensor_id=tid, layer=chunk.first_layer % 65536, layout=chunk,
-                                 announce=False, held=step > 0, snapshot=snap)
-                if not gather:
-                    sends.append((t, h, snap, lo))
+        snaps: list[np.ndarray] = []
+        push, pull = self.policy.loss_bound_push, self.policy.loss_bound_pull
+
+        def chunk_of(t: int, c: int) -> tuple[int, int, Layout]:
+            lo, hi = int(bounds[t][c]), int(bounds[t][c + 1])
+            return lo, hi, lays[t].slice(lo, hi)
+
+        def send(t: int, dest: int, c: int, step: int, gather: bool, held: bool) -> None:
+            lo, hi, chunk = chunk_of(t, c)
+            snap = self._take_spare(hi - lo) if keep_sent and not gather else None
+            if snap is not None:
+                snaps.append(snap)
+            h = self.ep.send(dest, bufs[t][lo:hi], message_id(iteration, ids[t], step),
+                             priority=chunk.top_priority if chunk.total else int(prio[t]),
+                             loss_bound=pull if gather else push, iteration=iteration, tensor_id=ids[t],
+                             layer=chunk.first_layer % 65536, layout=chunk, announce=False, held=held,
+                             snapshot=snap)
+            sends.append((-1 if gather else t, h, snap, lo))
+
+        def recv(t: int, src: int, c: int, step: int, gather: bool, then: tuple[tuple[int, int], ...]) -> None:
+            lo, hi, _ = chunk_of(t, c)
+            recvs.append(self.ep.recv(src, message_id(iteration, ids[t], step), out=bufs[t][lo:hi],
+                                      expect=Expect(hi - lo, np.float32, pull if gather else push,
+                                                    iteration=iteration, accumulate=not gather, then_send=then)))
+
+        others = [self.ranks[(i + k) % n] for k in range(1, n)]  # from the right neighbour on
+        for t in range(len(bufs)):
+            tid = ids[t]
+            # sends first: each but the first is held until the receive that names it completes.
+            # Reduce-scatter step s sends chunk (i - s) and receives chunk (i - s - 1), which it
+            # adds to and forwards at step s + 1; after n - 1 steps chunk (i + 1) is whole here.
+            for step in range(rs_steps):
+                send(t, self.right, (i - step) % n, step, gather=False, held=step > 0)
+            if self.gather == "direct":
+                for dest in others:
+                    send(t, dest, (i + 1) % n, rs_steps, gather=True, held=True)
+            else:
+                for s in range(n - 1):
+                    send(t, self.right, (i + 1 - s) % n, rs_steps + s, gather=True, held=True)
+            for step in range(rs_steps):
+                last = step + 1 == rs_steps
+                if not last:
+                    then: tuple[tuple[int, int], ...] = ((self.right, message_id(iteration, tid, step + 1)),)
+                elif self.gather == "direct":
+                    then = tuple((d, message_id(iteration, tid, rs_steps)) for d in others)
                 else:
-                    sends.append((-1, h, None, lo))
-            for step in range(steps):
-                gather = step >= n - 1
-                s = step - (n - 1) if gather else step
-                c = (i - s) % n if gather else (i - s - 1) % n
-                lo, hi = int(bd[c]), int(bd[c + 1])
-                bound = self.policy.loss_bound_pull if gather else self.policy.loss_bound_push
-                then = ((self.right, message_id(iteration, tid, step + 1)),) if step + 1 < steps else ()
-                recvs.append(self.ep.recv(self.left, message_id(iteration, tid, step), out=buf[lo:hi],
-                                          expect=Expect(hi - lo, np.float32, bound, iteration=iteration,
-                                                        accumulate=not gather, then_send=then)))
+                    then = ((self.right, message_id(iteration, tid, rs_steps)),)
+                recv(t, self.left, (i - step - 1) % n, step, gather=False, then=then)
+            if self.gather == "direct":
+                for k, src in enumerate(others):  # the owner of chunk (pos + 1) sends it
+                    recv(t, src, (i + k + 2) % n, rs_steps, gather=True, then=())
+            else:
+                for s in range(n - 1):
+                    then = ((self.right, message_id(iteration, tid, rs_steps + s + 1)),) if s + 1 < n - 1 else ()
+                    recv(t, self.left, (i - s) % n, rs_steps + s, gather=True, then=then)
         received = _wait_all(recvs, deadline)
         sent_stats = _wait_all([h for _, h, _, _ in sends], deadline)
         lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
@@ -577,6 +625,23 @@ class RingAllreduce:
                 local = lost_elements(st.lost_packets, per, st.elements)
                 vals = snap[local] * np.float32(n) if snap is not None else np.zeros(len(local), np.float32)
                 lost[t].append((local + lo, vals))
+        self._give_spares(snaps)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)
         return [(np.concatenate([x for x, _ in ls]), np.concatenate([v for _, v in ls])) if ls else none
                 for ls in lost]
+
+    def _take_spare(self, size: int) -> np.ndarray:
+        """A float32 buffer of ``size`` for a snapshot: a reused one (fresh pages cost their
+        first-touch faults on every iteration)."""
+        with self._spare_lock:
+            free = self._spare.get(size)
+            if free:
+                return free.pop()
+        return np.empty(size, np.float32)
+
+    def _give_spares(self, snaps: list[np.ndarray]) -> None:
+        with self._spare_lock:
+            for a in snaps:
+                free = self._spare.setdefault(a.size, [])
+                if len(free) < 4 * self.n:
+                    free.append(a)

@@ -64,10 +64,11 @@ def test_parameter_server_equals_numpy_mean(endpoints, n_workers):
                 np.testing.assert_allclose(out[w][t], mean, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("gather", ["direct", "ring"])
 @pytest.mark.parametrize("n_workers", [2, 3, 4])
-def test_ring_allreduce_equals_numpy_mean(endpoints, n_workers):
+def test_ring_allreduce_equals_numpy_mean(endpoints, n_workers, gather):
     eps = endpoints(n_workers, policy=Policy(loss_bound_push=0.0))
-    rings = [RingAllreduce(ep, list(range(n_workers))) for ep in eps]
+    rings = [RingAllreduce(ep, list(range(n_workers)), gather=gather) for ep in eps]
     for it in range(2):
         grads = _grads(n_workers, 10 + it)
         out = _run_threads({w: (lambda w=w: rings[w].allreduce(it, grads[w])) for w in range(n_workers)})
@@ -99,11 +100,12 @@ def test_parameter_server_error_with_loss_is_bounded_by_what_was_lost(endpoints)
             np.testing.assert_array_equal(out[w][t], out[0][t])
 
 
-def test_ring_allreduce_error_with_loss_is_bounded(endpoints):
+@pytest.mark.parametrize("gather", ["direct", "ring"])
+def test_ring_allreduce_error_with_loss_is_bounded(endpoints, gather):
     n = 3
     loss = LossInjection(drop_probabilities=(0, 0, 0.2, 0.2), seed=6)
     eps = endpoints(n, policy=Policy(loss_bound_push=0.1), loss=loss)
-    rings = [RingAllreduce(ep, list(range(n))) for ep in eps]
+    rings = [RingAllreduce(ep, list(range(n)), gather=gather) for ep in eps]
     grads = _grads(n, 3)
     out = _run_threads({w: (lambda w=w: rings[w].allreduce(0, grads[w])) for w in range(n)})
     assert any(r.last_stats.lost_fraction_max > 0 for r in rings)
@@ -115,6 +117,12 @@ def test_ring_allreduce_error_with_loss_is_bounded(endpoints):
     for w in range(1, n):
         for t in range(len(SHAPES)):
             np.testing.assert_array_equal(out[w][t], out[0][t])
+
+
+def test_ring_refuses_an_unknown_gather(endpoints):
+    ep, _ = endpoints(2)
+    with pytest.raises(ValueError, match="gather must be"):
+        RingAllreduce(ep, [0, 1], gather="tree")
 
 
 def _result(data, received=None, per=1):
@@ -194,3 +202,24 @@ def test_ring_reports_what_its_sends_lost(endpoints):
         np.testing.assert_array_equal(vals, grads[w][idx])
         np.testing.assert_allclose(avg[idx], grads[1 - w][idx] / 2, rtol=1e-6)
         np.testing.assert_array_equal(avg, out[1 - w][0][0])  # the all-gather is reliable
+
+
+def test_ring_without_lost_values_keeps_indices_and_reuses_no_stale_snapshot(endpoints):
+    """``lost_values=False`` skips the snapshot of every partial sum (only error feedback needs
+    it): the lost indices still come back, with zero values. Snapshots reused across calls
+    must hold each call's own values."""
+    loss = LossInjection(drop_probabilities=(0, 0, 0, 1.0), seed=4)
+    eps = endpoints(2, policy=Policy(loss_bound_push=0.3), loss=loss)
+    rings = [RingAllreduce(ep, [0, 1]) for ep in eps]
+    rng = np.random.default_rng(9)
+    for it, want in enumerate([False, True, True]):
+        grads = [rng.standard_normal(40_000).astype(np.float32) for _ in range(2)]
+        out = _run_threads({w: (lambda w=w: rings[w].allreduce_detailed(it, [grads[w]], lost_values=want))
+                            for w in range(2)})
+        for w in range(2):
+            _, idx, vals = out[w][0]
+            assert len(idx) > 0
+            if want:
+                np.testing.assert_array_equal(vals, grads[w][idx])
+            else:
+                assert not vals.any()

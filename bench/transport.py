@@ -297,9 +297,9 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
     if pattern == "ps" and rank == n:
         PSServer(ep, list(range(n))).serve(iterations + WARMUP, len(plan))
     else:
-        # "ring": the default direct all-gather; "ring-gather": the all-gather forwarded around the ring
+        # "ring": the all-gather forwarded around the ring (the default); "ring-direct": sent by each owner
         ex = PSWorker(ep, n) if pattern == "ps" else RingAllreduce(
-            ep, list(range(n)), gather="ring" if pattern == "ring-gather" else "direct")
+            ep, list(range(n)), gather="direct" if pattern == "ring-direct" else "ring")
         for it in range(iterations + WARMUP):
             s0 = ep.stats
             t0 = time.perf_counter()
@@ -326,7 +326,7 @@ def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
         rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations), 4)
     else:
         datapath, pattern, p, loss = scheme.split(":")
-        n = 5 if pattern == "ps" else 4
+        n = 5 if pattern == "ps" else 4  # the server is a fifth process
         peers = _peers(n)
         rows = _run(_dlcp_collective_proc, lambda r: (r, peers, pattern, float(p), float(loss), iterations, mtu,
                                                        datapath), n)
@@ -346,7 +346,7 @@ def print_collective(args) -> None:
         "gloo all_reduce": "gloo",
         "DLCP ring, lossless": "native:ring:0:0",
         "DLCP ring, p=.05, 2% loss": "native:ring:0.05:0.02",
-        "  all-gather around ring": "native:ring-gather:0.05:0.02",
+        "  direct all-gather": "native:ring-direct:0.05:0.02",
         "DLCP PS, lossless": "native:ps:0:0",
         "DLCP PS, p=.05, 2% loss": "native:ps:0.05:0.02",
     }

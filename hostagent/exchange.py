@@ -449,18 +449,18 @@ class RingAllreduce:
     push bound (missing elements of a partial sum count as zero); all-gather steps use the
     pull bound (0 by default, so every member ends with the same result).
 
-    ``gather``: ``"direct"`` (default) has each chunk's owner send its reduced chunk to every
-    other member at once; ``"ring"`` forwards it around the ring in n-1 steps. Both move the
-    same bytes in and out of every host. Direct is the default because a reliable all-gather
-    recovers its losses: around the ring each step waits for the previous one's recovery, so
-    losses cost up to n-1 recovery rounds in a row; direct sends recover side by side, in one.
+    ``gather``: ``"ring"`` (default) forwards each reduced chunk around the ring in n-1 steps,
+    as gloo and NCCL do and as the simulator models it; ``"direct"`` has each chunk's owner send
+    it to every other member at once. Both move the same bytes in and out of every host, but a
+    reliable all-gather recovers its losses: around the ring each step waits for the previous
+    one's recovery (up to n-1 recovery rounds in a row), direct sends recover side by side.
 
     Example: ``avg = RingAllreduce(ep, ranks=[0, 1, 2, 3]).allreduce(it, grads)``
     """
 
     def __init__(self, endpoint: Endpoint, ranks: Sequence[int], policy: Policy | None = None,
                  timeout: float | None = None, fusion: FusionConfig = FusionConfig(),
-                 gather: GatherMode = "direct") -> None:
+                 gather: GatherMode = "ring") -> None:
         if gather not in ("direct", "ring"):
             raise ValueError(f"gather must be 'direct' or 'ring', not {gather!r}")
         ranks = list(ranks)

@@ -298,8 +298,9 @@ class PSServer:
         self.history: list[ExchangeStats] = []
         self._sizes: dict[int, int] = {}  # tensor -> elements, once seen
         self._banks: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
+        self._posted: dict[int, tuple] = {}  # iteration -> receives posted ahead (see serve_iteration)
 
-    def serve_iteration(self, iteration: int, num_tensors: int) -> ExchangeStats:
+    def serve_iteration(self, iteration: int, num_tensors: int, next_tensors: int | None = None) -> ExchangeStats:
         """Receive ``num_tensors`` messages from every worker, aggregate, reply.
 
         With fused workers a message is a bucket: pass ``len(worker.plan(sizes))``.
@@ -309,20 +310,18 @@ class PSServer:
         tensor's size is known (after the first iteration) and missing elements count as zero,
         the workers' pushes are added into one buffer by the receive path as they arrive, so
         nothing is summed afterwards; the reply's drop classes are computed once for all workers.
+
+        ``next_tensors``: the next iteration's receives are posted as soon as this one's pushes
+        are in. A worker pushes again as soon as its reply arrives; a push that finds no receive
+        posted is received into a fresh buffer and added afterwards, which costs the server.
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
         n = len(self.workers)
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        sums = self._sum_buffers(iteration, num_tensors)
-        pushes: dict[tuple[int, int], RecvHandle] = {}
-        for t in range(num_tensors):
-            for w in self.workers:
-                mid = message_id(iteration, t, 0)
-                h = (self.ep.recv(w, mid, out=sums[t], accumulate=True) if sums[t] is not None
-                     else self.ep.recv(w, mid))
-                h.add_done_callback(lambda _h, t=t: done.put(t))
-                pushes[(w, t)] = h
+        posted = self._posted.pop(iteration, None)
+        if posted is not None and len(posted[0]) != num_tensors:
+            raise ValueError(f"iteration {iteration} was posted for {len(posted[0])} tensors, not {num_tensors}")
+        sums, pushes, done = posted if posted is not None else self._post(iteration, num_tensors)
         waiting = dict.fromkeys(range(num_tensors), n)
         replies: list[SendHandle] = []
         received: list[RecvResult] = []
@@ -354,10 +353,28 @@ class PSServer:
                                             loss_bound=self.policy.loss_bound_pull, iteration=iteration, tensor_id=t,
                                             layer=layout.first_layer, layout=layout, announce=False,
                                             drop_classes=classes))
+        if next_tensors is not None:  # (its bank's aggregates were sent in the previous iteration)
+            self._posted[iteration + 1] = self._post(iteration + 1, next_tensors)
         sent = _wait_all(replies, deadline)  # (the aggregates must outlive their sends: zero-copy)
         stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent)
         self.history.append(stats)
         return stats
+
+    def _post(self, iteration: int, num_tensors: int
+              ) -> tuple[list[np.ndarray | None], dict[tuple[int, int], RecvHandle], queue.SimpleQueue]:
+        """Post the receives of every worker's push of ``iteration``: the sum buffers, the
+        handles by (worker, tensor), and a queue that gets a tensor each time one completes."""
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        sums = self._sum_buffers(iteration, num_tensors)
+        pushes: dict[tuple[int, int], RecvHandle] = {}
+        for t in range(num_tensors):
+            for w in self.workers:
+                mid = message_id(iteration, t, 0)
+                h = (self.ep.recv(w, mid, out=sums[t], accumulate=True) if sums[t] is not None
+                     else self.ep.recv(w, mid))
+                h.add_done_callback(lambda _h, t=t: done.put(t))
+                pushes[(w, t)] = h
+        return sums, pushes, done
 
     def _sum_buffers(self, iteration: int, num_tensors: int) -> list[np.ndarray | None]:
         """A zeroed buffer per tensor whose size is known (None for the others, or for all when
@@ -382,7 +399,8 @@ class PSServer:
 
     def serve(self, iterations: int, num_tensors: int, first_iteration: int = 0) -> list[ExchangeStats]:
         """Serve ``iterations`` consecutive iterations."""
-        return [self.serve_iteration(first_iteration + i, num_tensors) for i in range(iterations)]
+        return [self.serve_iteration(first_iteration + i, num_tensors, num_tensors if i + 1 < iterations else None)
+                for i in range(iterations)]
 
     def serve_forever(self, stop: "threading.Event") -> None:
         """Serve whatever the workers push, until ``stop`` is set.

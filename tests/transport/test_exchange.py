@@ -223,3 +223,27 @@ def test_ring_without_lost_values_keeps_indices_and_reuses_no_stale_snapshot(end
                 np.testing.assert_array_equal(vals, grads[w][idx])
             else:
                 assert not vals.any()
+
+
+def test_parameter_server_serves_iterations_back_to_back(endpoints):
+    """``serve`` posts each next iteration's receives ahead, into the bank its iteration before
+    last used: every iteration's average must still be its own (workers run ahead freely)."""
+    n, iterations = 3, 4
+    eps = endpoints(n + 1, policy=Policy(loss_bound_push=0.0))
+    server = PSServer(eps[n], list(range(n)))
+    workers = [PSWorker(eps[w], server_rank=n) for w in range(n)]
+    grads = [_grads(n, 20 + it) for it in range(iterations)]
+    n_msgs = len(workers[0].plan([int(np.prod(s)) for s in SHAPES]))
+
+    def work(w):
+        return [workers[w].exchange(it, grads[it][w]) for it in range(iterations)]
+
+    fns = {"server": lambda: server.serve(iterations, n_msgs)}
+    fns.update({w: (lambda w=w: work(w)) for w in range(n)})
+    out = _run_threads(fns)
+    for it in range(iterations):
+        for t in range(len(SHAPES)):
+            mean = np.mean([grads[it][w][t] for w in range(n)], axis=0)
+            for w in range(n):
+                np.testing.assert_allclose(out[w][it][t], mean, rtol=1e-5, atol=1e-6)
+    assert not server._posted  # nothing left posted after the last iteration

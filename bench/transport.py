@@ -168,8 +168,11 @@ def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str,
     from hostagent.ratecontrol import RateConfig
     from hostagent.transport import Endpoint, TransportConfig
 
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath,
-                                  rate=RateConfig(line_rate=line_rate))).start()
+    # a host on a link of ``line_rate``: its rate starts at half of it and grows by 1 % of it per
+    # increase interval, as ``ratecontrol.bottleneck_rates`` scales them (RateConfig's defaults are
+    # a 10 Gb/s host's, whose increase would take half a second to climb to 25 Gb/s)
+    rate = RateConfig(line_rate=line_rate, initial_rate=line_rate * 0.5, additive_increase=line_rate * 0.01)
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath, rate=rate)).start()
     ep.connect()
     x = np.random.default_rng(0).standard_normal(GOODPUT_ELEMS).astype(np.float32)
     out = np.empty_like(x)  # a posted receive buffer, as MPI and NCCL receives take one

@@ -168,10 +168,9 @@ def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str,
     from hostagent.ratecontrol import RateConfig
     from hostagent.transport import Endpoint, TransportConfig
 
-    # a host on a link of ``line_rate``: its rate starts at half of it and grows by 1 % of it per
-    # increase interval, as ``ratecontrol.bottleneck_rates`` scales them (RateConfig's defaults are
-    # a 10 Gb/s host's, whose increase would take half a second to climb to 25 Gb/s)
-    rate = RateConfig(line_rate=line_rate, initial_rate=line_rate * 0.5, additive_increase=line_rate * 0.01)
+    # a host on a link of ``line_rate`` (RateConfig's defaults are a 10 Gb/s host's, whose rate
+    # increase would take half a second to climb to 25 Gb/s, inside the timed messages)
+    rate = RateConfig.for_link(line_rate)
     ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath, rate=rate)).start()
     ep.connect()
     x = np.random.default_rng(0).standard_normal(GOODPUT_ELEMS).astype(np.float32)

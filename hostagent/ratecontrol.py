@@ -30,8 +30,8 @@ class RateConfig:
     """Floor, so a message under heavy congestion still makes progress."""
 
     additive_increase: float = 12.5e6
-    """Added per ``increase_interval`` of sending without congestion: 1 % of the line rate, as
-    :func:`bottleneck_rates` sets it (from half the line rate back to all of it in about a
+    """Added per ``increase_interval`` of sending without congestion: 1 % of the default line
+    rate, as :func:`bottleneck_rates` and :meth:`for_link` set it for theirs (from half the line rate back to all of it in about a
     tenth of a second, the time a 100 MB message takes at 10 Gb/s). Feedback without
     congestion is sent rarely (it rides on other control frames), so the increase is scaled by
     the time it covers."""
@@ -48,6 +48,19 @@ class RateConfig:
 
     burst_bytes: int = 256 * 1024
     """Token bucket depth: how much may leave back to back before pacing bites."""
+
+    @classmethod
+    def for_link(cls, line_rate: float, **overrides: float) -> "RateConfig":
+        """A host on a link of ``line_rate`` bytes/s: it starts at half of it and grows by 1 %
+        of it per increase interval, as the defaults do for 10 Gb/s. Why: setting
+        ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then takes several
+        times longer to reach its link rate.
+
+        Example: ``RateConfig.for_link(25e9 / 8)``
+        """
+        knobs = {"line_rate": line_rate, "initial_rate": line_rate * 0.5, "additive_increase": line_rate * 0.01}
+        knobs.update(overrides)
+        return cls(**knobs)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rate <= self.initial_rate <= self.line_rate:

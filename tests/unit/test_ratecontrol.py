@@ -197,3 +197,13 @@ def test_drain_meter_counts_short_fast_stretches_as_well_as_long_slow_ones():
     assert m.rate == pytest.approx(0.7 * 1.001e9 + 0.3 * 250e6)
     with pytest.raises(ValueError):
         DrainMeter(stretch=0)
+
+
+def test_a_config_for_a_link_scales_its_start_and_increase_with_it():
+    cfg = RateConfig.for_link(25e9 / 8)
+    assert cfg.line_rate == 25e9 / 8
+    assert cfg.initial_rate == cfg.line_rate / 2
+    assert cfg.additive_increase == cfg.line_rate / 100
+    assert RateConfig.for_link(1e9, min_rate=5e6).min_rate == 5e6
+    with pytest.raises(ValueError, match="min_rate <= initial_rate"):
+        RateConfig.for_link(1e6, min_rate=2e6)

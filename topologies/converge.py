@@ -2,7 +2,7 @@
 
 DLCP promises faster training *at equal accuracy*; one seed of one run cannot show whether a
 bound of p = 0.1 costs 0.1 or 1 point. A study runs a grid (seeds x loss bounds x injected loss
-x error feedback x pattern) of real training runs of an example workload (``examples/``,
+x error feedback x pattern) of real training runs of a workload (:mod:`dlcp_torch.workloads`,
 MNIST-1D by default) on this machine, no switches and no root, and writes into its directory:
 
 * ``converge.csv``: one row per run (configuration, seed, final accuracy, training time, lost

@@ -1,11 +1,12 @@
-"""Running a ``dlcp converge`` study: each run is the example's workers in a child process
-tree (``python -m examples.train_<workload>``), one after the other by default; rows go into
-the study's CSV as runs finish, and the table and plots are written from it at the end.
+"""Running a ``dlcp converge`` study: each run is the workload's workers in a child process
+tree (``python -m dlcp_torch.workloads <workload>``), one after the other by default; rows go
+into the study's CSV as runs finish, and the table and plots are written from it at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,10 +19,12 @@ from topologies.converge import (Config, Grid, Settings, Summary, append_row, ke
                                  row_of, rows_for, run_key, summarise)
 from topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
 
-if TYPE_CHECKING:  # the examples live in the source tree, imported when a study starts
-    from examples.dptrain import Workload
+if TYPE_CHECKING:  # torch is imported when a study starts, not when the command line is built
+    from dlcp_torch.workloads.base import Workload
 
-REPO = Path(__file__).resolve().parents[1]
+#: What ``dlcp converge`` needs beyond the workload (module -> the extra that installs it): the
+#: plots, and the intervals over seeds.
+REPORT_MODULES = {"matplotlib": "converge", "scipy": "converge"}
 
 
 def max_jobs(workers: int, cpus: int | None = None) -> int:
@@ -31,45 +34,49 @@ def max_jobs(workers: int, cpus: int | None = None) -> int:
 
 
 def check_workload(workload: str) -> Workload:
-    """The example's :class:`~examples.dptrain.Workload` called ``workload``, checked to be
-    trainable here (its optional packages installed). The examples are not installed with the
-    package; they are imported from the source tree."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    try:
-        from examples.dptrain import get_workload
-    except ImportError as exc:
-        raise DlcpUserError(f"dlcp converge trains the examples in {REPO / 'examples'}: run it from a source "
-                            f"checkout ({exc})") from None
+    """The :class:`~dlcp_torch.workloads.base.Workload` called ``workload``, checked to be
+    trainable here (torch and its optional packages installed), so a study fails before its
+    first run rather than in it."""
+    if importlib.util.find_spec("torch") is None:
+        raise DlcpUserError("dlcp converge trains with PyTorch, which is not installed; install it with: "
+                            "pip install 'dlcp[torch]' (for the CPU build, pip install torch==2.13.0 first)")
+    from dlcp_torch.workloads import get_workload
+    from dlcp_torch.workloads.base import MissingDependency
+
     try:
         w = get_workload(workload)
         if w.prerequisite is not None:
             w.prerequisite()
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, MissingDependency) as exc:
         raise DlcpUserError(str(exc)) from None
     return w
 
 
-def run_one(settings: Settings, config: Config, seed: int, out: Path, timeout: float) -> list[dict]:
-    """One run: the example's workers as a child process tree, its log under ``out/logs``."""
-    check_workload(settings.workload)
-    from examples.dptrain import WORKLOAD_MODULES
+def check_report() -> None:
+    """Raises :class:`DlcpUserError` naming the extra when what writes the report is missing, so
+    a study does not train every run and then fail at its plots."""
+    missing = sorted(m for m in REPORT_MODULES if importlib.util.find_spec(m) is None)
+    if missing:
+        extras = sorted({REPORT_MODULES[m] for m in missing})
+        raise DlcpUserError(f"dlcp converge's report needs {', '.join(missing)}; install it with: "
+                            f"pip install 'dlcp[{','.join(extras)}]'")
 
-    module = WORKLOAD_MODULES[settings.workload]
+
+def run_one(settings: Settings, config: Config, seed: int, out: Path, timeout: float) -> list[dict]:
+    """One run: the workload's workers as a child process tree, its log under ``out/logs``."""
+    check_workload(settings.workload)
     name = (f"{config.pattern}-p{config.bound:g}-loss{config.loss:g}{'-ef' if config.error_feedback else ''}"
             f"-seed{seed}")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     result = out / "logs" / f"{name}.json"
     result.unlink(missing_ok=True)  # a failed attempt's leftovers are never read as this run's
-    cmd = [sys.executable, "-m", module, "--workers", str(settings.workers), "--pattern", config.pattern,
-           "--mode", settings.mode, "--steps", str(settings.steps), "--loss", str(config.loss),
+    cmd = [sys.executable, "-m", "dlcp_torch.workloads", settings.workload, "--workers", str(settings.workers),
+           "--pattern", config.pattern, "--mode", settings.mode, "--steps", str(settings.steps), "--loss", str(config.loss),
            "--bound", str(config.bound), "--seed", str(seed), "--eval-every", str(settings.eval_every),
            "--timeout", str(timeout), "--json", str(result)] + (["--error-feedback"] if config.error_feedback else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     with open(out / "logs" / f"{name}.log", "w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60,
-                                  check=False)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False)
         except subprocess.TimeoutExpired:
             raise DlcpUserError(f"run {name} did not finish within {timeout + 60:g} s (log: {log.name})") from None
     if proc.returncode != 0:
@@ -88,6 +95,7 @@ def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: flo
         raise DlcpUserError(f"--jobs {jobs}: at most {max_jobs(settings.workers)} run(s) of {settings.workers} "
                             f"workers at once on {os.cpu_count()} CPUs")
     check_workload(settings.workload)  # fails now, not after the first run, when it cannot train
+    check_report()
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "converge.csv"
     done = {run_key(r) for r in read_rows(csv_path)}
@@ -163,7 +171,7 @@ def cmd_converge(args: argparse.Namespace) -> int:
 def add_converge_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``dlcp converge`` (registered by :mod:`topologies.cli`)."""
     p.add_argument("--workload", choices=["mnist1d", "digits"], default="mnist1d",
-                   help="the example to train (mnist1d needs: pip install -e '.[mnist1d]')")
+                   help="the workload to train (mnist1d needs: pip install 'dlcp[mnist1d]')")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
     p.add_argument("--eval-every", type=int, default=None,

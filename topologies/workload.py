@@ -16,7 +16,7 @@ from hostagent.model_profiles import layer_sizes
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
 
-#: Testbed workloads that train a real model (an example's, :mod:`examples.dptrain`) instead of
+#: Testbed workloads that train a real model (:mod:`dlcp_torch.workloads`) instead of
 #: exchanging synthetic gradients; the agent runs them with ``run_training``.
 TRAINING_WORKLOADS = ("digits", "mnist1d")
 

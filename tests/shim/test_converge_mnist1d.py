@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-import examples.train_mnist1d as m1d
+import dlcp_torch.workloads.mnist1d as m1d
 from topologies import cli
 from topologies.converge import read_rows
 
@@ -16,7 +16,7 @@ needs_mnist1d = pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,
 
 def test_missing_mnist1d_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(m1d.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(m1d.MissingDependency, match=r"pip install -e '\.\[mnist1d\]'"):
+    with pytest.raises(m1d.MissingDependency, match=r"pip install 'dlcp\[mnist1d\]'"):
         m1d.WORKLOAD.prerequisite()
 
 

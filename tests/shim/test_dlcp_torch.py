@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import signal
@@ -24,7 +23,7 @@ STEPS = 8
 
 def _port() -> tuple[int, int]:
     """Distinct free ports for torch's store (MASTER_PORT) and DLCP's (DLCP_STORE_PORT)."""
-    from examples.train_digits import free_ports
+    from dlcp_torch.workloads.loop import free_ports
 
     return free_ports(2)
 
@@ -96,12 +95,13 @@ def test_lossless_equals_stock_ddp_with_gloo(world):
 
 
 def _digits(**kw):
-    import examples.train_digits as td
+    from dlcp_torch.workloads.digits import WORKLOAD
+    from dlcp_torch.workloads.loop import TrainConfig, run_local
 
     args = dict(workers=3, pattern="ps", mode="ddp", steps=300, batch=32, lr=0.05, loss=0.0, bound=0.0,
-                error_feedback=False, mtu=1500, timeout=300.0, compare=False, json=None)
+                error_feedback=False, mtu=1500, timeout=300.0)
     args.update(kw)
-    return td.run_local(argparse.Namespace(**args))
+    return run_local(TrainConfig(**args), WORKLOAD)
 
 
 def test_bounded_loss_keeps_digits_accuracy():

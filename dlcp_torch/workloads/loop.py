@@ -1,20 +1,15 @@
-"""What the training examples share: one data-parallel training loop through DLCP.
+"""One data-parallel training loop through DLCP, and the launcher that runs it on this machine.
 
-The examples (``train_digits.py``, ``train_mnist1d.py``) differ only in their data and model,
-a :class:`Workload`; the loop, the loss injection, the local process launcher, the
-side-by-side comparison and the command line live here once, so a change to how DLCP is
-driven (or measured) reaches every workload, and ``dlcp converge`` and the testbed agent
-train exactly what the examples train.
-
-A run is seeded by :attr:`TrainConfig.seed`: model initialisation, every worker's batches and
-the injected loss. Seed 0 reproduces the examples' historical runs exactly.
+Every workload trains through this one loop, so a change to how DLCP is driven (or measured)
+reaches the examples, ``dlcp converge`` and the testbed alike. A run is seeded by
+:attr:`TrainConfig.seed`: model initialisation, every worker's batches and the injected loss;
+seed 0 reproduces the examples' historical runs exactly.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import socket
@@ -22,58 +17,15 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import dlcp_torch
+from dlcp_torch.workloads.base import SEED_STRIDE, Workload, accuracy
 from hostagent.policy import Policy
 from hostagent.transport import LossInjection
-
-#: (train inputs, train labels), (test inputs, test labels)
-Data = tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-#: Workload name -> the example module that defines ``WORKLOAD``.
-WORKLOAD_MODULES = {"digits": "examples.train_digits", "mnist1d": "examples.train_mnist1d"}
-
-#: Seeds of different runs are this far apart, so no two runs share a generator stream.
-SEED_STRIDE = 1000
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model and its data, with the optimiser settings that train it well."""
-
-    name: str
-    title: str
-    """How reports name it, e.g. ``digits MLP``."""
-    load_data: Callable[[], Data]
-    make_model: Callable[[int], torch.nn.Module]
-    """Builds the model with its parameters initialised from the given seed."""
-    steps: int
-    batch: int
-    """Samples per worker per step."""
-    lr: float
-    cosine: bool = False
-    """Anneal the learning rate to 0 over the run (cosine): the last steps settle, so the final
-    accuracy is not read in the middle of the noise that a constant rate keeps up to the end."""
-    prerequisite: Callable[[], object] | None = None
-    """Raises (one line, saying how to install it) when an optional package is missing."""
-
-    def make_optimizer(self, params, lr: float, steps: int
-                       ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
-        """SGD with momentum 0.9, and the schedule to step after every optimiser step (or None)."""
-        opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
-        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if self.cosine else None
-
-
-def get_workload(name: str) -> Workload:
-    """The :class:`Workload` called ``name`` (imports its example module only now)."""
-    if name not in WORKLOAD_MODULES:
-        raise ValueError(f"unknown training workload {name!r}; one of {sorted(WORKLOAD_MODULES)}")
-    return importlib.import_module(WORKLOAD_MODULES[name]).WORKLOAD
 
 
 @dataclass(frozen=True)
@@ -115,16 +67,6 @@ class TrainConfig:
         """The fields ``ns`` has (the rest keep their defaults); other attributes are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
-
-
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Test accuracy of ``model`` in eval mode (shared by the examples and the testbed agent)."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        acc = (model(x).argmax(1) == y).float().mean().item()
-    model.train(was_training)
-    return acc
 
 
 def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
@@ -273,53 +215,3 @@ def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None) 
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=2))
     return rows
-
-
-def parser(workload: Workload, doc: str | None) -> argparse.ArgumentParser:
-    """The examples' command line; step, batch and learning-rate defaults come from ``workload``."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--pattern", choices=["ps", "ring"], default="ps")
-    ap.add_argument("--mode", choices=["ddp", "optimizer"], default="ddp",
-                    help="DDP with the DLCP comm hook, or DLCP's DistributedOptimizer without DDP")
-    ap.add_argument("--steps", type=int, default=workload.steps)
-    ap.add_argument("--batch", type=int, default=workload.batch)
-    ap.add_argument("--lr", type=float, default=workload.lr)
-    ap.add_argument("--loss", type=float, default=0.0, help="injected drop probability of drop classes 1-3")
-    ap.add_argument("--bound", type=float, default=0.0, help="loss bound p of gradient pushes")
-    ap.add_argument("--error-feedback", action="store_true")
-    ap.add_argument("--mtu", type=int, default=1500)
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--seed", type=int, default=0, help="seeds the model, the batches and the injected loss")
-    ap.add_argument("--eval-every", type=int, default=0,
-                    help="also record worker 0's test accuracy every N steps (a time-to-accuracy trace)")
-    ap.add_argument("--compare", action="store_true", help="lossless vs bounded loss vs error feedback")
-    ap.add_argument("--json", help="also write the results here")
-    return ap
-
-
-def main(workload: Workload, doc: str | None = None, argv: Sequence[str] | None = None) -> None:
-    """Under torchrun: this process's worker; otherwise start the workers here (or ``--compare``)."""
-    ap = parser(workload, doc)
-    args = ap.parse_args(argv)
-    if workload.prerequisite is not None:
-        try:
-            workload.prerequisite()
-        except RuntimeError as exc:
-            ap.exit(2, f"{ap.prog}: {exc}\n")
-    if args.compare and args.loss == 0:
-        args.loss, args.bound = 0.05, 0.1
-    try:
-        cfg = TrainConfig.from_namespace(args)
-    except ValueError as exc:
-        ap.error(str(exc))
-    if args.compare:
-        compare(cfg, workload, args.json)
-    elif "RANK" in os.environ:
-        print(json.dumps(train(cfg, workload, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))))
-    else:
-        results = run_local(cfg, workload)
-        for r in results:
-            print(json.dumps({k: v for k, v in r.items() if k != "trace"}))
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=2))

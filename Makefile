@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml $(NATIVE)
 	@command -v g++ >/dev/null || { echo "g++ not found: the data path is C++ (apt-get install g++)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)"
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e '.[all]'
 	$(PY) -c 'import hostagent._datapath'
 	@touch $@
 

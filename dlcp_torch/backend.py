@@ -266,8 +266,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return _work(run, self._pool)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        return self.allgather([list(output.view(self._world, -1).unbind(0))], [input.view(-1)], opts)
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        """``all_gather_into_tensor``: rank r's input lands in the r-th slice of ``output``."""
+        return self.allgather([list(output.view(self._world, -1).unbind(0))], [input.reshape(-1)], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> Any:
+        return self.allgather([list(o.view(self._world, -1).unbind(0)) for o in outputs],
+                              [i.reshape(-1) for i in inputs], opts)
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> Any:
@@ -286,8 +294,15 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return _work(run, self._pool)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        """``reduce_scatter_tensor``: the r-th slice of ``input``, summed over ranks, lands on rank r."""
         return self.reduce_scatter([output], [list(input.view(self._world, -1).unbind(0))], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        return self.reduce_scatter(outputs, [list(i.view(self._world, -1).unbind(0)) for i in inputs], opts)
 
     def barrier(self, opts: Any = None) -> Any:
         return self.allreduce([torch.zeros(1)], None)

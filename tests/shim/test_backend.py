@@ -177,3 +177,34 @@ def _refuses(rank, world):
 def test_a_receive_from_any_source_is_refused_by_name():
     res = _spawn(_refuses, 2)
     assert all("any source" in msg for msg in res.values())
+
+
+def _fsdp_script(rank, world, backend):
+    """FSDP (one unit per linear layer) on the CPU: parameters all-gathered, gradients
+    reduce-scattered, through ``backend``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    os.environ["DLCP_LOSS_BOUND"] = "0"
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    fsdp = FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+    opt = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(STEPS):
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(fsdp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fsdp_trains_through_the_backend_as_through_gloo():
+    gloo = _spawn(_fsdp_script, 2, "gloo")
+    ours = _spawn(_fsdp_script, 2, "dlcp")
+    for rank in range(2):
+        assert ours[rank] == pytest.approx(gloo[rank], rel=1e-5, abs=1e-6)

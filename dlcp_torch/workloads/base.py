@@ -6,8 +6,8 @@ testbed's training agent, so they all evaluate and build optimisers the same way
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

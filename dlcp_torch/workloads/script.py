@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from dlcp_torch.workloads.base import MissingDependency, Workload
 from dlcp_torch.workloads.loop import TrainConfig, compare, run_local, train

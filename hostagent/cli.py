@@ -12,7 +12,14 @@ import argparse
 import json
 
 from hostagent import wire
+from hostagent.clikit import number
+from hostagent.lossmodel import CAPACITY, LOAD
 from hostagent.policy import Policy, load_policy
+from hostagent.ranges import Range
+
+#: numpy's generators take any seed >= 0.
+SEED = Range(0)
+
 
 def _policy_from(path: str | None) -> Policy:
     return load_policy(path) if path else Policy()
@@ -59,9 +66,11 @@ def cmd_wire(args: argparse.Namespace) -> int:
 def add_host_commands(sub: "argparse._SubParsersAction") -> None:
     """Add demo, policy and wire to ``dlcp``'s sub-commands."""
     p = sub.add_parser("demo", help="packetize a real gradient, drop by class at a modelled congested port, reassemble")
-    p.add_argument("--load", type=float, default=1.25, help="offered load as a multiple of the port's capacity")
-    p.add_argument("--capacity", type=int, default=64, help="queue capacity in packets (BMv2's default is 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load", type=number(LOAD, float), default=1.25,
+                   help="offered load as a multiple of the port's capacity")
+    p.add_argument("--capacity", type=number(CAPACITY), default=64,
+                   help="queue capacity in packets (BMv2's is 64)")
+    p.add_argument("--seed", type=number(SEED), default=0)
     p.set_defaults(func=cmd_demo)
 
     pol = sub.add_parser("policy", help="show or check a policy file").add_subparsers(dest="action", metavar="ACTION")

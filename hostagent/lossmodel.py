@@ -11,6 +11,15 @@ from typing import Sequence
 
 import numpy as np
 
+from hostagent.ranges import Range
+
+#: What :func:`congested_fifo` models: a positive offered load (multiple of the port's rate) and
+#: a queue of at least one packet; ``dlcp demo`` checks its options against these.
+LOAD = Range(0, lo_open=True)
+CAPACITY = Range(1)
+#: A drop probability (:func:`drop_by_class`, the injected losses of ``dlcp converge``).
+PROBABILITY = Range(0, 1)
+
 
 def drop_by_class(classes: np.ndarray, probabilities: Sequence[float], rng: np.random.Generator) -> np.ndarray:
     """Drop each packet with the probability given for its drop class.
@@ -53,7 +62,7 @@ def congested_fifo(
     Returns:
         bool mask, True where the packet was queued (and so forwarded).
     """
-    if load <= 0 or capacity < 1:
+    if load not in LOAD or capacity not in CAPACITY:
         raise ValueError(f"need load > 0 and capacity >= 1, got load={load}, capacity={capacity}")
     limits = np.full(256, float(capacity))
     if thresholds is not None:

@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 
 from hostagent.errors import DlcpUserError
+from hostagent.ranges import Range
 
 #: v1model's ``standard_metadata.priority`` is 3 bits: at most 8 queues.
 MAX_PRIORITIES = 8
@@ -44,6 +45,9 @@ MAX_DROP_CLASSES = 8
 MAX_QUEUE_DEPTH = (1 << 19) - 1
 #: Drop class of control packets and retransmissions: never dropped selectively.
 PROTECTED_CLASS = 0
+#: A loss bound p (push or pull): at most half a message may be missing.
+LOSS_BOUND_MAX = 0.5
+LOSS_BOUND = Range(0.0, LOSS_BOUND_MAX)
 
 BandStrategy = Callable[[np.ndarray, int], np.ndarray]
 """Maps per-layer sizes (in input-to-output order) and a band count to a band per layer
@@ -52,6 +56,8 @@ BandStrategy = Callable[[np.ndarray, int], np.ndarray]
 
 class PolicyError(DlcpUserError, ValueError):
     """An invalid policy value; the message names the field, the value and what is allowed."""
+
+    exit_code = 2  # the user's input (a file, an option) is wrong: a usage error
 
 
 def _equal_layers(layer_sizes: np.ndarray, bands: int) -> np.ndarray:
@@ -212,8 +218,8 @@ class Policy:
         _check_range("ecn_threshold", self.ecn_threshold, 1, MAX_QUEUE_DEPTH)
         if self.ecn_backlog not in ECN_BACKLOGS:
             raise PolicyError(f"policy.ecn_backlog={self.ecn_backlog!r} is unknown; one of {list(ECN_BACKLOGS)}")
-        _check_range("loss_bound_push", self.loss_bound_push, 0.0, 0.5, float)
-        _check_range("loss_bound_pull", self.loss_bound_pull, 0.0, 0.5, float)
+        for name in ("loss_bound_push", "loss_bound_pull"):
+            _check_range(name, getattr(self, name), 0.0, LOSS_BOUND_MAX, float)
         for name, lo, hi in (("priority_map", 0, MAX_PRIORITIES - 1), ("dscp", 0, 63)):
             values = getattr(self, name)
             if not isinstance(values, tuple) or len(values) < self.num_priorities:

@@ -21,7 +21,7 @@ def test_wire_json_lists_every_field(capsys):
 def test_policy_check_reports_the_bad_field(tmp_path, capsys):
     bad = tmp_path / "p.yaml"
     bad.write_text("drop_thresholds: [10, 20, 5]\n")
-    assert cli.main(["policy", "check", str(bad)]) == 1
+    assert cli.main(["policy", "check", str(bad)]) == 2  # a usage error: the file is the user's input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "drop_thresholds" in err and "Traceback" not in err
 

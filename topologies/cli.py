@@ -12,22 +12,37 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hostagent.cli import add_host_commands
-from hostagent.clikit import run_cli
+from hostagent.clikit import GlobalOption, finish_parser, number, run_cli
 from hostagent.errors import DlcpUserError
+from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.schemes import add_ecn_backlog_argument
 
-
-def _run_options(args: argparse.Namespace):
+if TYPE_CHECKING:
     from topologies.runner import RunOptions
 
+#: Accepted before or after the sub-command (``dlcp --debug run`` and ``dlcp run --debug``).
+GLOBAL_OPTIONS: list[GlobalOption] = [
+    (("--debug",), {"action": "store_true", "help": "show tracebacks and debug logs"}),
+]
+
+
+def _run_options(args: argparse.Namespace) -> "RunOptions":
+    """The run the options describe; the policy file is read here, its loss bound and ECN rule
+    overridden by ``--loss-bound`` and ``--ecn-backlog`` when they are given."""
+    from topologies.runner import RunOptions
+
+    policy = args.policy
+    loss_bound = args.loss_bound if args.loss_bound is not None else (
+        policy.loss_bound_push if policy else RunOptions.loss_bound)
+    ecn_backlog = args.ecn_backlog or (policy.ecn_backlog if policy else RunOptions.ecn_backlog)
     return RunOptions(topology=args.topology, workers=args.workers,
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
                       compute_ms=args.compute_ms, capacity_pps=2000 if args.capacity == "auto" else int(args.capacity),
-                      buffer=args.buffer, ecn_backlog=args.ecn_backlog,
+                      buffer=args.buffer, ecn_backlog=ecn_backlog, loss_bound=loss_bound, policy=policy,
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
@@ -73,12 +88,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from topologies.sweep import sweep
+    from topologies.sweep import check_values, sweep
 
     opts = _run_options(args)
+    values = [v.strip() for v in args.values.split(",") if v.strip()]
+    check_values(opts, args.param, values)  # every value, before calibration starts switches
     if args.capacity == "auto":
         opts = replace(opts, capacity_pps=_calibrated(opts))
-    out, rows = sweep(opts, args.param, [v.strip() for v in args.values.split(",") if v.strip()])
+    out, rows = sweep(opts, args.param, values)
     width = max(len(r["value"]) for r in rows)
     for r in rows:
         ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") is not None
@@ -100,60 +117,89 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _capacity(text: str) -> str:
-    if text != "auto" and not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of packets per second nor auto")
+    """``--capacity``: packets per second in the run's range, or ``auto``."""
+    from topologies.runner import RANGES
+
+    if text != "auto":
+        number(RANGES["capacity_pps"])(text)
     return text
 
 
+def _policy_file(path: str) -> Policy:
+    """``--policy``: the file read and checked as it is parsed, so a bad one fails before anything starts."""
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _checked(field: str, kind: type = int):
+    """The parse-time check of a :class:`RunOptions` field's option, from its one range."""
+    from topologies.runner import RANGES
+
+    return number(RANGES[field], kind)
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of one testbed experiment (shared by run, sweep and calibrate)."""
-    p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default="star")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--scheme", default="baseline,dlcp",
-                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (default baseline,dlcp)")
-    p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--workload", choices=["resnet50", "vgg16", "transformer", "digits", "mnist1d"],
-                   default="resnet50", help="synthetic gradients with this model's per-tensor sizes, or real "
+    """The options of one testbed experiment (shared by run, sweep and calibrate); defaults are
+    :class:`RunOptions`' and every number is checked against its :data:`RANGES` as it is parsed."""
+    from topologies.runner import RunOptions, WORKLOADS
+
+    d = RunOptions()
+    p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default=d.topology)
+    p.add_argument("--workers", type=_checked("workers"), default=d.workers)
+    p.add_argument("--scheme", default=",".join(d.schemes),
+                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded")
+    p.add_argument("--iterations", type=_checked("iterations"), default=d.iterations)
+    p.add_argument("--workload", choices=list(WORKLOADS), default=d.workload,
+                   help="synthetic gradients with this model's per-tensor sizes, or real "
                    "training on digits or MNIST-1D (needs pip install -e '.[mnist1d]')")
-    p.add_argument("--pattern", choices=["ps", "ring"], default="ps")
-    p.add_argument("--scale", type=float, default=0.002, help="multiply every tensor's size (default 0.002)")
-    p.add_argument("--compute-ms", type=float, default=500.0,
+    p.add_argument("--pattern", choices=["ps", "ring"], default=d.pattern)
+    p.add_argument("--scale", type=_checked("scale", float), default=d.scale,
+                   help="multiply every tensor's size")
+    p.add_argument("--compute-ms", type=_checked("compute_ms", float), default=d.compute_ms,
                    help="simulated backward time per iteration (synthetic workloads)")
-    p.add_argument("--capacity", type=_capacity, default="2000",
+    p.add_argument("--capacity", type=_capacity, default=str(d.capacity_pps),
                    help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
                         "(dlcp calibrate)")
-    p.add_argument("--buffer", type=int, default=64, help="bottleneck buffer, packets")
-    add_ecn_backlog_argument(p)
-    p.add_argument("--cross-traffic", choices=["on", "off"], default="on")
-    p.add_argument("--cross-rate", type=float, default=0.5,
-                   help="UDP cross traffic while on, as a fraction of the bottleneck capacity (default 0.5)")
-    p.add_argument("--cross-priority", type=int, default=None, metavar="QUEUE",
+    p.add_argument("--buffer", type=_checked("buffer"), default=d.buffer, help="bottleneck buffer, packets")
+    p.add_argument("--policy", type=_policy_file, default=None, metavar="FILE",
+                   help="a policy file (YAML or JSON, as dlcp policy check reads): each scheme keeps what of it "
+                        "that scheme turns on (default: DLCP's defaults, thresholds from --buffer)")
+    p.add_argument("--loss-bound", type=_checked("loss_bound", float), default=None, metavar="P",
+                   help="p of the bounded schemes' pushes: a message completes once (1-p) of it arrived "
+                        f"(default: the --policy file's loss_bound_push, else {d.loss_bound:g})")
+    add_ecn_backlog_argument(p, default=None)
+    p.add_argument("--cross-traffic", choices=["on", "off"], default="on" if d.cross_traffic else "off")
+    p.add_argument("--cross-rate", type=_checked("cross_rate", float), default=d.cross_rate,
+                   help="UDP cross traffic while on, as a fraction of the bottleneck capacity")
+    p.add_argument("--cross-priority", type=_checked("cross_priority"), default=d.cross_priority, metavar="QUEUE",
                    help="switch queue of the cross traffic under priority queueing (default: best effort, 0)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per scheme, interleaved; >= 3 gives 95%% confidence intervals (default 1)")
-    p.add_argument("--calibration-iterations", type=int, default=3,
-                   help="communication-only iterations for the ordering efficiency E (default 3)")
+    p.add_argument("--repeat", type=_checked("repeat"), default=d.repeat,
+                   help="runs per scheme, interleaved; >= 3 gives 95%% confidence intervals")
+    p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
+                   default=d.calibration_iterations,
+                   help="communication-only iterations for the ordering efficiency E")
     p.add_argument("--strict", action="store_true",
                    help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
-    p.add_argument("--fusion", choices=["on", "off"], default="on",
+    p.add_argument("--fusion", choices=["on", "off"], default="on" if d.fusion else "off",
                    help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
-    p.add_argument("--target-accuracy", type=float, default=None,
+    p.add_argument("--target-accuracy", type=_checked("target_accuracy", float), default=d.target_accuracy,
                    help="training workloads: the accuracy whose time-to-accuracy is reported (default: the "
                         "baseline's final accuracy minus 0.5 points)")
-    p.add_argument("--eval-every", type=int, default=None,
+    p.add_argument("--eval-every", type=_checked("eval_every"), default=d.eval_every,
                    help="training workloads: evaluate the test set every this many iterations "
                         "(default: iterations / 20)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds one scheme's run may take before it is stopped as failed (default 600; "
-                        "real training at a low capacity needs more)")
-    p.add_argument("--out", default="runs", help="parent of the run directory (default ./runs)")
+    p.add_argument("--timeout", type=_checked("timeout", float), default=d.timeout,
+                   help="seconds one scheme's run may take before it is stopped as failed "
+                        "(real training at a low capacity needs more)")
+    p.add_argument("--out", default=d.out, help="parent of the run directory")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlcp", description="DLCP: demo, policy, wire format, and experiments "
                                      "on a Mininet testbed of BMv2 switches.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_host_commands(sub)
     p = sub.add_parser("run", help="run an experiment on a Mininet testbed of BMv2 switches (root)")
@@ -163,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     from topologies.sweep import PARAMS
 
     p.add_argument("--param", required=True, choices=sorted(PARAMS), help="the parameter to vary")
-    p.add_argument("--values", required=True, help="comma-separated values, e.g. 0,0.25,0.5")
+    p.add_argument("--values", required=True,
+                   help="comma-separated values, e.g. 0,0.25,0.5; each is checked before anything starts")
     add_run_arguments(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
@@ -183,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sim)
     p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
     p.set_defaults(func=cmd_clean)
-    return parser
+    return finish_parser(parser, GLOBAL_OPTIONS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,14 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hostagent.auth import new_secret
-from hostagent.errors import DlcpUserError
-from hostagent.policy import ECN_BACKLOGS, Policy
+from hostagent.errors import DlcpUserError, UsageError
+from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_PRIORITIES, MAX_QUEUE_DEPTH, Policy
+from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from topologies.registry import REGISTRY, Registry
-from topologies.schemes import SCHEMES, check_schemes, policy_for
+from topologies.schemes import MIN_BUFFER, SCHEMES, check_schemes, policy_for
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
@@ -84,38 +85,60 @@ class RunOptions:
     out: str = "runs"
     quiet: bool = False
     timeout: float = 600.0
+    policy: Policy | None = None
+    """The base policy (``--policy FILE``): each scheme keeps what of it that scheme turns on
+    (:func:`topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
 
     def validate(self) -> None:
+        """Raises :class:`UsageError` naming the first option out of its range or unknown."""
         if self.topology not in TOPOLOGIES:
-            raise DlcpUserError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
-        check_schemes(self.schemes)
+            raise UsageError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
+        try:
+            check_schemes(self.schemes)
+        except DlcpUserError as exc:
+            raise UsageError(str(exc)) from None
         if self.workload not in WORKLOADS:
-            raise DlcpUserError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
+            raise UsageError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
         if self.pattern not in ("ps", "ring"):
-            raise DlcpUserError("pattern must be ps or ring")
-        if not 2 <= self.workers <= 7:
-            raise DlcpUserError("--workers must be between 2 and 7")
-        if self.iterations < 1 or self.capacity_pps < 10 or self.scale <= 0:
-            raise DlcpUserError("--iterations >= 1, --capacity >= 10 pps and --scale > 0 are required")
-        if not 1 <= self.repeat <= 100 or not 1 <= self.calibration_iterations <= 20:
-            raise DlcpUserError("--repeat must be 1..100 and --calibration-iterations 1..20")
-        if self.cross_priority is not None and not 0 <= self.cross_priority <= 7:
-            raise DlcpUserError("--cross-priority must be a switch queue, 0..7")
-        if not 0 <= self.cross_rate <= 1:
-            raise DlcpUserError("--cross-rate is a fraction of the bottleneck capacity, 0..1")
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise DlcpUserError("--target-accuracy is a fraction, 0..1")
-        if self.eval_every is not None and self.eval_every < 1:
-            raise DlcpUserError("--eval-every must be >= 1")
+            raise UsageError("--pattern must be ps or ring")
+        for name, rng in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                rng.check(option_name(name), value)
         if self.ecn_backlog not in ECN_BACKLOGS:
-            raise DlcpUserError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
-        if self.timeout <= 0:
-            raise DlcpUserError("--timeout must be > 0 seconds")
+            raise UsageError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
+
+
+#: The allowed values of every numeric option of a run: checked by :meth:`RunOptions.validate`
+#: and by ``dlcp run``'s parser as the options are typed (a field set to None is not checked).
+RANGES: dict[str, Range] = {
+    "workers": Range(2, 7),
+    "iterations": Range(1),
+    "scale": Range(0, lo_open=True),
+    "compute_ms": Range(0),
+    "capacity_pps": Range(10),
+    "buffer": Range(MIN_BUFFER, MAX_QUEUE_DEPTH),
+    "cross_rate": Range(0, 1),
+    "mtu": Range(576, 9216),
+    "loss_bound": LOSS_BOUND,
+    "repeat": Range(1, 100),
+    "calibration_iterations": Range(1, 20),
+    "cross_priority": Range(0, MAX_PRIORITIES - 1),
+    "target_accuracy": Range(0, 1, lo_open=True),
+    "eval_every": Range(1),
+    "timeout": Range(0, lo_open=True),
+}
+
+
+def option_name(field: str) -> str:
+    """The ``dlcp run`` option that sets a :class:`RunOptions` field (``capacity_pps`` -> ``--capacity``)."""
+    return {"capacity_pps": "--capacity"}.get(field, "--" + field.replace("_", "-"))
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
-    """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and bound."""
-    return policy_for(scheme, opts.buffer, opts.loss_bound, opts.ecn_backlog)
+    """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and
+    bound, from the run's base policy (``--policy``) when it has one."""
+    return policy_for(scheme, opts.buffer, opts.loss_bound, opts.ecn_backlog, base=opts.policy)
 
 
 def cross_dscp(policy: Policy, opts: RunOptions) -> int:

@@ -8,6 +8,7 @@ the testbed (:mod:`topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from hostagent.errors import DlcpUserError
 from hostagent.policy import ECN_BACKLOGS, Policy
@@ -32,25 +33,42 @@ def check_schemes(schemes: tuple[str, ...], extra: tuple[str, ...] = ()) -> None
         raise DlcpUserError(f"unknown scheme(s) {bad}; choose from {known}")
 
 
-def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = Policy.ecn_backlog) -> Policy:
+#: The smallest port buffer a scheme's policy can be derived from: its quarter, the last drop
+#: threshold, must be at least one packet (:class:`~hostagent.policy.Policy`'s check).
+MIN_BUFFER = 4
+
+
+def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = Policy.ecn_backlog,
+               base: Policy | None = None) -> Policy:
     """The policy of one scheme at a port buffer of ``buffer`` packets: what is off falls back
     to the baseline's behaviour (one queue, flow hashing, no drop classes, p = 0). Every scheme
     marks ECN at a quarter of the buffer, on ``ecn_backlog`` (:attr:`Policy.ecn_backlog`; with
-    one queue, as the baseline has, both rules are the same)."""
+    one queue, as the baseline has, both rules are the same).
+
+    With ``base`` (a policy file), what a scheme turns on is taken from it (its priority map,
+    load-balancing mode, drop classes and thresholds, ECN threshold) instead of being derived
+    from ``buffer``, so the file's tuning is what the experiment measures; ``loss_bound`` and
+    ``ecn_backlog`` still come from the run's options."""
     on = SCHEMES[scheme]
-    return Policy(
-        priority_map=(0, 1, 2, 3, 4, 5, 6, 7) if on["prio"] else (0,) * 8,
-        lb_mode="round_robin" if on["lb"] else "flow",
-        num_drop_classes=4 if on["drop"] else 1,
-        drop_thresholds=(buffer * 3 // 4, buffer // 2, buffer // 4) if on["drop"] else (),
-        ecn_threshold=max(1, buffer // 4),
+    ref = base if base is not None else Policy()
+    thresholds = ref.drop_thresholds if base is not None else (buffer * 3 // 4, buffer // 2, buffer // 4)
+    return dataclasses.replace(
+        ref,
+        priority_map=ref.priority_map if on["prio"] else (0,) * len(ref.priority_map),
+        lb_mode=ref.lb_mode if on["lb"] else "flow",
+        num_drop_classes=ref.num_drop_classes if on["drop"] else 1,
+        drop_class_shares=ref.drop_class_shares if on["drop"] else None,
+        drop_thresholds=thresholds if on["drop"] else (),
+        ecn_threshold=ref.ecn_threshold if base is not None else max(1, buffer // 4),
         ecn_backlog=ecn_backlog,
         loss_bound_push=loss_bound if on["bounded"] else 0.0,
     )
 
 
-def add_ecn_backlog_argument(p: argparse.ArgumentParser) -> None:
-    """``--ecn-backlog`` for every scheme's policy, as ``dlcp run`` and ``dlcp sim`` both take it."""
-    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=Policy.ecn_backlog,
+def add_ecn_backlog_argument(p: argparse.ArgumentParser, default: str | None = Policy.ecn_backlog) -> None:
+    """``--ecn-backlog`` for every scheme's policy, as ``dlcp run`` and ``dlcp sim`` both take it
+    (``default=None``: the policy file's, where a command takes one)."""
+    given = f"default: {default}" if default else f"default: the --policy file's, else {Policy.ecn_backlog}"
+    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=default,
                    help="what ECN marks on: the backlog ahead of a packet, its priority and above "
-                        "(ahead, the default) or the port's whole backlog (port)")
+                        f"(ahead) or the port's whole backlog (port) ({given})")

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from hostagent.errors import DlcpUserError
+from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate
-from topologies.runner import RunOptions, run
+from topologies.runner import RANGES, RunOptions, run
 from topologies.stats import verdict
 
 
@@ -57,17 +57,33 @@ CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "syn
 
 
 def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
-    """``base`` with ``param`` set to ``value`` (a cross rate of 0 turns the cross traffic off)."""
+    """``base`` with ``param`` set to ``value`` (a cross rate of 0 turns the cross traffic off);
+    raises :class:`UsageError` naming ``--values`` and the parameter's range when it is bad."""
     spec = PARAMS[param]
     try:
         parsed = spec.parse(value)
     except ValueError as exc:
-        raise DlcpUserError(f"--values: {value!r} is not a valid {param} ({exc})") from None
+        raise UsageError(f"--values: {value!r} is not a valid {param} ({exc})") from None
+    rng = RANGES.get(spec.field)
+    if rng is not None and parsed not in rng:
+        raise UsageError(f"--values: {param} {rng.problem(parsed)}")
     opts = replace(base, **{spec.field: parsed})
     if param == "cross-rate" and parsed == 0:
         opts = replace(opts, cross_traffic=False)
-    opts.validate()
+    try:
+        opts.validate()
+    except DlcpUserError as exc:
+        raise UsageError(f"--values: {param}={value}: {exc}") from None
     return opts
+
+
+def check_values(base: RunOptions, param: str, values: list[str]) -> list[RunOptions]:
+    """The run of every value, all checked, so a bad one fails before any switch starts or directory is made."""
+    if param not in PARAMS:
+        raise UsageError(f"unknown sweep parameter {param!r}; one of {sorted(PARAMS)}")
+    if not values:
+        raise UsageError("--values needs at least one value")
+    return [options_at(base, param, v) for v in values]
 
 
 def rows_of(param: str, value: str, results: dict, run_dir: Path) -> list[dict]:
@@ -168,11 +184,7 @@ def _is_number(v: str) -> bool:
 
 def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[dict]]:
     """Run ``base`` at every value of ``param``; returns the sweep directory and the CSV rows."""
-    if param not in PARAMS:
-        raise DlcpUserError(f"unknown sweep parameter {param!r}; one of {sorted(PARAMS)}")
-    if not values:
-        raise DlcpUserError("--values needs at least one value")
-    all_opts = [options_at(base, param, v) for v in values]  # every value checked before the first run
+    all_opts = check_values(base, param, values)  # every value checked before the first run
     out = Path(base.out).resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{param}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"param": param, "values": values, "base": asdict(base)}, indent=2))

@@ -29,12 +29,24 @@ from p4.v1 import p4runtime_pb2
 from controller import desired
 from controller.apply import apply_network, load_program
 from controller.entries import TableEntry
-from controller.network import NetworkError, check_thresholds, load_network
+from controller.network import MAX_PORT, NetworkError, check_thresholds, load_network
 from controller.priority_queue import rate_fixed_point
 from controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch
-from hostagent.clikit import run_cli
+from hostagent.clikit import GlobalOption, finish_parser, number, run_cli
 from hostagent.errors import UsageError
-from hostagent.policy import Policy, PolicyError, load_policy, save_policy
+from hostagent.policy import MAX_PRIORITIES, Policy, PolicyError, load_policy, save_policy
+from hostagent.ranges import Range
+
+#: Seconds to wait for a switch: any positive time.
+TIMEOUT = Range(0, lo_open=True)
+#: A port's capacity, packets per second.
+PPS = Range(1)
+
+#: Accepted before or after the sub-command (``dlcpctl --timeout 1 apply`` and ``dlcpctl apply --timeout 1``).
+GLOBAL_OPTIONS: list[GlobalOption] = [
+    (("--debug",), {"action": "store_true", "help": "show tracebacks and debug logs"}),
+    (("--timeout",), {"type": number(TIMEOUT, float), "default": 5.0, "help": "seconds to wait for a switch"}),
+]
 
 
 def _print_reports(reports: list[ApplyReport], as_json: bool, verbose: bool) -> None:
@@ -186,8 +198,6 @@ def cmd_queue_rate(args: argparse.Namespace) -> int:
     spec = net.switch(args.switch_name)
     if spec.ports and args.port not in spec.ports:
         raise NetworkError(f"switch {spec.name} has no port {args.port} in {args.network}; ports: {sorted(spec.ports)}")
-    if args.pps <= 0:
-        raise UsageError("PPS must be positive")
     schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         if args.priority is None:
@@ -220,8 +230,6 @@ def cmd_shell(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlcpctl", description="Install and inspect DLCP switch configuration.",
                                      epilog="Exit codes: 0 ok, 1 runtime error, 2 usage error.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a switch (default 5)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("apply", help="converge switches on a network file (idempotent)")
@@ -270,16 +278,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queue-rate", help="set a port's capacity (or one priority queue's BMv2 rate)")
     p.add_argument("network")
     p.add_argument("switch_name", metavar="SWITCH")
-    p.add_argument("port", type=int)
-    p.add_argument("pps", type=int)
-    p.add_argument("priority", type=int, nargs="?", choices=range(8), metavar="PRIORITY")
+    p.add_argument("port", type=number(Range(0, MAX_PORT)), help=f"switch port, 0..{MAX_PORT}")
+    p.add_argument("pps", type=number(PPS), help="packets per second, >= 1")
+    p.add_argument("priority", type=number(Range(0, MAX_PRIORITIES - 1)), nargs="?", metavar="PRIORITY",
+                   help=f"one priority queue, 0..{MAX_PRIORITIES - 1} (default: the port's capacity: its virtual "
+                        "queue and every priority queue)")
     p.set_defaults(func=cmd_queue_rate)
 
     p = sub.add_parser("shell", help="an interactive p4runtime-shell attached to a switch")
     p.add_argument("network")
     p.add_argument("switch_name", metavar="SWITCH")
     p.set_defaults(func=cmd_shell)
-    return parser
+    return finish_parser(parser, GLOBAL_OPTIONS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,10 +111,20 @@ def finish_parser(parser: argparse.ArgumentParser, global_options: Sequence[Glob
     for sub in _subparsers(parser):
         for flags, kwargs in global_options:
             if not any(f in sub._option_string_actions for f in flags):
-                sub.add_argument(*flags, **{**kwargs, "default": argparse.SUPPRESS})
+                sub.add_argument(*flags, **_after_command(kwargs))
     for p in (parser, *_subparsers(parser)):
         _show_defaults(p)
     return parser
+
+
+def _after_command(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A global option's keywords for a sub-command: no default there (it would overwrite the
+    value given before the sub-command), the top level's default named in its help instead."""
+    default = kwargs.get("default")
+    text = kwargs.get("help") or ""
+    if default not in (None, False) and kwargs.get("action") not in ("store_true", "store_false"):
+        text = f"{text} (default: {default})".lstrip()
+    return {**kwargs, "help": text, "default": argparse.SUPPRESS}
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:

@@ -6,61 +6,72 @@ import argparse
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import Any, Callable
 
-from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, TCP_VARIANTS, SimOptions
-from hostagent.errors import DlcpUserError
+from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANTS, SimOptions
+from hostagent.clikit import number
+from hostagent.errors import UsageError
+from hostagent.ranges import Range
 from topologies.schemes import add_ecn_backlog_argument
 
 
+def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
+    """The parse-time check of a :class:`SimOptions` field's option, from its one range."""
+    return number(RANGES[field], kind)
+
+
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    """``dlcp sim``'s options: defaults are :class:`SimOptions`', numbers checked against its RANGES as parsed."""
     d = SimOptions()
-    p.add_argument("--leaves", type=int, default=d.leaves)
-    p.add_argument("--spines", type=int, default=d.spines)
-    p.add_argument("--hosts-per-leaf", type=int, default=d.hosts_per_leaf)
-    p.add_argument("--link-gbps", type=float, default=d.link_gbps, help="host links' rate (default 10)")
-    p.add_argument("--uplink-gbps", type=float, default=d.uplink_gbps,
-                   help="leaf-spine links' rate (default: as --link-gbps)")
-    p.add_argument("--link-delay-us", type=float, default=d.link_delay_us, help="every link's delay (default 1)")
-    p.add_argument("--buffer", type=int, default=d.buffer, help="switch port buffer, packets (default 100)")
+    p.add_argument("--leaves", type=_checked("leaves", int), default=d.leaves)
+    p.add_argument("--spines", type=_checked("spines", int), default=d.spines)
+    p.add_argument("--hosts-per-leaf", type=_checked("hosts_per_leaf", int), default=d.hosts_per_leaf)
+    p.add_argument("--link-gbps", type=_checked("link_gbps", float), default=d.link_gbps, help="host links' rate")
+    p.add_argument("--uplink-gbps", type=_checked("uplink_gbps", float), default=d.uplink_gbps,
+                   help="leaf-spine links' rate (default: 0, as --link-gbps)")
+    p.add_argument("--link-delay-us", type=_checked("link_delay_us", float), default=d.link_delay_us,
+                   help="every link's delay")
+    p.add_argument("--buffer", type=_checked("buffer", int), default=d.buffer, help="switch port buffer, packets")
     p.add_argument("--pattern", choices=PATTERNS, default=d.pattern,
-                   help="parameter server (one server per job) or ring allreduce (default ps)")
-    p.add_argument("--workers", type=int, default=d.workers, help="workers per job (default 4)")
-    p.add_argument("--jobs", type=int, default=d.jobs, help="jobs at once; 0 fills the hosts (default 1)")
+                   help="parameter server (one server per job) or ring allreduce")
+    p.add_argument("--workers", type=_checked("workers", int), default=d.workers, help="workers per job")
+    p.add_argument("--jobs", type=_checked("jobs", int), default=d.jobs, help="jobs at once; 0 fills the hosts")
     p.add_argument("--jobs-placement", choices=("spread", "packed"), default=d.jobs_placement,
                    help="jobs take hosts over the leaves in turn (spread) or leaf by leaf (packed)")
     p.add_argument("--model", choices=MODELS, default=d.model)
-    p.add_argument("--scale", type=float, default=d.scale, help="multiply every tensor's size (default 0.01)")
-    p.add_argument("--iterations", type=int, default=d.iterations)
-    p.add_argument("--warmup", type=int, default=d.warmup,
-                   help="first iterations left out of the statistics (default 0; the testbed leaves out 1)")
-    p.add_argument("--compute-ms", type=float, default=d.compute_ms,
-                   help="backward time; buckets leave (or their rings start) as they fill during it (default 0)")
+    p.add_argument("--scale", type=_checked("scale", float), default=d.scale, help="multiply every tensor's size")
+    p.add_argument("--iterations", type=_checked("iterations", int), default=d.iterations)
+    p.add_argument("--warmup", type=_checked("warmup", int), default=d.warmup,
+                   help="first iterations left out of the statistics")
+    p.add_argument("--compute-ms", type=_checked("compute_ms", float), default=d.compute_ms,
+                   help="backward time; buckets leave (or their rings start) as they fill during it")
     add_ecn_backlog_argument(p)
-    p.add_argument("--loss-bound", type=float, default=d.loss_bound, help="p of DLCP's pushes (default 0.05)")
-    p.add_argument("--mtu", type=int, default=d.mtu)
+    p.add_argument("--loss-bound", type=_checked("loss_bound", float), default=d.loss_bound,
+                   help="p of DLCP's pushes")
+    p.add_argument("--mtu", type=_checked("mtu", int), default=d.mtu)
     p.add_argument("--host-model", choices=HOST_MODELS, default=d.host_model,
                    help="hosts' rate-control loop: dctcp (reports every 16 packets, default) or agent (the host "
                         "agent's report timers, cuts and timed increase: what the testbed runs)")
-    p.add_argument("--background-load", type=float, default=d.background_load,
-                   help="background TCP flows (web-search sizes) offered per host, fraction of its link (default 0)")
+    p.add_argument("--background-load", type=_checked("background_load", float), default=d.background_load,
+                   help="background TCP flows (web-search sizes) offered per host, fraction of its link")
     p.add_argument("--background-tcp", choices=TCP_VARIANTS, default=d.background_tcp,
-                   help="the background flows' TCP (default dctcp)")
+                   help="the background flows' TCP")
     p.add_argument("--gradient-tcp", choices=TCP_VARIANTS, default=d.gradient_tcp,
                    help="the tcp scheme's congestion control for gradients (default dctcp, with ECN)")
-    p.add_argument("--background-ms", type=float, default=d.background_ms,
+    p.add_argument("--background-ms", type=_checked("background_ms", float), default=d.background_ms,
                    help="flows start during this many ms (default: about as long as training lasts)")
-    p.add_argument("--control-bytes", type=int, default=d.control_bytes,
-                   help="wire size of control packets (default: 60); the datagram size models the testbed's "
+    p.add_argument("--control-bytes", type=_checked("control_bytes", int), default=d.control_bytes,
+                   help="wire size of control packets (default: 0, meaning 60 bytes); the datagram size models the testbed's "
                         "BMv2 ports, which serve packets, not bytes")
-    p.add_argument("--host-delay-us", type=float, default=d.host_delay_us,
+    p.add_argument("--host-delay-us", type=_checked("host_delay_us", float), default=d.host_delay_us,
                    help="hosts' software path: sends start and control packets leave this much later (default 0; the "
                         "testbed's agents: see the README's validation)")
     p.add_argument("--scheme", default="baseline,dlcp",
                    help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections")
-    p.add_argument("--seed", type=int, default=d.seed, help="first seed (default 0)")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--seed", type=_checked("seed", int), default=d.seed, help="first seed")
+    p.add_argument("--repeat", type=number(Range(1)), default=1,
                    help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")
-    p.add_argument("--out", default=None, help="directory for results.json (default: print only)")
+    p.add_argument("--out", default=None, help="directory for results.json")
     p.add_argument("--sweep", default=None, metavar="OPTION=V1,V2,...",
                    help="run once per value of one option (e.g. background_load=0.2,0.5,0.8 or leaves=1,4,9) and "
                         "write sweep.csv, sweep.md and sweep.png in --out")
@@ -77,7 +88,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
         name, values = parse_sweep(args.sweep)
         if not args.out:
-            raise DlcpUserError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
+            raise UsageError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
         rows = sweep(opts, name, values, args.repeat, Path(args.out))
         print((Path(args.out) / "sweep.md").read_text(), end="")
         print(f"{len(rows)} rows in {args.out}/sweep.csv, figure {args.out}/sweep.png ({time.monotonic() - t0:.1f} s)")

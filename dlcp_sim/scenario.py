@@ -15,15 +15,16 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
-from hostagent.errors import DlcpUserError
+from hostagent.errors import DlcpUserError, UsageError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
+from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy, drop_classes, packet_magnitudes
+from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
-from topologies.schemes import check_schemes, policy_for
+from topologies.schemes import MIN_BUFFER, check_schemes, policy_for
 from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
@@ -40,6 +41,31 @@ HOST_MODELS = ("dctcp", "agent")
 #: sends the same messages over one TCP connection per pair of hosts (``--gradient-tcp``:
 #: DCTCP by default), as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
 #: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h).
+#: The allowed values of every numeric option of the simulator: checked by
+#: :class:`SimOptions` and by ``dlcp sim``'s parser as the options are typed.
+RANGES: dict[str, Range] = {
+    "leaves": Range(1, 250),  # addresses 10.leaf.host.2
+    "spines": Range(1, 250),
+    "hosts_per_leaf": Range(1, 250),
+    "link_gbps": Range(0, lo_open=True),
+    "uplink_gbps": Range(0),  # 0: as link_gbps
+    "link_delay_us": Range(0),
+    "buffer": Range(MIN_BUFFER, MAX_QUEUE_DEPTH),
+    "workers": Range(1),
+    "jobs": Range(0),  # 0: as many as fit
+    "scale": Range(0, lo_open=True),
+    "iterations": Range(1),
+    "compute_ms": Range(0),
+    "loss_bound": LOSS_BOUND,
+    "mtu": Range(576, 9216),  # 1500 Ethernet, 9000 jumbo frames
+    "warmup": Range(0),
+    "background_load": Range(0, 1, hi_open=True),
+    "background_ms": Range(0),
+    "control_bytes": Range(0),
+    "host_delay_us": Range(0),
+    "seed": Range(0),
+}
+
 SIM_ONLY_SCHEMES = {"tcp": "baseline"}
 
 
@@ -125,45 +151,30 @@ class SimOptions:
     def __post_init__(self) -> None:
         check_schemes(self.schemes, tuple(SIM_ONLY_SCHEMES))
         if self.jobs_placement not in ("spread", "packed"):
-            raise DlcpUserError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
+            raise UsageError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
         if self.pattern not in PATTERNS:
-            raise DlcpUserError(f"--pattern {self.pattern!r}: choose one of {list(PATTERNS)}")
+            raise UsageError(f"--pattern {self.pattern!r}: choose one of {list(PATTERNS)}")
         if self.pattern == "ring" and self.workers < 2:
-            raise DlcpUserError("--workers: a ring needs at least 2")
+            raise UsageError("--workers: a ring needs at least 2")
         if self.model not in MODELS:
-            raise DlcpUserError(f"--model {self.model!r}: the simulator sends model profiles {list(MODELS)}")
-        for name in ("leaves", "spines", "hosts_per_leaf", "workers", "iterations", "buffer"):
-            if getattr(self, name) < 1:
-                raise DlcpUserError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.leaves > 250 or self.spines > 250 or self.hosts_per_leaf > 250:
-            raise DlcpUserError("--leaves, --spines and --hosts-per-leaf are at most 250 (addresses 10.leaf.host.2)")
-        if self.uplink_gbps < 0:
-            raise DlcpUserError("--uplink-gbps must not be negative")
-        if self.jobs < 0 or self.link_gbps <= 0 or self.link_delay_us < 0 or self.compute_ms < 0:
-            raise DlcpUserError("--jobs, --link-gbps, --link-delay-us and --compute-ms must not be negative")
-        if not 0 <= self.background_load < 1 or self.background_ms < 0:
-            raise DlcpUserError("--background-load must be in [0, 1) and --background-ms not negative")
-        if not 0 <= self.warmup < self.iterations:
-            raise DlcpUserError("--warmup must leave at least one measured iteration")
+            raise UsageError(f"--model {self.model!r}: the simulator sends model profiles {list(MODELS)}")
+        for name, rng in RANGES.items():
+            rng.check(f"--{name.replace('_', '-')}", getattr(self, name))
+        if self.warmup >= self.iterations:
+            raise UsageError("--warmup must leave at least one measured iteration")
         if self.host_model not in HOST_MODELS:
-            raise DlcpUserError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
+            raise UsageError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
         for name in ("background_tcp", "gradient_tcp"):
             if getattr(self, name) not in TCP_VARIANTS:
-                raise DlcpUserError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose one of {list(TCP_VARIANTS)}")
-        if self.control_bytes < 0 or self.host_delay_us < 0:
-            raise DlcpUserError("--control-bytes and --host-delay-us must not be negative")
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose one of {list(TCP_VARIANTS)}")
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
-            raise DlcpUserError(f"--control-bytes must hold a DLCP header and fit a datagram: "
+            raise UsageError(f"--control-bytes must hold a DLCP header and fit a datagram: "
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
-        if not 576 <= self.mtu <= 9216:
-            raise DlcpUserError(f"--mtu {self.mtu}: 576..9216 bytes (1500 Ethernet, 9000 jumbo frames)")
         if self.ecn_backlog not in ECN_BACKLOGS:
-            raise DlcpUserError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
-        if not 0 <= self.loss_bound < 1:
-            raise DlcpUserError(f"--loss-bound must be in [0, 1), got {self.loss_bound}")
+            raise UsageError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
         if len(self.placement()) == 0:
             server = " and a server" if self.pattern == "ps" else ""
-            raise DlcpUserError(f"{self.hosts} hosts hold no job of {self.workers} workers{server}")
+            raise UsageError(f"{self.hosts} hosts hold no job of {self.workers} workers{server}")
 
     @property
     def uplink_rate_gbps(self) -> float:

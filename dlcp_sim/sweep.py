@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from dlcp_sim.scenario import SimOptions
-from hostagent.errors import DlcpUserError
+from hostagent.errors import UsageError
 from topologies.sweep import value_axis
 
 #: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
@@ -36,9 +36,9 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     name = name.strip().lstrip("-").replace("-", "_")
     vals = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not vals:
-        raise DlcpUserError(f"--sweep {text!r}: give FIELD=V1,V2,... (e.g. background_load=0.2,0.5,0.8)")
+        raise UsageError(f"--sweep {text!r}: give FIELD=V1,V2,... (e.g. background_load=0.2,0.5,0.8)")
     if name not in SWEEPABLE:
-        raise DlcpUserError(f"--sweep: {name!r} is not an option the simulator takes; one of {list(SWEEPABLE)}")
+        raise UsageError(f"--sweep: {name!r} is not an option the simulator takes; one of {list(SWEEPABLE)}")
     return name, vals
 
 
@@ -48,7 +48,7 @@ def options_at(base: SimOptions, name: str, value: str) -> SimOptions:
     try:
         parsed = kind(value) if kind is not int else int(value)
     except ValueError:
-        raise DlcpUserError(f"--sweep {name}: {value!r} is not a {kind.__name__}") from None
+        raise UsageError(f"--sweep {name}: {value!r} is not a {kind.__name__}") from None
     return replace(base, **{name: parsed})
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from hostagent import _datapath, wire
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
 
@@ -70,6 +71,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "reorder": loss.reorder, "seed": loss.seed,
         "drain_stretch": meter.stretch, "drain_min_bytes": float(meter.min_bytes), "drain_fresh": meter.fresh,
         "behind_backlog": BEHIND_BACKLOG,
+        "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE, "max_busy_defer": MAX_BUSY_DEFER,
     }
 
 
@@ -190,6 +192,11 @@ class NativeDatapath:
 
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)
+
+    def end_passes_for_test(self, now: float, dry: bool) -> float:
+        """The receive thread's completion of bounded messages at the end of their pass, on a
+        given clock; returns when the next is due (0: none)."""
+        return float(self._dp.end_passes_for_test(now, dry))
 
     def ingest_for_test(self, slots: np.ndarray, lengths: np.ndarray, now: float) -> None:
         """Validate and place a batch of datagrams (rows of ``slots``) as the receive thread

@@ -96,6 +96,9 @@ struct Config {
     double delay = 0, delay_p = 0;
     bool reorder = false;
     uint64_t seed = 0;
+    // end of pass (hostagent.protocol.incoming.answer_grace's rule): a message past its bound
+    // whose last packet came completes once no data of it came for its grace
+    double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
 };
@@ -224,6 +227,8 @@ class Datapath {
         uint32_t batch_new = 0, batch_retx = 0;
         bool batch_last = false;
         bool in_batch = false;
+        bool last_seen = false;  // the pass's LAST packet came (or a resend of it)
+        bool watched = false;    // in ends_ (past its bound, waiting out its grace)
     };
     struct Parked {
         double time;
@@ -309,6 +314,17 @@ class Datapath {
     bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
+    // Complete the watched messages whose grace ran out (rx_mu_ held); returns the next due
+    // time (0: none). ``dry``: the socket held nothing unread at the end of the last batch.
+    double end_passes(double now, bool dry);
+
+   public:
+    double end_passes_for_test(double now, bool dry) {  // the receive thread's check, on a given clock
+        std::lock_guard<std::mutex> g(rx_mu_);
+        return end_passes(now, dry);
+    }
+
+   private:
     void replay_parked(uint64_t key, double now);
     void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now);
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
@@ -333,6 +349,7 @@ class Datapath {
     // receive
     std::mutex rx_mu_;
     std::unordered_map<uint64_t, RxMsg*> rx_;
+    std::vector<uint64_t> ends_;  // keys of messages past their bound after their LAST
     std::list<uint64_t> done_order_;
     std::unordered_set<uint64_t> done_;
     std::unordered_map<uint64_t, std::vector<Parked>> parked_;

@@ -69,6 +69,9 @@ Config make_config(const nb::dict& d) {
     c.reorder = get<bool>(d, "reorder");
     c.seed = get<uint64_t>(d, "seed");
     c.drain_stretch = get<double>(d, "drain_stretch");
+    c.answer_grace = get<double>(d, "answer_grace");
+    c.max_answer_grace = get<double>(d, "max_answer_grace");
+    c.max_busy_defer = get<double>(d, "max_busy_defer");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
@@ -263,6 +266,8 @@ NB_MODULE(_datapath, m) {
         .def("injected_drops", &Datapath::injected_drops)
         .def("data_sockets", &Datapath::data_sockets)
         .def("gso_off_reasons", &Datapath::gso_off_reasons)
+        .def("end_passes_for_test",
+             [](Datapath& d, double now, bool dry) { return d.end_passes_for_test(now, dry); })
         .def("ingest_for_test",
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 double now) {

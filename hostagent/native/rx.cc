@@ -447,13 +447,44 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
         p.retx_seen += n_retx;
         if (last) emit(EV_RX_LAST, m->spec.src, m->spec.message_id, now, 0);
         if (n_retx) emit(EV_RX_RETX, m->spec.src, m->spec.message_id, now, n_retx);
+        if (last) m->last_seen = true;
         if (p.received_pkts == m->total_pkts) {
             finish_locked(m, 1, true, now);
         } else if (p.retx_seen && p.received_elems >= m->spec.required_elems) {
             finish_locked(m, 2, true, now);  // recovery reached the bound: stop now
+        } else if (m->last_seen && p.received_elems >= m->spec.required_elems && !m->watched) {
+            m->watched = true;  // the pass is over and the bound met: complete after the grace
+            ends_.push_back(key_of(m->spec.src, m->spec.message_id));
         }
     }
     touched.clear();
+}
+
+double Datapath::end_passes(double now, bool dry) {
+    // The same rule as the protocol core's answer to an end of pass (answer_grace, answer_due),
+    // here so that a ring's bounded step completes and starts the next one without a round
+    // through Python: no data of the message for max(floor, 4 mean packet gaps) (at most the
+    // cap), and nothing unread in the socket unless it stayed busy for max_busy_defer more.
+    double next = 0;
+    size_t keep = 0;
+    for (size_t i = 0; i < ends_.size(); ++i) {
+        auto it = rx_.find(ends_[i]);
+        if (it == rx_.end() || it->second->prog.state != 0 || !it->second->watched) continue;  // done, or a new message under the key
+        RxMsg* m = it->second;
+        const Progress& p = m->prog;
+        double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
+        double grace = std::max(cfg_.answer_grace, std::min(cfg_.max_answer_grace, 4 * gap));
+        double due = p.last_arrival + grace + (dry ? 0.0 : cfg_.max_busy_defer);
+        if (now >= due) {
+            m->watched = false;
+            finish_locked(m, 2, true, now);
+            continue;
+        }
+        next = next == 0 ? due : std::min(next, due);
+        ends_[keep++] = ends_[i];
+    }
+    ends_.resize(keep);
+    return next;
 }
 
 void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
@@ -564,10 +595,16 @@ void Datapath::rx_loop() {
         send_credits(now, true);
     };
 
+    double next_end = 0;  // when the earliest watched end of pass is due (0: none)
     while (running_) {
-        int r = poll(&pfd, 1, delayed_.empty() ? 50 : 5);
+        int wait_ms = delayed_.empty() ? 50 : 5;
+        if (next_end > 0)
+            wait_ms = std::min(wait_ms, std::max(0, int(std::ceil((next_end - now_s()) * 1000.0))));
+        int r = poll(&pfd, 1, wait_ms);
         if (r <= 0) {
             release_delayed();
+            std::lock_guard<std::mutex> g(rx_mu_);
+            next_end = end_passes(now_s(), true);
             continue;
         }
         double t_batch = now_s();
@@ -714,6 +751,10 @@ void Datapath::rx_loop() {
         }
         drain_batch(t_batch, batch_bytes, behind, now_s());
         release_delayed();
+        {
+            std::lock_guard<std::mutex> g(rx_mu_);
+            next_end = end_passes(now_s(), dry);
+        }
     }
 }
 

@@ -228,3 +228,39 @@ def test_a_message_set_up_twice_is_refused_by_both_paths():
         dp.stop()
     sock.close()
     time.sleep(0)
+
+
+def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
+    """Past its bound with its LAST packet in, a message completes in the receive thread once
+    no data of it came for the grace (answer_grace's rule), and later if the socket was busy,
+    so a ring's bounded step starts the next without Python. Without its LAST it waits (the
+    protocol core probes then)."""
+    from hostagent.datapath.native import NativeDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), probe_grace=0.002)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.set_keys(1, KEY1, KEY1)
+    x = np.arange(1, PER * 10 + 1, dtype=np.float32)
+    outs = {}
+    for mid, keep in ((5, [i for i in range(10) if i != 4]), (6, list(range(9)))):  # 6 lacks its LAST
+        dgs = _datagrams(x, mid)
+        dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)  # (the send path marks a pass's last packet)
+        out = outs[mid] = np.full(x.size, -1.0, np.float32)
+        b = RxBuffers.allocate(out, 10, 0)
+        dp.expect(RxSpec(1, mid, auth.message_token(KEY1, 1, 1, mid, 0), 0, x.size, PER, b, False, PER * 8))
+        for i in keep:
+            _one(dp, dgs[i], now=1.0 + i * 1e-5)
+    t_last = 1.0 + 9e-5
+    assert dp.end_passes_for_test(t_last + 0.001, dry=True) > 0  # within the grace: still waiting
+    assert dp.progress(1, 5).state == 0
+    assert dp.end_passes_for_test(t_last + 0.003, dry=False) > 0  # the socket is busy: wait longer
+    assert dp.progress(1, 5).state == 0
+    dp.end_passes_for_test(t_last + 0.003, dry=True)
+    assert dp.progress(1, 5).state == 2  # bounded
+    assert dp.progress(1, 6).state == 0  # no LAST: the data path does not guess the pass is over
+    hole = slice(4 * PER, 5 * PER)
+    assert not outs[5][hole].any()  # the packet that never came reads as zero
+    np.testing.assert_array_equal(np.delete(outs[5], np.r_[hole]), np.delete(x, np.r_[hole]))
+    dp.stop()
+    sock.close()

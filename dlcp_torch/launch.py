@@ -101,7 +101,15 @@ def peers_from_env(rank: int, world: int, with_server: bool, timeout: float = 60
     """
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("DLCP_STORE_PORT", int(os.environ.get("MASTER_PORT", "29500")) + 1))
-    store = torch.distributed.TCPStore(master, port, world, rank == 0, timedelta(seconds=timeout))
+    try:
+        store = torch.distributed.TCPStore(master, port, world, rank == 0, timedelta(seconds=timeout))
+    except (RuntimeError, OSError) as exc:
+        taken = "address already in use" in str(exc).lower() or "eaddrinuse" in str(exc).lower()
+        raise RuntimeError(
+            f"DLCP's rendezvous store at {master}:{port} "
+            + ("could not listen: the port is taken. Set DLCP_STORE_PORT to a free port (the default is "
+               "MASTER_PORT + 1)" if taken else f"failed ({exc}); DLCP_STORE_PORT sets its port "
+               "(default MASTER_PORT + 1)")) from exc
     return exchange_addresses(store, rank, world, _local_address(master), with_server, secret)
 
 
@@ -136,6 +144,17 @@ def exchange_addresses(store: torch.distributed.Store, rank: int, world: int, ho
     return peers, held, secret
 
 
+def _from_env(name: str, arg: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(f"{name} is not set: run under torchrun (which sets RANK, WORLD_SIZE, MASTER_ADDR and "
+                           f"MASTER_PORT), or pass {arg}= (and peers=) to dlcp_torch.init")
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"{name}={value!r} is not an integer") from None
+
+
 def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None = None,
          peers: Sequence[str] | None = None, policy: Policy | None = None, loss: LossInjection | None = None,
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
@@ -159,8 +178,8 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
 
     Example: ``session = dlcp_torch.init("ps", model=model)``
     """
-    rank = int(os.environ["RANK"]) if rank is None else rank
-    world = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    rank = _from_env("RANK", "rank") if rank is None else rank
+    world = _from_env("WORLD_SIZE", "world_size") if world_size is None else world_size
     with_server = pattern == "ps"
     held: dict[int, Bound] = {}
     key = parse_secret(secret if secret is not None else os.environ.get("DLCP_SECRET"))

@@ -209,3 +209,27 @@ def test_layout_of_a_bucket_follows_forward_order_and_sizes(endpoints):
     prio, layers = lay.packet_tags(357)  # elements per packet at MTU 1500
     assert prio[:3].tolist() == [0, 0, 0]  # elements 0..1070: the output layer only
     assert prio[3] == 1 and layers[3] == 0  # elements 1071..1427 reach into the input layer: urgent
+
+
+def test_init_without_a_rendezvous_environment_says_how_to_run(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="RANK is not set: run under torchrun"):
+        dlcp_torch.init("ring")
+
+
+def test_a_taken_store_port_names_dlcp_store_port(monkeypatch):
+    import socket
+
+    from dlcp_torch.launch import peers_from_env
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("DLCP_STORE_PORT", str(busy.getsockname()[1]))
+    try:
+        with pytest.raises(RuntimeError, match="DLCP_STORE_PORT"):
+            peers_from_env(0, 2, with_server=False, timeout=2)
+    finally:
+        busy.close()

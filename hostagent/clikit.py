@@ -55,6 +55,11 @@ def numbers(rng: Range, kind: type = float) -> Callable[[str], tuple]:
     return parse
 
 
+def _showable(default: object) -> bool:
+    """Whether help should name this default: not for a missing one or a flag's off (0 is shown)."""
+    return default is not None and default is not False and default is not argparse.SUPPRESS
+
+
 def _a(kind: type) -> str:
     return {int: "an integer", float: "a number"}.get(kind, f"a {kind.__name__}")
 
@@ -65,8 +70,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if (not action.option_strings or action.default in (None, False, argparse.SUPPRESS)
-                or "default" in text.lower()):
+        if not action.option_strings or not _showable(action.default) or "default" in text.lower():
             return action.help
         shown = ",".join(map(str, action.default)) if isinstance(action.default, (tuple, list)) else "%(default)s"
         return f"{text} (default: {shown})".lstrip()
@@ -122,7 +126,7 @@ def _after_command(kwargs: dict[str, Any]) -> dict[str, Any]:
     value given before the sub-command), the top level's default named in its help instead."""
     default = kwargs.get("default")
     text = kwargs.get("help") or ""
-    if default not in (None, False) and kwargs.get("action") not in ("store_true", "store_false"):
+    if _showable(default) and kwargs.get("action") not in ("store_true", "store_false"):
         text = f"{text} (default: {default})".lstrip()
     return {**kwargs, "help": text, "default": argparse.SUPPRESS}
 
@@ -132,7 +136,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     (argparse formats no help line at all for those)."""
     parser.formatter_class = DefaultsHelpFormatter
     for action in parser._actions:
-        if not action.help and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+        if not action.help and action.option_strings and _showable(action.default):
             action.help = "(default: %(default)s)"
 
 

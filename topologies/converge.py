@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from hostagent.errors import DlcpUserError
+from hostagent.errors import DlcpUserError, UsageError
+from hostagent.lossmodel import PROBABILITY
+from hostagent.policy import LOSS_BOUND
+from hostagent.ranges import Range
 from topologies.stats import CONFIDENCE
 from topologies.tta import time_to_accuracy
 
@@ -60,6 +63,21 @@ class Config:
                 + (", EF" if self.error_feedback else ""))
 
 
+#: The allowed values of ``dlcp converge``'s numeric options (one value of a list each): checked
+#: by :class:`Settings` and :class:`Grid` and by the parser as the options are typed.
+RANGES: dict[str, Range] = {
+    "workers": Range(1, 16),
+    "steps": Range(1),
+    "eval_every": Range(1),
+    "seeds": Range(1),
+    "first_seed": Range(0),
+    "bounds": LOSS_BOUND,  # each run's Policy must accept it
+    "losses": PROBABILITY,
+    "jobs": Range(1),
+    "timeout": Range(0, lo_open=True),
+}
+
+
 @dataclass(frozen=True)
 class Settings:
     """What every run of a study shares; rows of other settings in the same CSV are ignored."""
@@ -72,13 +90,12 @@ class Settings:
     mode: str = "ddp"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.workers <= 16:
-            raise DlcpUserError(f"--workers must be 1..16, got {self.workers}")
-        if self.steps < 1 or not 1 <= self.eval_every <= self.steps:
-            raise DlcpUserError(f"--steps must be >= 1 and --eval-every 1..steps, got {self.steps} and "
-                                f"{self.eval_every}")
+        for name in ("workers", "steps", "eval_every"):
+            RANGES[name].check(f"--{name.replace('_', '-')}", getattr(self, name))
+        if self.eval_every > self.steps:
+            raise UsageError(f"--eval-every must be 1..steps, got {self.eval_every} with --steps {self.steps}")
         if self.mode not in ("ddp", "optimizer"):
-            raise DlcpUserError(f"--mode must be ddp or optimizer, got {self.mode!r}")
+            raise UsageError(f"--mode must be ddp or optimizer, got {self.mode!r}")
 
 
 @dataclass(frozen=True)
@@ -106,20 +123,20 @@ class Grid:
                                                                                   self.error_feedback),
                              ("--patterns", self.patterns), ("--losses", self.losses or (0.0,))):
             if not values:
-                raise DlcpUserError(f"{name} needs at least one value")
+                raise UsageError(f"{name} needs at least one value")
             if len(set(values)) != len(values):
-                raise DlcpUserError(f"{name} repeats a value: {list(values)}")
-        if any(s < 0 for s in self.seeds):
-            raise DlcpUserError(f"seeds must be >= 0, got {list(self.seeds)}")
-        if any(not 0 <= b < 1 for b in self.bounds):
-            raise DlcpUserError(f"--bounds are loss bounds p in [0, 1), got {list(self.bounds)}")
-        if any(not 0 <= x <= 1 for x in self.losses or ()):
-            raise DlcpUserError(f"--losses are drop probabilities in [0, 1], got {list(self.losses)}")
+                raise UsageError(f"{name} repeats a value: {list(values)}")
+        for seed in self.seeds:
+            RANGES["first_seed"].check("--first-seed", seed)
+        for bound in self.bounds:
+            RANGES["bounds"].check("--bounds", bound)
+        for loss in self.losses or ():
+            RANGES["losses"].check("--losses", loss)
         bad = [p for p in self.patterns if p not in PATTERNS]
         if bad:
-            raise DlcpUserError(f"unknown pattern(s) {bad}; choose from {list(PATTERNS)}")
+            raise UsageError(f"unknown pattern(s) {bad}; choose from {list(PATTERNS)}")
         if self.reliable and self.losses is not None:
-            raise DlcpUserError("--reliable goes with --losses same; with crossed losses, put 0 in --bounds")
+            raise UsageError("--reliable goes with --losses same; with crossed losses, put 0 in --bounds")
 
     def configs(self) -> list[Config]:
         """Every configuration, by pattern, then bound (a reliable baseline before the bound
@@ -150,7 +167,7 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
         try:
             out.append(float(part))
         except ValueError:
-            raise DlcpUserError(f"{option}: {part!r} is not a number (comma-separated numbers expected)") from None
+            raise UsageError(f"{option}: {part!r} is not a number (comma-separated numbers expected)") from None
     return tuple(out)
 
 
@@ -159,7 +176,7 @@ def parse_switches(text: str, option: str) -> tuple[bool, ...]:
     parts = [p.strip() for p in text.split(",")]
     bad = [p for p in parts if p not in ("on", "off")]
     if bad:
-        raise DlcpUserError(f"{option}: {bad[0]!r} is neither on nor off")
+        raise UsageError(f"{option}: {bad[0]!r} is neither on nor off")
     return tuple(p == "on" for p in parts)
 
 

@@ -11,12 +11,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hostagent.clikit import number, numbers
 from hostagent.errors import DlcpUserError
-from topologies.converge import (Config, Grid, Settings, Summary, append_row, key_of, markdown_table, read_rows,
-                                 row_of, rows_for, run_key, summarise)
+from topologies.converge import (RANGES, Config, Grid, Settings, Summary, append_row, key_of, markdown_table,
+                                 read_rows, row_of, rows_for, run_key, summarise)
 from topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
 
 if TYPE_CHECKING:  # torch is imported when a study starts, not when the command line is built
@@ -103,22 +105,26 @@ def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: flo
     total = len(grid.runs())
     progress(f"{total - len(todo)} of {total} runs already in {csv_path}; {len(todo)} to run")
     failures: list[str] = []
+    started = time.monotonic()
 
-    def finish(i: int, c: Config, s: int, results: list[dict] | Exception) -> None:
+    def finish(i: int, c: Config, s: int, attempted: tuple[list[dict] | Exception, float]) -> None:
+        results, wall = attempted
+        eta = _eta(time.monotonic() - started, i, len(todo))
         if isinstance(results, Exception):
             failures.append(str(results))
-            progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: FAILED: {results}")
+            progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: FAILED after {wall:.0f} s: {results}{eta}")
             return
         row = row_of(settings, c, s, results)
         append_row(csv_path, row)
         progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: accuracy {row['accuracy']:.4f}, "
-                 f"{row['train_s']:.1f} s, lost {row['lost_mean']:.1%}")
+                 f"run {wall:.0f} s (training {row['train_s']:.1f} s), lost {row['lost_mean']:.1%}{eta}")
 
-    def attempt(c: Config, s: int) -> list[dict] | Exception:
+    def attempt(c: Config, s: int) -> tuple[list[dict] | Exception, float]:
+        t0 = time.monotonic()
         try:
-            return run_one(settings, c, s, out, timeout)
+            return run_one(settings, c, s, out, timeout), time.monotonic() - t0
         except DlcpUserError as exc:
-            return exc
+            return exc, time.monotonic() - t0
 
     if jobs == 1:
         for i, (c, s) in enumerate(todo, 1):
@@ -131,6 +137,14 @@ def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: flo
             for i, fut in enumerate(as_completed(futures), 1):
                 finish(i, *futures[fut], fut.result())
     return report(out, settings, grid), failures
+
+
+def _eta(elapsed: float, done: int, total: int) -> str:
+    """", about 12 min left" from the study's pace so far (runs at once included); empty when done."""
+    if done >= total or done == 0:
+        return ""
+    left = elapsed / done * (total - done)
+    return f", about {left / 60:.0f} min left" if left >= 90 else f", about {left:.0f} s left"
 
 
 def report(out: Path, settings: Settings, grid: Grid) -> list[Summary]:
@@ -152,8 +166,7 @@ def cmd_converge(args: argparse.Namespace) -> int:
     settings = cv.Settings(workload=args.workload, workers=args.workers, steps=steps,
                            eval_every=args.eval_every or max(1, steps // 20), mode=args.mode)
     grid = cv.Grid(seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)),
-                   bounds=cv.parse_floats(args.bounds, "--bounds"),
-                   losses=None if args.losses == "same" else cv.parse_floats(args.losses, "--losses"),
+                   bounds=args.bounds, losses=None if args.losses == "same" else args.losses,
                    error_feedback=cv.parse_switches(args.error_feedback, "--error-feedback"),
                    patterns=tuple(p.strip() for p in args.patterns.split(",")), reliable=args.reliable)
     out = Path(args.out)
@@ -168,27 +181,35 @@ def cmd_converge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _losses(text: str) -> str | tuple[float, ...]:
+    """``--losses``: ``same`` or drop probabilities, each checked as it is parsed."""
+    return text if text == "same" else numbers(RANGES["losses"])(text)
+
+
 def add_converge_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``dlcp converge`` (registered by :mod:`topologies.cli`)."""
     p.add_argument("--workload", choices=["mnist1d", "digits"], default="mnist1d",
                    help="the workload to train (mnist1d needs: pip install 'dlcp[mnist1d]')")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
-    p.add_argument("--eval-every", type=int, default=None,
+    p.add_argument("--workers", type=number(RANGES["workers"]), default=4)
+    p.add_argument("--steps", type=number(RANGES["steps"]), default=None,
+                   help="steps per run (default: the workload's)")
+    p.add_argument("--eval-every", type=number(RANGES["eval_every"]), default=None,
                    help="steps between test evaluations for time-to-accuracy (default: steps / 20)")
     p.add_argument("--mode", choices=["ddp", "optimizer"], default="ddp")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
-    p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--bounds", default="0,0.1,0.2", help="loss bounds p, comma-separated (default 0,0.1,0.2)")
-    p.add_argument("--losses", default="same",
+    p.add_argument("--seeds", type=number(RANGES["seeds"]), default=5, help="seeds per configuration (default 5)")
+    p.add_argument("--first-seed", type=number(RANGES["first_seed"]), default=0)
+    p.add_argument("--bounds", type=numbers(RANGES["bounds"]), default=(0.0, 0.1, 0.2),
+                   help="loss bounds p, comma-separated (default 0,0.1,0.2)")
+    p.add_argument("--losses", type=_losses, default="same",
                    help="injected drop probabilities of drop classes 1-3, crossed with the bounds; "
                         "same (default): each bound with a loss equal to it")
     p.add_argument("--reliable", action="store_true",
                    help="also each nonzero bound's loss with p = 0 (recovered in full): the time baseline")
     p.add_argument("--error-feedback", default="off,on", help="off, on or off,on (default)")
     p.add_argument("--patterns", default="ps,ring", help="ps, ring or ps,ring (default)")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=number(RANGES["jobs"]), default=1,
                    help="runs at once (default 1; at most one per --workers cores of this machine)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    p.add_argument("--timeout", type=number(RANGES["timeout"], float), default=900.0,
+                   help="seconds one run may take")
     p.add_argument("--out", default="runs/converge",
                    help="study directory; runs already in its converge.csv are skipped (default runs/converge)")

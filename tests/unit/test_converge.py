@@ -40,7 +40,8 @@ def test_crossed_losses_and_seed_major_order():
     assert [c for c, _ in runs[:8]] == configs
 
 
-@pytest.mark.parametrize("kw, words", [(dict(bounds=(0.1, 1.0)), "[0, 1)"), (dict(losses=(1.5,)), "[0, 1]"),
+@pytest.mark.parametrize("kw, words", [(dict(bounds=(0.1, 0.7)), "--bounds: 0.7 is outside 0..0.5"),
+                                       (dict(losses=(1.5,)), "--losses: 1.5 is outside 0..1"),
                                        (dict(patterns=("tree",)), "tree"), (dict(seeds=()), "--seeds"),
                                        (dict(bounds=(0.1, 0.1)), "repeats"), (dict(seeds=(-1,)), ">= 0")])
 def test_bad_grids_are_refused_with_the_reason(kw, words):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def fresh_venv(tmp_path_factory) -> Path:
 
 @pytest.mark.packaging
 @pytest.mark.timeout(2400)
-def test_a_non_editable_install_runs_dlcp_converge_from_any_directory(fresh_venv, tmp_path):
+def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_directory(fresh_venv, tmp_path):
     bin_ = fresh_venv / "bin"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{bin_}{os.pathsep}{env.get('PATH', '')}", DLCP_CACHE_DIR=str(tmp_path / "cache"))
@@ -115,6 +116,10 @@ def test_a_non_editable_install_runs_dlcp_converge_from_any_directory(fresh_venv
     where, extra = proc.stdout.split("\n")[:2]
     assert str(fresh_venv) in where and str(REPO) not in where, where
     assert extra == "[]", f"a training environment got {extra}"
+
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    proc = _run([bin_ / "dlcp", "--version"], tmp_path, 120, env)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dlcp {version}", _tail(proc)
 
     out = tmp_path / "study"
     proc = _run([bin_ / "dlcp", "converge", "--seeds", "1", "--bounds", "0.1", "--workers", "2", "--steps", "30",

@@ -5,7 +5,8 @@ Which collectives may lose what: a collective issued **during a backward pass** 
 gradient buckets, FSDP's gradient reduce-scatter) carries gradients, and a float32 sum of
 them runs under the gradient policy (the push bound ``Policy.loss_bound_push``, 0.05 by
 default: at least 95 % of each chunk arrives, the rest counts as zero). Every other call
-(parameter broadcasts, metrics, barriers, point-to-point, any dtype but float32) is reliable.
+(parameter broadcasts, metrics, barriers, point-to-point, float64 and integer tensors) is
+reliable.
 Why the backward pass decides: it is the one thing every gradient exchange has in common and
 nothing else does, and PyTorch says it without help from the script
 (``torch._C._current_graph_task_id()``).
@@ -13,9 +14,10 @@ nothing else does, and PyTorch says it without help from the script
 Each call is numbered in the order it is issued (the same on every rank, as
 ``torch.distributed`` requires) and runs in a small pool of threads, so DDP's buckets overlap
 with each other and with the backward pass. Sums of float32 run on DLCP's ring (reduce-scatter
-then all-gather, chained in the compiled data path); other dtypes and reduce ops are gathered
-whole and reduced locally, which is exact for every dtype but moves n times the bytes: meant for
-the small tensors such calls carry. CPU tensors only (``devices=["cpu"]``).
+then all-gather, chained in the compiled data path); float16 and bfloat16 are summed there in
+float32. Other dtypes and reduce ops are gathered whole and reduced locally, which is exact for
+every dtype but moves n times the bytes: meant for the small tensors such calls carry. CPU
+tensors only (``devices=["cpu"]``).
 
 Options (before ``init_process_group``): :func:`configure`, or the environment:
 ``DLCP_LOSS_BOUND`` (the push bound), ``DLCP_MTU``, ``DLCP_HOST`` (this process's address),
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
+#: Sums of these take the ring (float16 and bfloat16 are summed in float32 and sent as float32:
+#: twice their bytes on the wire, for now); float64 and integers are gathered and reduced exactly.
+RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -212,11 +217,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                if t.dtype == torch.float32 and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                    self._ring_sum(call, i, t, gradients)
-                    if op == dist.ReduceOp.AVG:
-                        with torch.no_grad():
-                            t.div_(self._world)
+                if t.dtype in RING_DTYPES and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                    work = t if t.dtype == torch.float32 else t.detach().float()  # half types: summed in float32
+                    self._ring_sum(call, i, work, gradients)
+                    with torch.no_grad():
+                        if op == dist.ReduceOp.AVG:
+                            work.div_(self._world)
+                        if work is not t:
+                            t.copy_(work)
                 else:
                     parts = self._gather_all(call, i, t)
                     with torch.no_grad():

@@ -126,6 +126,12 @@ def _collectives(rank, world):
     h = torch.full((7,), float(rank), dtype=torch.float16)
     dist.all_reduce(h)
     out["sum_f16"] = h
+    bf = torch.full((5,), 0.25 * (rank + 1), dtype=torch.bfloat16)
+    dist.all_reduce(bf, op=dist.ReduceOp.AVG)
+    out["avg_bf16"] = bf
+    d = torch.full((3,), 1e-12 * (rank + 1), dtype=torch.float64)
+    dist.all_reduce(d)
+    out["sum_f64"] = d
     b = torch.tensor([rank, 7, 9], dtype=torch.int32) if rank == 1 else torch.zeros(3, dtype=torch.int32)
     dist.broadcast(b, src=1)
     out["bcast"] = b
@@ -158,6 +164,9 @@ def test_collectives_give_what_they_define():
         assert out["max_int"].item() == (world - 1) * 3 - 1
         torch.testing.assert_close(out["sum_f16"], torch.full((7,), 3.0, dtype=torch.float16))
         assert out["bcast"].tolist() == [1, 7, 9]
+        torch.testing.assert_close(out["avg_bf16"], torch.full((5,), 0.5, dtype=torch.bfloat16))
+        assert out["sum_f64"].dtype == torch.float64
+        torch.testing.assert_close(out["sum_f64"], torch.full((3,), 6e-12, dtype=torch.float64), rtol=1e-15, atol=0)
         torch.testing.assert_close(out["gather"], torch.stack([torch.full((3,), r + 0.5, dtype=torch.bfloat16)
                                                                for r in range(world)]))
         torch.testing.assert_close(out["rs"], torch.full((4,), float(sum(r * 10 + rank for r in range(world)))))

@@ -6,6 +6,7 @@ both read them, so an option's allowed values and its error message cannot drift
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hostagent.errors import UsageError
@@ -27,7 +28,7 @@ class Range:
             return False
         if self.hi is not None and not (value < self.hi if self.hi_open else value <= self.hi):
             return False
-        return value == value  # NaN is in no range
+        return not math.isnan(value)  # NaN is in no range
 
     def __str__(self) -> str:
         lo, hi = _num(self.lo), _num(self.hi)

@@ -29,7 +29,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -145,15 +146,11 @@ class Policy:
     and above, or ``port``, the port's whole backlog (every priority). Strict priority decides
     the order of service and the drops either way; this only decides whom ECN slows down.
 
-    The trade-off, measured in ``dlcp sim`` (README, "Which backlog ECN marks on"): with
-    ``ahead`` a sender whose packets ride the high priorities sees few marks in an incast and
-    keeps its rate while the low priorities behind it fill the buffer (a 64-host
-    parameter-server incast under strict priority: 812 tail drops per run against 593); with
-    ``port`` every sender backs off for any backlog, including the lower-priority traffic of
-    other tenants, so gradients give up some of the share strict priority gives them (beside
-    50 % background TCP: DLCP's sync 1.28x shorter than the baseline's instead of 1.35x,
-    small background flows' p99 1.03x the baseline's instead of 1.52x; on the testbed, whose
-    cross traffic ignores ECN, DLCP 0.88x instead of 1.89x). ``ahead`` is the
+    The trade-off: with ``ahead`` a sender whose packets ride the high priorities sees few marks
+    in an incast and keeps its rate while the low priorities behind it fill the buffer; with
+    ``port`` every sender backs off for any backlog, including other tenants' lower-priority
+    traffic, so gradients give up some of the share strict priority gives them (figures:
+    docs/results/ecn-rule.md). ``ahead`` is the
     default, what the testbed's figures were measured with; ``dlcp run`` and ``dlcp sim`` take
     ``--ecn-backlog`` to compare both."""
 
@@ -248,7 +245,7 @@ class Policy:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Policy":
+    def from_dict(cls, data: Mapping[str, Any]) -> Policy:
         """Build from a mapping; unknown keys are errors (a typo must not be ignored)."""
         if not isinstance(data, Mapping):
             raise PolicyError(f"a policy must be a mapping of fields, got {type(data).__name__}")
@@ -308,7 +305,8 @@ def layer_priorities(layer_sizes: Sequence[int] | np.ndarray, policy: Policy) ->
         raise ValueError("layer_sizes must not be negative")
     bands = np.asarray(BAND_STRATEGIES[policy.band_strategy](sizes, policy.num_priorities), dtype=np.int64)
     if bands.shape != sizes.shape or (bands.size and (bands.min() < 0 or bands.max() >= policy.num_priorities)):
-        raise ValueError(f"band strategy {policy.band_strategy!r} returned bands outside 0..{policy.num_priorities - 1}")
+        raise ValueError(f"band strategy {policy.band_strategy!r} returned bands outside "
+                         f"0..{policy.num_priorities - 1}")
     return (policy.num_priorities - 1 - bands).astype(np.uint8)
 
 

@@ -31,10 +31,10 @@ class RateConfig:
 
     additive_increase: float = 12.5e6
     """Added per ``increase_interval`` of sending without congestion: 1 % of the default line
-    rate, as :func:`bottleneck_rates` and :meth:`for_link` set it for theirs (from half the line rate back to all of it in about a
-    tenth of a second, the time a 100 MB message takes at 10 Gb/s). Feedback without
-    congestion is sent rarely (it rides on other control frames), so the increase is scaled by
-    the time it covers."""
+    rate, as :func:`bottleneck_rates` and :meth:`for_link` set it for theirs (from half the line
+    rate back to all of it in about a tenth of a second, the time a 100 MB message takes at
+    10 Gb/s). Feedback without congestion is sent rarely (it rides on other control frames), so
+    the increase is scaled by the time it covers."""
 
     increase_interval: float = 0.002
     """The time ``additive_increase`` is granted for."""
@@ -50,7 +50,7 @@ class RateConfig:
     """Token bucket depth: how much may leave back to back before pacing bites."""
 
     @classmethod
-    def for_link(cls, line_rate: float, **overrides: float) -> "RateConfig":
+    def for_link(cls, line_rate: float, **overrides: float) -> RateConfig:
         """A host on a link of ``line_rate`` bytes/s: it starts at half of it and grows by 1 %
         of it per increase interval, as the defaults do for 10 Gb/s. Why: setting
         ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then takes several
@@ -256,21 +256,17 @@ class DrainMeter:
     """Receiver side: what this receiver can drain, measured only while it is overloaded.
 
     The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams, or a quarter
-    of the socket buffer's bytes) and the socket still holds at least half its buffer
-    (:meth:`hostagent.rx_path.ReceivePath._rx_loop` decides). A stretch of consecutive such batches, closed by the first batch that empties
-    the socket or after ``stretch`` seconds, gives one sample: its bytes over its wall time,
-    every cost of the process (CPU scheduling too) included. It counts when it carried
-    ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so a
-    receiver that keeps up advertises no ceiling and its senders probe upward again.
+    of the socket buffer's bytes) and the socket still holds at least half its buffer (the data
+    path's receive loop decides). A stretch of consecutive such batches, closed by the first
+    batch that empties the socket or after ``stretch`` seconds, gives one sample: its bytes over
+    its wall time, every cost of the process (CPU scheduling too) included. It counts when it
+    carried ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so
+    a receiver that keeps up advertises no ceiling and its senders probe upward again.
 
-    Why only when overloaded: in the first design a stretch was any time the socket was not
-    empty, and only stretches of at least 2 ms counted. A receiver slightly behind a paced
-    sender then measured the sender's pace, and the long stretches were the ones in which
-    the thread had been descheduled. Each sample pulled the ceiling lower, and the ceiling
-    held senders there: on a loaded 2-core host, a receiver able to take 1 GB/s held them at
-    440-750 MB/s. Busy time per byte (tried too) has the same flaw, because a preempted
-    thread still looks busy. A full batch means a real backlog, and then the wall-clock rate
-    is what the receiver really drains.
+    Why only when overloaded: a receiver slightly behind a paced sender measures the sender's
+    pace, and a thread descheduled mid-stretch looks slow (busy time per byte has the same
+    flaw), so a meter that samples any backlog pulls the ceiling ever lower. A full batch means
+    a real backlog, and then the wall-clock rate is what the receiver really drains.
     """
 
     def __init__(self, stretch: float = 0.005, min_bytes: int = 256 * 1024, fresh: float = 0.5) -> None:

@@ -44,7 +44,7 @@ Port = tuple[str, int]
 
 @dataclass(frozen=True)
 class ValidityRules:
-    """Thresholds of a valid run (defaults: issue #10's)."""
+    """Thresholds of a valid run (docs/methodology.md says why each default is what it is)."""
 
     machine_busy_max: float = 90.0
     """Median machine CPU use over the measured window, % of all cores, above which it was saturated."""

@@ -151,7 +151,7 @@ class Policy:
     ``port`` every sender backs off for any backlog, including other tenants' lower-priority
     traffic, so gradients give up some of the share strict priority gives them (figures:
     docs/results/ecn-rule.md). ``ahead`` is the
-    default, what the testbed's figures were measured with; ``dlcp run`` and ``dlcp sim`` take
+    default, the rule the testbed's figures ran under; ``dlcp run`` and ``dlcp sim`` take
     ``--ecn-backlog`` to compare both."""
 
     loss_bound_push: float = 0.05

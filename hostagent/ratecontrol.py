@@ -145,10 +145,9 @@ class RateController:
         until the receiver has reported every packet sent before the cut (:meth:`on_sent`
         counts them), since those were sent at the old rate and say nothing of the new one; or
         until ``hold`` passed, for packets that will never be reported (dropped on the way).
-        Why: reports leave every 2 ms, and behind a slow bottleneck the packets queued before a
-        cut keep arriving marked for a queue's drain after it (90 ms for 64 packets at 700
-        packets/s). Cut on every report, the testbed's senders halved their rate a dozen times
-        in 40 ms, down to the floor, and waited there 100-250 ms for a clean report.
+        Why: reports leave every few milliseconds, and behind a slow bottleneck the packets
+        queued before a cut keep arriving marked for a whole queue's drain after it; cut on
+        every report, a sender halves its rate down to the floor within one drain.
         """
         span = self.config.increase_interval
         if now is not None:

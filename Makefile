@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dlcp-installed
+CI_STAMP := $(VENV)/.dlcp-ci-installed
 # The CPU build of PyTorch; installed first so nothing pulls the CUDA wheels.
 TORCH  ?= torch==2.13.0
 
@@ -12,11 +13,13 @@ NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h)
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
-.PHONY: setup mininet-link test test-unit demo demo-testbed demo-drop bench p4 clean help
+.PHONY: setup setup-ci mininet-link check test test-unit demo demo-testbed demo-drop bench p4 clean help
 
 help:
 	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
 	@echo "make test    run the test suite (BMv2/p4c/root tests skip with a reason when missing)"
+	@echo "make check   lint (ruff) and type-check (mypy) the packages, scripts and tests"
+	@echo "make setup-ci  setup plus the sim (ns-3) and mnist1d extras, so no test skips but BMv2/p4c/root"
 	@echo "make demo    train digits with 4 workers + PS on loopback: lossless vs bounded loss"
 	@echo "make demo-drop  one real gradient through a modelled congested port (no training)"
 	@echo "make bench   print the benchmarks' figures"
@@ -35,6 +38,14 @@ $(STAMP): pyproject.toml $(NATIVE)
 	$(PY) -c 'import hostagent._datapath'
 	@touch $@
 
+# What CI runs on: setup plus the extras whose tests skip without them (ns-3 for the simulator,
+# about 520 MB; MNIST-1D), so every test but the BMv2/p4c/root ones runs.
+setup-ci: $(CI_STAMP) mininet-link
+
+$(CI_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[all,sim,mnist1d]'
+	@touch $@
+
 # Mininet is not on PyPI: link Debian's package (apt-get install mininet) into the venv if
 # present, on every run, so installing it after the venv was made needs no other step.
 mininet-link: $(STAMP)
@@ -43,6 +54,11 @@ mininet-link: $(STAMP)
 
 test: setup
 	$(PY) -m pytest
+
+# ruff and mypy read their settings (rules, files, third-party modules without types) from pyproject.toml
+check: setup
+	$(VENV)/bin/ruff check hostagent controller dlcp_torch topologies dlcp_sim examples bench tests
+	$(VENV)/bin/mypy
 
 test-unit: setup
 	$(PY) -m pytest tests/unit

@@ -37,9 +37,11 @@ def _cpu() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", type=float, default=1.0, help="ResNet-50's tensors times this (default 1: the whole model)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="ResNet-50's tensors times this (default 1: the whole model)")
     ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--buffer", type=int, default=17, help="switch port buffer in packets (default 17: 153 KB at MTU 9000)")
+    ap.add_argument("--buffer", type=int, default=17,
+                    help="switch port buffer in packets (default 17: 153 KB at MTU 9000)")
     ap.add_argument("--background-load", type=float, default=0.5)
     ap.add_argument("--pattern", default="ps", choices=("ps", "ring"))
     ap.add_argument("--schemes", default="dlcp,baseline")

@@ -6,7 +6,7 @@ library function, not on a command line.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from controller import pipeline
 from controller.network import Network

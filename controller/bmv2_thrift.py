@@ -163,7 +163,8 @@ class SimpleSwitchThrift:
                 r.i32()
                 body = r.struct()
         except OSError as exc:
-            raise ThriftError(f"{where}: {method} failed: {exc} (is the switch running with this thrift port?)") from exc
+            raise ThriftError(f"{where}: {method} failed: {exc} "
+                             "(is the switch running with this thrift port?)") from exc
         if mtype == _EXCEPTION:
             raise ThriftError(f"{where}: {method} raised: {body.get(1)}")
         if mtype != _REPLY or 0 not in body:
@@ -192,4 +193,5 @@ class SimpleSwitchThrift:
         if priority is None:
             self._check("set_egress_queue_depth", [(_T_I32, 1, port), (_T_I32, 2, depth)])
         else:
-            self._check("set_egress_priority_queue_depth", [(_T_I32, 1, port), (_T_I32, 2, priority), (_T_I32, 3, depth)])
+            self._check("set_egress_priority_queue_depth",
+                        [(_T_I32, 1, port), (_T_I32, 2, priority), (_T_I32, 3, depth)])

@@ -16,5 +16,6 @@ def entries(sw: SwitchSpec, net: Network) -> list[TableEntry]:
     pol = net.policy
     out = [TableEntry("dlcp_priority", {"priority": p}, "set_queue", {"queue": pol.priority_map[p]})
            for p in range(pol.num_priorities)]
-    out += [TableEntry("dscp_queue", {"dscp": d}, "set_queue", {"queue": q}) for d, q in sorted(net.dscp_queues.items())]
+    out += [TableEntry("dscp_queue", {"dscp": d}, "set_queue", {"queue": q})
+            for d, q in sorted(net.dscp_queues.items())]
     return out

@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import yaml
 from p4.v1 import p4runtime_pb2

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from p4.v1 import p4runtime_pb2
 
@@ -69,7 +70,7 @@ class TableEntry:
         """Identity of the entry within its table (what insert/modify/delete address)."""
         return (self.table, self.default, tuple(sorted(self.match.items())))
 
-    def canonical(self, schema: P4Schema) -> "TableEntry":
+    def canonical(self, schema: P4Schema) -> TableEntry:
         """Same entry with full names and int values, as :meth:`decode` would give it back."""
         return TableEntry.decode(self.encode(schema), schema)
 
@@ -143,7 +144,7 @@ class TableEntry:
         return msg
 
     @classmethod
-    def decode(cls, msg: p4runtime_pb2.TableEntry, schema: P4Schema) -> "TableEntry":
+    def decode(cls, msg: p4runtime_pb2.TableEntry, schema: P4Schema) -> TableEntry:
         """From a P4Runtime message (as read from a switch), with full names and ints."""
         table = schema.table_by_id(msg.table_id)
         by_id = {f.id: f for f in table.match_fields}

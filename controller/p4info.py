@@ -116,7 +116,7 @@ class P4Schema:
         self._table_by_id = {t.id: t for t in self.tables.values()}
 
     @classmethod
-    def load(cls, path: str | Path) -> "P4Schema":
+    def load(cls, path: str | Path) -> P4Schema:
         """Read a P4Info text file (``.txtpb``/``.txt``) as p4c writes it."""
         p4info = p4info_pb2.P4Info()
         try:

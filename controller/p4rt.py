@@ -14,7 +14,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
 from google.rpc import code_pb2, status_pb2
@@ -46,7 +46,7 @@ class Pipeline:
     cookie: int
 
     @classmethod
-    def load(cls, p4info_path: str | Path, json_path: str | Path) -> "Pipeline":
+    def load(cls, p4info_path: str | Path, json_path: str | Path) -> Pipeline:
         from google.protobuf import text_format
 
         info = p4info_pb2.P4Info()
@@ -98,7 +98,7 @@ class SwitchConnection:
         self._responses: queue.Queue = queue.Queue()
         self._reader: threading.Thread | None = None
 
-    def __enter__(self) -> "SwitchConnection":
+    def __enter__(self) -> SwitchConnection:
         self.open()
         return self
 
@@ -210,7 +210,8 @@ class SwitchConnection:
             raise _translate(exc, f"switch {self.name}: read") from None
         return out
 
-    def read_table_entries(self, table_ids: Iterable[int], defaults: Iterable[int] = ()) -> list[p4runtime_pb2.TableEntry]:
+    def read_table_entries(self, table_ids: Iterable[int],
+                           defaults: Iterable[int] = ()) -> list[p4runtime_pb2.TableEntry]:
         """Entries of the given tables, and the default entries of ``defaults``."""
         ents = [p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(table_id=t)) for t in table_ids]
         ents += [p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(table_id=t, is_default_action=True))

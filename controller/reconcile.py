@@ -8,7 +8,8 @@ idempotent and lets it converge after a switch restart or an edit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
+from collections.abc import Iterable
 
 from controller.entries import TableEntry
 from hostagent.errors import DlcpUserError
@@ -33,7 +34,8 @@ def check_unique(entries: Iterable[TableEntry], switch: str) -> None:
     for e in entries:
         k = e.key()
         if k in seen:
-            raise DlcpUserError(f"switch {switch}: two entries for the same key: {seen[k].describe()} and {e.describe()}")
+            raise DlcpUserError(f"switch {switch}: two entries for the same key: "
+                                f"{seen[k].describe()} and {e.describe()}")
         seen[k] = e
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from p4.v1 import p4runtime_pb2
 
@@ -85,7 +85,7 @@ class Switch:
         self.conn = SwitchConnection(spec.name, spec.grpc, spec.device_id, timeout=timeout)
         self.thrift = SimpleSwitchThrift(spec.thrift_host, spec.thrift_port, timeout=timeout, netns=spec.netns)
 
-    def __enter__(self) -> "Switch":
+    def __enter__(self) -> Switch:
         self.conn.open()
         return self
 

@@ -12,13 +12,19 @@ arrays, can be used without importing torch (2.5 s of CPU per process on the tes
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers (no import of torch at run time)
+    from dlcp_torch.hooks import dlcp_hook
+    from dlcp_torch.launch import DLCPSession, init
+    from dlcp_torch.optimizer import DistributedOptimizer
+    from dlcp_torch.state import DLCPState, start_server
 
 _EXPORTS = {"dlcp_hook": "dlcp_torch.hooks", "DLCPSession": "dlcp_torch.launch", "init": "dlcp_torch.launch",
             "DistributedOptimizer": "dlcp_torch.optimizer", "DLCPState": "dlcp_torch.state",
             "start_server": "dlcp_torch.state"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["DLCPSession", "DLCPState", "DistributedOptimizer", "dlcp_hook", "init", "start_server"]
 
 
 def __getattr__(name: str) -> Any:

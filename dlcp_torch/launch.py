@@ -26,7 +26,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

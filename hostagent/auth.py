@@ -23,8 +23,9 @@ data packet of message m of iteration i from S to R carries ``message_token(key_
 m, i)``; R checks it before a byte of the payload is used. Without the key a forger guesses a
 32-bit value per packet. The iteration is bound in because message ids repeat (an exchange's
 ids wrap every 1,024 iterations): without it, a packet recorded at iteration i would carry a
-valid token again at i + 1,024. The full 32-bit iteration repeats only after 2^32 uses. Keys and tokens travel in the clear: an attacker who can read the packets on the path
-is out of scope (that is what network encryption, such as IPsec or WireGuard, is for).
+valid token again at i + 1,024. The full 32-bit iteration repeats only after 2^32 uses. Keys and
+tokens travel in the clear: an attacker who can read the packets on the path is out of scope
+(that is what network encryption, such as IPsec or WireGuard, is for).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The host-side commands of ``dlcp``: demo, policy, wire format.
 
-They need nothing above ``hostagent``. The ``dlcp`` program itself (:mod:`topologies.cli`)
-adds the testbed's commands (run, sweep, calibrate, clean) to this parser, so every
-package's command line depends only downward. Exceptions become exit codes in
+They need nothing above ``hostagent``. The ``dlcp`` program itself (:mod:`dlcp.cli`)
+gathers these with the testbed's and the simulator's commands, so every package's command
+line depends only downward. Exceptions become exit codes in
 :func:`hostagent.clikit.run_cli`.
 """
 
@@ -63,7 +63,7 @@ def cmd_wire(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_host_commands(sub: "argparse._SubParsersAction") -> None:
+def add_host_commands(sub: argparse._SubParsersAction) -> None:
     """Add demo, policy and wire to ``dlcp``'s sub-commands."""
     p = sub.add_parser("demo", help="packetize a real gradient, drop by class at a modelled congested port, reassemble")
     p.add_argument("--load", type=number(LOAD, float), default=1.25,

@@ -15,7 +15,8 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.ranges import Range
@@ -84,12 +85,14 @@ def package_version() -> str:
         return metadata.version("dlcp")
     except metadata.PackageNotFoundError:
         pass
-    try:
-        import tomllib
+    if sys.version_info < (3, 11):  # tomllib is 3.11's
+        return "unknown (not installed)"
+    import tomllib
 
+    try:
         with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
             return f"{tomllib.load(f)['project']['version']} (source tree, not installed)"
-    except (ImportError, OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError):
         return "unknown (not installed)"
 
 

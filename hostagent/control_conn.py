@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 #: Bytes queued on a control connection before its peer counts as not reading.
 CTL_WRITE_LIMIT = 4 << 20

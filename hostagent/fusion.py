@@ -15,7 +15,7 @@ which copies each gradient into its bucket as it becomes ready and says when a b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class FusionConfig:
             raise ValueError(f"FusionConfig caps must be positive, got bucket_bytes={self.bucket_bytes}, "
                              f"first_bucket_bytes={self.first_bucket_bytes}")
 
-    def scaled(self, scale: float, min_bytes: int = 0) -> "FusionConfig":
+    def scaled(self, scale: float, min_bytes: int = 0) -> FusionConfig:
         """The caps multiplied by ``scale`` (as a workload scaled by ``scale``), at least ``min_bytes``.
 
         The testbed shrinks models by ``--scale``; scaling the caps the same way keeps the
@@ -73,15 +73,16 @@ class Layout:
     total: int
 
     @staticmethod
-    def single(total: int, priority: int, layer: int = 0) -> "Layout":
+    def single(total: int, priority: int, layer: int = 0) -> Layout:
         """One segment: an unfused message."""
         return Layout(np.zeros(1, np.int64), np.array([priority], np.int64), np.array([layer], np.int64), total)
 
     @staticmethod
-    def of_sizes(sizes: Sequence[int], priorities: Sequence[int], layers: Sequence[int]) -> "Layout":
+    def of_sizes(sizes: Sequence[int], priorities: Sequence[int], layers: Sequence[int]) -> Layout:
         """Segments of the given sizes laid end to end."""
         sizes_a = np.asarray(sizes, np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64) if sizes_a.size else np.zeros(1, np.int64)
+        starts = (np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64) if sizes_a.size
+                  else np.zeros(1, np.int64))
         pr = np.asarray(priorities, np.int64) if sizes_a.size else np.zeros(1, np.int64)
         ly = np.asarray(layers, np.int64) if sizes_a.size else np.zeros(1, np.int64)
         return Layout(starts, pr, ly, int(sizes_a.sum()))
@@ -95,7 +96,7 @@ class Layout:
     def first_layer(self) -> int:
         return int(self.layers.min()) if self.layers.size else 0
 
-    def slice(self, lo: int, hi: int) -> "Layout":
+    def slice(self, lo: int, hi: int) -> Layout:
         """The layout of elements ``[lo, hi)`` (a ring chunk), rebased to start at 0."""
         if not 0 <= lo <= hi <= self.total:
             raise ValueError(f"slice [{lo}, {hi}) outside the message's {self.total} elements")

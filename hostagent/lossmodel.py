@@ -7,7 +7,7 @@ injection and the demo use them; nothing here touches a socket.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

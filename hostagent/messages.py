@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -93,13 +94,13 @@ class _Handle:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[["_Handle"], None]] = []
+        self._callbacks: list[Callable[[_Handle], None]] = []
         self._lock = threading.Lock()
 
     def done(self) -> bool:
         return self._event.is_set()
 
-    def add_done_callback(self, fn: Callable[["_Handle"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[_Handle], None]) -> None:
         """Call ``fn(handle)`` once the handle resolves or fails (at once if it has). It runs on
         the transport's thread: keep it short (put the handle on a queue, say)."""
         with self._lock:

@@ -9,7 +9,7 @@ against the published parameter counts.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def resnet50() -> list[tuple[str, int]]:
@@ -43,7 +43,8 @@ def vgg16() -> list[tuple[str, int]]:
     return out
 
 
-def transformer(layers: int = 12, d: int = 768, ff: int = 3072, vocab: int = 30522, positions: int = 512) -> list[tuple[str, int]]:
+def transformer(layers: int = 12, d: int = 768, ff: int = 3072, vocab: int = 30522,
+                positions: int = 512) -> list[tuple[str, int]]:
     """A BERT-base-sized encoder: 108,891,648 parameters (BERT-base without its pooler), 197 tensors."""
     out = [("embeddings.word", vocab * d), ("embeddings.position", positions * d), ("embeddings.type", 2 * d),
            ("embeddings.ln.weight", d), ("embeddings.ln.bias", d)]

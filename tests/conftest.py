@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os as _os
+import shutil as _shutil
 import socket
 
 import pytest
@@ -49,9 +51,6 @@ def endpoints():
 
 
 # --- markers: tests that need BMv2, p4c or root skip with a one-line reason --------------
-
-import os as _os
-import shutil as _shutil
 
 
 def _missing(marker: str) -> str | None:

@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: What the wheel ships (pyproject's wheel.packages) plus the benchmarks, which run from a clone
 #: but must not need the examples either.
-INSTALLED = ("hostagent", "controller", "dlcp_torch", "topologies", "dlcp_sim", "bench")
+INSTALLED = ("hostagent", "controller", "dlcp_torch", "topologies", "dlcp_sim", "dlcp", "bench")
 #: The CPU build the Makefile installs; installed first so the torch extra keeps it.
 TORCH = "torch==2.13.0"
 #: Extras a training environment running ``dlcp converge`` on MNIST-1D needs.

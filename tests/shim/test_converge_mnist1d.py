@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 import dlcp_torch.workloads.mnist1d as m1d
-from topologies import cli
+from dlcp import cli
 from topologies.converge import read_rows
 
 needs_mnist1d = pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,

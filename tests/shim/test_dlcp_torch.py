@@ -158,7 +158,7 @@ def _doomed(rank, world, port, out):
     out.put((rank, "ready"))
     t0 = None
     try:
-        for step in range(100000):
+        for _ in range(100000):
             opt.zero_grad()
             model(torch.randn(4, 10)).sum().backward()
             t0 = time.monotonic()
@@ -180,7 +180,7 @@ def test_worker_killed_mid_run_gives_a_clear_error():
         time.sleep(1.0)
         os.kill(procs[2].pid, signal.SIGKILL)
         errors = [out.get(timeout=30) for _ in range(2)]
-        for rank, message, waited in errors:
+        for _, message, waited in errors:
             # each survivor's error names the peer it lost and the message it was waiting for
             # (the second may learn of the failure from the first one stopping)
             assert "peer rank" in message and "message" in message, message

@@ -44,8 +44,8 @@ def test_the_tcp_scheme_sends_over_tcp_through_the_baselines_switches():
     assert _lines(tcp, "transport") == [["tcp"]] and _lines(base, "transport") == [["dlcp"]]
     assert _lines(tcp, "tcp") == [["cubic"]] and _lines(tcp, "gradient_tcp") == [["newreno"]]
     drop = {"transport"}
-    assert [l for l in tcp.splitlines() if l.split()[0] not in drop] == \
-        [l for l in base.splitlines() if l.split()[0] not in drop]
+    assert [line for line in tcp.splitlines() if line.split()[0] not in drop] == \
+        [line for line in base.splitlines() if line.split()[0] not in drop]
     with pytest.raises(DlcpUserError, match="tcp"):
         SimOptions(schemes=("udp",))
 
@@ -163,7 +163,8 @@ def test_the_line_rate_bound_counts_the_busiest_link_of_every_job():
     # load leaf 2's uplink as much as the pushes load leaf 1's: they bind
     assert bound(2, "dlcp")[1] == pytest.approx(bound(2)[1])
     topo = topology(opts)
-    assert {(link.a, link.a_port, link.b, link.b_port) for link in topo.links} == {("l1", 3, "sp1", 1), ("l2", 3, "sp1", 2)}
+    links = {(link.a, link.a_port, link.b, link.b_port) for link in topo.links}
+    assert links == {("l1", 3, "sp1", 1), ("l2", 3, "sp1", 2)}
 
 
 def test_the_report_is_read_line_by_line():

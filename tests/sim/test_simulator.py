@@ -145,8 +145,8 @@ def test_host_delay_and_full_size_control_packets_lengthen_each_ring_step():
     """The testbed's software path and its packet-slot ports, modelled. With a host delay every
     message starts later and its STOP leaves later (as does every control packet, a STOP
     answering a PROBE included): on a fast fabric the last bucket's ring (six steps in
-    sequence after the backward pass) then takes two delays longer per step. Control packets of a full datagram each take a packet's time on a slow uplink, so
-    there the sync grows too."""
+    sequence after the backward pass) then takes two delays longer per step. Control packets of a
+    full datagram each take a packet's time on a slow uplink, so there the sync grows too."""
     base = dict(pattern="ring", jobs_placement="packed", leaves=2, hosts_per_leaf=2, scale=0.002, iterations=3,
                 warmup=1, buffer=64, compute_ms=50)
     plain = np.median(simulate(SimOptions(**base), "baseline").sync_times())

@@ -58,7 +58,8 @@ def test_a_small_sweep_writes_its_csv_table_and_figure(tmp_path):
     with open(tmp_path / "sweep.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
-    assert (tmp_path / "buffer=20" / "results.json").exists() and "| 100 | dlcp |" in (tmp_path / "sweep.md").read_text()
+    assert (tmp_path / "buffer=20" / "results.json").exists()
+    assert "| 100 | dlcp |" in (tmp_path / "sweep.md").read_text()
 
 
 def test_a_sweep_over_a_choice_plots_one_slot_per_value(tmp_path):

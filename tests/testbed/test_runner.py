@@ -19,7 +19,7 @@ SMALL = ["--iterations", "2", "--scale", "0.0005", "--compute-ms", "20", "--quie
 
 
 def dlcp(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "topologies.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dlcp", *map(str, args)], capture_output=True, text=True,
                           **kw)
 
 
@@ -28,7 +28,7 @@ def _ours_left() -> dict:
     names = {s.name for t in (star(2), leafspine(4)) for s in t.switches} | {h.name for t in (star(2), leafspine(4))
                                                                            for h in t.hosts}
     return {"bmv2": bmv2.stdout.split(), "netns": [n for n in netns.list_netns() if n in names],
-            "links": [l for l in netns.list_links() if l.split("-")[0] in names]}
+            "links": [link for link in netns.list_links() if link.split("-")[0] in names]}
 
 
 def test_star_ps_run_writes_every_field(tmp_path):
@@ -102,7 +102,7 @@ def test_leafspine_sprays_dlcp_data_over_both_spines(tmp_path):
 
 def test_killed_run_is_cleaned_up(tmp_path):
     env = dict(os.environ, DLCP_RUN_REGISTRY=str(tmp_path / "registry"))
-    proc = subprocess.Popen([sys.executable, "-m", "topologies.cli", "run", "--topology", "star", "--workers", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "dlcp", "run", "--topology", "star", "--workers", "2",
                              "--iterations", "50", "--out", str(tmp_path), "--quiet"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -115,7 +115,7 @@ def test_killed_run_is_cleaned_up(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
     assert _ours_left()["netns"] or _ours_left()["links"]  # a crash leaves things behind ...
-    res = subprocess.run([sys.executable, "-m", "topologies.cli", "clean"], capture_output=True, text=True, env=env)
+    res = subprocess.run([sys.executable, "-m", "dlcp", "clean"], capture_output=True, text=True, env=env)
     assert res.returncode == 0 and "removed" in res.stdout
     time.sleep(1)
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}  # ... and clean removes all of it

@@ -225,7 +225,8 @@ def test_a_peer_that_stops_reading_costs_only_its_own_messages(datapath):
     held = []
     # completes the handshake (an authenticated peer), then never reads again
     threading.Thread(target=lambda: held.append(rogue.accept_as(mute, 2)), daemon=True).start()
-    a, b = (Endpoint(TransportConfig(datapath=datapath, rank=r, peers=peers, policy=Policy(loss_bound_push=0.0))).start()
+    a, b = (Endpoint(TransportConfig(datapath=datapath, rank=r, peers=peers,
+                                     policy=Policy(loss_bound_push=0.0))).start()
             for r in (0, 1))
     try:
         flooded = threading.Event()
@@ -305,7 +306,7 @@ def test_a_slowly_paced_destination_does_not_hold_up_the_others(endpoints):
         a.core.rate[1] = Congested(a.config.rate)
         a.core._note_rate(1, time.monotonic(), "test")
     slow_x, fast_x = _grad(250_000, 1), _grad(250_000, 2)  # 1 MB each
-    slow_rx, fast_rx = b.recv(0, 1), c.recv(0, 2)
+    _slow_rx, fast_rx = b.recv(0, 1), c.recv(0, 2)  # the slow one is received too, never waited on
     t0 = time.monotonic()
     slow = a.send(1, slow_x, 1)
     time.sleep(0.05)  # the slow message is under way

@@ -47,7 +47,7 @@ def _ps(endpoints, n_workers, iterations=2, missing="zero", per_rank=None, polic
     for it in range(iterations):
         grads = _grads(n_workers, it)
         n_msgs = len(workers[0].plan([int(np.prod(s)) for s in SHAPES]))  # fused: one message per bucket
-        fns = {"server": lambda it=it: server.serve_iteration(it, n_msgs)}
+        fns = {"server": lambda it=it, n=n_msgs: server.serve_iteration(it, n)}
         fns.update({w: (lambda w=w, it=it, g=grads: workers[w].exchange(it, g[w])) for w in range(n_workers)})
         results.append((grads, _run_threads(fns), server))
     return results
@@ -71,7 +71,7 @@ def test_ring_allreduce_equals_numpy_mean(endpoints, n_workers, gather):
     rings = [RingAllreduce(ep, list(range(n_workers)), gather=gather) for ep in eps]
     for it in range(2):
         grads = _grads(n_workers, 10 + it)
-        out = _run_threads({w: (lambda w=w: rings[w].allreduce(it, grads[w])) for w in range(n_workers)})
+        out = _run_threads({w: (lambda w=w, it=it, g=grads: rings[w].allreduce(it, g[w])) for w in range(n_workers)})
         for t, shape in enumerate(SHAPES):
             mean = np.mean([grads[w][t] for w in range(n_workers)], axis=0)
             for w in range(n_workers):
@@ -214,7 +214,8 @@ def test_ring_without_lost_values_keeps_indices_and_reuses_no_stale_snapshot(end
     rng = np.random.default_rng(9)
     for it, want in enumerate([False, True, True]):
         grads = [rng.standard_normal(40_000).astype(np.float32) for _ in range(2)]
-        out = _run_threads({w: (lambda w=w: rings[w].allreduce_detailed(it, [grads[w]], lost_values=want))
+        out = _run_threads({w: (lambda w=w, it=it, g=grads, want=want:
+                                 rings[w].allreduce_detailed(it, [g[w]], lost_values=want))
                             for w in range(2)})
         for w in range(2):
             _, idx, vals = out[w][0]

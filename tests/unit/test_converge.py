@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from scipy import stats as sps
 
+from dlcp.cli import build_parser
 from hostagent.errors import DlcpUserError
-from topologies.cli import build_parser
 from topologies.converge import (Config, Grid, Settings, append_row, key_of, markdown_table, mean_ci, mean_trace,
                                  parse_floats, parse_switches, read_rows, row_of, rows_for, run_key, summarise,
                                  target_verdict, time_to_accuracy)

@@ -209,26 +209,26 @@ def test_fast_path_takes_clean_runs_and_agrees_with_the_general_path_on_everythi
     slots, lengths = batch.to_slots()
     n = len(lengths)
     mutations = {
-        "gap": lambda s, l: (np.delete(s, 2, axis=0), np.delete(l, 2)),
-        "repeat": lambda s, l: (np.insert(s, 3, s[2], axis=0), np.insert(l, 3, l[2])),
-        "reversed": lambda s, l: (s[::-1], l[::-1]),
-        "retx": lambda s, l: _set(s, l, 1, "flags", int(wire.Flags.RETX)),
-        "forged_token": lambda s, l: _set(s, l, 4, "token", 99),
-        "other_iteration": lambda s, l: _set(s, l, 2, "iteration", 9),
-        "bad_offset": lambda s, l: _set(s, l, 3, "elem_offset", 5),
-        "short": lambda s, l: (s, np.where(np.arange(len(l)) == 1, l - 4, l)),
-        "other_job": lambda s, l: _set(s, l, 0, "job_id", 6),
-        "bad_seq": lambda s, l: _set(s, l, 5, "seq", 30),
-        "other_total": lambda s, l: _set(s, l, 6, "total_pkts", 99),
-        "other_message": lambda s, l: _set(s, l, 7, "message_id", 8),
-        "other_sender": lambda s, l: _set(s, l, 3, "sender_rank", 2),
-        "other_dtype": lambda s, l: _set(s, l, 2, "dtype", int(wire.Dtype.FLOAT16)),
+        "gap": lambda s, ln: (np.delete(s, 2, axis=0), np.delete(ln, 2)),
+        "repeat": lambda s, ln: (np.insert(s, 3, s[2], axis=0), np.insert(ln, 3, ln[2])),
+        "reversed": lambda s, ln: (s[::-1], ln[::-1]),
+        "retx": lambda s, ln: _set(s, ln, 1, "flags", int(wire.Flags.RETX)),
+        "forged_token": lambda s, ln: _set(s, ln, 4, "token", 99),
+        "other_iteration": lambda s, ln: _set(s, ln, 2, "iteration", 9),
+        "bad_offset": lambda s, ln: _set(s, ln, 3, "elem_offset", 5),
+        "short": lambda s, ln: (s, np.where(np.arange(len(ln)) == 1, ln - 4, ln)),
+        "other_job": lambda s, ln: _set(s, ln, 0, "job_id", 6),
+        "bad_seq": lambda s, ln: _set(s, ln, 5, "seq", 30),
+        "other_total": lambda s, ln: _set(s, ln, 6, "total_pkts", 99),
+        "other_message": lambda s, ln: _set(s, ln, 7, "message_id", 8),
+        "other_sender": lambda s, ln: _set(s, ln, 3, "sender_rank", 2),
+        "other_dtype": lambda s, ln: _set(s, ln, 2, "dtype", int(wire.Dtype.FLOAT16)),
     }
-    for name, mutate in [("clean", lambda s, l: (s, l))] + list(mutations.items()):
+    for name, mutate in [("clean", lambda s, ln: (s, ln))] + list(mutations.items()):
         batches = []
         for start in range(0, n, 8):  # runs of 8 packets; the last holds the short tail packet
-            s, l = slots[start : start + 8], lengths[start : start + 8]
-            batches.append(mutate(s.copy(), l.copy()) if start == 8 else (s, l))
+            s, ln = slots[start : start + 8], lengths[start : start + 8]
+            batches.append(mutate(s.copy(), ln.copy()) if start == 8 else (s, ln))
         fast, general = _ingest_both_ways(batches, data.size, batch.elems_per_packet)
         for a, b in zip(fast[:-1], general[:-1]):
             if isinstance(a, np.ndarray):

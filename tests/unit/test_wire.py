@@ -13,7 +13,8 @@ def test_header_is_byte_aligned_and_fixed_size():
 
 
 def test_single_header_round_trip():
-    h = wire.Header(ptype=wire.PacketType.BITMAP, job_id=0xDEADBEEF, message_id=123456, flags=wire.Flags.RETX | wire.Flags.ECN_ECHO,
+    h = wire.Header(ptype=wire.PacketType.BITMAP, job_id=0xDEADBEEF, message_id=123456,
+                    flags=wire.Flags.RETX | wire.Flags.ECN_ECHO,
                     priority=7, drop_class=3, dtype=wire.Dtype.FLOAT16, sender_rank=65535, iteration=9,
                     tensor_id=77, layer=12, elem_count=358, seq=5, total_pkts=6, elem_offset=1790)
     raw = wire.pack_header(h)
@@ -86,7 +87,8 @@ def test_scapy_dissects_an_encoded_packet():
     pkt = Ether(frame)
     assert DLCP in pkt
     d = pkt[DLCP]
-    assert (d.version, d.job_id, d.message_id, d.sender_rank, d.layer, d.priority, d.tensor_id) == (wire.VERSION, 3, 11, 2, 4, 6, 8)
+    fields = (d.version, d.job_id, d.message_id, d.sender_rank, d.layer, d.priority, d.tensor_id)
+    assert fields == (wire.VERSION, 3, 11, 2, 4, 6, 8)
     assert d.ptype == wire.PacketType.DATA and d.seq == 1 and d.total_pkts == 2
     assert d.elem_offset == batch.elems_per_packet and d.elem_count == 400 - batch.elems_per_packet
     payload = np.frombuffer(bytes(d.payload), dtype="<f4")

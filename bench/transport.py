@@ -4,8 +4,9 @@ Prints, with the command, the commit and the machine's load beside every row:
 
   1. **one sender -> one receiver**: 100 MB messages between two processes at MTU 1500 with a
      25 Gb/s line-rate configuration: a bare UDP GSO sender into a GRO receiver in C++
-     (``bench/bare_pair.cc``, compiled here with g++: this machine's limit for one sender), DLCP's compiled path, DLCP's numpy path (the path before the
-     compiled one), and gloo's send/recv; goodput and the CPU both processes spent per 100 MB.
+     (``bench/bare_pair.cc``, compiled here with g++: this machine's limit for one sender), DLCP's
+     compiled path, DLCP's numpy path (the path before the compiled one), and gloo's send/recv;
+     goodput and the CPU both processes spent per 100 MB.
   2. **collectives**: 4 processes averaging 57 MB in 12 tensors (fused into DDP's buckets) per
      iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
      and with p = 0.05 under 2 % injected loss; sync time per iteration (the slowest process).
@@ -21,10 +22,10 @@ machine: with 2 cores, 4 processes share them, so parts 2-3 measure the hosts' s
 included; ``load`` is the 1-minute load average before the row and ``idle`` the machine's idle
 CPU while it ran.
 
-Targets (issue 26, which calls part 2's profile 25 MB): ring lossless <= 1.0x gloo; ring at p = 0.05 with 2 % loss <= 1.0x gloo
-lossless; PS <= 1.5x gloo, at most 1 % of packets resent after the first iteration; one sender
->= 2 GB/s and >= 85 % of the bare pair, at most half the numpy path's CPU per 100 MB; DDP step
-through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
+Targets (issue 26, which calls part 2's profile 25 MB): ring lossless <= 1.0x gloo; ring at
+p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of packets resent after
+the first iteration; one sender >= 2 GB/s and >= 85 % of the bare pair, at most half the numpy
+path's CPU per 100 MB; DDP step through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
 
 Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick]
 """
@@ -40,7 +41,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -104,7 +106,7 @@ def _run(target: Callable, args_of: Callable[[int], tuple], n: int, timeout: flo
 class Load:
     """The load average before a row and the machine's idle CPU while it ran."""
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         self.load = os.getloadavg()[0]
         psutil.cpu_times_percent(None)
         return self
@@ -309,8 +311,9 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
                 ex.exchange_detailed(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
                                      [b.layout for b in plan])
             else:
+                # as the DDP hook without error feedback
                 ex.allreduce_inplace(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
-                                     [b.layout for b in plan], lost_values=False)  # as the DDP hook without error feedback
+                                     [b.layout for b in plan], lost_values=False)
             times.append(time.perf_counter() - t0)
             s1 = ep.stats
             sent.append(s1.data_pkts_sent - s0.data_pkts_sent)

@@ -40,7 +40,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ class BackendOptions:
     """A message not complete by then fails its collective."""
 
     @staticmethod
-    def from_env() -> "BackendOptions":
+    def from_env() -> BackendOptions:
         """Defaults, with ``DLCP_LOSS_BOUND`` and ``DLCP_MTU`` applied."""
         opts = BackendOptions()
         bound = os.environ.get("DLCP_LOSS_BOUND")

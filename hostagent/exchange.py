@@ -36,7 +36,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -217,7 +218,8 @@ class PSWorker:
         """The buckets :meth:`exchange` sends for tensors of ``sizes`` (the server serves ``len`` of them)."""
         return self._planner.plan(sizes, priorities)
 
-    def exchange(self, iteration: int, grads: Sequence[np.ndarray], priorities: Sequence[int] | None = None) -> list[np.ndarray]:
+    def exchange(self, iteration: int, grads: Sequence[np.ndarray],
+                 priorities: Sequence[int] | None = None) -> list[np.ndarray]:
         """Push ``grads`` (forward order) to the server and return the averages (float32, same shapes).
 
         The tensors travel fused into the buckets of :meth:`plan` (message ``b`` of the
@@ -402,7 +404,7 @@ class PSServer:
         return [self.serve_iteration(first_iteration + i, num_tensors, num_tensors if i + 1 < iterations else None)
                 for i in range(iterations)]
 
-    def serve_forever(self, stop: "threading.Event") -> None:
+    def serve_forever(self, stop: threading.Event) -> None:
         """Serve whatever the workers push, until ``stop`` is set.
 
         For callers whose tensors are not known in advance (DDP buckets are rebuilt after the
@@ -506,7 +508,8 @@ class RingAllreduce:
         """The buckets :meth:`allreduce` reduces for tensors of ``sizes``."""
         return self._planner.plan(sizes, priorities)
 
-    def allreduce(self, iteration: int, grads: Sequence[np.ndarray], priorities: Sequence[int] | None = None) -> list[np.ndarray]:
+    def allreduce(self, iteration: int, grads: Sequence[np.ndarray],
+                  priorities: Sequence[int] | None = None) -> list[np.ndarray]:
         """Average ``grads`` (forward order) over the ring; every member returns the same arrays (float32).
 
         The tensors travel fused into the buckets of :meth:`plan`, each packet with its

@@ -101,7 +101,7 @@ class Endpoint(ControlPath):
         log.info("endpoint rank %d config: %s", self.rank, config)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, bound: tuple[socket.socket, socket.socket] | None = None) -> "Endpoint":
+    def start(self, bound: tuple[socket.socket, socket.socket] | None = None) -> Endpoint:
         """Bind the data and control sockets, start the data path and the control thread.
 
         ``bound``: a UDP and a TCP socket already bound to this rank's ports (see
@@ -154,7 +154,7 @@ class Endpoint(ControlPath):
         self._threads.append(t)
         return self
 
-    def __enter__(self) -> "Endpoint":
+    def __enter__(self) -> Endpoint:
         return self.start() if not self._running else self
 
     def __exit__(self, *exc: Any) -> None:
@@ -303,7 +303,7 @@ class Endpoint(ControlPath):
         self._wake()  # the control loop ticks fast from now on
         return h
 
-    def announcements(self) -> "queue.Queue[tuple[int, int]]":
+    def announcements(self) -> queue.Queue[tuple[int, int]]:
         """A queue of (src, message_id) for every message announced without a waiting recv.
 
         For servers that do not know in advance what will arrive (a parameter server behind

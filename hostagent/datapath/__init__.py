@@ -34,7 +34,7 @@ def native_available() -> str | None:
     return None
 
 
-def open_datapath(config: "TransportConfig", udp: socket.socket, gro: bool) -> "NativeDatapath | NumpyDatapath":
+def open_datapath(config: TransportConfig, udp: socket.socket, gro: bool) -> NativeDatapath | NumpyDatapath:
     """The data path ``config.datapath`` names, on the bound data socket ``udp``.
 
     Raises:

@@ -919,7 +919,8 @@ class NumpyDatapath:
             if d.rank not in blocked:
                 pkt = m.batch.datagram_bytes
                 blocked[d.rank] = self._window_full(d, now) or max(
-                    d.pacer.wait_time(pkt, d.rate, now), self._host_pacer.wait_time(pkt, self.config.rate.line_rate, now))
+                    d.pacer.wait_time(pkt, d.rate, now),
+                    self._host_pacer.wait_time(pkt, self.config.rate.line_rate, now))
             if blocked[d.rank] > 0:
                 wait = min(wait, blocked[d.rank])
                 continue

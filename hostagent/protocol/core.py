@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 import queue
 from collections import OrderedDict, defaultdict, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -300,7 +301,7 @@ class ProtocolCore:
                                 buffers, accumulate, required_elements(total, loss_bound), tuple(triggers)))
         return msg
 
-    def announcements(self) -> "queue.Queue[tuple[int, int]]":
+    def announcements(self) -> queue.Queue[tuple[int, int]]:
         """(src, message id) of every message announced without a waiting recv."""
         if self.announced is None:
             self.announced = queue.Queue()

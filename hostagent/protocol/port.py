@@ -78,7 +78,7 @@ class RxBuffers:
     """int64 per packet: the layer field it carried."""
 
     @staticmethod
-    def allocate(out: np.ndarray, packets: int, priority: int) -> "RxBuffers":
+    def allocate(out: np.ndarray, packets: int, priority: int) -> RxBuffers:
         return RxBuffers(out, np.zeros(packets, np.uint8), np.full(packets, priority, np.uint8),
                          np.zeros(packets, np.int64))
 

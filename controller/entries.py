@@ -13,8 +13,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from p4.v1 import p4runtime_pb2
 

@@ -33,8 +33,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 import yaml
 

@@ -8,8 +8,8 @@ idempotent and lets it converge after a switch restart or an edit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 from collections.abc import Iterable
+from typing import Literal
 
 from controller.entries import TableEntry
 from hostagent.errors import DlcpUserError

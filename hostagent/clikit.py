@@ -15,8 +15,8 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.ranges import Range

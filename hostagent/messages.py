@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

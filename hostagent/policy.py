@@ -29,8 +29,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import yaml

@@ -6,7 +6,8 @@ import argparse
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.clikit import number
@@ -18,6 +19,14 @@ from topologies.schemes import add_ecn_backlog_argument
 def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
     """The parse-time check of a :class:`SimOptions` field's option, from its one range."""
     return number(RANGES[field], kind)
+
+
+def add_sim_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add sim to ``dlcp``'s sub-commands; the simulator registers its own, so nothing below imports it."""
+    p = sub.add_parser("sim", help="the same schemes on an ns-3 leaf-spine at data-centre scale "
+                       "(needs pip install -e '.[sim]')")
+    add_sim_arguments(p)
+    p.set_defaults(func=cmd_sim)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,8 +70,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-ms", type=_checked("background_ms", float), default=d.background_ms,
                    help="flows start during this many ms (default: about as long as training lasts)")
     p.add_argument("--control-bytes", type=_checked("control_bytes", int), default=d.control_bytes,
-                   help="wire size of control packets (default: 0, meaning 60 bytes); the datagram size models the testbed's "
-                        "BMv2 ports, which serve packets, not bytes")
+                   help="wire size of control packets (default: 0, meaning 60 bytes); the datagram size models "
+                        "the testbed's BMv2 ports, which serve packets, not bytes")
     p.add_argument("--host-delay-us", type=_checked("host_delay_us", float), default=d.host_delay_us,
                    help="hosts' software path: sends start and control packets leave this much later (default 0; the "
                         "testbed's agents: see the README's validation)")

@@ -187,7 +187,7 @@ def _losses(text: str) -> str | tuple[float, ...]:
 
 
 def add_converge_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``dlcp converge`` (registered by :mod:`topologies.cli`)."""
+    """The options of ``dlcp converge`` (registered by :mod:`topologies.commands`)."""
     p.add_argument("--workload", choices=["mnist1d", "digits"], default="mnist1d",
                    help="the workload to train (mnist1d needs: pip install 'dlcp[mnist1d]')")
     p.add_argument("--workers", type=number(RANGES["workers"]), default=4)

@@ -1,10 +1,7 @@
-"""``dlcp``: the whole command line, host tools plus the testbed's commands.
+"""The testbed's sub-commands of ``dlcp``: run, sweep, calibrate, converge and clean.
 
-The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`; this module adds
-what needs the testbed: ``run``, ``sweep``, ``calibrate``, ``clean``; ``converge``, real
-training on loopback (:mod:`topologies.converge_run`); and ``sim``, the same schemes on ns-3
-(:mod:`dlcp_sim`). It sits at the top of the package graph
-(topologies -> controller -> hostagent), so nothing below imports it.
+Each layer registers its own commands, so the program (:mod:`dlcp.cli`) sits above them all and
+this package needs nothing from the simulator above it.
 """
 
 from __future__ import annotations
@@ -12,10 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from hostagent.cli import add_host_commands
-from hostagent.clikit import GlobalOption, finish_parser, number, run_cli
+from hostagent.clikit import number
 from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.schemes import add_ecn_backlog_argument
@@ -23,13 +20,8 @@ from topologies.schemes import add_ecn_backlog_argument
 if TYPE_CHECKING:
     from topologies.runner import RunOptions
 
-#: Accepted before or after the sub-command (``dlcp --debug run`` and ``dlcp run --debug``).
-GLOBAL_OPTIONS: list[GlobalOption] = [
-    (("--debug",), {"action": "store_true", "help": "show tracebacks and debug logs"}),
-]
 
-
-def _run_options(args: argparse.Namespace) -> "RunOptions":
+def run_options(args: argparse.Namespace) -> RunOptions:
     """The run the options describe; the policy file is read here, its loss bound and ECN rule
     overridden by ``--loss-bound`` and ``--ecn-backlog`` when they are given."""
     from topologies.runner import RunOptions
@@ -54,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from topologies.report import summary
     from topologies.runner import run
 
-    opts = _run_options(args)
+    opts = run_options(args)
     if args.capacity == "auto":
         opts = replace(opts, capacity_pps=_calibrated(opts))
     run_dir, results = run(opts)
@@ -68,13 +60,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrated(opts) -> int:
+def _calibrated(opts: RunOptions) -> int:
+    """The largest capacity at which runs stay valid, its trials reported on stderr."""
     from topologies.sweep import calibrate
 
     cap, trials = calibrate(opts)
     for t in trials:
-        print(f"capacity {t['capacity_pps']:>5} pps: " + ("valid" if t["valid"] else "invalid: " + "; ".join(t["reasons"])),
-              file=sys.stderr)
+        verdict = "valid" if t["valid"] else "invalid: " + "; ".join(t["reasons"])
+        print(f"capacity {t['capacity_pps']:>5} pps: {verdict}", file=sys.stderr)
     if cap is None:
         raise DlcpUserError("no capacity tried gives valid runs on this machine (see the reasons above); "
                             "try fewer workers or --cross-traffic off")
@@ -83,14 +76,14 @@ def _calibrated(opts) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    _calibrated(_run_options(args))
+    _calibrated(run_options(args))
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from topologies.sweep import check_values, sweep
 
-    opts = _run_options(args)
+    opts = run_options(args)
     values = [v.strip() for v in args.values.split(",") if v.strip()]
     check_values(opts, args.param, values)  # every value, before calibration starts switches
     if args.capacity == "auto":
@@ -133,7 +126,7 @@ def _policy_file(path: str) -> Policy:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _checked(field: str, kind: type = int):
+def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
     """The parse-time check of a :class:`RunOptions` field's option, from its one range."""
     from topologies.runner import RANGES
 
@@ -197,11 +190,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlcp", description="DLCP: demo, policy, wire format, and experiments "
-                                     "on a Mininet testbed of BMv2 switches.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_host_commands(sub)
+def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add run, sweep, calibrate and converge to ``dlcp``'s sub-commands."""
     p = sub.add_parser("run", help="run an experiment on a Mininet testbed of BMv2 switches (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_run)
@@ -222,20 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_converge_arguments(p)
     p.set_defaults(func=cmd_converge)
-    p = sub.add_parser("sim", help="the same schemes on an ns-3 leaf-spine at data-centre scale "
-                       "(needs pip install -e '.[sim]')")
-    from dlcp_sim.cli import add_sim_arguments, cmd_sim
 
-    add_sim_arguments(p)
-    p.set_defaults(func=cmd_sim)
+
+def add_clean_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add clean to ``dlcp``'s sub-commands (listed last in ``--help``, after the simulator's)."""
     p = sub.add_parser("clean", help="remove leftovers of a crashed run (processes, namespaces, links)")
     p.set_defaults(func=cmd_clean)
-    return finish_parser(parser, GLOBAL_OPTIONS)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(build_parser(), argv, "dlcp")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -53,7 +53,7 @@ _H = wire.HEADER_SIZE
 #: header byte is the same in all of them, which is what lets a batch be checked as one run.
 _PER_PACKET_FIELDS = ("flags", "priority", "drop_class", "layer", "seq", "elem_offset")
 _RUN_CONSTANT_BYTES = np.concatenate([
-    np.arange(off, off + dt.itemsize) for name, (dt, off) in wire.HEADER_DTYPE.fields.items()
+    np.arange(off, off + wire.FIELD_DTYPE[name].itemsize) for name, off in wire.FIELD_OFFSET.items()
     if name not in _PER_PACKET_FIELDS])
 _RETX = int(wire.Flags.RETX)
 _DATA = int(wire.PacketType.DATA)

@@ -147,7 +147,9 @@ HEADER_STRUCT = _STRUCT
 #: Position of each field in a ``HEADER_STRUCT.unpack`` tuple.
 FIELD_INDEX: dict[str, int] = {f.name: i for i, f in enumerate(FIELDS)}
 #: Byte offset of each field in the header (for hot paths that read one field of many rows).
-FIELD_OFFSET: dict[str, int] = {name: off for name, (_, off) in HEADER_DTYPE.fields.items()}
+FIELD_OFFSET: dict[str, int] = {name: spec[1] for name, spec in (HEADER_DTYPE.fields or {}).items()}
+#: Numpy type of each field (its ``itemsize`` is the field's width in bytes).
+FIELD_DTYPE: dict[str, np.dtype] = {name: spec[0] for name, spec in (HEADER_DTYPE.fields or {}).items()}
 
 #: Largest value each field can hold.
 FIELD_MAX: dict[str, int] = {f.name: (1 << f.bits) - 1 for f in FIELDS}
@@ -242,9 +244,9 @@ def encode_headers(n: int, **fields: Any) -> np.ndarray:
 
     Example: ``encode_headers(3, ptype=1, seq=np.arange(3)).tobytes()``
     """
-    unknown = set(fields) - set(HEADER_DTYPE.names)
+    unknown = set(fields) - set(FIELD_INDEX)
     if unknown:
-        raise ValueError(f"unknown header fields {sorted(unknown)}; known: {list(HEADER_DTYPE.names)}")
+        raise ValueError(f"unknown header fields {sorted(unknown)}; known: {list(FIELD_INDEX)}")
     out = np.zeros(n, dtype=HEADER_DTYPE)
     out["version"] = VERSION
     for name, value in fields.items():

@@ -55,7 +55,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
     pol, loss, meter = config.policy, config.loss, DrainMeter()
     return {
         "header_size": wire.HEADER_SIZE,
-        "header_fields": {name: (off, dt.itemsize) for name, (dt, off) in wire.HEADER_DTYPE.fields.items()},
+        "header_fields": {name: (off, wire.FIELD_DTYPE[name].itemsize) for name, off in wire.FIELD_OFFSET.items()},
         "version": wire.VERSION, "data_ptype": int(wire.PacketType.DATA),
         "credit_ptype": int(wire.PacketType.CREDIT), "initial_window": initial_window(config),
         "credit_timeout": CREDIT_TIMEOUT,

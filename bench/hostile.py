@@ -38,8 +38,8 @@ from hostagent import auth, wire  # noqa: E402
 from hostagent.packetizer import elems_per_packet  # noqa: E402
 from hostagent.policy import Policy  # noqa: E402
 from hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
-from tests.conftest import free_port_pairs  # noqa: E402
-from tests.transport import rogue  # noqa: E402
+from bench import rogue  # noqa: E402
+from hostagent.loopback import free_port_pairs  # noqa: E402
 
 EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)

@@ -4,26 +4,11 @@ from __future__ import annotations
 
 import os as _os
 import shutil as _shutil
-import socket
 
 import pytest
 
+from hostagent.loopback import free_port_pairs
 from hostagent.transport import Endpoint, Peer, TransportConfig
-
-
-def free_port_pairs(n: int) -> list[tuple[int, int]]:
-    """``n`` (udp, tcp) port pairs free on 127.0.0.1 right now."""
-    socks, pairs = [], []
-    for _ in range(n):
-        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        u.bind(("127.0.0.1", 0))
-        t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        t.bind(("127.0.0.1", 0))
-        socks += [u, t]
-        pairs.append((u.getsockname()[1], t.getsockname()[1]))
-    for s in socks:
-        s.close()
-    return pairs
 
 
 def loopback_peers(n: int) -> tuple[Peer, ...]:

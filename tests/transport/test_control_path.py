@@ -215,7 +215,7 @@ def test_a_peer_that_stops_reading_costs_only_its_own_messages(datapath):
     from hostagent.messages import PeerFailed, PeerUnreachable
     from hostagent.transport import Endpoint, TransportConfig
     from tests.conftest import loopback_peers
-    from tests.transport import rogue
+    from bench import rogue
 
     peers = loopback_peers(3)
     mute = socket.socket()

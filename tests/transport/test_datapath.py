@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from bench import rogue
 from hostagent import auth, wire
 from hostagent.datapath import native_available
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
@@ -17,7 +18,6 @@ from hostagent.policy import Policy, drop_classes, packet_magnitudes
 from hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
 from hostagent.reassembly import REASONS
 from hostagent.transport_config import TransportConfig, local_peers
-from tests.transport import rogue
 
 PER = elems_per_packet(1500, np.float32)
 KEY1 = bytes(range(16))  # the receiver's key for sender 1 (authenticated); sender 2 has none

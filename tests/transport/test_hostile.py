@@ -15,13 +15,13 @@ import time
 import numpy as np
 import pytest
 
+from bench import rogue
 from hostagent import auth, control_path, wire
 from hostagent.messages import Expect, PeerUnreachable
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import Policy
+from hostagent.loopback import free_port_pairs
 from hostagent.transport import Endpoint, Peer, TransportConfig
-from tests.conftest import free_port_pairs
-from tests.transport import rogue
 
 SECRET = auth.new_secret()
 PER = elems_per_packet(1500, np.float32)

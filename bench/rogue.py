@@ -3,7 +3,8 @@
 It speaks the handshake of :mod:`hostagent.auth` step by step, with whatever secret (or none)
 the test gives it, so a test can stop anywhere: never answer, answer wrongly, complete the
 handshake and then stop reading, or claim a rank it is not. :func:`hostile_datagrams` makes
-data packets of every hostile kind. (``bench/hostile.py`` uses both.)
+data packets of every hostile kind. ``bench/hostile.py`` and the transport's tests use both, so it
+lives with the benchmark, above every layer it attacks.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 
 from hostagent.errors import DlcpUserError
 
@@ -136,7 +137,7 @@ class SimpleSwitchThrift:
         self.host, self.port, self.timeout, self.netns = host, port, timeout, netns
         self._seq = 0
 
-    def _call(self, method: str, args: list[tuple[int, int, object]], service: str = _SERVICE):
+    def _call(self, method: str, args: Sequence[tuple[int, int, object]], service: str = _SERVICE):
         """Call ``method`` with (thrift type, field id, value) args; returns its result (an i32
         status, or a list of i64)."""
         self._seq += 1

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 from p4.v1 import p4runtime_pb2
@@ -133,7 +134,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
     pol = load_policy(args.file) if args.file else Policy()
-    view = {
+    view: dict[str, Any] = {
         "priority_map": {p: pol.priority_map[p] for p in range(pol.num_priorities)},
         "drop_thresholds": {cls: t for cls, t in enumerate(pol.drop_thresholds, start=1)},
         "ecn_threshold": pol.ecn_threshold,

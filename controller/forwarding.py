@@ -18,6 +18,7 @@ def entries(sw: SwitchSpec, net: Network) -> list[TableEntry]:
             out.append(TableEntry("ipv4_lpm", match, "set_ecmp_group", {"group_id": r.group}))
         else:
             nh = r.nexthop
+            assert nh is not None, "a route has a group or a next hop (load_network checks)"
             out.append(TableEntry("ipv4_lpm", match, "set_nexthop",
                                   {"port": nh.port, "smac": sw.ports[nh.port].mac, "dmac": nh.dmac}))
     return out

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import yaml
@@ -136,7 +137,7 @@ class Network:
         return self.switches[name]
 
 
-def _keys(where: str, data: Any, allowed: set[str], required: set[str] = frozenset()) -> Mapping:
+def _keys(where: str, data: Any, allowed: AbstractSet[str], required: AbstractSet[str] = frozenset()) -> Mapping:
     if not isinstance(data, Mapping):
         raise NetworkError(f"{where}: expected a mapping, got {type(data).__name__}")
     unknown = set(data) - allowed

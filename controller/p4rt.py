@@ -160,6 +160,13 @@ class SwitchConnection:
             self._reader.join(timeout=2)
             self._reader = None
 
+    @property
+    def _rpc(self) -> p4runtime_pb2_grpc.P4RuntimeStub:
+        """The P4Runtime stub of the open connection."""
+        if self._stub is None:
+            raise P4RuntimeError(f"switch {self.name} ({self.address}): not connected")
+        return self._stub
+
     # --- pipeline ---------------------------------------------------------------------
     def pipeline_cookie(self) -> int | None:
         """Cookie of the installed pipeline, or None when the device has none."""
@@ -167,7 +174,7 @@ class SwitchConnection:
             device_id=self.device_id,
             response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
         try:
-            resp = self._stub.GetForwardingPipelineConfig(req, timeout=self.timeout)
+            resp = self._rpc.GetForwardingPipelineConfig(req, timeout=self.timeout)
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 return None
@@ -184,7 +191,7 @@ class SwitchConnection:
                 p4info=pipeline.p4info, p4_device_config=pipeline.device_config,
                 cookie=p4runtime_pb2.ForwardingPipelineConfig.Cookie(cookie=pipeline.cookie)))
         try:
-            self._stub.SetForwardingPipelineConfig(req, timeout=max(self.timeout, 30))
+            self._rpc.SetForwardingPipelineConfig(req, timeout=max(self.timeout, 30))
         except grpc.RpcError as exc:
             raise _translate(exc, f"switch {self.name}: pushing the pipeline") from None
 
@@ -195,7 +202,7 @@ class SwitchConnection:
             req = p4runtime_pb2.WriteRequest(device_id=self.device_id, election_id=self.election_id,
                                              updates=updates[start : start + WRITE_BATCH])
             try:
-                self._stub.Write(req, timeout=max(self.timeout, 30))
+                self._rpc.Write(req, timeout=max(self.timeout, 30))
             except grpc.RpcError as exc:
                 raise _translate(exc, f"switch {self.name}: write of updates {start}.."
                                       f"{min(len(updates), start + WRITE_BATCH) - 1}") from None
@@ -204,7 +211,7 @@ class SwitchConnection:
         req = p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=list(entities))
         out: list[p4runtime_pb2.Entity] = []
         try:
-            for resp in self._stub.Read(req, timeout=max(self.timeout, 30)):
+            for resp in self._rpc.Read(req, timeout=max(self.timeout, 30)):
                 out.extend(resp.entities)
         except grpc.RpcError as exc:
             raise _translate(exc, f"switch {self.name}: read") from None

@@ -22,12 +22,12 @@ from dlcp_torch.state import DLCPState
 
 def bucket_buffer(bucket: dist.GradBucket) -> torch.Tensor:
     """The bucket's flattened gradients (one contiguous tensor)."""
-    return bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    return bucket.buffer()
 
 
 def bucket_params(bucket: dist.GradBucket) -> list[torch.Tensor]:
     """The parameters whose gradients the bucket holds."""
-    return list(bucket.parameters()) if hasattr(bucket, "parameters") else list(bucket.get_model_params_for_bucket())
+    return list(bucket.parameters())
 
 
 def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -48,10 +48,9 @@ def dlcp_hook(state: DLCPState, bucket: dist.GradBucket) -> torch.futures.Future
     if buf.device.type != "cpu" or buf.dtype != torch.float32:
         raise TypeError(f"dlcp_hook handles CPU float32 buckets; got {buf.dtype} on {buf.device}")
     params = bucket_params(bucket)
-    layout = state.layout_of(params)
     grad = buf.detach().numpy()
-    if layout.total != grad.size:  # a layout DDP did not promise: fall back to one priority
-        layout = None
+    full = state.layout_of(params)
+    layout = full if full.total == grad.size else None  # a layout DDP did not promise: one priority
     priority, _ = state.priority_of(params)
     fut: torch.futures.Future = torch.futures.Future()
     inner = state.exchange_async(bucket.index(), grad, priority, layout=layout)

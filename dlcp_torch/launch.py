@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -192,16 +193,17 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
         raise ValueError(f"{len(all_peers)} peer addresses for {world} workers"
                          f"{' and a server' if with_server else ''}: expected {expected}")
     policy = policy or Policy()
-    base = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
+    base: dict[str, Any] = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
                 connect_timeout=connect_timeout, rate=rate or RateConfig(), offload=offload, secret=key)
     server_rank = world if with_server else None
-    server_ep, server = None, ()
+    server_ep: Endpoint | None = None
+    server: tuple = ()
     if with_server and colocated_server and rank == 0:
         server_ep = Endpoint(TransportConfig(rank=world, loss=server_loss or LossInjection(), **base)).start(
             held.get(world))
         server = start_server(server_ep, list(range(world)), policy)
     ep = Endpoint(TransportConfig(rank=rank, loss=loss or LossInjection(), **base)).start(held.get(rank))
-    ep.connect([server_rank] if with_server else [(rank + 1) % world] if world > 1 else [])
+    ep.connect([world] if with_server else [(rank + 1) % world] if world > 1 else [])
     state = DLCPState(ep, pattern, workers=list(range(world)), server_rank=server_rank, model=model, policy=policy,
                       error_feedback=error_feedback)
     return DLCPSession(state, ep, server_ep, server)

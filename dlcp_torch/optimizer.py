@@ -60,6 +60,7 @@ class DistributedOptimizer:
         if self._packer is None:
             self._packer = self._plan()
         self._seen.add(key)
+        assert p.grad is not None  # the hook runs once the gradient is accumulated
         for bucket, flat in self._packer.add(key, p.grad.detach().reshape(-1).numpy()):
             fut = self.state.exchange_async(bucket.index, flat, bucket.layout.top_priority, iteration=self._step,
                                             layout=bucket.layout)
@@ -72,17 +73,22 @@ class DistributedOptimizer:
 
     def synchronize(self) -> None:
         """Wait for every exchange of this step and put the averages into ``.grad``."""
-        timeout = self.state.endpoint.config.message_deadline
+        ep = self.state.endpoint
+        if ep is None:
+            raise RuntimeError("DistributedOptimizer: its DLCPState has no endpoint (attach one first)")
+        timeout = ep.config.message_deadline
         try:
             if self._packer is not None and len(self._seen) != len(self._params):
                 missing = len(self._params) - len(self._seen)
                 raise RuntimeError(f"DistributedOptimizer: {missing} parameter(s) got no gradient this step; "
                                    f"their buckets cannot be exchanged (every parameter must take part)")
             for bucket, fut in self._pending:
+                assert self._packer is not None  # it planned the buckets pending
                 avg = np.asarray(fut.result(timeout=timeout))
                 with torch.no_grad():
                     for key, view in self._packer.unpack(bucket, avg).items():
                         g = self._params[key].grad
+                        assert g is not None  # every parameter took part (checked above)
                         g.copy_(torch.from_numpy(view).reshape(g.shape))
         finally:
             self._pending.clear()

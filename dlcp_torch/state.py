@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hostagent.exchange import PSServer, PSWorker, RingAllreduce, lost_elements, message_id
+from hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
@@ -108,7 +108,9 @@ class DLCPState:
         """(Re)connect the state to a started endpoint (after unpickling, for instance)."""
         self.endpoint = endpoint
         timeout = self.timeout
+        self._exchanger: PSWorker | RingAllreduce
         if self.pattern == "ps":
+            assert self.server_rank is not None  # __init__ checks it
             self._exchanger = PSWorker(endpoint, self.server_rank, self.policy, timeout)
         else:
             self._exchanger = RingAllreduce(endpoint, self.workers, self.policy, timeout)
@@ -185,7 +187,7 @@ class DLCPState:
         """Tell the parameter server now what this iteration will push (one control frame for all
         buckets); each is then started with ``exchange_async(..., announced=True)``. A ring needs
         no announcement (every member knows every chunk's size), so this does nothing there."""
-        if self.pattern == "ps":
+        if isinstance(self._exchanger, PSWorker):
             self._exchanger.announce(iteration, [lay.total for lay in layouts], list(keys), list(layouts))
 
     def exchange_async(self, key: int, grad: np.ndarray, priority: int, iteration: int | None = None,
@@ -212,7 +214,7 @@ class DLCPState:
     def _exchange(self, iteration: int, key: int, grad: np.ndarray, priority: int,
                   layout: Layout | None = None, announced: bool = False) -> np.ndarray:
         t0 = time.monotonic()
-        if self.pattern == "ps":
+        if isinstance(self._exchanger, PSWorker):
             (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority], [layout],
                                                              announced=announced)
             idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
@@ -237,6 +239,8 @@ class DLCPState:
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
         """Make every worker's ``tensors`` equal to the first worker's (reliable, p = 0)."""
         ep = self.endpoint
+        if ep is None:
+            raise RuntimeError("DLCPState has no endpoint: call attach(endpoint) first")
         root = self.workers[0]
         deadline = ep.config.message_deadline
         if ep.rank == root:
@@ -254,7 +258,7 @@ class DLCPState:
 
 
 def start_server(endpoint: Endpoint, workers: Sequence[int], policy: Policy | None = None,
-                 missing: str = "zero") -> tuple[threading.Thread, threading.Event]:
+                 missing: Missing = "zero") -> tuple[threading.Thread, threading.Event]:
     """Run a parameter server on ``endpoint`` in a thread (beside a worker, or alone).
 
     Returns the thread and the event that stops it. The server serves whatever the workers

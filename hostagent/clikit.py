@@ -85,15 +85,15 @@ def package_version() -> str:
         return metadata.version("dlcp")
     except metadata.PackageNotFoundError:
         pass
-    if sys.version_info < (3, 11):  # tomllib is 3.11's
-        return "unknown (not installed)"
-    import tomllib
+    if sys.version_info >= (3, 11):  # tomllib is 3.11's
+        import tomllib
 
-    try:
-        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
-            return f"{tomllib.load(f)['project']['version']} (source tree, not installed)"
-    except (OSError, KeyError, ValueError):
-        return "unknown (not installed)"
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return f"{tomllib.load(f)['project']['version']} (source tree, not installed)"
+        except (OSError, KeyError, ValueError):
+            pass
+    return "unknown (not installed)"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

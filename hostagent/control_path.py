@@ -16,12 +16,20 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import threading
 import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.messages import PeerUnreachable, TransportClosed, TransportError
 from hostagent.protocol.core import IDLE_TICK
+
+if TYPE_CHECKING:
+    from hostagent.policy import Policy
+    from hostagent.protocol.core import ProtocolCore
+    from hostagent.transport_config import Peer, TransportConfig
 
 log = logging.getLogger("hostagent.transport")
 
@@ -41,6 +49,43 @@ class _Rejected(Exception):
 class ControlPath:
     """The ``ctl`` thread's methods and the connections, mixed into
     :class:`~hostagent.transport.Endpoint` (whose ``__init__`` creates the state they share)."""
+
+    # The state these methods share with Endpoint, which creates it (declared for type checkers).
+    config: TransportConfig
+    rank: int
+    me: Peer
+    policy: Policy
+    core: ProtocolCore | None
+    dp: Any
+    _lock: threading.RLock
+    _running: bool
+    _conns: dict[int, ControlConn]
+    _all_conns: list[ControlConn]
+    _dialing: dict[int, ControlConn]
+    _allowed_ips: dict[int, set[str]]
+    ctl_stats: Counter
+    ctl_records_received: Counter
+    ctl_rejected: Counter
+    _listener: socket.socket | None
+    _sel: selectors.BaseSelector | None
+    _wake_r: socket.socket
+
+    def _wake(self) -> None:
+        raise NotImplementedError  # Endpoint's
+
+    @property
+    def _core(self) -> ProtocolCore:
+        """The protocol core; :meth:`Endpoint.start` creates it before any connection or the ctl thread."""
+        if self.core is None:
+            raise TransportError(f"endpoint rank {self.rank} is not started")
+        return self.core
+
+    @property
+    def _selector(self) -> selectors.BaseSelector:
+        """The ctl thread's selector, which :meth:`Endpoint.start` creates with the core."""
+        if self._sel is None:
+            raise TransportError(f"endpoint rank {self.rank} is not started")
+        return self._sel
 
     def connect(self, ranks: list[int] | None = None, timeout: float | None = None) -> None:
         """Open control connections to ``ranks`` (default: every peer), retrying until ``timeout``.
@@ -99,7 +144,7 @@ class ControlPath:
             with self._lock:
                 self._dialing[rank] = conn
                 self._all_conns.append(conn)
-                self._sel.register(s, selectors.EVENT_READ, conn)
+                self._selector.register(s, selectors.EVENT_READ, conn)
             self._send_hello(conn, auth.STEP_HELLO, nonce=conn.nonce_i)
             self._wake()
             conn.settled.wait(max(0.0, deadline - time.monotonic()))
@@ -109,7 +154,7 @@ class ControlPath:
             if conn.authenticated:
                 # Tell the peer at once what we can drain, so its first data is no faster.
                 with self._lock:
-                    record = self.core.hello_feedback(time.monotonic())
+                    record = self._core.hello_feedback(time.monotonic())
                 self.ctl_stats["frames_sent"] += 1
                 conn.send(wire.FRAME_PREFIX.pack(len(record)) + record)
                 with self._lock:
@@ -132,7 +177,7 @@ class ControlPath:
         peer without a connection wait in the core's outbox.
         """
         with self._lock:
-            if not self.core.outbox.get(rank):
+            if not self._core.outbox.get(rank):
                 return
             has_conn = rank in self._conns
         if not connect and not has_conn:
@@ -143,12 +188,12 @@ class ControlPath:
             return  # closing: in-flight handles are failed by close()
         except TransportError as exc:
             with self._lock:
-                self.core.outbox.pop(rank, None)
+                self._core.outbox.pop(rank, None)
             self._peer_failed(rank, str(exc))
             return
         with conn.wlock:
             with self._lock:
-                records = self.core.take_records(rank, time.monotonic())
+                records = self._core.take_records(rank, time.monotonic())
             if not records:
                 return
             frame = wire.pack_records(records, self.config.job_id, self.rank)
@@ -164,7 +209,7 @@ class ControlPath:
 
     def _flush_all(self, connect: bool = True) -> None:
         with self._lock:
-            ranks = self.core.ranks_with_records()
+            ranks = self._core.ranks_with_records()
         for rank in ranks:
             self._flush(rank, connect)
 
@@ -178,7 +223,7 @@ class ControlPath:
         while self._running:
             timeout = max(0.0, next_timer - time.monotonic())
             try:
-                events = self._sel.select(timeout)
+                events = self._selector.select(timeout)
             except (OSError, ValueError):
                 if not self._running:
                     return
@@ -201,8 +246,8 @@ class ControlPath:
                     self._read(key.data)
             if events:
                 next_timer = 0.0  # something came: its answers and deadlines are worked out now
-            for conn in [c for c in self._all_conns if c.error]:
-                self._drop_conn(conn, conn.error)
+            for conn, error in [(c, c.error) for c in self._all_conns if c.error]:
+                self._drop_conn(conn, error)
             now = time.monotonic()
             for conn in [c for c in self._all_conns if not c.authenticated and not c.initiator
                          and now - c.opened_at > self.config.connect_timeout]:
@@ -210,7 +255,7 @@ class ControlPath:
             if now >= next_timer:
                 try:
                     with self._lock:
-                        delay = self.core.handle_timer(now)
+                        delay = self._core.handle_timer(now)
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
                     delay = IDLE_TICK
@@ -221,9 +266,11 @@ class ControlPath:
         events = self.dp.take_events()
         if events:
             with self._lock:
-                self.core.on_events(events, time.monotonic())
+                self._core.on_events(events, time.monotonic())
 
     def _accept(self) -> None:
+        if self._listener is None:  # closed
+            return
         try:
             s, addr = self._listener.accept()
         except OSError:
@@ -243,7 +290,7 @@ class ControlPath:
         if len(pending) >= MAX_PENDING_HANDSHAKES:  # a flood of connections: the oldest go first
             pending[0].fail("too many connections awaiting a handshake")
             self.ctl_rejected["too_many_pending"] += 1
-        self._sel.register(s, selectors.EVENT_READ, conn)
+        self._selector.register(s, selectors.EVENT_READ, conn)
 
     def _read(self, conn: ControlConn) -> None:
         try:
@@ -297,7 +344,7 @@ class ControlPath:
                     continue
                 try:
                     with self._lock:
-                        self.core.on_record(header, body, time.monotonic())
+                        self._core.on_record(header, body, time.monotonic())
                 except Exception:  # a bad frame must not kill the control thread
                     log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
                                   header.sender_rank)
@@ -334,8 +381,8 @@ class ControlPath:
                     raise _Rejected("bad_proof", f"claimed rank {rank} without proving the job secret")
                 conn.step = auth.STEP_KEY
                 with self._lock:  # before our key leaves: the peer's data may follow it at once
-                    self.core.peer_authenticated(rank, key)
-                    rx_key = self.core.rx_key(rank)
+                    self._core.peer_authenticated(rank, key)
+                    rx_key = self._core.rx_key(rank)
                 self._send_hello(conn, auth.STEP_KEY, key=rx_key)
                 self._authenticated(conn)  # after: no record of ours may overtake the key
             else:
@@ -347,13 +394,13 @@ class ControlPath:
                 raise _Rejected("bad_proof", "did not prove the job secret (is the secret the same on every rank?)")
             conn.nonce_a, conn.step = nonce, auth.STEP_RESPONSE
             with self._lock:
-                rx_key = self.core.rx_key(rank)
+                rx_key = self._core.rx_key(rank)
             self._send_hello(conn, auth.STEP_RESPONSE, key=rx_key,
                              proof=auth.proof(cfg.secret, "initiate", cfg.job_id, self.rank, rank, conn.nonce_i,
                                               conn.nonce_a))
         elif step == auth.STEP_KEY and conn.step == auth.STEP_RESPONSE:
             with self._lock:
-                self.core.peer_authenticated(rank, key)
+                self._core.peer_authenticated(rank, key)
             self._authenticated(conn)
         else:
             raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
@@ -370,6 +417,7 @@ class ControlPath:
     def _authenticated(self, conn: ControlConn) -> None:
         """The handshake on ``conn`` succeeded: it may carry records; the first such for a rank
         is the one the endpoint uses (and whose loss fails the rank's messages)."""
+        assert conn.rank is not None, "a connection authenticates after its hello names its rank"
         conn.authenticated = True
         with self._lock:
             self._conns.setdefault(conn.rank, conn)
@@ -388,7 +436,7 @@ class ControlPath:
             if allowed is None:
                 host = self.config.peer(r).host
                 try:
-                    allowed = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
+                    allowed = {str(ai[4][0]) for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
                 except OSError:
                     allowed = {host}
                 self._allowed_ips[r] = allowed
@@ -407,7 +455,7 @@ class ControlPath:
     def _drop_conn(self, conn: ControlConn, why: str) -> None:
         conn.fail(why)
         try:
-            self._sel.unregister(conn.sock)
+            self._selector.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         conn.finish(timeout=0)  # its writer stops; the close below ends a send in progress
@@ -415,24 +463,27 @@ class ControlPath:
         with self._lock:
             if conn in self._all_conns:
                 self._all_conns.remove(conn)
-            primary = conn.rank is not None and self._conns.get(conn.rank) is conn
-            if primary:
-                del self._conns[conn.rank]
+            rank = conn.rank
+            primary = rank is not None and self._conns.get(rank) is conn
+            if primary and rank is not None:
+                del self._conns[rank]
         # Only the connection the endpoint uses for a rank speaks for it: another one (a stale
         # duplicate, or one that never authenticated) closing must not fail the peer's messages.
+        if rank is None:
+            return
         if primary and self._running:
-            self._peer_failed(conn.rank, why)
-        elif conn.rank is not None and conn.authenticated:
-            log.info("rank %d: a second control connection with rank %d %s", self.rank, conn.rank, why)
+            self._peer_failed(rank, why)
+        elif conn.authenticated:
+            log.info("rank %d: a second control connection with rank %d %s", self.rank, rank, why)
 
     def _peer_failed(self, rank: int, why: str) -> None:
         with self._lock:
-            in_flight = self.core.peer_failed(rank, why)
+            in_flight = self._core.peer_failed(rank, why)
             self._conns.pop(rank, None)
             # Another authenticated connection with the rank (the peer reconnected) takes over.
             spare = [c for c in self._all_conns if c.rank == rank and c.authenticated and not c.error]
             if spare:
                 self._conns[rank] = spare[-1]
             else:
-                self.core.peer_lost(rank)
+                self._core.peer_lost(rank)
         (log.warning if in_flight else log.info)("rank %d: peer rank %d %s", self.rank, rank, why)

@@ -36,7 +36,7 @@ def real_gradient(seed: int = 0) -> tuple[np.ndarray, str]:
     x = torch.randn(64, 784)
     y = torch.randint(0, 10, (64,))
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     params = sum(p.numel() for p in model.parameters())
     return grad.numpy().astype(np.float32), f"MLP 784-512-256-10 ({params:,} parameters), one batch of 64"
 

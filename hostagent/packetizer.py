@@ -99,11 +99,11 @@ class PacketBatch:
     def payload_of(self, i: int) -> memoryview:
         """Payload bytes of packet ``i`` (a view, no copy)."""
         start = i * self.elems_per_packet
-        return memoryview(self.payload[start : start + self.elems_per_packet]).cast("B")
+        return self.payload[start : start + self.elems_per_packet].data.cast("B")
 
     def buffers(self, i: int) -> tuple[memoryview, memoryview]:
         """(header, payload) of packet ``i``, ready for ``socket.sendmsg``."""
-        return memoryview(self.headers[i : i + 1].view(np.uint8)), self.payload_of(i)
+        return self.headers[i : i + 1].view(np.uint8).data, self.payload_of(i)
 
     def datagram(self, i: int) -> bytes:
         """Packet ``i`` as one bytes object (header + payload)."""

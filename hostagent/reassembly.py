@@ -202,7 +202,8 @@ class Assembly:
             words = slots[:, :_H].view(np.uint32)
             if _nz((words ^ words[0]) & _RUN_CONSTANT_MASK):
                 return False
-            if self._seq_words is None:  # seq and elem_offset of every full packet, as on the wire
+            # seq and elem_offset of every full packet, as on the wire
+            if self._seq_words is None or self._offset_words is None:
                 seqs = np.arange(self.n_full, dtype=np.uint64)
                 self._seq_words = seqs.astype(">u4").view(np.uint32)
                 self._offset_words = (seqs * per).astype(">u4").view(np.uint32)

@@ -29,7 +29,7 @@ def _field(f: wire.Field):
     if f.name == "dtype":
         return ByteEnumField("dtype", 0, {t.value: t.name for t in wire.Dtype})
     if f.name == "flags":
-        return FlagsField("flags", 0, 8, [fl.name for fl in sorted(wire.Flags, key=int) if fl.value][:8])
+        return FlagsField("flags", 0, 8, [str(fl.name) for fl in sorted(wire.Flags, key=int) if fl.value][:8])
     return _BY_WIDTH[f.bits](f.name, default)
 
 

@@ -231,11 +231,11 @@ class DatagramSender:
             for h, p in buffers[start:stop]:
                 iov.append(h)
                 iov.append(p)
-            b = self._gso_call(iov, seg, stop - start)
-            if b is None:  # refused: resend this call's datagrams one by one
+            gso_bytes = self._gso_call(iov, seg, stop - start)
+            if gso_bytes is None:  # refused: resend this call's datagrams one by one
                 d, b = self._send_each(buffers, start, stop)
             else:
-                d = stop - start
+                d, b = stop - start, gso_bytes
             sent += d
             nbytes += b
         return sent, nbytes
@@ -274,7 +274,7 @@ class DatagramSender:
         if n == 0:
             return 0, 0
         per_call = max(1, min(self.max_segments, self.max_bytes // max(1, seg)))
-        flat = memoryview(rows.reshape(-1))
+        flat = rows.reshape(-1).data
         sent = nbytes = 0
         start = 0
         while start < n:

@@ -17,6 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,17 +84,18 @@ def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
     drop = (0.0,) + (cfg.loss,) * (policy.num_drop_classes - 1)  # droppable classes only
     server_loss = LossInjection(drop_probabilities=drop, seed=base + 1) if cfg.loss > 0 else None
     worker_loss = LossInjection(drop_probabilities=drop, seed=base + 2 + rank) if cfg.loss > 0 else None
+    ddp: torch.nn.parallel.DistributedDataParallel | None = None
     if cfg.mode == "ddp":
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        net = model
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+    net: torch.nn.Module = ddp if ddp is not None else model
     session = dlcp_torch.init(cfg.pattern, rank=rank, world_size=world, model=model, policy=policy,  # DLCP
                               loss=worker_loss, server_loss=server_loss, error_feedback=cfg.error_feedback,
                               mtu=cfg.mtu)
     inner, schedule = workload.make_optimizer(model.parameters(), cfg.lr, cfg.steps)
-    if cfg.mode == "ddp":
-        net.register_comm_hook(session.state, dlcp_torch.dlcp_hook)  # DLCP
+    opt: torch.optim.Optimizer | dlcp_torch.DistributedOptimizer
+    if ddp is not None:
+        ddp.register_comm_hook(session.state, dlcp_torch.dlcp_hook)  # DLCP
         opt = inner
     else:
         opt = dlcp_torch.DistributedOptimizer(inner, model, session.state)  # DLCP
@@ -123,7 +125,7 @@ def train(cfg: TrainConfig, workload: Workload, rank: int, world: int) -> dict:
         if tracing:
             trace.append((train_s, cfg.steps, acc))
         stats = session.state.stats
-        res = {"rank": rank, "accuracy": acc, "wall": time.monotonic() - t0, "train_s": train_s,
+        res: dict[str, Any] = {"rank": rank, "accuracy": acc, "wall": time.monotonic() - t0, "train_s": train_s,
                "sync_ms_p50": 1e3 * statistics.median(stats.sync_times),
                "sync_ms_p99": 1e3 * float(np.percentile(stats.sync_times, 99)),
                "step_ms_p50": 1e3 * statistics.median(step_times),
@@ -195,7 +197,7 @@ def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
 def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None) -> list[dict]:
     """Lossless, loss with a reliable push (p = 0), bounded loss, and bounded loss with error
     feedback, one after the other, printed as a table."""
-    configs = [("lossless, p = 0", dict(loss=0.0, bound=0.0, error_feedback=False)),
+    configs: list[tuple[str, dict[str, Any]]] = [("lossless, p = 0", dict(loss=0.0, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = 0 (reliable)", dict(loss=cfg.loss, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}", dict(loss=cfg.loss, bound=cfg.bound, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}, EF", dict(loss=cfg.loss, bound=cfg.bound,

@@ -57,7 +57,7 @@ test: setup
 
 # ruff and mypy read their settings (rules, files, third-party modules without types) from pyproject.toml
 check: setup
-	$(VENV)/bin/ruff check hostagent controller dlcp_torch topologies dlcp_sim examples bench tests
+	$(VENV)/bin/ruff check hostagent controller dlcp_torch topologies dlcp_sim dlcp examples bench tests
 	$(VENV)/bin/mypy
 
 test-unit: setup

@@ -53,8 +53,8 @@ def find_ns3() -> Ns3Install:
         raise SimUnavailable("dlcp sim needs ns-3: pip install -e '.[sim]' (the ns3 package, about 520 MB)")
     root = Path(next(iter(spec.submodule_search_locations)))
     include = root / "include"
-    lib = next((root / d for d in ("lib64", "lib") if (root / d / "").is_dir() and any((root / d).glob("libns3*-core.so"))),
-               None)
+    lib = next((root / d for d in ("lib64", "lib")
+                if (root / d / "").is_dir() and any((root / d).glob("libns3*-core.so"))), None)
     if not (include / "ns3" / "core-module.h").is_file() or lib is None:
         raise SimUnavailable(f"the ns3 package at {root} has no headers or libraries (include/ns3, lib64)")
     cores = sorted(lib.glob("libns3*-core.so"))

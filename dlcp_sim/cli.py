@@ -6,8 +6,8 @@ import argparse
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.clikit import number

@@ -210,7 +210,8 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
                             f"in {result.simulated_s:.3f} simulated s; a message never completed")
     flows = len(background_flows(opts))
     if len(result.flows) != flows:
-        stuck = ", ".join(f"flow {i}: {sent}/{size} B queued, {got} received" for i, size, sent, got in result.unfinished[:5])
+        stuck = ", ".join(f"flow {i}: {sent}/{size} B queued, {got} received"
+                          for i, size, sent, got in result.unfinished[:5])
         raise DlcpUserError(f"scheme {scheme}: {len(result.flows)} of {flows} background flows completed in "
                             f"{result.simulated_s:.3f} simulated s ({stuck})")
     result.bound_s = line_rate_bound(opts, scheme)
@@ -283,8 +284,8 @@ def table(results: dict[str, list[SchemeResult]]) -> str:
     """A plain-text comparison: medians over seeds [95 % interval], and per-seed means of the rest."""
     stats = summary(results)
     header = (f"{'scheme':<9} {'sync p50 ms':>24} {'sync p99 ms':>24} {'p50/bound':>9} {'speedup p50':>20} "
-              f"{'speedup p99':>20} {'tail drops':>10} {'selective':>9} {'retx':>7} {'dups':>6} {'late':>7} {'missing %':>9} "
-              f"{'events/s':>9}")
+              f"{'speedup p99':>20} {'tail drops':>10} {'selective':>9} {'retx':>7} {'dups':>6} {'late':>7} "
+              f"{'missing %':>9} {'events/s':>9}")
     rows = [header]
     for scheme, runs in results.items():
         sums = [r.summary() for r in runs]

@@ -69,7 +69,7 @@ RANGES: dict[str, Range] = {
 SIM_ONLY_SCHEMES = {"tcp": "baseline"}
 
 
-def sim_policy(scheme: str, opts: "SimOptions") -> Policy:
+def sim_policy(scheme: str, opts: SimOptions) -> Policy:
     """The switch and loss policy of a simulated scheme (:func:`topologies.schemes.policy_for`;
     a simulator-only scheme takes its testbed counterpart's)."""
     return policy_for(SIM_ONLY_SCHEMES.get(scheme, scheme), opts.buffer, opts.loss_bound, opts.ecn_backlog)
@@ -166,7 +166,8 @@ class SimOptions:
             raise UsageError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
         for name in ("background_tcp", "gradient_tcp"):
             if getattr(self, name) not in TCP_VARIANTS:
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: choose one of {list(TCP_VARIANTS)}")
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
+                                 f"choose one of {list(TCP_VARIANTS)}")
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
             raise UsageError(f"--control-bytes must hold a DLCP header and fit a datagram: "
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
@@ -264,13 +265,13 @@ def topology(opts: SimOptions) -> TopologyDesc:
     ``hosts_per_leaf + s + 1`` and the spine's port ``l + 1``. Every port is a bottleneck (all
     links have one rate)."""
     hpl = opts.hosts_per_leaf
-    leaves = [f"l{l + 1}" for l in range(opts.leaves)]
+    leaves = [f"l{i + 1}" for i in range(opts.leaves)]
     spines = [f"sp{s + 1}" for s in range(opts.spines)]
     hosts = tuple(HostDesc(f"h{h}", f"10.{h // hpl}.{h % hpl}.2", "", leaves[h // hpl], h % hpl + 1, "worker")
                   for h in range(opts.hosts))
-    links = tuple(LinkDesc(leaves[l], hpl + s + 1, spines[s], l + 1)
-                  for l in range(opts.leaves) for s in range(opts.spines))
-    switches = tuple([SwitchDesc(name, l + 1, tuple(range(1, hpl + opts.spines + 1))) for l, name in enumerate(leaves)]
+    links = tuple(LinkDesc(leaves[i], hpl + s + 1, spines[s], i + 1)
+                  for i in range(opts.leaves) for s in range(opts.spines))
+    switches = tuple([SwitchDesc(name, i + 1, tuple(range(1, hpl + opts.spines + 1))) for i, name in enumerate(leaves)]
                      + [SwitchDesc(name, opts.leaves + s + 1, tuple(range(1, opts.leaves + 1)))
                         for s, name in enumerate(spines)])
     ports = frozenset((sw.name, p) for sw in switches for p in sw.ports)

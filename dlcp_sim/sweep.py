@@ -72,7 +72,8 @@ def markdown(rows: list[dict], name: str) -> str:
         if r.get(key) is None:
             return "-"
         lo, hi = r.get(key + "_ci_low"), r.get(key + "_ci_high")
-        return fmt.format(r[key]) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None and r["seeds"] >= 3 else "")
+        interval = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None and r["seeds"] >= 3 else ""
+        return fmt.format(r[key]) + interval
 
     background = any(r.get("fct_avg_ms") is not None for r in rows)
     head = f"| {name} | scheme | sync p50 ms | sync p99 ms | speedup p50 | speedup p99 |"
@@ -82,8 +83,9 @@ def markdown(rows: list[dict], name: str) -> str:
         rule += "---:|---:|---:|---:|"
     lines = [head, rule]
     for r in rows:
-        line = (f"| {r['value']} | {r['scheme']} | {cell(r, 'sync_p50_ms', '{:.1f}')} | {cell(r, 'sync_p99_ms', '{:.1f}')} | "
-                f"{cell(r, 'speedup_p50', '{:.2f}')} | {cell(r, 'speedup_p99', '{:.2f}')} |")
+        line = (f"| {r['value']} | {r['scheme']} | {cell(r, 'sync_p50_ms', '{:.1f}')} | "
+                f"{cell(r, 'sync_p99_ms', '{:.1f}')} | {cell(r, 'speedup_p50', '{:.2f}')} | "
+                f"{cell(r, 'speedup_p99', '{:.2f}')} |")
         if background:
             line += (f" {cell(r, 'fct_avg_ms', '{:.2f}')} | {cell(r, 'fct_avg_ratio', '{:.2f}')} | "
                      f"{cell(r, 'small_fct_p99_ms', '{:.2f}')} | {cell(r, 'small_fct_p99_ratio', '{:.2f}')} |")

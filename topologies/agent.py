@@ -132,7 +132,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
                                 "control_bytes": _ctl_frames(ep)[1] - ctl0[1],
                                 "message_trace": message_trace(list(ep.message_log), it, t0) if not calib else [],
-                                "rate_trace": rate_trace(list(ep.rate_log), spec["mtu"], t0, end) if not calib else []}) + "\n")
+                                "rate_trace": (rate_trace(list(ep.rate_log), spec["mtu"], t0, end)
+                                               if not calib else [])}) + "\n")
             f.flush()
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()
@@ -193,7 +194,8 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
             # every worker evaluates at the same iterations, outside the timed part, so none
             # waits for another's evaluation (topologies/tta.py: time-to-accuracy)
             if eval_every and (it % eval_every == 0 or it == spec["iterations"]):
-                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval", "accuracy": accuracy(model, xte, yte)}) + "\n")
+                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval",
+                                    "accuracy": accuracy(model, xte, yte)}) + "\n")
             f.flush()
         f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final",
                             "accuracy": accuracy(model, xte, yte)}) + "\n")

@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Bmv2Switch:
             cmd = ["ip", "netns", "exec", o.netns, *cmd]
         return cmd
 
-    def start(self, timeout: float = 20.0) -> "Bmv2Switch":
+    def start(self, timeout: float = 20.0) -> Bmv2Switch:
         """Start the process and wait until its P4Runtime server accepts a connection."""
         import grpc
 

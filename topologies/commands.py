@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from hostagent.clikit import number
 from hostagent.errors import DlcpUserError

@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.lossmodel import PROBABILITY

@@ -4,7 +4,7 @@ against training time (time-to-accuracy). Matplotlib's Agg backend: no display n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from topologies.converge import Grid, Settings, Summary, config_of, mean_trace
 

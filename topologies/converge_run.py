@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hostagent.clikit import number, numbers
 from hostagent.errors import DlcpUserError
@@ -73,8 +74,9 @@ def run_one(settings: Settings, config: Config, seed: int, out: Path, timeout: f
     result = out / "logs" / f"{name}.json"
     result.unlink(missing_ok=True)  # a failed attempt's leftovers are never read as this run's
     cmd = [sys.executable, "-m", "dlcp_torch.workloads", settings.workload, "--workers", str(settings.workers),
-           "--pattern", config.pattern, "--mode", settings.mode, "--steps", str(settings.steps), "--loss", str(config.loss),
-           "--bound", str(config.bound), "--seed", str(seed), "--eval-every", str(settings.eval_every),
+           "--pattern", config.pattern, "--mode", settings.mode, "--steps", str(settings.steps),
+           "--loss", str(config.loss), "--bound", str(config.bound), "--seed", str(seed),
+           "--eval-every", str(settings.eval_every),
            "--timeout", str(timeout), "--json", str(result)] + (["--error-feedback"] if config.error_feedback else [])
     with open(out / "logs" / f"{name}.log", "w") as log:
         try:

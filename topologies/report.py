@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -146,10 +147,10 @@ def aggregate(results: dict) -> dict[str, dict]:
         runs = [r for r in every if _valid(r)] or every
         m = [r["metrics"] for r in runs]
 
-        def est(key: str) -> Estimate:
+        def est(key: str, m: list[dict] = m) -> Estimate:
             return median_ci([x.get(key, float("nan")) if x.get(key) is not None else float("nan") for x in m])
 
-        row = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
+        row: dict[str, Any] = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
                                    "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
                                    "control_frames_per_iteration", "accuracy", "straggler_spread")}
         if target is not None and any("accuracy_trace" in x for x in m):
@@ -283,8 +284,9 @@ def cross_lines(results: dict) -> list[str]:
         if c.get("udp"):
             u = c["udp"]
             rate, loss = u.get("delivered_pps"), u.get("loss")
-            parts.append(f"UDP {u['sent_pkts']} sent, " + (f"{rate:.0f} pps delivered, loss {loss:.1%}"
-                                                           if rate is not None and loss is not None else "no sink report"))
+            delivered = (f"{rate:.0f} pps delivered, loss {loss:.1%}" if rate is not None and loss is not None
+                         else "no sink report")
+            parts.append(f"UDP {u['sent_pkts']} sent, " + delivered)
         if c.get("tcp"):
             t = c["tcp"]
             good = t.get("goodput_mbps")
@@ -300,8 +302,9 @@ def describe(results: dict) -> str:
     c = results.get("config", {})
     runs = max((s.get("repeat", 0) for s in results["schemes"]), default=0) + 1
     cross = f"cross traffic {c.get('cross_rate', 0):g}x" if c.get("cross_traffic") else "no cross traffic"
-    return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, {c.get('pattern', '')}, "
-            f"{c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; {runs} run(s) per scheme")
+    return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, "
+            f"{c.get('pattern', '')}, {c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; "
+            f"{runs} run(s) per scheme")
 
 
 def _save(fig, path: Path) -> Path:
@@ -328,7 +331,8 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     made = []
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for n in names:
-        sync = np.sort([1e3 * r["sync_time"] for s in runs_of[n] for r in s["iterations"] if r.get("kind") == "measured"])
+        sync = np.sort([1e3 * r["sync_time"] for s in runs_of[n] for r in s["iterations"]
+                        if r.get("kind") == "measured"])
         if len(sync):
             ax.step(sync, np.arange(1, len(sync) + 1) / len(sync), where="post", label=n)
     ax.set_xlabel("sync time (ms)")

@@ -408,7 +408,8 @@ def _counter_delta(before: dict, after: dict) -> dict:
         rows = []
         for r in a["ports"]:
             prev = bp.get((r["port"], r["queue"]), {})
-            d = {k: v - prev.get(k, 0) if isinstance(v, int) and k not in ("port", "queue") else v for k, v in r.items()}
+            d = {k: v - prev.get(k, 0) if isinstance(v, int) and k not in ("port", "queue") else v
+                 for k, v in r.items()}
             if any(v for k, v in d.items() if k.endswith("_pkts")):
                 rows.append(d)
         cls = {c: n - b["selective_drops_by_class"].get(c, 0) for c, n in a["selective_drops_by_class"].items()}

@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate
@@ -216,7 +216,8 @@ def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACI
         opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
         opts.validate()
         run_dir, results = run(opts)
-        reasons = [f"{s['scheme']}: {r}" for s in results["schemes"] for r in (s.get("validity") or {}).get("reasons", [])]
+        reasons = [f"{s['scheme']}: {r}" for s in results["schemes"]
+                   for r in (s.get("validity") or {}).get("reasons", [])]
         trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons, "run_dir": str(run_dir)})
         verdicts[caps[i]] = not reasons
         i += 1 if not reasons else -1

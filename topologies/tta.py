@@ -14,7 +14,7 @@ left out), which is the job's wall time without its evaluations.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -231,7 +231,7 @@ class RunMonitor:
     def add(self, label: str, pid: int) -> None:
         self.processes[label] = pid
 
-    def start(self) -> "RunMonitor":
+    def start(self) -> RunMonitor:
         self._thread.start()
         return self
 

@@ -117,6 +117,13 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     assert str(fresh_venv) in where and str(REPO) not in where, where
     assert extra == "[]", f"a training environment got {extra}"
 
+    # the compiled P4 program goes with the package (the testbed and dlcpctl read it)
+    code = "import controller.pipeline as p; print(p.BMV2_JSON.exists() and p.P4INFO.exists(), p.BUILD_DIR)"
+    proc = _run([bin_ / "python", "-c", code], tmp_path, 120, env)
+    assert proc.returncode == 0, _tail(proc)
+    found, where = proc.stdout.split()
+    assert found == "True" and str(fresh_venv) in where, proc.stdout
+
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
     proc = _run([bin_ / "dlcp", "--version"], tmp_path, 120, env)
     assert proc.returncode == 0 and proc.stdout.strip() == f"dlcp {version}", _tail(proc)

@@ -66,3 +66,10 @@ def test_committed_artifacts_are_fresh(tmp_path):
                    cwd=ROOT, check=True, capture_output=True)
     assert out_info.read_text() == pipeline.P4INFO.read_text(), "p4/build/dlcp.p4info.txt is stale: run make p4"
     assert json.loads(out_json.read_text()) == _bmv2_json(), "p4/build/dlcp.json is stale: run make p4"
+
+
+def test_the_p4_build_is_found_in_a_checkout_or_where_dlcp_p4_build_says(monkeypatch, tmp_path):
+    monkeypatch.delenv("DLCP_P4_BUILD", raising=False)
+    assert pipeline.build_dir() == Path(pipeline.__file__).resolve().parents[1] / "p4" / "build"
+    monkeypatch.setenv("DLCP_P4_BUILD", str(tmp_path))
+    assert pipeline.build_dir() == tmp_path

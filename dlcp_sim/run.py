@@ -171,15 +171,16 @@ def parse_report(scheme: str, text: str) -> SchemeResult:
         if kind == "iter":
             r.iterations.append(Iteration(int(f[0]), int(f[1]), int(f[2]), float(f[3]), float(f[4]), float(f[5])))
         elif kind == "done":
-            r.completions.append(Completion(*map(int, f[:3]), float(f[3]), int(f[4]), int(f[5])))
+            r.completions.append(Completion(int(f[0]), int(f[1]), int(f[2]), float(f[3]), int(f[4]), int(f[5])))
         elif kind == "port":
-            r.ports.append(PortStats(f[0], int(f[1]), *map(int, f[2:6]), tuple(map(int, f[6:14]))))
+            r.ports.append(PortStats(f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]),
+                                     tuple(map(int, f[6:14]))))
         elif kind == "host":
             r.hosts.append(HostStats(*map(int, f[:11])))
         elif kind == "flow":
-            r.flows.append(FlowRecord(*map(int, f[:4]), float(f[4]), float(f[5])))
+            r.flows.append(FlowRecord(int(f[0]), int(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5])))
         elif kind == "unfinished":
-            r.unfinished.append(tuple(map(int, f[:4])))
+            r.unfinished.append((int(f[0]), int(f[1]), int(f[2]), int(f[3])))
         elif kind == "sim":
             r.simulated_s, r.events, r.wall_s = float(f[0]), int(f[1]), float(f[2])
     return r

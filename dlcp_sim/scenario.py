@@ -11,6 +11,7 @@ drop classes from the magnitudes of synthetic gradients drawn as the testbed age
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -354,7 +355,7 @@ def _agent_feedback(burst_bytes: int) -> list[str]:
     """Scenario lines of the host agent's report timers, timed increase, cut once per window
     and token-bucket pacing of ``burst_bytes`` (``host_model agent``), from the agent's own
     configuration."""
-    tc = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
+    tc: dict[str, Any] = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
     rc = RateConfig()
     return [f"burst_bytes {burst_bytes}", "cut_per_window 1", f"cut_hold_answers {CUT_HOLD_ANSWERS}",
             f"cut_hold_min_us {CUT_HOLD_MIN_REPORTS * tc['feedback_interval'] * 1e6:g}",

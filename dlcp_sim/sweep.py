@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from dlcp_sim.scenario import SimOptions
 from hostagent.errors import UsageError
@@ -49,7 +50,8 @@ def options_at(base: SimOptions, name: str, value: str) -> SimOptions:
         parsed = kind(value) if kind is not int else int(value)
     except ValueError:
         raise UsageError(f"--sweep {name}: {value!r} is not a {kind.__name__}") from None
-    return replace(base, **{name: parsed})
+    change: dict[str, Any] = {name: parsed}  # of the option's own type
+    return replace(base, **change)
 
 
 def rows_of(name: str, value: str, summary: dict[str, dict]) -> list[dict]:

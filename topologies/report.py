@@ -44,7 +44,7 @@ from topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
 def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
     """E with its inputs, or a flag saying why there is no E (pure; seconds in, dict out)."""
-    out = {"comm_s": comm, "comp_s": comp, "iteration_s": u, "value": None, "flag": None}
+    out: dict[str, Any] = {"comm_s": comm, "comp_s": comp, "iteration_s": u, "value": None, "flag": None}
     cost_max, cost_min = comm + comp, max(comm, comp)
     if math.isnan(comm):
         out["flag"] = "not measured: no communication-only iterations (real training has none)"
@@ -87,7 +87,7 @@ def scheme_metrics(s: dict) -> dict:
             drops_by_class[str(c)] = drops_by_class.get(str(c), 0) + n
     tail = sum(r.get("tail_dropped_pkts", 0) for sw in s["switches"].values() for r in sw["ports"])
     final = [r["accuracy"] for r in s["iterations"] if r.get("kind") == "final"]
-    extra = {"accuracy": float(np.mean(final))} if final else {}
+    extra: dict[str, Any] = {"accuracy": float(np.mean(final))} if final else {}
     trace = accuracy_trace(s["iterations"])
     if trace:
         extra["accuracy_trace"] = trace
@@ -378,7 +378,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
 
     if any("accuracy_trace" in s.get("metrics", {}) for s in results["schemes"]):
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        colors = {}
+        colors: dict[str, Any] = {}  # scheme -> matplotlib colour
         for n in names:
             for s in runs_of[n]:
                 trace = s.get("metrics", {}).get("accuracy_trace")

@@ -74,6 +74,6 @@ def verdict(speedup: Estimate) -> str:
         return "too few (valid) runs for an interval (use --repeat >= 3)"
     if speedup.low > 1.0:
         return "faster"
-    if speedup.high < 1.0:
+    if speedup.high is not None and speedup.high < 1.0:
         return "slower"
     return "no significant difference"

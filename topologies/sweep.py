@@ -17,9 +17,10 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
+from typing import Any
 
 from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate
@@ -67,7 +68,8 @@ def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
     rng = RANGES.get(spec.field)
     if rng is not None and parsed not in rng:
         raise UsageError(f"--values: {param} {rng.problem(parsed)}")
-    opts = replace(base, **{spec.field: parsed})
+    change: dict[str, Any] = {spec.field: parsed}  # of the field's type, which spec.parse reads
+    opts = replace(base, **change)
     if param == "cross-rate" and parsed == 0:
         opts = replace(opts, cross_traffic=False)
     try:

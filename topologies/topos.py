@@ -104,7 +104,7 @@ class TopologyDesc:
                     routes.append({"prefix": f"{h.ip}/32", "group": gid})
             ports = {}
             for p in sw.ports:
-                spec = {"mac": sw.mac(p)}
+                spec: dict[str, object] = {"mac": sw.mac(p)}
                 if (sw.name, p) in self.bottlenecks:
                     spec.update(capacity_pps=capacity_pps, buffer=buffer)
                 ports[p] = spec

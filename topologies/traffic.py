@@ -385,7 +385,7 @@ def _is_num(v: object) -> bool:
 def _num(d: dict, key: str) -> float:
     """``d[key]`` if it is a number, else 0: a summary may lack a field (an error, an old log)."""
     v = d.get(key)
-    return v if _is_num(v) else 0
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 def _received(senders: list[dict], sinks: list[dict]) -> tuple[list[dict], bool]:
@@ -393,8 +393,9 @@ def _received(senders: list[dict], sinks: list[dict]) -> tuple[list[dict], bool]
     sender's source address when all senders know theirs and all sinks count per source
     (stray traffic is then left out); otherwise the sinks' totals."""
     srcs = {s.get("src") for s in senders}
-    if senders and None not in srcs and all(isinstance(k.get("sources"), dict) for k in sinks):
-        return [k["sources"][src] for k in sinks for src in sorted(srcs) if src in k["sources"]], True
+    known = sorted(src for src in srcs if src is not None)
+    if senders and len(known) == len(srcs) and all(isinstance(k.get("sources"), dict) for k in sinks):
+        return [k["sources"][src] for k in sinks for src in known if src in k["sources"]], True
     return sinks, False
 
 

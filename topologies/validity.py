@@ -32,8 +32,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
     ``silent``: per place (``"ingress"``, ``"buffer"``) and switch port, (packets, packets
     lost there uncounted) over the whole run (see :func:`losses`).
     """
-    lost_rows = [{"switch": p[0], "port": p[1], "where": where, "packets": n, "lost": lost}
+    lost_rows: list[dict[str, Any]] = [{"switch": p[0], "port": p[1], "where": where, "packets": n, "lost": lost}
                  for where, by_port in sorted((silent or {}).items()) for p, (n, lost) in sorted(by_port.items())
                  if lost]
     lost_reasons = [f"switch {r['switch']} port {r['port']} lost {r['lost']} of {r['packets']} "
@@ -186,7 +187,7 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
     for port, cap in sorted(capacity.items()):
         n, busy_s = backlogged_service(win, port)
         judged = n >= rules.min_busy_intervals and busy_s > 0
-        row = {"switch": port[0], "port": port[1], "capacity_pps": cap, "busy_intervals": n,
+        row: dict[str, Any] = {"switch": port[0], "port": port[1], "capacity_pps": cap, "busy_intervals": n,
                "busy_share": busy_s / (t1 - t0) if t1 > t0 else None,
                "rate_pps": n / busy_s if judged else None, "ratio": n / busy_s / cap if judged else None}
         ports.append(row)
@@ -226,7 +227,7 @@ class RunMonitor:
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
-        self._procs: dict[str, object] = {}
+        self._procs: dict[str, Any] = {}  # label -> psutil.Process
 
     def add(self, label: str, pid: int) -> None:
         self.processes[label] = pid

@@ -16,8 +16,10 @@ needs_mnist1d = pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,
 
 def test_missing_mnist1d_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(m1d.importlib.util, "find_spec", lambda name: None)
+    check = m1d.WORKLOAD.prerequisite
+    assert check is not None
     with pytest.raises(m1d.MissingDependency, match=r"pip install 'dlcp\[mnist1d\]'"):
-        m1d.WORKLOAD.prerequisite()
+        check()
 
 
 @needs_mnist1d

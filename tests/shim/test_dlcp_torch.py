@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +25,8 @@ def _port() -> tuple[int, int]:
     """Distinct free ports for torch's store (MASTER_PORT) and DLCP's (DLCP_STORE_PORT)."""
     from dlcp_torch.workloads.loop import free_ports
 
-    return free_ports(2)
+    udp, tcp = free_ports(2)
+    return udp, tcp
 
 
 def _env(rank, world, ports):
@@ -41,16 +42,19 @@ def _train(rank, world, how, port, out):
     model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
     session = None
     policy = Policy(loss_bound_push=0.0)
+    net: torch.nn.Module
+    opt: torch.optim.Optimizer | dlcp_torch.DistributedOptimizer
     if how == "optimizer":
         session = dlcp_torch.init("ps", model=model, policy=policy, message_deadline=20)
         opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session.state)
         net = model
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        net = torch.nn.parallel.DistributedDataParallel(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
         if how != "gloo":
             session = dlcp_torch.init(how, model=model, policy=policy, message_deadline=20)
-            net.register_comm_hook(session.state, dlcp_torch.dlcp_hook)
+            ddp.register_comm_hook(session.state, dlcp_torch.dlcp_hook)
+        net = ddp
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
@@ -98,7 +102,7 @@ def _digits(**kw):
     from dlcp_torch.workloads.digits import WORKLOAD
     from dlcp_torch.workloads.loop import TrainConfig, run_local
 
-    args = dict(workers=3, pattern="ps", mode="ddp", steps=300, batch=32, lr=0.05, loss=0.0, bound=0.0,
+    args: dict[str, Any] = dict(workers=3, pattern="ps", mode="ddp", steps=300, batch=32, lr=0.05, loss=0.0, bound=0.0,
                 error_feedback=False, mtu=1500, timeout=300.0)
     args.update(kw)
     return run_local(TrainConfig(**args), WORKLOAD)
@@ -156,7 +160,7 @@ def _doomed(rank, world, port, out):
     session = dlcp_torch.init("ring", model=model, message_deadline=5)
     opt = dlcp_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, session.state)
     out.put((rank, "ready"))
-    t0 = None
+    t0 = time.monotonic()
     try:
         for _ in range(100000):
             opt.zero_grad()
@@ -178,7 +182,7 @@ def test_worker_killed_mid_run_gives_a_clear_error():
     try:
         assert sorted(out.get(timeout=120)[0] for _ in procs) == [0, 1, 2]
         time.sleep(1.0)
-        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].kill()  # SIGKILL
         errors = [out.get(timeout=30) for _ in range(2)]
         for _, message, waited in errors:
             # each survivor's error names the peer it lost and the message it was waiting for

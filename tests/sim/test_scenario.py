@@ -108,6 +108,7 @@ def test_jobs_span_leaves_and_never_share_a_host():
     hosts = [h for server, workers in jobs for h in [server, *workers]]
     assert len(hosts) == len(set(hosts))
     for server, workers in jobs:
+        assert server is not None  # the parameter server's host (pattern ps)
         assert len({h // opts.hosts_per_leaf for h in [server, *workers]}) > 1
 
 

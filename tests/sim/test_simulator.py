@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,8 +90,8 @@ def test_jumbo_frames_cross_the_fabric_whole(background):
     per = bucket_plans(opts, policy_for("dlcp", opts.buffer, opts.loss_bound))
     assert r.hosts[0].data_sent >= 0.95 * sum(len(b.priorities) for b in per)  # packets of 8972 bytes
     if background:  # TCP's segments follow the MTU: the same flows in a sixth of the packets
-        bg = dict(leaves=2, hosts_per_leaf=4, jobs=0, scale=0.002, iterations=1, background_load=background,
-                  background_ms=2)
+        bg: dict[str, Any] = dict(leaves=2, hosts_per_leaf=4, jobs=0, scale=0.002, iterations=1,
+                                  background_load=background, background_ms=2)
         packets = {mtu: sum(p.enqueued for p in simulate(SimOptions(**bg, mtu=mtu), "baseline").ports)
                    for mtu in (1500, 9000)}
         assert packets[9000] < packets[1500] / 3, packets
@@ -147,15 +148,15 @@ def test_host_delay_and_full_size_control_packets_lengthen_each_ring_step():
     answering a PROBE included): on a fast fabric the last bucket's ring (six steps in
     sequence after the backward pass) then takes two delays longer per step. Control packets of a
     full datagram each take a packet's time on a slow uplink, so there the sync grows too."""
-    base = dict(pattern="ring", jobs_placement="packed", leaves=2, hosts_per_leaf=2, scale=0.002, iterations=3,
-                warmup=1, buffer=64, compute_ms=50)
+    base: dict[str, Any] = dict(pattern="ring", jobs_placement="packed", leaves=2, hosts_per_leaf=2, scale=0.002,
+                                iterations=3, warmup=1, buffer=64, compute_ms=50)
     plain = np.median(simulate(SimOptions(**base), "baseline").sync_times())
     delayed = np.median(simulate(SimOptions(**base, host_delay_us=1000), "baseline").sync_times())
     steps = 2 * (4 - 1)
     assert 0.95 * steps * 2e-3 <= delayed - plain <= 1.05 * steps * 2e-3
     # one spine: on two, a message's probe (a flow of its own) may overtake its data queued on
     # the other spine, and the receiver's wait for that data would hide what is measured here
-    slow = dict(base, uplink_gbps=0.0084, compute_ms=500, spines=1)
+    slow: dict[str, Any] = dict(base, uplink_gbps=0.0084, compute_ms=500, spines=1)
     small = np.median(simulate(SimOptions(**slow), "baseline").sync_times())
     full = np.median(simulate(SimOptions(**slow, control_bytes=1472), "baseline").sync_times())
     assert full > small + 0.01  # STOPs and feedback now take a packet's slot each
@@ -208,7 +209,7 @@ def test_the_gradients_tcp_is_chosen_apart_from_the_background():
     """--gradient-tcp sets the tcp scheme's congestion control on its own sockets: DCTCP
     negotiates ECN, so the incast's queues mark its segments; NewReno does not, so nothing is
     marked (only ECN-capable packets can be)."""
-    base = dict(scale=0.002, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
+    base: dict[str, Any] = dict(scale=0.002, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
     marks = {cc: sum(p.marks for p in simulate(SimOptions(**base, gradient_tcp=cc), "tcp").ports)
              for cc in ("dctcp", "newreno")}
     assert marks["dctcp"] > 0 and marks["newreno"] == 0, marks
@@ -219,7 +220,7 @@ def test_switches_mark_tcp_in_its_ip_header_and_dctcp_keeps_queues_short():
     forward below IP, so the mark is written into the frame's bytes). DCTCP's senders hear it
     and keep the incast's queues below the 100-packet buffer; NewReno, not ECN-capable, fills
     the buffer and loses packets."""
-    base = dict(scale=0.01, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
+    base: dict[str, Any] = dict(scale=0.01, iterations=1, leaves=2, hosts_per_leaf=5, jobs=0, schemes=("tcp",))
     ports = {cc: simulate(SimOptions(**base, gradient_tcp=cc), "tcp").ports for cc in ("dctcp", "newreno")}
     assert sum(p.marks for p in ports["dctcp"]) > 0
     assert max(p.max_depth for p in ports["dctcp"]) < 100 and sum(p.tail_drops for p in ports["dctcp"]) == 0
@@ -241,7 +242,7 @@ def test_ecn_on_the_port_backlog_marks_every_sender_of_an_incast():
     default) a packet on a high priority is not marked for the low-priority backlog behind it;
     on the port's whole backlog it is, so more packets are marked, the senders slow down
     sooner and fewer packets are tail-dropped."""
-    base = dict(scale=0.01, iterations=1, leaves=4, hosts_per_leaf=5, jobs=0)
+    base: dict[str, Any] = dict(scale=0.01, iterations=1, leaves=4, hosts_per_leaf=5, jobs=0)
     ports = {b: simulate(SimOptions(**base, ecn_backlog=b), "prio").ports for b in ("ahead", "port")}
     marks = {b: sum(p.marks for p in ports[b]) for b in ports}
     drops = {b: sum(p.tail_drops for p in ports[b]) for b in ports}
@@ -279,7 +280,8 @@ def test_the_agent_host_model_agrees_with_the_testbed(pattern):
     median sync within 25 % of what the testbed measured, and DLCP faster. The simulator of
     a55c222 (one flow per pair of hosts, the biased hash, the agent's old loop) fails it: its
     PS baseline was 201 ms, 40 % below."""
-    place = dict(hosts_per_leaf=3) if pattern == "ps" else dict(hosts_per_leaf=2, jobs_placement="packed")
+    place: dict[str, Any] = (dict(hosts_per_leaf=3) if pattern == "ps"
+                             else dict(hosts_per_leaf=2, jobs_placement="packed"))
     opts = SimOptions(pattern=pattern, leaves=2, spines=2, link_gbps=10, uplink_gbps=0.0084, buffer=64, scale=0.002,
                       compute_ms=500, iterations=11, warmup=1, host_model="agent", control_bytes=1472,
                       host_delay_us=2000, **place)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import socket
 import threading
 import time
@@ -191,7 +190,7 @@ def test_peer_killed_mid_transfer_gives_a_clear_error(datapath):
         h = ep.recv(1, 5)
         assert ready.wait(30)
         time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGKILL)
+        proc.kill()  # SIGKILL
         t0 = time.monotonic()
         with pytest.raises(PeerFailed, match=r"peer rank 1 \(127\.0\.0\.1:\d+\).*message 5"):
             h.wait(5)

@@ -128,7 +128,8 @@ def test_every_help_shows_every_default(build):
 
 
 def test_run_help_shows_runoptions_defaults():
-    text = cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = commands.choices["run"].format_help()
     assert "(default: 64)" in text and "(default: 0.002)" in text and "(default: star)" in text
 
 

@@ -63,6 +63,7 @@ def test_bad_settings_and_option_values():
 def test_mean_ci_is_the_student_t_interval():
     ci = mean_ci([0.90, 0.91, 0.92, 0.905, 0.915])
     half = sps.t.ppf(0.975, 4) * sps.tstd([0.90, 0.91, 0.92, 0.905, 0.915]) / 5 ** 0.5
+    assert ci.low is not None and ci.high is not None
     assert ci.mean == pytest.approx(0.91) and ci.high - ci.mean == pytest.approx(half)
     assert ci.text() == f"91.00 [{100 * ci.low:.2f}, {100 * ci.high:.2f}]"
     assert mean_ci([0.5]).low is None and mean_ci([]).text() == "-"

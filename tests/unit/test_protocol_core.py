@@ -16,7 +16,7 @@ from hostagent.messages import Expect, PeerFailed, TransportTimeout
 from hostagent.policy import Policy, required_elements
 from hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
 from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
-from hostagent.protocol.port import EventKind, Progress, RxBuffers, TxInfo
+from hostagent.protocol.port import EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from hostagent.transport_config import TransportConfig, local_peers
 
 PER = 357  # elements per packet at MTU 1500 (float32)
@@ -29,9 +29,9 @@ class FakePort:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-        self.rx: dict[tuple[int, int], object] = {}
+        self.rx: dict[tuple[int, int], RxSpec] = {}
         self.prog: dict[tuple[int, int], Progress] = {}
-        self.tx: dict[tuple[int, int], object] = {}
+        self.tx: dict[tuple[int, int], TxSpec] = {}
         self.feedback: dict[int, tuple[int, int, int]] = {}
         self.busy = False
         self.sent: dict[int, int] = defaultdict(int)

@@ -188,7 +188,7 @@ def _ingest_both_ways(batches, total, per):
         r = Reassembler(job_id=5)
         asm = r.expect(1, 7, total, np.float32, per)
         if not fast:
-            asm._ingest_run = lambda *a: False  # the general path only: the oracle
+            asm._ingest_run = lambda *a: False  # type: ignore[method-assign]  # the general path only: the oracle
         reasons, runs = [], 0
         for slots, lengths in batches:
             res = r.ingest_batch(slots.copy(), lengths.copy())

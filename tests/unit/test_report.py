@@ -4,6 +4,7 @@ speedups and what the summary is allowed to claim."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
 from topologies.stats import median_ci, paired_ratios, verdict
@@ -26,6 +27,7 @@ def test_e_outside_0_1_is_flagged_with_the_reason_not_reported():
 def test_median_ci_needs_three_runs_and_brackets_the_median():
     assert median_ci([1.0, 2.0]).low is None
     est = median_ci([1.30, 1.35, 1.40, 1.32, 1.38])
+    assert est.low is not None and est.high is not None
     assert est.low <= est.median <= est.high and est.n == 5
     assert est.excludes(1.0) and not est.excludes(1.35)
     assert median_ci([1.2, 1.2, 1.2]).text("{:.1f}") == "1.2 [1.2, 1.2]"
@@ -87,7 +89,8 @@ def test_breakdown_parts_add_up_and_stragglers_come_from_the_slowest_worker():
     assert math.isclose(sum(parts.values()), 1.0)
     assert iteration_breakdown(0.0, 0.5, 1.0, []) == {"compute": 0.5, "first_byte": 0.5, "transmission": 0.0,
                                                        "recovery": 0.0}
-    recs = [{"iteration": 1, "t_end": 2.0, "breakdown": {}}, {"iteration": 1, "t_end": 2.3, "breakdown": {}}]
+    recs: list[dict[str, Any]] = [{"iteration": 1, "t_end": 2.0, "breakdown": {}},
+                                  {"iteration": 1, "t_end": 2.3, "breakdown": {}}]
     add_stragglers(recs)
     assert math.isclose(recs[0]["breakdown"]["straggler"], 0.3) and recs[1]["breakdown"]["straggler"] == 0.0
 
@@ -116,7 +119,8 @@ def test_accuracy_trace_and_time_to_accuracy():
     assert [t for t, _ in trace] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert math.isclose(trace[2][1], 0.695)
     assert time_to_accuracy(trace, 0.79) == 3.0 and time_to_accuracy(trace, 0.95) is None
-    assert math.isclose(default_target([0.9, 0.8, 0.85]), 0.845) and default_target([]) is None
+    target = default_target([0.9, 0.8, 0.85])
+    assert target is not None and math.isclose(target, 0.845) and default_target([]) is None
 
 
 def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
@@ -125,7 +129,7 @@ def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
         runs.append(_training_run("baseline", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90 + 0.001 * r]))
         # dlcp: iterations 40 % faster, accuracy a little lower but above the target
         runs.append(_training_run("dlcp", r, 0.6, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
-    results = {"config": {"target_accuracy": None}, "schemes": runs}
+    results: dict[str, Any] = {"config": {"target_accuracy": None}, "schemes": runs}
     agg = aggregate(results)
     target = agg["baseline"]["tta_target"]
     assert math.isclose(target, 0.901 - 0.01 / 2 - 0.005)  # baseline's median final (mean of workers) - 0.5

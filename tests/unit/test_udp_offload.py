@@ -169,7 +169,7 @@ class _Drain(threading.Thread):
 
     def run(self) -> None:
         buf = np.zeros(GRO_BUFSIZE, dtype=np.uint8)
-        view = memoryview(buf)
+        view = buf.data
         self.sock.settimeout(self.quiet)
         while len(self.datagrams) < self.count:
             try:
@@ -249,7 +249,7 @@ def test_mixed_sizes_survive_gso_and_gro(gso_socket_ok):
         h = np.zeros(wire.HEADER_SIZE, np.uint8)
         h[28:32] = np.frombuffer(int(k).to_bytes(4, "big"), np.uint8)
         p = rng.integers(0, 256, size - wire.HEADER_SIZE, dtype=np.uint8)
-        pairs.append((h.tobytes(), memoryview(p)))
+        pairs.append((h.tobytes(), p.data))
         expected.append(h.tobytes() + p.tobytes())
     for gro in (False, True):
         sender, sent, _, got, _ = _run(pairs, expected, gro=gro)
@@ -340,7 +340,7 @@ def test_gro_ancbuf_holds_tos_and_gro_cmsgs(gso_socket_ok):
         DatagramSender(s).send(pairs)
         buf = np.zeros(GRO_BUFSIZE, np.uint8)
         r.settimeout(1.0)
-        nbytes, anc, flags, _ = r.recvmsg_into([memoryview(buf)], GRO_ANCBUF)
+        nbytes, anc, flags, _ = r.recvmsg_into([buf.data], GRO_ANCBUF)
         assert not flags & socket.MSG_CTRUNC
         assert any(level == socket.IPPROTO_IP and value[0] == (10 << 2) | 0b10 for level, _, value in anc)
         rows, lengths = split_segments(buf, nbytes, gro_segment_size(anc))

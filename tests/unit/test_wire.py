@@ -74,7 +74,9 @@ def test_dtype_codes():
 
 
 def test_scapy_dissects_an_encoded_packet():
-    from scapy.all import IP, UDP, Ether, Raw
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
 
     from hostagent.packetizer import MessageMeta, packetize
     from hostagent.policy import Policy

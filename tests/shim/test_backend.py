@@ -217,3 +217,41 @@ def test_fsdp_trains_through_the_backend_as_through_gloo():
     ours = _spawn(_fsdp_script, 2, "dlcp")
     for rank in range(2):
         assert ours[rank] == pytest.approx(gloo[rank], rel=1e-5, abs=1e-6)
+
+
+def _digits(rank, world, dtype_name, seed):
+    """The digits example's model, data and settings, trained with DDP over the dlcp backend
+    (default loss bound) in ``dtype_name``; the test accuracy (evaluated in float32)."""
+    from dlcp_torch.workloads import get_workload
+    from dlcp_torch.workloads.base import accuracy
+
+    dist.init_process_group("dlcp")
+    wl = get_workload("digits")
+    (x, y), (xt, yt) = wl.load_data()
+    dtype = getattr(torch, dtype_name)
+    model = wl.make_model(seed).to(dtype)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt, _ = wl.make_optimizer(ddp.parameters(), wl.lr, wl.steps)
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    for _ in range(wl.steps):
+        idx = torch.randint(0, len(y), (wl.batch,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x[idx].to(dtype)).float(), y[idx]).backward()
+        opt.step()
+    return accuracy(model.float(), xt, yt)
+
+
+_FLOAT32_ACCURACY: list[float] = []
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_half_precision_gradients_train_digits_as_well_as_float32(dtype_name):
+    """bfloat16 and float16 gradients through the backend (summed in float32, under the default
+    bound): the digits example's accuracy within the spread float32 shows over seeds."""
+    pytest.importorskip("sklearn", reason="needs scikit-learn (pip install -e '.[digits]')")
+    if not _FLOAT32_ACCURACY:  # shared by both dtypes' runs
+        _FLOAT32_ACCURACY.extend(_spawn(_digits, 2, "float32", s)[0] for s in (1, 2))
+    f32 = _FLOAT32_ACCURACY
+    half = [_spawn(_digits, 2, dtype_name, s)[0] for s in (1, 2)]
+    spread = max(f32) - min(f32)
+    assert min(half) >= min(f32) - max(0.02, spread), (dtype_name, half, f32)

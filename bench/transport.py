@@ -40,8 +40,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -237,7 +238,7 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25
 def print_goodput(args) -> None:
     print("1. one sender -> one receiver, 100 MB messages, MTU 1500, 25 Gb/s configured, separate processes")
     kinds = {"bare GSO -> GRO pair": "bare", "DLCP native": "native", "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
-    res = interleaved({k: (lambda v=v: goodput_row(v, args.messages)) for k, v in kinds.items()}, args.rounds, "MB/s")
+    res = interleaved({k: partial(goodput_row, v, args.messages) for k, v in kinds.items()}, args.rounds, "MB/s")
     s = summary(res, "MB/s", "bare GSO -> GRO pair")
     cpu = summary(res, "cpu", "DLCP numpy")
     print(f"   {'':<22}{'MB/s':>8}{'range':>14}{'of bare':>9}{'cpu ms/100MB':>14}{'of numpy':>10}{'retx':>7}"
@@ -307,7 +308,7 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
         for it in range(iterations + WARMUP):
             s0 = ep.stats
             t0 = time.perf_counter()
-            if pattern == "ps":
+            if isinstance(ex, PSWorker):
                 ex.exchange_detailed(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
                                      [b.layout for b in plan])
             else:
@@ -357,7 +358,7 @@ def print_collective(args) -> None:
     }
     if args.numpy:
         schemes["DLCP ring lossless, numpy"] = "numpy:ring:0:0"
-    res = interleaved({k: (lambda v=v: collective_row(v, args.iterations, args.mtu)) for k, v in schemes.items()},
+    res = interleaved({k: partial(collective_row, v, args.iterations, args.mtu) for k, v in schemes.items()},
                       args.rounds, "ms")
     s = summary(res, "ms", "gloo all_reduce")
     print(f"   {'':<28}{'sync ms':>9}{'range':>14}{'x gloo':>8}{'resent %':>10}{'overruns':>10}")
@@ -427,7 +428,7 @@ def print_ddp(args) -> None:
     for wl in workloads:
         schemes = {f"{wl}: stock DDP over gloo": "gloo", f"{wl}: DDP + dlcp_hook, ring": "ring",
                    f"{wl}: DDP + dlcp_hook, PS": "ps"}
-        res = interleaved({k: (lambda v=v, wl=wl: ddp_row(wl, v, args.steps)) for k, v in schemes.items()},
+        res = interleaved({k: partial(ddp_row, wl, v, args.steps) for k, v in schemes.items()},
                           args.rounds, "ms")
         s = summary(res, "ms", f"{wl}: stock DDP over gloo")
         print(f"   {'':<34}{'step ms':>9}{'range':>14}{'x gloo':>8}")

@@ -126,7 +126,7 @@ def _work(run: Callable[[], Any], pool: ThreadPoolExecutor) -> Any:
             fut.set_exception(exc)
 
     pool.submit(task)
-    return torch._C._distributed_c10d._create_work_from_future(fut)
+    return torch._C._distributed_c10d._create_work_from_future(fut)  # type: ignore[attr-defined]  # private
 
 
 def _bytes_as_wire(t: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
@@ -147,7 +147,7 @@ def _store_bytes(t: torch.Tensor, data: np.ndarray) -> None:
         t.copy_(src)
 
 
-def _reduce(tensors: list[torch.Tensor], op: dist.ReduceOp) -> torch.Tensor:
+def _reduce(tensors: list[torch.Tensor], op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> torch.Tensor:
     stacked = torch.stack(tensors)
     if op == dist.ReduceOp.SUM:
         return stacked.sum(0, dtype=tensors[0].dtype)
@@ -181,7 +181,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel on one DLCP endpoint per process."""
 
     def __init__(self, endpoint: Endpoint, rank: int, world_size: int, options: BackendOptions) -> None:
-        super().__init__(rank, world_size)
+        super().__init__(rank, world_size)  # type: ignore[call-arg]  # stubs: store-taking form only
         self._rank, self._world = rank, world_size
         self.endpoint = endpoint
         self.options = options
@@ -210,7 +210,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return f"DLCPProcessGroup(rank={self._rank}, world_size={self._world})"
 
     # ------------------------------------------------------------------ collectives
-    def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:
+    # (type: ignore[override] on these: the dispatcher calls them as (tensors, opts); torch's
+    # stubs give ProcessGroup's C++ overloads instead)
+    def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         call, gradients = next(self._calls), in_backward()
         tensors = list(tensor_list)
@@ -237,7 +239,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensor_list, opts)
 
-    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:
+    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
         call = next(self._calls)
         tensors = list(tensor_list)
@@ -259,8 +261,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return _work(run, self._pool)
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensor: list[torch.Tensor],
-                  opts: Any = None) -> Any:
+    def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
+                  input_tensor: list[torch.Tensor], opts: Any = None) -> Any:
         call = next(self._calls)
         self._check(list(input_tensor))
 
@@ -286,8 +288,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self.allgather([list(o.view(self._world, -1).unbind(0)) for o in outputs],
                               [i.reshape(-1) for i in inputs], opts)
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                       opts: Any = None) -> Any:
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         call, gradients = next(self._calls), in_backward()
 
@@ -307,7 +309,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """``reduce_scatter_tensor``: the r-th slice of ``input``, summed over ranks, lands on rank r."""
         return self.reduce_scatter([output], [list(input.view(self._world, -1).unbind(0))], opts)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # the same call under its older name
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:

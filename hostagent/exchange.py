@@ -36,7 +36,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -130,7 +130,12 @@ def lost_elements(packets: np.ndarray | None, per_packet: int, size: int) -> np.
     return idx[idx < size]
 
 
-def _check_lengths(n: int, ids: Sequence[int], priorities: Sequence[int]) -> None:
+def _put_on_done(q: queue.Queue | queue.SimpleQueue, item: object) -> Callable[[object], None]:
+    """A done-callback that puts ``item`` on ``q``."""
+    return lambda _handle: q.put(item)
+
+
+def _check_lengths(n: int, ids: Sequence[int], priorities: Sequence[int] | np.ndarray) -> None:
     if len(ids) != n or len(priorities) != n:
         raise ValueError(f"{n} tensors need as many tensor ids and priorities; got {len(ids)} and {len(priorities)}")
     if len(set(ids)) != n:
@@ -374,7 +379,7 @@ class PSServer:
                 mid = message_id(iteration, t, 0)
                 h = (self.ep.recv(w, mid, out=sums[t], accumulate=True) if sums[t] is not None
                      else self.ep.recv(w, mid))
-                h.add_done_callback(lambda _h, t=t: done.put(t))
+                h.add_done_callback(_put_on_done(done, t))
                 pushes[(w, t)] = h
         return sums, pushes, done
 
@@ -447,13 +452,14 @@ def _echo_layout(results: Sequence[RecvResult]) -> Layout:
     """The per-packet layout of a reply: each packet keeps the priority and layer its pushes
     carried (the most urgent over the workers), so a fused average returns as it came."""
     per = results[0].elems_per_packet
-    tagged = [r for r in results if r.packet_priorities is not None]
+    tagged = [(r.packet_priorities, r.packet_layers) for r in results
+              if r.packet_priorities is not None and r.packet_layers is not None]
     if not tagged:  # no per-packet tags known: the message's own priority for every packet
         return Layout.single(results[0].data.size, results[0].stats.priority)
-    prio, layers = tagged[0].packet_priorities, tagged[0].packet_layers
-    for r in tagged[1:]:
-        prio = np.maximum(prio, r.packet_priorities)
-        layers = np.minimum(layers, r.packet_layers)
+    prio, layers = tagged[0]
+    for p, lay in tagged[1:]:
+        prio = np.maximum(prio, p)
+        layers = np.minimum(layers, lay)
     return Layout(np.arange(len(prio), dtype=np.int64) * per, prio.astype(np.int64), layers.astype(np.int64),
                   results[0].data.size)
 

@@ -172,16 +172,16 @@ class Endpoint(ControlPath):
             t.join(timeout=5)
         if was_running:
             with self._lock:
-                self.core.close(TransportClosed(f"endpoint rank {self.rank} closed"))
+                self._core.close(TransportClosed(f"endpoint rank {self.rank} closed"))
         for c in list(self._all_conns):
             c.finish(timeout=0.5)  # what is queued (last STOPs) still leaves
         if self.dp is not None:
             self.dp.stop()
         for s in [c.sock for c in self._all_conns]:
             s.close()
-        for s in (self._udp, self._listener, self._wake_r, self._wake_w):
-            if s is not None:
-                s.close()
+        for sock in (self._udp, self._listener, self._wake_r, self._wake_w):
+            if sock is not None:
+                sock.close()
         if self._sel is not None:
             self._sel.close()
 
@@ -217,7 +217,7 @@ class Endpoint(ControlPath):
                 self._flush_all()
                 pending, self._deferring.pending = getattr(self._deferring, "pending", []), []
                 with self._lock:
-                    self.core.release(pending)
+                    self._core.release(pending)
 
     # ------------------------------------------------------------------ public API
     def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
@@ -256,7 +256,7 @@ class Endpoint(ControlPath):
         defer = getattr(self._deferring, "depth", 0) > 0
         with self._lock:
             self._check_running()
-            h = self.core.send(dest, data, message_id, time.monotonic(), priority, loss_bound, iteration, tensor_id,
+            h = self._core.send(dest, data, message_id, time.monotonic(), priority, loss_bound, iteration, tensor_id,
                                layer, layout, announce, held, snapshot, defer=defer, drop_classes=drop_classes)
         if defer:
             self._deferring.__dict__.setdefault("pending", []).append((dest, message_id))
@@ -280,7 +280,7 @@ class Endpoint(ControlPath):
             raise ValueError(f"loss_bound must be in [0, 1), got {p}")
         self._conn_to(dest)
         with self._lock:
-            self.core.queue_meta(dest, message_id, total_elems, dtype, p,
+            self._core.queue_meta(dest, message_id, total_elems, dtype, p,
                                  self.policy.top_priority if priority is None else priority, iteration, tensor_id,
                                  layer)
         if not getattr(self._deferring, "depth", 0):
@@ -299,7 +299,7 @@ class Endpoint(ControlPath):
         self._check_running()
         with self._lock:
             self._check_running()
-            h = self.core.recv(src, message_id, time.monotonic(), out, expect, accumulate)
+            h = self._core.recv(src, message_id, time.monotonic(), out, expect, accumulate)
         self._wake()  # the control loop ticks fast from now on
         return h
 
@@ -311,7 +311,7 @@ class Endpoint(ControlPath):
         be claimed with :meth:`recv`.
         """
         with self._lock:
-            return self.core.announcements()
+            return self._core.announcements()
 
     @property
     def message_log(self) -> deque[MessageStats]:
@@ -356,8 +356,8 @@ class Endpoint(ControlPath):
         s = self.stats
         d = self.dp.stats()
         with self._lock:
-            rates = {r: c.rate for r, c in self.core.rate.items()}
-            authed = sorted(self.core.authed)
+            rates = {r: c.rate for r, c in self._core.rate.items()}
+            authed = sorted(self._core.authed)
         rejected = dict(d["rejected"])
         return {
             "rank": self.rank, "datapath": self.config.datapath,
@@ -406,7 +406,7 @@ def _ipv4(host: str) -> str:
         socket.inet_aton(host)
         return host
     except OSError:
-        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
 
 
 def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:

@@ -210,7 +210,7 @@ class NativeDatapath:
     # ------------------------------------------------------------------ figures
     def stats(self) -> dict[str, Any]:
         """Counters, under the names :meth:`hostagent.transport.Endpoint.endpoint_stats` reports."""
-        s = dict(self._dp.stats())
+        s: dict[str, Any] = dict(self._dp.stats())
         s["rejected"] = dict(self._dp.rejected())
         s["injected_drops"] = {int(k): int(v) for k, v in self._dp.injected_drops().items()}
         s["data_sockets"] = sorted(tuple(x) for x in self._dp.data_sockets())

@@ -416,7 +416,7 @@ class NumpyDatapath:
         width = wire.HEADER_SIZE + elems_per_packet(cfg.mtu, np.float32) * 4  # a full datagram
         spare = -(-GRO_BUFSIZE // width) if self.gro else 1  # room for one whole GRO read
         slots = np.zeros((cfg.rx_batch + spare, width), dtype=np.uint8)
-        flat = memoryview(slots.reshape(-1))
+        flat = slots.reshape(-1).data
         lengths = np.zeros(cfg.rx_batch + spare, dtype=np.int64)
         ce = np.zeros(cfg.rx_batch + spare, dtype=bool)
         overflows = 0
@@ -752,12 +752,14 @@ class NumpyDatapath:
             else:
                 lv[0], lv[1], lv[2] = min(lv[0], int(s.min())), max(lv[1], int(s.max())), lv[2] + len(s)
 
-    def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray, rows: np.ndarray,
+    def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray | None, rows: np.ndarray,
               now: float) -> np.ndarray:
         """Keep early data of authenticated peers until its message is set up (at most
         ``park_limit`` per sender). The reassembler has checked the rows' tokens: nothing forged
         or from an unauthenticated rank gets here."""
         kept = np.zeros(len(rows), dtype=bool)
+        if hdr is None:  # slots narrower than a header: nothing passed the token check
+            return kept
         for i, r in enumerate(rows.tolist()):
             key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
             if key in self._done:  # a straggler of a finished message: not malformed
@@ -943,6 +945,7 @@ class NumpyDatapath:
                     prepare = True
                 else:
                     prepare = False
+                    assert m.send_order is not None  # prepared with the batch
                     d = self._dests[m.spec.dest]
                     retx = m.retx_pos < len(m.retx)
                     pkt = m.batch.datagram_bytes
@@ -1010,6 +1013,7 @@ class NumpyDatapath:
         rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
         by one; the packet that leaves last carries LAST when ``last``."""
         batch = m.batch
+        assert batch is not None and m.payload_rows is not None  # prepared before any packet is sent
         per = batch.elems_per_packet
         width = batch.datagram_bytes
         k = len(seqs)

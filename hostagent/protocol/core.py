@@ -27,7 +27,7 @@ The protocol, sender S to receiver R, for one message:
 from __future__ import annotations
 
 import logging
-import queue
+from queue import Queue
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from typing import Any
@@ -81,7 +81,7 @@ class ProtocolCore:
         self.waiting: dict[tuple[int, int], RecvHandle] = {}
         self.done_in: dict[tuple[int, int], RecvResult] = {}
         self.recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
-        self.announced: queue.Queue | None = None
+        self.announced: Queue | None = None
         self.rx_keys: dict[int, bytes] = {}  # sender rank -> our key for its tokens
         self.tx_keys: dict[int, bytes] = {}  # destination rank -> its key for our tokens
         self.authed: set[int] = set()
@@ -120,7 +120,7 @@ class ProtocolCore:
 
     # ------------------------------------------------------------------ records
     def queue(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
-              flags: wire.Flags = wire.Flags.NONE, **fields: int) -> None:
+              flags: wire.Flags = wire.Flags.NONE, **fields: Any) -> None:
         """Queue a control record for ``rank``; the driver sends a peer's records together."""
         fields.setdefault("priority", self.policy.top_priority)
         self.outbox[rank].append(wire.pack_record(wire.Header(
@@ -301,10 +301,10 @@ class ProtocolCore:
                                 buffers, accumulate, required_elements(total, loss_bound), tuple(triggers)))
         return msg
 
-    def announcements(self) -> queue.Queue[tuple[int, int]]:
+    def announcements(self) -> Queue[tuple[int, int]]:
         """(src, message id) of every message announced without a waiting recv."""
         if self.announced is None:
-            self.announced = queue.Queue()
+            self.announced = Queue()
             for key, msg in self.inc.items():
                 if msg.handle is None:
                     self.announced.put(key)
@@ -394,7 +394,7 @@ class ProtocolCore:
             return
         dtype = wire.NUMPY_DTYPES[h.dtype].newbyteorder("=")
         want = np.dtype(np.float32) if accumulate else dtype
-        if out is not None and (out.shape != (total,) or out.dtype != want):
+        if handle is not None and out is not None and (out.shape != (total,) or out.dtype != want):
             handle._fail(ValueError(f"message {h.message_id} from rank {src} has {total} {dtype}; "
                                     f"out is {out.shape} {out.dtype}"))
             handle, out, accumulate = None, None, False
@@ -596,9 +596,9 @@ class ProtocolCore:
             rec = self.feedback_record(rank, now, force=False)
             if rec is not None:
                 self.outbox[rank].append(rec)
-            due = self.feedback_due(rank, now)
-            if due is not None:
-                wake = min(wake, due)
+            report_due = self.feedback_due(rank, now)
+            if report_due is not None:
+                wake = min(wake, report_due)
         if self.inc:  # data streams in without events: its clean reports are due every bulk interval
             wake = min(wake, now + self.config.bulk_feedback_interval)
         self.port.expire_parked(now - self.config.message_deadline)
@@ -616,10 +616,10 @@ class ProtocolCore:
             self.port.retire(*key)
             m.handle._fail(PeerFailed(f"rank {self.rank}: {where} {why} while sending message {key[1]}"))
         for key in [k for k in self.inc if k[0] == rank]:
-            m = self.inc.pop(key)
+            inc = self.inc.pop(key)
             self.port.forget(*key, remember=False)
-            if m.handle:
-                m.handle._fail(PeerFailed(f"rank {self.rank}: {where} {why} while receiving message {key[1]}"))
+            if inc.handle:
+                inc.handle._fail(PeerFailed(f"rank {self.rank}: {where} {why} while receiving message {key[1]}"))
         for key in [k for k in self.waiting if k[0] == rank]:
             self.waiting.pop(key)._fail(PeerFailed(f"rank {self.rank}: {where} {why} before announcing message "
                                                    f"{key[1]}"))
@@ -636,10 +636,10 @@ class ProtocolCore:
         for key, m in list(self.out.items()):
             self.port.retire(*key)
             m.handle._fail(error)
-        for key, m in list(self.inc.items()):
+        for key, inc in list(self.inc.items()):
             self.port.forget(*key, remember=False)
-            if m.handle:
-                m.handle._fail(error)
+            if inc.handle:
+                inc.handle._fail(error)
         for h in self.waiting.values():
             h._fail(error)
         self.out.clear()

@@ -27,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)
 
 
-def attacker(data_port: int, control_port: int, n: int, real_ids: range, started: mp.Event) -> None:
+def attacker(data_port: int, control_port: int, n: int, real_ids: range, started: Event) -> None:
     """The attacker's process: hostile control connections, then the datagrams, paced so they
     last about as long as the victim's messages."""
     datagrams = rogue.hostile_datagrams(n, 1, victim=1, real=[(0, mid) for mid in real_ids])
@@ -89,7 +90,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--elems", type=int, default=PER * 100, help="elements per message")
     args = ap.parse_args()
-    secret = auth.new_secret()
+    secret = auth.parse_secret(auth.new_secret())
     peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))
     a = Endpoint(TransportConfig(rank=0, peers=peers, policy=EXACT, secret=secret)).start()
     b = Endpoint(TransportConfig(rank=1, peers=peers, policy=EXACT, secret=secret)).start()

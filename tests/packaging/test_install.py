@@ -34,7 +34,7 @@ NOT_INSTALLED = ("scapy", "p4runtime_sh", "p4", "grpc", "sklearn", "psutil")
 
 def _imported_modules(path: Path) -> set[str]:
     """Top-level names of every module ``path`` imports, wherever in the file."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
@@ -124,7 +124,9 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     found, where = proc.stdout.split()
     assert found == "True" and str(fresh_venv) in where, proc.stdout
 
-    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    found_version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert found_version is not None
+    version = found_version.group(1)
     proc = _run([bin_ / "dlcp", "--version"], tmp_path, 120, env)
     assert proc.returncode == 0 and proc.stdout.strip() == f"dlcp {version}", _tail(proc)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def _paths(**config):
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    paths = [NativeDatapath(cfg, sock, False), NumpyDatapath(cfg, sock, False)]
+    paths: list[NativeDatapath | NumpyDatapath] = [NativeDatapath(cfg, sock, False), NumpyDatapath(cfg, sock, False)]
     for dp in paths:
         dp.set_keys(1, KEY1, KEY1)
     return paths, sock
@@ -58,7 +59,7 @@ def _datagrams(x: np.ndarray, mid: int, sender: int = 1, iteration: int = 0, tok
 
 
 def _with(d: bytes, **fields) -> bytes:
-    h = wire.unpack_header(d).as_dict()
+    h: dict[str, Any] = wire.unpack_header(d).as_dict()
     h.update(fields)
     return wire.pack_header(wire.Header(**{**h, "ptype": wire.PacketType(h["ptype"]), "dtype": wire.Dtype(h["dtype"]),
                                            "flags": wire.Flags(h["flags"])})) + d[wire.HEADER_SIZE:]
@@ -140,9 +141,16 @@ def test_a_sum_adds_each_packet_once_whatever_repeats():
         sock.close()
 
 
+def _state(dp, src: int, message_id: int) -> int:
+    """The receive state of message ``message_id`` from ``src`` (it must be expected)."""
+    p = dp.progress(src, message_id)
+    assert p is not None
+    return p.state
+
+
 def _capture(dp, dest_sock: socket.socket, spec: TxSpec, n: int) -> list[bytes]:
     dp.submit(spec)
-    out = []
+    out: list[bytes] = []
     dest_sock.settimeout(5)
     while len(out) < n:
         out.append(dest_sock.recv(65536))
@@ -253,12 +261,12 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
             _one(dp, dgs[i], now=1.0 + i * 1e-5)
     t_last = 1.0 + 9e-5
     assert dp.end_passes_for_test(t_last + 0.001, dry=True) > 0  # within the grace: still waiting
-    assert dp.progress(1, 5).state == 0
+    assert _state(dp, 1, 5) == 0
     assert dp.end_passes_for_test(t_last + 0.003, dry=False) > 0  # the socket is busy: wait longer
-    assert dp.progress(1, 5).state == 0
+    assert _state(dp, 1, 5) == 0
     dp.end_passes_for_test(t_last + 0.003, dry=True)
-    assert dp.progress(1, 5).state == 2  # bounded
-    assert dp.progress(1, 6).state == 0  # no LAST: the data path does not guess the pass is over
+    assert _state(dp, 1, 5) == 2  # bounded
+    assert _state(dp, 1, 6) == 0  # no LAST: the data path does not guess the pass is over
     hole = slice(4 * PER, 5 * PER)
     assert not outs[5][hole].any()  # the packet that never came reads as zero
     np.testing.assert_array_equal(np.delete(outs[5], np.r_[hole]), np.delete(x, np.r_[hole]))

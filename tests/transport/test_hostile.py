@@ -233,8 +233,9 @@ def test_strangers_on_the_control_port_are_refused_counted_and_harmless(endpoint
 
 def test_a_wrong_secret_is_named_at_once(datapath):
     peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))
-    a = Endpoint(TransportConfig(datapath=datapath, rank=0, peers=peers, secret=auth.new_secret())).start()
-    b = Endpoint(TransportConfig(datapath=datapath, rank=1, peers=peers, secret=auth.new_secret())).start()
+    secret_a, secret_b = (auth.parse_secret(auth.new_secret()) for _ in range(2))
+    a = Endpoint(TransportConfig(datapath=datapath, rank=0, peers=peers, secret=secret_a)).start()
+    b = Endpoint(TransportConfig(datapath=datapath, rank=1, peers=peers, secret=secret_b)).start()
     try:
         t0 = time.monotonic()
         with pytest.raises(PeerUnreachable, match="job secret"):

@@ -1,7 +1,6 @@
 """The committed P4 artifacts agree with the Python side: one wire format, one port, one set of names."""
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def test_controller_constants_match_p4_defines():
 def test_committed_artifacts_are_fresh(tmp_path):
     """Recompiling p4/ gives exactly what p4/build holds (run `make p4` after editing P4)."""
     out_json, out_info = tmp_path / "dlcp.json", tmp_path / "dlcp.p4info.txt"
-    subprocess.run([shutil.which("p4c-bm2-ss"), "--arch", "v1model", "--std", "p4-16", "-I", "p4/include",
+    subprocess.run(["p4c-bm2-ss", "--arch", "v1model", "--std", "p4-16", "-I", "p4/include",
                     "--p4runtime-files", str(out_info), "-o", str(out_json), "p4/dlcp.p4"],
                    cwd=ROOT, check=True, capture_output=True)
     assert out_info.read_text() == pipeline.P4INFO.read_text(), "p4/build/dlcp.p4info.txt is stale: run make p4"

@@ -460,6 +460,10 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     ep = Endpoint(cfg).start(held.get(rank))
     try:
         ep.connect()
+        # Nobody leaves the constructor before everyone is connected (as gloo's full mesh): a
+        # fast rank that finished and closed could otherwise leave a slow one's connect waiting.
+        store.set(f"dlcp/connected/{rank}", "1")
+        store.wait([f"dlcp/connected/{r}" for r in range(world_size)], timeout)
     except BaseException:
         ep.close()
         raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import traceback
+from typing import Any
 
 import pytest
 import torch
@@ -29,13 +30,19 @@ def _spawn(fn, world: int, *args) -> dict:
     """Run ``fn(rank, world, port, *args)`` in ``world`` spawned processes; their results by rank."""
     port = _free_ports(1)[0]
     ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
+    q = ctx.Queue()
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, q, *args)) for r in range(world)]
     for p in procs:
         p.start()
-    out = {}
+    out: dict[int, Any] = {}
     for _ in range(world):
-        rank, ok, value = q.get()
+        try:
+            rank, ok, value = q.get(timeout=240)
+        except Exception:  # queue.Empty: name who never answered rather than hang
+            silent = sorted(set(range(world)) - set(out))
+            for p in procs:
+                p.kill()
+            pytest.fail(f"ranks {silent} gave no result within 240 s (exit codes {[p.exitcode for p in procs]})")
         if not ok:
             for p in procs:
                 p.kill()

@@ -146,6 +146,12 @@ def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> li
     return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
+def _check_inplace(buffers: Sequence[np.ndarray], what: str) -> None:
+    for b in buffers:
+        if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
+            raise ValueError(f"{what} needs contiguous 1-D float32 arrays")
+
+
 def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: Sequence) -> ExchangeStats:
     lost = [r.stats.lost_fraction for r in recv_results]
     stats.lost_fraction_max = max(lost, default=0.0)
@@ -540,9 +546,8 @@ class RingAllreduce:
 
         Example: ``ring.allreduce_inplace(it, [bucket])``
         """
-        for b in buffers:
-            if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
-                raise ValueError("allreduce_inplace needs contiguous 1-D float32 arrays")
+        _check_inplace(buffers, "allreduce_inplace")
+        for b in buffers:  # (all checked first: a bad one changes none)
             b *= np.float32(1.0 / self.n)
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
 
@@ -551,9 +556,7 @@ class RingAllreduce:
                     lost_values: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """Sum each of ``buffers`` (contiguous 1-D float32) over the ring in place, unscaled: a
         ``torch.distributed`` SUM. Returns what was lost, as :meth:`allreduce_inplace` does."""
-        for b in buffers:
-            if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
-                raise ValueError("sum_inplace needs contiguous 1-D float32 arrays")
+        _check_inplace(buffers, "sum_inplace")
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
 
     def allreduce_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,

@@ -250,3 +250,12 @@ def test_parameter_server_serves_iterations_back_to_back(endpoints):
             for w in range(n):
                 np.testing.assert_allclose(out[w][it][t], mean, rtol=1e-5, atol=1e-6)
     assert not server._posted  # nothing left posted after the last iteration
+
+
+def test_an_inplace_allreduce_with_one_bad_buffer_changes_none(endpoints):
+    ep, _ = endpoints(2)
+    ring = RingAllreduce(ep, [0, 1])
+    good = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        ring.allreduce_inplace(0, [good, np.ones(10, np.float64)])
+    np.testing.assert_array_equal(good, np.ones(10, np.float32))

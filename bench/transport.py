@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
+
 # 57 MB (14.25 M float32) in 12 tensors of uneven size (a scaled CNN-like profile, first layers
 # small). Earlier versions of this file called it 25 MB; the sizes are the same.
 TENSOR_ELEMS = [9_408, 36_864, 147_456, 294_912, 589_824, 1_179_648, 2_359_296, 2_359_296,
@@ -60,23 +61,10 @@ WARMUP = 2  # iterations or messages before timing starts: the first ones meet c
 
 # ----------------------------------------------------------------------------- plumbing
 
-def _ports(n: int) -> list[tuple[int, int]]:
-    socks, out = [], []
-    for _ in range(n):
-        u, t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
-        u.bind(("127.0.0.1", 0))
-        t.bind(("127.0.0.1", 0))
-        socks += [u, t]
-        out.append((u.getsockname()[1], t.getsockname()[1]))
-    for s in socks:
-        s.close()
-    return out
-
-
 def _peers(n: int):
     from hostagent.transport import Peer
 
-    return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(_ports(n)))
+    return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(n)))
 
 
 def _cpu() -> float:
@@ -158,7 +146,7 @@ def _bare_binary() -> Path:
 
 def _bare_pair(mtu: int, messages: int) -> tuple[list[tuple[int, float, float]], list[float]]:
     """Run the C++ bare pair: per message the receiver's (bytes, seconds, cpu) and the sender's cpu."""
-    exe, port = str(_bare_binary()), _ports(1)[0][0]
+    exe, port = str(_bare_binary()), free_port_pairs(1)[0][0]
     n, total, seg = messages + WARMUP, str(GOODPUT_ELEMS * 4), str(mtu - 28)
     rx = subprocess.Popen([exe, "recv", str(port), seg, str(n), total], stdout=subprocess.PIPE, text=True)
     tx = subprocess.run([exe, "send", str(port), seg, str(n), total], capture_output=True, text=True, check=True)
@@ -222,7 +210,7 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25
         lost = sum(GOODPUT_ELEMS * 4 - b for b, _, _ in rx) // (mtu - 28)
         return {"MB/s": statistics.median(rates), "cpu": cpu * 1e3 / mb * 100, "retx": 0, "overruns": lost}
     if kind == "gloo":
-        port = _ports(1)[0][1]
+        port = free_port_pairs(1)[0][1]
         tx, rx = _run(_gloo_p2p_proc, lambda r: (r, port, messages), 2)
         rates = [mb / t for t, _ in rx]
         cpu = statistics.median(c for _, c in tx) + statistics.median(c for _, c in rx)
@@ -328,7 +316,7 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
 def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
     """Sync ms per iteration (the slowest process's, median over iterations)."""
     if scheme == "gloo":
-        port = _ports(1)[0][1]
+        port = free_port_pairs(1)[0][1]
         rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations), 4)
     else:
         datapath, pattern, p, loss = scheme.split(":")
@@ -413,7 +401,7 @@ def _ddp_proc(rank: int, port: int, store_port: int, workload: str, scheme: str,
 
 
 def ddp_row(workload: str, scheme: str, steps: int) -> dict:
-    (port, _), (store, _) = _ports(2)
+    (port, _), (store, _) = free_port_pairs(2)
     rows = _run(_ddp_proc, lambda r: (r, port, store, workload, scheme, steps), 4)
     per_step = [max(r["times"][i] for r in rows) for i in range(steps)]
     return {"ms": statistics.median(per_step) * 1e3}
@@ -452,7 +440,7 @@ def testbed_workload(fusion: bool, iterations: int) -> dict:
     from topologies.runner import RunOptions, agent_spec
 
     opts = RunOptions(workers=4, iterations=iterations, compute_ms=0.0, fusion=fusion)
-    ports = _ports(5)
+    ports = free_port_pairs(5)
     spec = agent_spec(opts, Policy(), ["127.0.0.1"] * 5, ports)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "agent.json"

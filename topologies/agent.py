@@ -34,6 +34,7 @@ from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 from topologies.breakdown import iteration_breakdown
+from topologies.training import Training
 from topologies.workload import TRAINING_WORKLOADS, worker_plan
 
 
@@ -147,34 +148,26 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
     import torch
 
     import dlcp_torch
-    from dlcp_torch.workloads import get_workload
-    from dlcp_torch.workloads.base import accuracy
 
-    torch.set_num_threads(1)
-    workload = get_workload(spec["model"])
-    (xtr, ytr), (xte, yte) = workload.load_data()
-    model = workload.make_model(0)
+    train = Training.setup(spec, rank)
+    model = train.model
     ports = spec.get("ports") or [(spec["data_port"], spec["control_port"])] * len(spec["peer_ips"])
     peers = [f"{ip}:{d}:{c}" for ip, (d, c) in zip(spec["peer_ips"], ports)]
     session = dlcp_torch.init(spec["pattern"], rank=rank, world_size=spec["workers"], peers=peers, model=model,
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
                               offload=spec.get("offload", False), secret=spec.get("secret"))
-    inner, schedule = workload.make_optimizer(model.parameters(), workload.lr, spec["iterations"] + 1)
+    inner, schedule = train.optimizer(model.parameters())
     opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))
-    shard = torch.arange(rank, len(ytr), spec["workers"])
-    g = torch.Generator().manual_seed(100 + rank)
-    eval_every = spec.get("eval_every", 0)
 
     with open(out, "w") as f:
-        for it in range(spec["iterations"] + 1):
+        for it, x, y in train.batches():
             retx0, ctl0 = session.endpoint.stats.retransmitted_pkts, _ctl_frames(session.endpoint)
             n_lost = len(session.state.stats.lost_fractions)
             t0 = time.monotonic()
-            idx = shard[torch.randint(0, len(shard), (workload.batch,), generator=g)]
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
             t1 = time.monotonic()
             opt.step()
             if schedule is not None:
@@ -191,14 +184,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                 "messages": max(1, len(opt.buckets)),
                                 "control_frames": _ctl_frames(session.endpoint)[0] - ctl0[0],
                                 "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1]}) + "\n")
-            # every worker evaluates at the same iterations, outside the timed part, so none
-            # waits for another's evaluation (topologies/tta.py: time-to-accuracy)
-            if eval_every and (it % eval_every == 0 or it == spec["iterations"]):
-                f.write(json.dumps({"iteration": it, "rank": rank, "kind": "eval",
-                                    "accuracy": accuracy(model, xte, yte)}) + "\n")
-            f.flush()
-        f.write(json.dumps({"iteration": spec["iterations"] + 1, "rank": rank, "kind": "final",
-                            "accuracy": accuracy(model, xte, yte)}) + "\n")
+            train.evaluate(f, it)
     time.sleep(0.5)
     session.close()
 
@@ -222,7 +208,11 @@ def run_server(spec: dict, rank: int, out: Path | None = None) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
-    if rank == spec["workers"] and spec["pattern"] == "ps":
+    if spec.get("transport") == "gloo":  # what users run, for comparison (topologies.gloo_agent)
+        from topologies import gloo_agent
+
+        gloo_agent.main(spec, rank, Path(sys.argv[3]))
+    elif rank == spec["workers"] and spec["pattern"] == "ps":
         run_server(spec, rank, Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     elif spec["model"] in TRAINING_WORKLOADS:
         run_training(spec, rank, Path(sys.argv[3]))

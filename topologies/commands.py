@@ -39,7 +39,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
-                      timeout=args.timeout)
+                      timeout=args.timeout, reference=args.reference)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -142,12 +142,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default=d.topology)
     p.add_argument("--workers", type=_checked("workers"), default=d.workers)
     p.add_argument("--scheme", default=",".join(d.schemes),
-                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded")
+                   help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (DLCP's transport), gloo, "
+                        "gloo-fp16, powersgd (stock DDP over gloo, with PyTorch's fp16 or PowerSGD hook, on "
+                        "baseline's fabric); SCHEME:ps or SCHEME:ring names its pattern (gloo: always ring)")
+    p.add_argument("--reference", default=d.reference, metavar="SCHEME",
+                   help="the scheme speedups and the default accuracy target are against (default: gloo when "
+                        "it runs, else baseline)")
     p.add_argument("--iterations", type=_checked("iterations"), default=d.iterations)
     p.add_argument("--workload", choices=list(WORKLOADS), default=d.workload,
                    help="synthetic gradients with this model's per-tensor sizes, or real "
                    "training on digits or MNIST-1D (needs pip install -e '.[mnist1d]')")
-    p.add_argument("--pattern", choices=["ps", "ring"], default=d.pattern)
+    p.add_argument("--pattern", choices=["ps", "ring"], default=d.pattern,
+                   help="DLCP's pattern for a scheme that does not name one")
     p.add_argument("--scale", type=_checked("scale", float), default=d.scale,
                    help="multiply every tensor's size")
     p.add_argument("--compute-ms", type=_checked("compute_ms", float), default=d.compute_ms,
@@ -179,7 +185,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
     p.add_argument("--target-accuracy", type=_checked("target_accuracy", float), default=d.target_accuracy,
                    help="training workloads: the accuracy whose time-to-accuracy is reported (default: the "
-                        "baseline's final accuracy minus 0.5 points)")
+                        "reference scheme's final accuracy minus 0.5 points)")
     p.add_argument("--eval-every", type=_checked("eval_every"), default=d.eval_every,
                    help="training workloads: evaluate the test set every this many iterations "
                         "(default: iterations / 20)")

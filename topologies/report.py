@@ -4,8 +4,9 @@ Metrics per run of a scheme, over the measured iterations (the warm-up iteration
 communication-only calibration iterations are left out, the latter used only for E):
 
 * sync time: from the last gradient becoming ready to the last average arriving, p50/p99;
-* iteration time p50, and speedup = baseline's iteration p50 / this scheme's, paired by
-  repetition (run r of each, interleaved);
+* iteration time p50, and speedup = the reference's iteration p50 / this scheme's, paired by
+  repetition (run r of each, interleaved); the reference is what users run (``gloo``) when it
+  ran, else ``baseline``, or ``--reference``;
 * sync / bound: sync p50 over the line-rate bound (:mod:`topologies.bound`), how far from what
   the bottlenecks allow;
 * lost fraction and retransmitted packets;
@@ -21,7 +22,7 @@ communication-only calibration iterations are left out, the latter used only for
   fusion and the batched control path cost;
 * validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss;
 * training workloads: final accuracy, and time-to-accuracy (:mod:`topologies.tta`): training
-  seconds to a target accuracy (``--target-accuracy``, default the baseline's final accuracy
+  seconds to a target accuracy (``--target-accuracy``, default the reference's final accuracy
   minus 0.5 points), its speedup paired by run, and a plot of accuracy against training time.
 
 With ``--repeat N`` the summary gives, per scheme, medians over its runs with 95 % bootstrap
@@ -124,15 +125,21 @@ def _valid(s: dict) -> bool:
     return bool((s.get("validity") or {}).get("valid", True))
 
 
+def reference(results: dict) -> str:
+    """The scheme speedups are against: the run's (``results["reference"]``); results written
+    before runs had one compared with ``baseline``."""
+    return results.get("reference") or "baseline"
+
+
 def aggregate(results: dict) -> dict[str, dict]:
     """Per scheme: medians over its runs with bootstrap intervals, the paired speedup against
-    baseline (when it ran) and its verdict, and how many runs were valid.
+    the reference (:func:`reference`, when it ran) and its verdict, and how many runs were valid.
 
     Only valid runs count when a scheme has any (``basis`` says which): an invalid run measured
-    the machine, not the network. The speedup pairs run r of the scheme with baseline's run r,
-    both valid; the same fallback applies."""
+    the machine, not the network. The speedup pairs run r of the scheme with the reference's
+    run r, both valid; the same fallback applies."""
     names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
-    base_runs = _runs(results, "baseline")
+    base_runs = _runs(results, reference(results))
     base_ok = [s for s in base_runs if _valid(s)] or base_runs
     base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in base_ok}
     target = results.get("config", {}).get("target_accuracy")
@@ -186,6 +193,7 @@ def _jsonable(agg: dict) -> dict:
 
 def summary(results: dict) -> str:
     agg = aggregate(results)
+    ref = reference(results)
     repeated = any(r["runs"] > 1 for r in agg.values())
     fmt_ms = "{:.0f}"
     lines = []
@@ -193,7 +201,7 @@ def summary(results: dict) -> str:
             ("iter p50 ms", "iteration_p50_ms", fmt_ms), ("speedup", "speedup", "{:.2f}x"),
             ("sync/bound", "sync_over_bound", "{:.1f}")]
     width = 24 if repeated else 12
-    head = f"{'scheme':<10}{'valid':>7}" + "".join(f"{c:>{width}}" for c, _, _ in cols)
+    head = f"{'scheme':<12}{'valid':>7}" + "".join(f"{c:>{width}}" for c, _, _ in cols)
     head += f"{'lost':>8}{'retx':>7}{'E':>6}{'sel.drops':>10}{'tail':>6}{'msgs':>6}{'ctl':>5}"
     acc = any(not math.isnan(r["accuracy"].median) for r in agg.values())
     head += f"{'acc':>8}" if acc else ""
@@ -204,7 +212,7 @@ def summary(results: dict) -> str:
         e_text = f"{e.median:.2f}" if not math.isnan(e.median) else ("flag" if r["e_flags"] else "-")
         flag = ("" if r["valid_runs"] == r["runs"] else "  INVALID: no valid run" if not r["valid_runs"]
                 else f"  ({r['runs'] - r['valid_runs']} invalid run(s) left out)")
-        line = (f"{name:<10}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['lost_fraction_mean'].median:>8.2%}"
+        line = (f"{name:<12}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['lost_fraction_mean'].median:>8.2%}"
                 f"{r['retransmissions'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
                 f"{r['tail_drops'].median:>6.0f}{r['messages_per_iteration'].median:>6.0f}"
                 f"{r['control_frames_per_iteration'].median:>5.0f}")
@@ -212,12 +220,12 @@ def summary(results: dict) -> str:
             line += f"{r['accuracy'].median:>8.4f}"
         lines.append(line + flag)
     lines.append("medians over valid runs" + (" [95 % bootstrap interval]" if repeated else "")
-                 + "; speedup = baseline's iteration p50 / the scheme's, paired by run; sync/bound = sync p50 / "
+                 + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; sync/bound = sync p50 / "
                  "line-rate bound; msgs, ctl: messages and control frames per worker per iteration")
     for name, r in agg.items():
-        if "speedup" in r and name != "baseline" and repeated:
+        if "speedup" in r and name != ref and repeated:
             sp = r["speedup"]
-            lines.append(f"{name}: {verdict(sp)} than baseline (speedup {sp.text('{:.2f}')})" if sp.low is not None
+            lines.append(f"{name}: {verdict(sp)} than {ref} (speedup {sp.text('{:.2f}')})" if sp.low is not None
                          else f"{name}: speedup {sp.text('{:.2f}')}, {verdict(sp)}")
     lines += tta_lines(results, agg)
     for s in results["schemes"]:
@@ -244,13 +252,14 @@ def tta_lines(results: dict, agg: dict) -> list[str]:
         return []
     target = next(iter(rows.values()))["tta_target"]
     given = results.get("config", {}).get("target_accuracy") is not None
-    out = ["", f"time to accuracy {target:.4f} ({'--target-accuracy' if given else 'baseline final - 0.5 points'}),"
+    ref = reference(results)
+    out = ["", f"time to accuracy {target:.4f} ({'--target-accuracy' if given else ref + ' final - 0.5 points'}),"
                " training seconds (evaluations left out):"]
     for name, r in rows.items():
-        line = (f"  {name:<10}{r['tta_s'].text('{:.1f}') + ' s' if r['tta_reached'] else 'not reached':>24}"
+        line = (f"  {name:<12}{r['tta_s'].text('{:.1f}') + ' s' if r['tta_reached'] else 'not reached':>24}"
                 f"  reached in {r['tta_reached']}/{r['runs']} run(s); final accuracy {r['accuracy'].text('{:.4f}')}")
         sp = r.get("tta_speedup")
-        if sp is not None and name != "baseline" and sp.n:
+        if sp is not None and name != ref and sp.n:
             line += f"; speedup {sp.text('{:.2f}')}x" + (f", {verdict(sp)}" if sp.low is not None else "")
         out.append(line)
     return out
@@ -268,7 +277,7 @@ def breakdown_means(results: dict) -> dict[str, dict[str, float]]:
 
 
 def breakdown_lines(results: dict) -> list[str]:
-    return [f"  {name:<10}" + "  ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in mean.items())
+    return [f"  {name:<12}" + "  ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in mean.items())
             for name, mean in breakdown_means(results).items()]
 
 

@@ -10,7 +10,11 @@ and the summary, and tear everything down.
 Schemes (``topologies.schemes.SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
 selective drop), ``dlcp`` (all three mechanisms) and ablations that switch on one mechanism
 at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` (selective
-dropping), ``bounded`` (bounded-loss completion).
+dropping), ``bounded`` (bounded-loss completion); and what users run instead
+(``topologies.schemes.GLOO_SCHEMES``): ``gloo`` (stock DDP over gloo), ``gloo-fp16`` and
+``powersgd`` (PyTorch's compression hooks), on the baseline's fabric. A scheme may name its
+pattern (``dlcp:ring``); the speedups are against the reference scheme (``gloo`` when it runs,
+else ``baseline``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hostagent.auth import new_secret
@@ -36,7 +40,7 @@ from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from topologies.registry import REGISTRY, Registry
-from topologies.schemes import MIN_BUFFER, SCHEMES, check_schemes, policy_for
+from topologies.schemes import GLOO_SCHEMES, MIN_BUFFER, check_schemes, mechanisms, policy_for, split_label
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
@@ -88,15 +92,26 @@ class RunOptions:
     policy: Policy | None = None
     """The base policy (``--policy FILE``): each scheme keeps what of it that scheme turns on
     (:func:`topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
+    reference: str | None = None
+    """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
+    against; None: ``gloo`` when it runs (what users run), else ``baseline``."""
 
     def validate(self) -> None:
         """Raises :class:`UsageError` naming the first option out of its range or unknown."""
         if self.topology not in TOPOLOGIES:
             raise UsageError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
         try:
-            check_schemes(self.schemes)
+            names = [split_label(label, self.pattern)[0] for label in self.schemes]
+            check_schemes(tuple(names), tuple(GLOO_SCHEMES))
         except DlcpUserError as exc:
             raise UsageError(str(exc)) from None
+        if len(set(self.schemes)) != len(self.schemes):
+            raise UsageError(f"--scheme names a scheme twice: {list(self.schemes)}")
+        if self.reference is not None and self.reference not in self.schemes:
+            raise UsageError(f"--reference {self.reference!r} is not one of the run's schemes {list(self.schemes)}")
+        if "powersgd" in names and self.workload not in TRAINING_WORKLOADS:
+            raise UsageError(f"scheme powersgd compresses a real model's gradients: it needs a training workload "
+                             f"({', '.join(TRAINING_WORKLOADS)}), not {self.workload!r}")
         if self.workload not in WORKLOADS:
             raise UsageError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
         if self.pattern not in ("ps", "ring"):
@@ -135,6 +150,13 @@ def option_name(field: str) -> str:
     return {"capacity_pps": "--capacity"}.get(field, "--" + field.replace("_", "-"))
 
 
+def reference_scheme(opts: RunOptions) -> str | None:
+    """The scheme the run's speedups are against (:attr:`RunOptions.reference`)."""
+    if opts.reference is not None:
+        return opts.reference
+    return next((s for s in ("gloo", "baseline") if s in opts.schemes), None)
+
+
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
     """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and
     bound, from the run's base policy (``--policy``) when it has one."""
@@ -166,10 +188,10 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
     priority queueing; with it, only when ``cross_priority`` lifts the cross traffic above best
     effort. TCP cross traffic is elastic and not subtracted. Bounded loss lowers the packets a
     message needs to (1 - p) of them."""
-    if opts.workload not in ("resnet50", "vgg16", "transformer"):
-        return None
-    traffic = iteration_traffic(spec, topo, bounded=SCHEMES[scheme]["bounded"])
-    shares = not SCHEMES[scheme]["prio"] or bool(opts.cross_priority)
+    if opts.workload not in ("resnet50", "vgg16", "transformer") or GLOO_SCHEMES.get(scheme):
+        return None  # a compression hook's bytes on the wire are not DLCP's
+    traffic = iteration_traffic(spec, topo, bounded=mechanisms(scheme)["bounded"])
+    shares = not mechanisms(scheme)["prio"] or bool(opts.cross_priority)
     cross = {}
     if opts.cross_traffic and shares:
         src, dst = cross_pairs(topo)[0]
@@ -185,20 +207,29 @@ def testbed_rate(capacity_pps: int, mtu: int) -> dict:
     return bottleneck_rates(capacity_pps * mtu, mtu)
 
 
+#: The port of gloo's rendezvous store, on worker 0's host (``topologies.agent.run_gloo``).
+GLOO_STORE_PORT = 29500
+
+
 def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
-               ports: list[tuple[int, int]] | None = None) -> dict:
+               ports: list[tuple[int, int]] | None = None, scheme: str = "dlcp",
+               store_port: int = GLOO_STORE_PORT) -> dict:
     """What every host agent of a run reads (``topologies.agent``): peers, policy, workload, rates.
 
     ``ports`` gives each rank its own (data, control) ports (agents sharing one address, as on
     loopback); by default every host uses DLCP's ports. GSO/GRO stay off: a BMv2 switch reading
-    a veth would see a GSO super-packet as one packet.
+    a veth would see a GSO super-packet as one packet. A gloo ``scheme`` runs DDP over
+    ``torch.distributed`` instead of DLCP (``transport``, ``hook``), its store at worker 0's
+    address on ``store_port``.
     """
     spec = {"workers": opts.workers, "pattern": opts.pattern, "peer_ips": peer_ips, "data_port": 17649,
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
             "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
-            "secret": new_secret()}  # a fresh job secret per run: control connections must prove it
+            "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
+            "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
+            "store_port": store_port}
     if opts.workload in TRAINING_WORKLOADS:
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:
@@ -225,8 +256,10 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
-def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir: Path, registry: Registry,
+def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: Path, registry: Registry,
                 index: int, repeat: int, sock_dir: Path) -> dict:
+    """One run of the scheme ``label`` names (``dlcp``, ``dlcp:ring``, ``gloo``): its switch
+    configuration, then its agents (:func:`_measure_scheme`)."""
     from controller import pipeline
     from controller.apply import apply_network
     from controller.network import parse_network
@@ -234,13 +267,16 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     from controller.p4rt import Pipeline
     from controller.switch import Switch
 
-    sdir = run_dir / (scheme if opts.repeat == 1 else f"{scheme}-r{repeat + 1}")
+    scheme, pattern = split_label(label, opts.pattern)
+    opts = replace(opts, pattern=pattern)
+    name = label.replace(":", "-")
+    sdir = run_dir / (name if opts.repeat == 1 else f"{name}-r{repeat + 1}")
     sdir.mkdir(parents=True, exist_ok=True)
     policy = scheme_policy(scheme, opts)
     # With priority queueing, the agents' control connections (TCP, top priority's DSCP) get
     # the top queue; without it, everything shares queue 0.
-    dscp = {policy.dscp[q]: policy.priority_map[q] for q in range(policy.num_priorities)} if SCHEMES[scheme]["prio"] \
-        else None
+    dscp = {policy.dscp[q]: policy.priority_map[q] for q in range(policy.num_priorities)} \
+        if mechanisms(scheme)["prio"] else None
     netfile = topo.network(str(sock_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp)
     (sdir / "network.json").write_text(json.dumps(netfile, indent=2))
     network = parse_network(netfile, f"{scheme} network")
@@ -248,10 +284,10 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, run_dir:
     schema, pipe = P4Schema.load(pipeline.P4INFO), Pipeline.load(pipeline.P4INFO, pipeline.BMV2_JSON)
     with ExitStack() as stack:
         switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
-        label = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {scheme}" + (
+        progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
             f" r{repeat + 1}]" if opts.repeat > 1 else "]")
-        out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, label, switches)
-    return {**out, "repeat": repeat}
+        out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches)
+    return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat}
 
 
 def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, policy: Policy, sdir: Path,
@@ -279,7 +315,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
-    spec = agent_spec(opts, policy, peers)
+    spec = agent_spec(opts, policy, peers, scheme=scheme)
     (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
     (sdir / "agent.json").chmod(0o600)  # it holds the job secret
     bound = scheme_bound(topo, opts, scheme, spec)
@@ -442,7 +478,8 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     registry.save()
     sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes
     net = tnet.build(topo, run_dir, sock_dir)
-    results: dict = {"config": asdict(opts), "topology": topo.name, "schemes": []}
+    results: dict = {"config": asdict(opts), "topology": topo.name, "reference": reference_scheme(opts),
+                     "schemes": []}
     try:
         _progress(opts, "starting switches ...")
         tnet.start(net)

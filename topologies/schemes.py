@@ -3,6 +3,12 @@ the testbed (:mod:`topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 
 ``baseline`` is one FIFO queue, per-flow ECMP, a reliable transport and no selective drops;
 ``dlcp`` turns on all of DLCP's mechanisms; the others turn on one each (ablations).
+
+The testbed also runs what users run instead of DLCP (:data:`GLOO_SCHEMES`): stock
+``DistributedDataParallel`` over ``torch.distributed``'s gloo backend (TCP), alone or with
+PyTorch's own compression hooks, on the baseline's fabric. A scheme on the command line may
+name its communication pattern (``dlcp:ring``), so DLCP's PS and ring run beside gloo's ring
+in one interleaved run.
 """
 
 from __future__ import annotations
@@ -22,6 +28,42 @@ SCHEMES: dict[str, dict[str, bool]] = {
     "drop": {"prio": False, "lb": False, "drop": True, "bounded": False},
     "bounded": {"prio": False, "lb": False, "drop": False, "bounded": True},
 }
+
+
+#: What users run, by testbed scheme: stock DDP over gloo, with the DDP communication hook named
+#: (None: DDP's own all-reduce). Every one runs on the baseline's fabric (:func:`fabric_of`).
+GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "powersgd": "powersgd"}
+
+#: The communication patterns; gloo's all-reduce is a ring (it has no parameter server).
+PATTERNS = ("ps", "ring")
+
+
+def fabric_of(scheme: str) -> str:
+    """The :data:`SCHEMES` entry whose switches and policy ``scheme`` runs on: gloo's schemes
+    run on the baseline's (one FIFO queue, per-flow ECMP), as a user's cluster is."""
+    return "baseline" if scheme in GLOO_SCHEMES else scheme
+
+
+def mechanisms(scheme: str) -> dict[str, bool]:
+    """Which of DLCP's mechanisms ``scheme``'s fabric and transport turn on."""
+    return SCHEMES[fabric_of(scheme)]
+
+
+def split_label(label: str, pattern: str) -> tuple[str, str]:
+    """(scheme, pattern) of a scheme as given on the command line: ``dlcp:ring`` names its
+    pattern, ``dlcp`` takes the run's ``pattern``; gloo's schemes always run a ring.
+
+    Raises:
+        DlcpUserError: an unknown pattern, or a parameter server asked of gloo.
+    """
+    scheme, _, named = label.partition(":")
+    if named and named not in PATTERNS:
+        raise DlcpUserError(f"scheme {label!r}: unknown pattern {named!r}; choose from {list(PATTERNS)}")
+    if scheme in GLOO_SCHEMES:
+        if named == "ps":
+            raise DlcpUserError(f"scheme {label!r}: gloo has no parameter server (its all-reduce is a ring)")
+        return scheme, "ring"
+    return scheme, named or pattern
 
 
 def check_schemes(schemes: tuple[str, ...], extra: tuple[str, ...] = ()) -> None:
@@ -49,7 +91,7 @@ def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = P
     load-balancing mode, drop classes and thresholds, ECN threshold) instead of being derived
     from ``buffer``, so the file's tuning is what the experiment measures; ``loss_bound`` and
     ``ecn_backlog`` still come from the run's options."""
-    on = SCHEMES[scheme]
+    on = mechanisms(scheme)
     ref = base if base is not None else Policy()
     thresholds = ref.drop_thresholds if base is not None else (buffer * 3 // 4, buffer // 2, buffer // 4)
     return dataclasses.replace(

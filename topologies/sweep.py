@@ -3,7 +3,7 @@
 A sweep varies one parameter of :class:`~topologies.runner.RunOptions` across values, runs
 every scheme (with ``--repeat``) at each value, and writes ``sweep.csv`` (one row per value and
 scheme: medians with their 95 % intervals, the verdict, validity), ``sweep.md`` (the same as a
-Markdown table) and ``sweep.png`` (speedup over baseline with interval bars against the
+Markdown table) and ``sweep.png`` (speedup over the reference scheme with interval bars against the
 parameter). Each value keeps its own run
 directory, with its own results.json and summary, under the sweep's directory.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hostagent.errors import DlcpUserError, UsageError
-from topologies.report import aggregate
-from topologies.runner import RANGES, RunOptions, run
+from topologies.report import aggregate, reference
+from topologies.runner import RANGES, RunOptions, reference_scheme, run
 from topologies.stats import verdict
 
 
@@ -98,7 +98,7 @@ def rows_of(param: str, value: str, results: dict, run_dir: Path) -> list[dict]:
             row[key] = est.median if est else None
             row[f"{key}_ci_low"] = est.low if est else None
             row[f"{key}_ci_high"] = est.high if est else None
-        row["verdict"] = verdict(agg["speedup"]) if "speedup" in agg and scheme != "baseline" else ""
+        row["verdict"] = verdict(agg["speedup"]) if "speedup" in agg and scheme != reference(results) else ""
         row["run_dir"] = str(run_dir)
         rows.append(row)
     return rows
@@ -129,7 +129,7 @@ def markdown(rows: list[dict], param: str) -> str:
 
 
 def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
-    """Speedup over baseline (with interval bars) and DLCP-relevant sync p99 against the parameter;
+    """Speedup over the reference scheme (with interval bars) and DLCP-relevant sync p99 against the parameter;
     hollow markers are values where a scheme had invalid runs."""
     import matplotlib
 
@@ -151,7 +151,8 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
             if bad:
                 ax.scatter(*zip(*bad), s=90, facecolors="none", edgecolors=line[0].get_color())
     ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax1.set_ylabel("iteration speedup over baseline (x)")
+    ref = reference_scheme(base)
+    ax1.set_ylabel(f"iteration speedup over {ref} (x)" if ref else "iteration p50 ratio (x)")
     ax2.set_ylabel("sync time p99 (ms)")
     for ax in (ax1, ax2):
         ax.set_xlabel(PARAMS[param].unit)

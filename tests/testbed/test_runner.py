@@ -119,3 +119,26 @@ def test_killed_run_is_cleaned_up(tmp_path):
     assert res.returncode == 0 and "removed" in res.stdout
     time.sleep(1)
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}  # ... and clean removes all of it
+
+
+def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
+    """What users run (DDP over gloo, on the baseline's fabric) and DLCP's ring, interleaved in
+    one run; speedups and the accuracy target are against gloo."""
+    res = dlcp("run", "--topology", "star", "--workers", 2, "--scheme", "gloo,dlcp:ring", "--workload", "digits",
+               "--iterations", 4, "--eval-every", 2, "--capacity", 5000, "--quiet", "--out", tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run_dir = next(tmp_path.iterdir())
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["reference"] == "gloo"
+    gloo, ring = results["schemes"]
+    assert (gloo["scheme"], gloo["base_scheme"], gloo["pattern"]) == ("gloo", "gloo", "ring")
+    assert (ring["scheme"], ring["base_scheme"], ring["pattern"]) == ("dlcp:ring", "dlcp", "ring")
+    assert gloo["policy"]["lb_mode"] == "flow" and gloo["policy"]["num_drop_classes"] == 1
+    assert not (run_dir / "gloo" / "server.log").exists() and (run_dir / "dlcp-ring").is_dir()
+    for s in (gloo, ring):
+        assert [r["kind"] for r in s["iterations"]].count("measured") == 2 * 4
+        assert len(s["metrics"]["accuracy_trace"]) == 3 and 0 < s["metrics"]["accuracy"] <= 1
+    # gloo's TCP crossed the switch: the server-less star still forwarded its bytes
+    assert sum(r["forwarded_pkts"] for r in gloo["switches"]["s1"]["ports"]) > 100
+    assert "speedup = gloo's iteration p50" in res.stdout and "(gloo final - 0.5 points)" in res.stdout
+    assert _ours_left() == {"bmv2": [], "netns": [], "links": []}

@@ -1,0 +1,89 @@
+"""The schemes a testbed run compares: gloo's beside DLCP's, patterns named per scheme, the
+reference that speedups are against. Pure: nothing starts a switch or a process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hostagent.errors import DlcpUserError, UsageError
+from topologies.report import aggregate, summary
+from topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_bound, scheme_policy
+from topologies.schemes import GLOO_SCHEMES, mechanisms, split_label
+from topologies.topos import star
+
+from .test_report import _run, _training_run
+
+
+def test_a_scheme_may_name_its_pattern_and_gloo_is_always_a_ring():
+    assert split_label("dlcp", "ps") == ("dlcp", "ps")
+    assert split_label("dlcp:ring", "ps") == ("dlcp", "ring")
+    assert split_label("baseline:ps", "ring") == ("baseline", "ps")
+    assert split_label("gloo", "ps") == ("gloo", "ring") and split_label("powersgd:ring", "ps") == ("powersgd", "ring")
+    with pytest.raises(DlcpUserError, match="gloo has no parameter server"):
+        split_label("gloo-fp16:ps", "ring")
+    with pytest.raises(DlcpUserError, match="unknown pattern 'tree'"):
+        split_label("dlcp:tree", "ps")
+
+
+@pytest.mark.parametrize("scheme", sorted(GLOO_SCHEMES))
+def test_gloo_runs_on_the_baselines_fabric(scheme):
+    opts = RunOptions(schemes=(scheme,))
+    assert scheme_policy(scheme, opts) == scheme_policy("baseline", opts)
+    assert not any(mechanisms(scheme).values())
+    spec = agent_spec(opts, scheme_policy(scheme, opts), ["10.0.0.1", "10.0.0.2"], scheme=scheme)
+    assert spec["transport"] == "gloo" and spec["hook"] == GLOO_SCHEMES[scheme]
+    assert agent_spec(opts, scheme_policy("dlcp", opts), ["10.0.0.1"], scheme="dlcp")["transport"] == "dlcp"
+
+
+def test_the_line_rate_bound_is_dlcps_and_gloos_uncompressed_ring_only():
+    opts = RunOptions(schemes=("gloo", "gloo-fp16"), pattern="ring", workers=2)
+    topo = star(2)
+    spec = agent_spec(opts, scheme_policy("gloo", opts), ["10.0.0.1", "10.0.0.2"], scheme="gloo")
+    assert scheme_bound(topo, opts, "gloo", spec)["seconds"] > 0
+    assert scheme_bound(topo, opts, "gloo-fp16", spec) is None  # its bytes on the wire are half
+
+
+@pytest.mark.parametrize("opts, words", [
+    (RunOptions(schemes=("powersgd",)), "powersgd compresses a real model's gradients"),
+    (RunOptions(schemes=("gloo:ps",)), "gloo has no parameter server"),
+    (RunOptions(schemes=("dlcp", "dlcp")), "names a scheme twice"),
+    (RunOptions(schemes=("dlcp", "gloo"), reference="baseline"), "--reference 'baseline' is not one of"),
+    (RunOptions(schemes=("tcp",)), "unknown scheme(s) ['tcp']"),
+])
+def test_bad_schemes_are_refused_before_anything_starts(opts, words):
+    with pytest.raises(UsageError) as exc:
+        opts.validate()
+    assert words in str(exc.value)
+
+
+def test_every_known_combination_validates():
+    RunOptions(schemes=("gloo", "gloo-fp16", "powersgd", "dlcp", "dlcp:ring"), workload="mnist1d").validate()
+    RunOptions(schemes=("gloo", "gloo-fp16", "baseline", "dlcp:ring")).validate()
+
+
+def test_the_reference_is_what_users_run_when_it_runs():
+    assert reference_scheme(RunOptions(schemes=("baseline", "dlcp", "gloo"))) == "gloo"
+    assert reference_scheme(RunOptions(schemes=("baseline", "dlcp"))) == "baseline"
+    assert reference_scheme(RunOptions(schemes=("dlcp", "dlcp:ring"))) is None
+    assert reference_scheme(RunOptions(schemes=("gloo", "dlcp"), reference="dlcp")) == "dlcp"
+
+
+def test_speedups_and_the_accuracy_target_are_against_the_reference():
+    runs = []
+    for r in range(3):
+        runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
+        runs.append(_training_run("baseline", r, 2.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.95]))
+        runs.append(_training_run("dlcp:ring", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
+    results = {"config": {"target_accuracy": None}, "reference": "gloo", "schemes": runs}
+    agg = aggregate(results)
+    assert math.isclose(agg["dlcp:ring"]["speedup"].median, 2.0)
+    assert math.isclose(agg["baseline"]["speedup"].median, 0.5)
+    assert math.isclose(agg["dlcp:ring"]["tta_target"], 0.895 - 0.005)  # gloo's final (mean of workers) - 0.5
+    text = summary(results)
+    assert "speedup = gloo's iteration p50" in text and "dlcp:ring: faster than gloo" in text
+    assert "baseline: slower than gloo" in text and "(gloo final - 0.5 points)" in text
+    # results written before runs had a reference compared with baseline
+    old = {"schemes": [_run("baseline", 0, 1.0), _run("dlcp", 0, 0.5)]}
+    assert math.isclose(aggregate(old)["dlcp"]["speedup"].median, 2.0)

@@ -1,0 +1,211 @@
+"""The host agent of a gloo scheme: what users run instead of DLCP, on the same hosts and fabric.
+
+Started like DLCP's agent (``python -m topologies.agent SPEC RANK OUT``, with ``spec["transport"]
+== "gloo"``): the workers join a ``torch.distributed`` process group over gloo (TCP) whose store
+is on worker 0's host, and exchange gradients as stock ``DistributedDataParallel`` does, with
+PyTorch's own communication hook where the scheme names one (:data:`HOOKS`). There is no
+parameter server: gloo's all-reduce is a ring.
+
+* A training workload (digits, MNIST-1D) trains the same model from the same seed, on the same
+  shard and batches, with the same optimiser and evaluation points as DLCP's agent
+  (:class:`topologies.training.Training`); only the exchange differs.
+* A synthetic workload exchanges the same buckets as DLCP's agent, with the same simulated
+  backward pass: each bucket is all-reduced (asynchronously, as DDP's reducer does) as soon as it
+  is full; ``fp16`` sends it as float16 (as ``fp16_compress_hook`` does). PowerSGD needs a
+  real model's matrices and is refused there (:meth:`topologies.runner.RunOptions.validate`).
+
+The records are DLCP's agent's, with what means something for TCP: ``sync_time`` is from the
+last gradient being ready (a hook on every parameter) to the step's end, as DLCP's is;
+``breakdown`` has compute and transmission only (a TCP stream's first byte, recovery and
+retransmissions happen in the kernel, not in messages this agent can see); ``retransmissions``
+counts the TCP segments the host's network namespace resent (``RetransSegs``), which on a
+Mininet host are gloo's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from topologies.training import Training
+from topologies.workload import TRAINING_WORKLOADS, worker_plan
+
+#: The DDP communication hook of each gloo scheme's ``hook`` (None: DDP's own all-reduce).
+HOOKS = (None, "fp16", "powersgd")
+
+#: PowerSGD's settings: those of the example in PyTorch's documentation of ``PowerSGDState``
+#: (rank 1, vanilla all-reduce for the first 10 iterations, compress a tensor once that saves
+#: anything). Its constructor's own defaults start compressing only at iteration 1,000, which
+#: would make a 1,000-iteration run plain gloo.
+POWERSGD = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 10, "min_compression_rate": 0.5}
+
+
+def tcp_retransmissions() -> int:
+    """TCP segments this network namespace has resent (``RetransSegs`` of /proc/net/snmp)."""
+    lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines() if line.startswith("Tcp:")]
+    names, values = lines[0], lines[1]
+    return int(values[names.index("RetransSegs")])
+
+
+def interface_of(ip: str) -> str:
+    """The interface holding address ``ip`` in this namespace, for ``GLOO_SOCKET_IFNAME``: gloo
+    otherwise binds to what the machine's host name resolves to, which in a Mininet host is not
+    an address the other hosts can reach."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if fields[3].split("/")[0] == ip:
+            return fields[1]
+    raise RuntimeError(f"no interface of this host has address {ip}")
+
+
+def join(spec: dict, rank: int) -> None:
+    """Join the job's gloo process group; the store is on worker 0's host."""
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = interface_of(spec["peer_ips"][rank])
+    dist.init_process_group("gloo", init_method=f"tcp://{spec['peer_ips'][0]}:{spec['store_port']}", rank=rank,
+                            world_size=spec["workers"], timeout=timedelta(seconds=spec["deadline"] + 60))
+
+
+def leave() -> None:
+    """Leave the group together: worker 0 hosts the store, and a worker still tearing down when
+    it is gone aborts (``terminate called without an active exception``, seen 1 run in 5)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def register_hook(ddp: Any, hook: str | None) -> None:
+    """PyTorch's own hook for ``hook`` on ``ddp``: ``fp16_compress_hook`` or PowerSGD (:data:`POWERSGD`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, **POWERSGD)  # type: ignore[arg-type]
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook is not None:
+        raise ValueError(f"unknown hook {hook!r}; one of {HOOKS}")
+
+
+def _record(rank: int, it: int, kind: str, t0: float, ready: float, end: float, retx: int, messages: int) -> dict:
+    return {"iteration": it, "rank": rank, "kind": kind, "iteration_time": end - t0, "t_start": t0, "t_end": end,
+            "sync_time": end - ready, "comm_span": end - ready, "compute_time": ready - t0,
+            "breakdown": {"compute": ready - t0, "first_byte": 0.0, "transmission": end - ready, "recovery": 0.0},
+            "lost_fraction": 0.0, "retransmissions": retx, "messages": messages}
+
+
+def run_training(spec: dict, rank: int, out: Path) -> None:
+    """Stock DDP over gloo on a training workload (see the module docstring)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    train = Training.setup(spec, rank)
+    join(spec, rank)
+    ddp = DistributedDataParallel(train.model)
+    register_hook(ddp, spec.get("hook"))
+    opt, schedule = train.optimizer(ddp.parameters())
+    ready = [0.0]
+
+    def stamp(_p: torch.Tensor) -> None:
+        ready[0] = time.monotonic()
+
+    for p in ddp.parameters():
+        p.register_post_accumulate_grad_hook(stamp)
+    with open(out, "w") as f:
+        for it, x, y in train.batches():
+            retx0 = tcp_retransmissions()
+            t0 = time.monotonic()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()  # DDP waits for its all-reduces here
+            opt.step()
+            if schedule is not None:
+                schedule.step()
+            end = time.monotonic()
+            f.write(json.dumps(_record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
+                                       tcp_retransmissions() - retx0, 0)) + "\n")
+            train.evaluate(f, it)
+    leave()
+
+
+def _all_reduce(hook: str | None) -> Callable[[np.ndarray], Callable[[], None]]:
+    """Start averaging one bucket in place over the group; returns the wait for it."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+
+    def start(flat: np.ndarray) -> Callable[[], None]:
+        t = torch.from_numpy(flat)
+        wire = t.to(torch.float16) if hook == "fp16" else t
+        work = dist.all_reduce(wire, async_op=True)
+
+        def wait() -> None:
+            work.wait()
+            if wire is not t:
+                t.copy_(wire)
+            t.div_(world)
+        return wait
+    return start
+
+
+def run_worker(spec: dict, rank: int, out: Path) -> None:
+    """Synthetic gradients of a model profile over gloo: the buckets and backward pass of DLCP's
+    agent (:func:`topologies.agent.run_worker`), each bucket all-reduced as it fills."""
+    import torch
+
+    from hostagent.fusion import Bucketer
+
+    if spec.get("hook") not in (None, "fp16"):
+        raise ValueError(f"hook {spec.get('hook')!r} needs a training workload")
+    torch.set_num_threads(1)
+    join(spec, rank)
+    sizes, _, buckets = worker_plan(spec)
+    packer = Bucketer(buckets)
+    rng = np.random.default_rng(rank)
+    grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    per_tensor = [spec["compute_ms"] / 1e3 * n / sum(sizes) for n in sizes]
+    start = _all_reduce(spec.get("hook"))
+    first_calib = spec["iterations"] + 1
+    with open(out, "w") as f:
+        for it in range(spec["iterations"] + spec.get("calibration_iterations", 3) + 1):
+            calib = it >= first_calib
+            retx0 = tcp_retransmissions()
+            packer.reset()
+            t0 = due = time.monotonic()
+            waits, ready_at = [], []
+            for t in reversed(range(len(sizes))):  # backward: the output layer's gradient exists first
+                if not calib and per_tensor[t] > 0:
+                    due += per_tensor[t]
+                    time.sleep(max(0.0, due - time.monotonic()))
+                ready_at.append(time.monotonic())
+                waits += [start(flat) for _, flat in packer.add(t, grads[t])]
+            for wait in waits:
+                wait()
+            end = time.monotonic()
+            kind = "calibration" if calib else ("warmup" if it == 0 else "measured")
+            rec = _record(rank, it, kind, t0, ready_at[-1], end, tcp_retransmissions() - retx0, len(buckets))
+            rec["comm_span"] = end - ready_at[0]
+            if calib:
+                rec["compute_time"] = 0.0
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+    leave()
+
+
+def main(spec: dict, rank: int, out: Path) -> None:
+    """Run worker ``rank`` of a gloo scheme (the runner starts no server for one)."""
+    if spec["model"] in TRAINING_WORKLOADS:
+        run_training(spec, rank, out)
+    else:
+        run_worker(spec, rank, out)

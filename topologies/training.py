@@ -1,0 +1,65 @@
+"""What every training agent of a testbed run shares, DLCP's (:mod:`topologies.agent`) and
+gloo's (:mod:`topologies.gloo_agent`): the model, its data, this worker's batches, the optimiser
+and the evaluations, so schemes differ only in how gradients are exchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Training:
+    """What every training agent (DLCP's or gloo's) shares for one worker, so the schemes train
+    the same model from the same seed on the same shard, batch by batch, and evaluate it at the
+    same iterations: only the exchange differs."""
+
+    spec: dict
+    rank: int
+    workload: Any
+    model: Any
+    data: Any
+
+    @classmethod
+    def setup(cls, spec: dict, rank: int) -> Training:
+        import torch
+
+        from dlcp_torch.workloads import get_workload
+
+        torch.set_num_threads(1)
+        workload = get_workload(spec["model"])
+        data = workload.load_data()
+        return cls(spec, rank, workload, workload.make_model(0), data)
+
+    def batches(self) -> Iterator[tuple[int, Any, Any]]:
+        """(iteration, inputs, labels) for the warm-up iteration 0 and every measured one: this
+        worker's shard (every ``workers``-th sample from ``rank``), drawn by its own generator."""
+        import torch
+
+        (xtr, ytr), _ = self.data
+        shard = torch.arange(self.rank, len(ytr), self.spec["workers"])
+        g = torch.Generator().manual_seed(100 + self.rank)
+        for it in range(self.spec["iterations"] + 1):
+            idx = shard[torch.randint(0, len(shard), (self.workload.batch,), generator=g)]
+            yield it, xtr[idx], ytr[idx]
+
+    def optimizer(self, params) -> tuple[Any, Any]:
+        """The workload's optimiser and schedule, annealed over the run's iterations."""
+        return self.workload.make_optimizer(params, self.workload.lr, self.spec["iterations"] + 1)
+
+    def evaluate(self, f, it: int) -> None:
+        """Every worker evaluates at the same iterations, outside the timed part, so none waits
+        for another's evaluation (:mod:`topologies.tta`); the last one is also the final."""
+        from dlcp_torch.workloads.base import accuracy
+
+        (_, _), (xte, yte) = self.data
+        every, last = self.spec.get("eval_every", 0), self.spec["iterations"]
+        if every and (it % every == 0 or it == last):
+            f.write(json.dumps({"iteration": it, "rank": self.rank, "kind": "eval",
+                                "accuracy": accuracy(self.model, xte, yte)}) + "\n")
+        if it == last:
+            f.write(json.dumps({"iteration": last + 1, "rank": self.rank, "kind": "final",
+                                "accuracy": accuracy(self.model, xte, yte)}) + "\n")
+        f.flush()

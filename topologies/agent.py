@@ -183,8 +183,13 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                 "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0,
                                 "messages": max(1, len(opt.buckets)),
                                 "control_frames": _ctl_frames(session.endpoint)[0] - ctl0[0],
-                                "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1]}) + "\n")
+                                "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1],
+                                "message_trace": message_trace(list(session.endpoint.message_log), it, t0),
+                                "rate_trace": rate_trace(list(session.endpoint.rate_log), spec["mtu"], t0, end)})
+                    + "\n")
             train.evaluate(f, it)
+        f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": session.endpoint.endpoint_stats()},
+                           default=str) + "\n")
     time.sleep(0.5)
     session.close()
 

@@ -22,7 +22,7 @@ from hostagent.packetizer import elems_per_packet
 from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy, drop_classes, packet_magnitudes
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
-from hostagent.transport_config import TransportConfig
+from hostagent.transport_config import TransportConfig, bottleneck_timers
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
 from topologies.schemes import MIN_BUFFER, check_schemes, policy_for
@@ -351,11 +351,13 @@ def _dctcp_increase(opts: SimOptions) -> list[str]:
             f"max_increase_span_us {idle * rc.max_increase_span / rc.increase_interval:g}", "slow_start 1"]
 
 
-def _agent_feedback(burst_bytes: int) -> list[str]:
+def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
     """Scenario lines of the host agent's report timers, timed increase, cut once per window
     and token-bucket pacing of ``burst_bytes`` (``host_model agent``), from the agent's own
-    configuration."""
+    configuration with ``timers`` set for the bottleneck as the testbed sets them
+    (:func:`hostagent.transport_config.bottleneck_timers`)."""
     tc: dict[str, Any] = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
+    tc.update(timers)
     rc = RateConfig()
     return [f"burst_bytes {burst_bytes}", "cut_per_window 1", f"cut_hold_answers {CUT_HOLD_ANSWERS}",
             f"cut_hold_min_us {CUT_HOLD_MIN_REPORTS * tc['feedback_interval'] * 1e6:g}",
@@ -373,7 +375,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
     policy = sim_policy(scheme, opts)
     host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
     # hosts configured as on the testbed, for the narrowest link on their paths
-    rate = bottleneck_rates(min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8, opts.mtu)
+    narrowest = min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8
+    rate = bottleneck_rates(narrowest, opts.mtu)
     idle, probe = timers_us(opts)
     lines = [
         f"leaves {opts.leaves}", f"spines {opts.spines}", f"hosts_per_leaf {opts.hosts_per_leaf}",
@@ -388,7 +391,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
-        *(_agent_feedback(rate["burst_bytes"]) if opts.host_model == "agent" else _dctcp_increase(opts)),
+        *(_agent_feedback(rate["burst_bytes"], bottleneck_timers(narrowest, opts.mtu)) if opts.host_model == "agent"
+          else _dctcp_increase(opts)),
         f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}",
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",

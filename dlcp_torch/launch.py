@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -161,7 +161,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
          error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
          connect_timeout: float = 30.0, rate: RateConfig | None = None, offload: bool = True,
-         secret: str | bytes | None = None) -> DLCPSession:
+         secret: str | bytes | None = None, timers: Mapping[str, float] | None = None) -> DLCPSession:
     """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
 
     Args:
@@ -176,6 +176,9 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
             module docstring.
         offload: UDP GSO/GRO where the kernel takes them (off where a software switch reads
             the hosts' links, as in the testbed).
+        timers: :class:`~hostagent.transport.TransportConfig` timers to set instead of their
+            defaults (``feedback_interval``, ...), as
+            :func:`hostagent.transport_config.bottleneck_timers` gives them for a slow path.
 
     Example: ``session = dlcp_torch.init("ps", model=model)``
     """
@@ -195,6 +198,11 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
     policy = policy or Policy()
     base: dict[str, Any] = dict(peers=all_peers, policy=policy, mtu=mtu, message_deadline=message_deadline,
                 connect_timeout=connect_timeout, rate=rate or RateConfig(), offload=offload, secret=key)
+    settable = {f.name for f in fields(TransportConfig)} - set(base) - {"rank", "loss"}
+    if set(timers or {}) - settable:
+        raise ValueError(f"timers: {sorted(set(timers or {}) - settable)} are not TransportConfig fields init "
+                         f"leaves to set")
+    base.update(timers or {})
     server_rank = world if with_server else None
     server_ep: Endpoint | None = None
     server: tuple = ()

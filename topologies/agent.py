@@ -43,7 +43,8 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     peers = tuple(Peer(r, ip, d, c) for r, (ip, (d, c)) in enumerate(zip(spec["peer_ips"], ports)))
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
-                          connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"))
+                          connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"),
+                          **spec.get("timers", {}))
     return Endpoint(cfg).start()
 
 
@@ -156,7 +157,8 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
     session = dlcp_torch.init(spec["pattern"], rank=rank, world_size=spec["workers"], peers=peers, model=model,
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
-                              offload=spec.get("offload", False), secret=spec.get("secret"))
+                              offload=spec.get("offload", False), secret=spec.get("secret"),
+                              timers=spec.get("timers"))
     inner, schedule = train.optimizer(model.parameters())
     opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))

@@ -1,4 +1,4 @@
-"""The testbed's sub-commands of ``dlcp``: run, sweep, calibrate, converge and clean.
+"""The testbed's sub-commands of ``dlcp``: run, sweep, calibrate, report, converge and clean.
 
 Each layer registers its own commands, so the program (:mod:`dlcp.cli`) sits above them all and
 this package needs nothing from the simulator above it.
@@ -7,13 +7,15 @@ this package needs nothing from the simulator above it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hostagent.clikit import number
-from hostagent.errors import DlcpUserError
+from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.schemes import add_ecn_backlog_argument
 
@@ -40,6 +42,23 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
                       timeout=args.timeout, reference=args.reference)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print each run's Markdown section (:func:`topologies.results_table.markdown`)."""
+    from topologies.results_table import markdown
+
+    for given in args.results:
+        path = Path(given)
+        path = path / "results.json" if path.is_dir() else path
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{given}: not a run's results ({exc})") from None
+        if not isinstance(results, dict) or "schemes" not in results:
+            raise UsageError(f"{given}: not a run's results (no schemes)")
+        print(markdown(results, str(given)))
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -212,6 +231,9 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser("report", help="a run's results as Markdown tables for a results page (from results.json)")
+    p.add_argument("results", nargs="+", metavar="RESULTS", help="results.json files (or their run directories)")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
                        "on loopback (real training; no root)")
     from topologies.converge_run import add_converge_arguments, cmd_converge

@@ -36,6 +36,7 @@ from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_PRIORITIES, MAX_QUEUE_DEPTH, Policy
 from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
+from hostagent.transport_config import bottleneck_timers
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
@@ -226,6 +227,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
             "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
+            "timers": bottleneck_timers(opts.capacity_pps * opts.mtu, opts.mtu),
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
             "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
@@ -455,6 +457,20 @@ def _counter_delta(before: dict, after: dict) -> dict:
     return out
 
 
+def provenance(stamp: str) -> dict:
+    """What made a run, for its results page: the command line, the source commit (``-dirty``
+    with uncommitted changes; None outside a git checkout) and the start time."""
+    repo = Path(__file__).resolve().parents[1]
+    commit = None
+    if (repo / ".git").exists():
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD") or None
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "-dirty"
+    return {"command": " ".join(["dlcp", *sys.argv[1:]]), "commit": commit, "started": stamp}
+
+
 def run(opts: RunOptions) -> tuple[Path, dict]:
     """Run every scheme on one network; returns the run directory and the results."""
     opts.validate()
@@ -479,7 +495,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes
     net = tnet.build(topo, run_dir, sock_dir)
     results: dict = {"config": asdict(opts), "topology": topo.name, "reference": reference_scheme(opts),
-                     "schemes": []}
+                     "provenance": provenance(stamp), "schemes": []}
     try:
         _progress(opts, "starting switches ...")
         tnet.start(net)

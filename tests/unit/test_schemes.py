@@ -87,3 +87,29 @@ def test_speedups_and_the_accuracy_target_are_against_the_reference():
     # results written before runs had a reference compared with baseline
     old = {"schemes": [_run("baseline", 0, 1.0), _run("dlcp", 0, 0.5)]}
     assert math.isclose(aggregate(old)["dlcp"]["speedup"].median, 2.0)
+
+
+def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
+    import json
+
+    from dlcp import cli
+    from topologies.results_table import markdown
+
+    runs = []
+    for r in range(3):
+        runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
+        runs.append(_training_run("dlcp", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
+        runs[-1]["cross"] = {"udp": {"loss": 0.1}, "tcp": {"retrans_pkts": 40, "goodput_mbps": 2.0}}
+    results = {"config": {"target_accuracy": None, "iterations": 10}, "reference": "gloo", "schemes": runs,
+               "provenance": {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}}
+    text = markdown(results)
+    row = next(line for line in text.splitlines() if line.startswith("| `dlcp`"))
+    assert "| 3/3 | 500 [500, 500] | 2.00 [2.00, 2.00]x |" in row
+    assert "UDP loss 10.0 %, TCP 40 resent, 2.00 Mbit/s" in row
+    assert "`dlcp` is faster than `gloo` per iteration" in text and "commit abc1234" in text
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert "| `gloo` | 3/3 | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
+    assert "not a run's results" in capsys.readouterr().err

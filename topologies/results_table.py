@@ -1,0 +1,105 @@
+"""Markdown tables of a testbed run, generated from its ``results.json`` (``dlcp report``), so a
+results page is regenerated from its results files, never typed by hand.
+
+Pure functions: a results dict in, Markdown text out. The figures are the report's
+(:func:`topologies.report.aggregate`): medians over valid runs with 95 % bootstrap intervals,
+speedups paired by run against the reference scheme.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from topologies.report import aggregate, describe, reference
+from topologies.stats import Estimate, verdict
+
+
+def _cell(est: Estimate | None, fmt: str, suffix: str = "") -> str:
+    if est is None or math.isnan(est.median):
+        return "-"
+    return est.text(fmt) + suffix
+
+
+def _cross(rows: list[dict]) -> str:
+    """The cross traffic beside a scheme, medians over its runs: UDP loss, TCP resent and goodput."""
+    udp = [c["udp"]["loss"] for c in rows if (c.get("udp") or {}).get("loss") is not None]
+    retx = [c["tcp"]["retrans_pkts"] for c in rows if (c.get("tcp") or {}).get("retrans_pkts") is not None]
+    good = [c["tcp"]["goodput_mbps"] for c in rows if (c.get("tcp") or {}).get("goodput_mbps") is not None]
+    parts = []
+    if udp:
+        parts.append(f"UDP loss {100 * float(np.median(udp)):.1f} %")
+    if retx:
+        parts.append(f"TCP {float(np.median(retx)):.0f} resent")
+    if good:
+        parts.append(f"{float(np.median(good)):.2f} Mbit/s")
+    return ", ".join(parts) or "-"
+
+
+def scheme_table(results: dict) -> str:
+    """One row per scheme: valid runs, iteration p50, speedup against the reference, time to
+    accuracy and its speedup (training workloads), final accuracy, and the cross traffic's
+    loss, retransmissions and goodput beside it."""
+    agg = aggregate(results)
+    ref = reference(results)
+    training = any("tta_s" in r for r in agg.values())
+    head = ["scheme", "valid runs", "iteration p50 ms", f"x {ref} (iteration)"]
+    if training:
+        head += ["time to accuracy s", f"x {ref} (time to accuracy)", "reached", "final accuracy %"]
+    head += ["cross traffic beside it"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in agg.items():
+        sp = r.get("speedup")
+        cells: list[Any] = [f"`{name}`", f"{r['valid_runs']}/{r['runs']}", _cell(r["iteration_p50_ms"], "{:.0f}"),
+                            "1" if name == ref else _cell(sp, "{:.2f}", "x")]
+        if training:
+            tta = r.get("tta_s")
+            ts = r.get("tta_speedup")
+            acc = r["accuracy"]
+            cells += [_cell(tta, "{:.1f}") if r.get("tta_reached") else "not reached",
+                      "1" if name == ref else _cell(ts, "{:.2f}", "x"),
+                      f"{r.get('tta_reached', 0)}/{r['runs']}",
+                      "-" if math.isnan(acc.median) else Estimate(100 * acc.median,
+                                                                  None if acc.low is None else 100 * acc.low,
+                                                                  None if acc.high is None else 100 * acc.high,
+                                                                  acc.n).text("{:.2f}")]
+        cells.append(_cross(r["cross"]))
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(results: dict) -> list[str]:
+    """One sentence per scheme whose paired interval allows a call against the reference."""
+    agg = aggregate(results)
+    ref = reference(results)
+    out = []
+    for name, r in agg.items():
+        for key, what in (("speedup", "per iteration"), ("tta_speedup", "to the accuracy target")):
+            est = r.get(key)
+            if name != ref and est is not None and est.low is not None:
+                out.append(f"`{name}` is {verdict(est)} than `{ref}` {what}: {est.text('{:.2f}')}x.")
+    return out
+
+
+def markdown(results: dict, source: str = "") -> str:
+    """The run as a results-page section: what ran, the table, the calls, provenance."""
+    c = results.get("config", {})
+    prov = results.get("provenance") or {}
+    targets = [r["tta_target"] for r in aggregate(results).values() if "tta_target" in r]
+    target = f", target accuracy {100 * targets[0]:.2f} %" if targets else ""
+    lines = [f"**Run**: {describe(results)}; {c.get('iterations')} iterations{target}.", ""]
+    if prov:
+        lines += [f"Command: `{prov.get('command', '?')}` at commit {prov.get('commit', '?')}, "
+                  f"started {prov.get('started', '?')}.", ""]
+    if source:
+        lines += [f"Results file: `{source}`.", ""]
+    lines.append(scheme_table(results))
+    calls = verdicts(results)
+    if calls:
+        lines += ["", *calls]
+    lines.append("")
+    lines.append("Medians over valid runs, 95 % bootstrap intervals over runs in brackets (none with fewer than "
+                 "3 runs); speedups paired by run (run r of each scheme, interleaved).")
+    return "\n".join(lines) + "\n"

@@ -46,7 +46,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Print each run's Markdown section (:func:`topologies.results_table.markdown`)."""
-    from topologies.results_table import markdown
+    from topologies.results_table import markdown, slim
 
     for given in args.results:
         path = Path(given)
@@ -57,7 +57,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise UsageError(f"{given}: not a run's results ({exc})") from None
         if not isinstance(results, dict) or "schemes" not in results:
             raise UsageError(f"{given}: not a run's results (no schemes)")
-        print(markdown(results, str(given)))
+        source = str(given)
+        if args.slim:
+            out = Path(args.slim) / f"{path.parent.name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(slim(results), indent=1) + "\n")
+            source = str(out)
+        print(markdown(results, source))
     return 0
 
 
@@ -233,6 +239,9 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("report", help="a run's results as Markdown tables for a results page (from results.json)")
     p.add_argument("results", nargs="+", metavar="RESULTS", help="results.json files (or their run directories)")
+    p.add_argument("--slim", metavar="DIR", default=None,
+                   help="also write each run's results without its per-iteration records to DIR/<run>.json: "
+                        "small enough to keep beside a results page, and enough to regenerate its tables")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
                        "on loopback (real training; no root)")

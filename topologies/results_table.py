@@ -83,6 +83,15 @@ def verdicts(results: dict) -> list[str]:
     return out
 
 
+def slim(results: dict) -> dict:
+    """``results`` without what only the run directory needs: each run's per-iteration records,
+    CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
+    traffic and bound stay, which is all :func:`markdown` reads."""
+    keep = ("scheme", "base_scheme", "pattern", "repeat", "policy", "metrics", "validity", "cross", "bound")
+    return {**{k: v for k, v in results.items() if k != "schemes"},
+            "schemes": [{k: s[k] for k in keep if k in s} for s in results["schemes"]]}
+
+
 def markdown(results: dict, source: str = "") -> str:
     """The run as a results-page section: what ran, the table, the calls, provenance."""
     c = results.get("config", {})

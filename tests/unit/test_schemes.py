@@ -111,5 +111,12 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     path.write_text(json.dumps(results))
     assert cli.main(["report", str(tmp_path)]) == 0
     assert "| `gloo` | 3/3 | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
+    # a slim copy (no per-iteration records) regenerates the same tables
+    assert cli.main(["report", str(path), "--slim", str(tmp_path / "slim")]) == 0
+    full = capsys.readouterr().out
+    slim = json.loads((tmp_path / "slim" / f"{tmp_path.name}.json").read_text())
+    assert all("iterations" not in s for s in slim["schemes"])
+    assert cli.main(["report", str(tmp_path / "slim" / f"{tmp_path.name}.json")]) == 0
+    assert capsys.readouterr().out.split("| scheme")[1] == full.split("| scheme")[1]
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
     assert "not a run's results" in capsys.readouterr().err

@@ -44,7 +44,7 @@ import numpy as np
 from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
 from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, drop_classes, droppable_packets, layer_priorities, packet_magnitudes
+from hostagent.policy import Policy, drop_classes, layer_priorities, packet_magnitudes
 from hostagent.transport import Endpoint
 
 log = logging.getLogger(__name__)
@@ -360,8 +360,7 @@ class PSServer:
                 self._sizes[t] = agg.size
             priority = prio_of.setdefault(t, self._priority(results[0]))
             layout = _echo_layout(results)
-            classes = drop_classes(packet_magnitudes(agg, per, self.policy.magnitude), self.policy,
-                                   droppable_packets(agg.size, per, self.policy.loss_bound_pull))
+            classes = drop_classes(packet_magnitudes(agg, per, self.policy.magnitude), self.policy)
             for w in self.workers:
                 replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
                                             loss_bound=self.policy.loss_bound_pull, iteration=iteration, tensor_id=t,

@@ -140,8 +140,7 @@ class PacketBatch:
 
 
 def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DEFAULT_MTU,
-              packet_priorities: np.ndarray | None = None, packet_layers: np.ndarray | None = None,
-              droppable: int | None = None) -> PacketBatch:
+              packet_priorities: np.ndarray | None = None, packet_layers: np.ndarray | None = None) -> PacketBatch:
     """Split ``data`` into DLCP data packets tagged by ``meta`` and ``policy``.
 
     Args:
@@ -155,8 +154,6 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
             each packet (:func:`hostagent.policy.packet_tags` computes them from the layout);
             ``meta.priority`` otherwise.
         packet_layers: likewise the layer field of each packet; ``meta.layer`` otherwise.
-        droppable: at most this many packets get a drop class above 0
-            (:func:`hostagent.policy.droppable_packets` of the message's bound); None: no cap.
 
     Returns:
         A :class:`PacketBatch`; an empty ``data`` gives zero packets.
@@ -199,7 +196,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
     counts = np.full(n, per, dtype=np.uint16)
     if n and flat.size % per:
         counts[-1] = flat.size % per
-    classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy, droppable)
+    classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)
     headers = wire.encode_headers(
         n,
         ptype=wire.PacketType.DATA,

@@ -444,7 +444,7 @@ def _magnitudes_into(block: np.ndarray, dest: np.ndarray, kind: str) -> None:
         dest[:] = np.abs(block).max(axis=1) if block.size else 0.0
 
 
-def drop_classes(magnitudes: np.ndarray, policy: Policy, budget: int | None = None) -> np.ndarray:
+def drop_classes(magnitudes: np.ndarray, policy: Policy) -> np.ndarray:
     """Drop class of each packet from its magnitude, by per-message quantiles.
 
     The largest ``shares()[0]`` of the packets get class 0 (never dropped), the next
@@ -452,57 +452,9 @@ def drop_classes(magnitudes: np.ndarray, policy: Policy, budget: int | None = No
     are dropped first. Ranks, not values, decide, so the shares are exact and ties are
     broken by packet order.
 
-    ``budget``: at most this many packets keep a class above 0 (:func:`cap_droppable`), the
-    packets the message's bound lets go missing (:func:`droppable_packets`); None: no cap.
-
     Example: ``drop_classes(np.array([4., 1., 3., 2.]), Policy(num_drop_classes=2,
     drop_thresholds=(10,)))`` -> ``[0, 1, 0, 1]``
     """
-    out = _drop_classes(magnitudes, policy)
-    return out if budget is None else cap_droppable(out, magnitudes, budget)
-
-
-def droppable_packets(total_elems: int, elems_per_packet: int, loss_bound: float) -> int:
-    """How many packets of a message may be dropped and never resent: whole packets within the
-    elements its bound lets go missing (:func:`allowed_missing`); 0 for a reliable message.
-
-    Example: ``droppable_packets(100_000, 343, 0.05) == 14``
-    """
-    if elems_per_packet <= 0:
-        raise ValueError(f"elems_per_packet must be positive, got {elems_per_packet}")
-    return allowed_missing(total_elems, loss_bound) // elems_per_packet
-
-
-def cap_droppable(classes: np.ndarray, magnitudes: np.ndarray, budget: int) -> np.ndarray:
-    """``classes`` with at most ``budget`` packets above class 0: the most droppable keep their
-    class (the highest class first, then the smallest magnitude, then the later packet, the
-    order :func:`drop_classes` ranks them in) and the others become class 0.
-
-    Why: a switch drops a packet of class c > 0 once its queue passes c's threshold, and the
-    receiver recovers whatever goes missing beyond the message's bound. A packet that may be
-    dropped but must then be resent costs a recovery round, more than waiting in the queue would:
-    a reliable message (p = 0: the ring's all-gather, a PS pull) and one too short for its bound
-    to cover a packet (17 packets at p = 0.05) must have none.
-
-    Example: ``cap_droppable(np.array([0, 3, 1, 2]), np.array([4., 1., 3., 2.]), 2)`` -> ``[0, 3, 0, 2]``
-    """
-    classes = np.asarray(classes, dtype=np.uint8).reshape(-1)
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
-    droppable = np.flatnonzero(classes)
-    if droppable.size <= budget:
-        return classes
-    mags = np.asarray(magnitudes, dtype=np.float64).reshape(-1)[droppable]
-    mags = np.where(np.isnan(mags), -np.inf, mags)  # NaN ranks last, as in drop_classes
-    # lexsort: the last key is the primary one
-    order = np.lexsort((-droppable, mags, -classes[droppable].astype(np.int16)))
-    out = classes.copy()
-    out[droppable[order[budget:]]] = 0
-    return out
-
-
-def _drop_classes(magnitudes: np.ndarray, policy: Policy) -> np.ndarray:
-    """:func:`drop_classes` without a budget."""
     mags = np.asarray(magnitudes).reshape(-1)
     if mags.dtype not in (np.float32, np.float64):  # float32 stays: the order is the same, the partition faster
         mags = mags.astype(np.float64)

@@ -108,27 +108,10 @@ class DlcpHost : public GradientHost {
     m->plan = plan;
     m->ppm = uint32_t(lossBound * 1e6 + 0.5);
     m->lowest = *std::min_element(plan->priority.begin(), plan->priority.end());
-    m->dropClass = CapDroppable(plan->dropClass, uint32_t(lossBound * plan->npkts + 1e-9));
     Flow& f = FlowTo(dst);
     f.active.push_back(m);
     stats.messagesSent++;
     Pump();
-  }
-
-  //! The agent's policy.cap_droppable: at most `budget` packets keep a class above 0 (the
-  //! packets the bound lets go missing), the highest class first, then the later packet (the
-  //! plan holds no magnitudes; within a class the agent takes the smallest first).
-  static std::vector<uint8_t> CapDroppable(const std::vector<uint8_t>& classes, uint32_t budget) {
-    std::vector<uint32_t> droppable;
-    for (uint32_t s = 0; s < classes.size(); ++s)
-      if (classes[s]) droppable.push_back(s);
-    std::vector<uint8_t> out(classes);
-    if (droppable.size() <= budget) return out;
-    std::stable_sort(droppable.begin(), droppable.end(), [&classes](uint32_t a, uint32_t b) {
-      return classes[a] != classes[b] ? classes[a] > classes[b] : a > b;
-    });
-    for (size_t i = budget; i < droppable.size(); ++i) out[droppable[i]] = 0;
-    return out;
   }
 
   struct TxMsg {
@@ -136,7 +119,6 @@ class DlcpHost : public GradientHost {
     uint32_t id = 0, ppm = 0, next = 0;
     uint8_t lowest = 0;  // the message's least urgent priority: its probes travel there
     const MsgPlan* plan = nullptr;
-    std::vector<uint8_t> dropClass;  // the plan's, capped by the bound (CapDroppable)
     std::deque<uint32_t> retx;
     bool probing = false, done = false;
     Time passDone = Time::Max();  // when the last pass ended (its answer times the round trip)
@@ -292,7 +274,7 @@ class DlcpHost : public GradientHost {
     DlcpHeader h;
     h.type = DATA;
     h.priority = m.plan->priority[seq];
-    h.dropClass = first ? m.dropClass[seq] : 0;  // retransmissions are protected
+    h.dropClass = first ? m.plan->dropClass[seq] : 0;  // retransmissions are protected
     h.src = rank;
     h.dst = m.dst;
     h.msg = m.id;
@@ -426,7 +408,7 @@ class DlcpHost : public GradientHost {
     if (have >= required) return;  // its STOP is on the way
     // policy.retransmission_set: most important class first, then by sequence
     std::stable_sort(missing.begin(), missing.end(),
-                     [m](uint32_t a, uint32_t b) { return m->dropClass[a] < m->dropClass[b]; });
+                     [m](uint32_t a, uint32_t b) { return m->plan->dropClass[a] < m->plan->dropClass[b]; });
     missing.resize(std::min<size_t>(missing.size(), required - have));
     m->retx.assign(missing.begin(), missing.end());
     m->probeTimer.Cancel();

@@ -31,8 +31,6 @@ from hostagent.transport_config import TransportConfig
 
 #: Element kinds of the compiled path, by wire dtype code.
 KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
-#: ``droppable`` of a message without a cap (``TxSpec.droppable`` None), as the data path reads it.
-NO_CAP = 2**32 - 1
 #: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
 MAX_INLINE_WAIT = 0.0005
 #: A sender whose window is full and that got no credit for this long takes its packets as lost
@@ -175,7 +173,7 @@ class NativeDatapath:
         self._dp.submit(spec.dest, spec.message_id, spec.payload.reshape(-1), spec.dtype, spec.payload.size,
                         spec.elems_per_packet, spec.token, spec.iteration, spec.tensor_id, spec.layer, spec.priority,
                         spec.pkt_priority, spec.pkt_layer, spec.drop_class, spec.snapshot, spec.held, spec.order,
-                        spec.tags_given, NO_CAP if spec.droppable is None else spec.droppable)
+                        spec.tags_given)
         self._tx_refs[(spec.dest, spec.message_id)] = spec
 
     def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:

@@ -886,7 +886,7 @@ class NumpyDatapath:
                            iteration=s.iteration, tensor_id=s.tensor_id, layer=s.layer, priority=s.priority,
                            token=s.token)
         batch = packetize(data, meta, self.policy, self.config.mtu, packet_priorities=s.pkt_priority,
-                          packet_layers=s.pkt_layer, droppable=s.droppable)
+                          packet_layers=s.pkt_layer)
         if s.tags_given:
             batch.headers["drop_class"] = s.drop_class
         else:

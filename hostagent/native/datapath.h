@@ -136,7 +136,6 @@ struct TxSpec {
     bool held = false;
     uint64_t order = 0;
     bool tags_given = false;  // drop_class_out already holds the classes
-    uint32_t droppable = UINT32_MAX;  // most packets with a class above 0 (cap_droppable); UINT32_MAX: no cap
 };
 
 struct Progress {

@@ -113,11 +113,10 @@ NB_MODULE(_datapath, m) {
           "data"_a, "kind"_a, "per"_a, "how"_a, "out"_a);
 
     m.def("drop_classes",
-          [](F32 mags, std::vector<double> shares, U8 out, int64_t budget) {
+          [](F32 mags, std::vector<double> shares, U8 out) {
               drop_classes(mags.data(), mags.shape(0), shares, out.data());
-              if (budget >= 0) cap_droppable(mags.data(), mags.shape(0), uint32_t(budget), out.data());
           },
-          "magnitudes"_a, "shares"_a, "out"_a, "budget"_a = -1);
+          "magnitudes"_a, "shares"_a, "out"_a);
 
     nb::class_<Datapath>(m, "Datapath")
         .def("__init__", [](Datapath* self, nb::dict cfg) { new (self) Datapath(make_config(cfg)); })
@@ -206,7 +205,7 @@ NB_MODULE(_datapath, m) {
              [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
                 uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,
                 nb::object pkt_priority, nb::object pkt_layer, U8 drop_class_out, nb::object snapshot, bool held,
-                uint64_t order, bool tags_given, uint32_t droppable) {
+                uint64_t order, bool tags_given) {
                  TxSpec s;
                  s.dest = dest;
                  s.message_id = mid;
@@ -240,15 +239,13 @@ NB_MODULE(_datapath, m) {
                  s.held = held;
                  s.order = order;
                  s.tags_given = tags_given;
-                 s.droppable = droppable;
                  nb::gil_scoped_release r;
                  d.submit(s);
              },
              "dest"_a, "message_id"_a, "payload"_a, "dtype"_a, "total_elems"_a, "per"_a, "token"_a, "iteration"_a,
              "tensor_id"_a, "layer"_a, "priority"_a, nb::arg("pkt_priority").none(), nb::arg("pkt_layer").none(),
              "drop_class_out"_a,
-             nb::arg("snapshot").none(), "held"_a, "order"_a, "tags_given"_a = false,
-             "droppable"_a = UINT32_MAX)
+             nb::arg("snapshot").none(), "held"_a, "order"_a, "tags_given"_a = false)
         .def("retransmit",
              [](Datapath& d, uint16_t dest, uint32_t mid, std::vector<uint32_t> seqs) {
                  nb::gil_scoped_release r;

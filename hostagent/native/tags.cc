@@ -94,20 +94,4 @@ void drop_classes(const float* mags_in, size_t n, const std::vector<double>& sha
     for (size_t i = 0; i < n; ++i) out[i] = std::min<uint8_t>(out[i], uint8_t(classes - 1));
 }
 
-void cap_droppable(const float* mags, size_t n, uint32_t budget, uint8_t* classes) {
-    std::vector<uint32_t> droppable;
-    for (size_t i = 0; i < n; ++i)
-        if (classes[i]) droppable.push_back(uint32_t(i));
-    if (droppable.size() <= budget) return;
-    auto mag = [mags](uint32_t i) {
-        return std::isnan(mags[i]) ? -std::numeric_limits<double>::infinity() : double(mags[i]);
-    };
-    std::sort(droppable.begin(), droppable.end(), [&](uint32_t a, uint32_t b) {
-        if (classes[a] != classes[b]) return classes[a] > classes[b];
-        if (mag(a) != mag(b)) return mag(a) < mag(b);
-        return a > b;
-    });
-    for (size_t k = budget; k < droppable.size(); ++k) classes[droppable[k]] = 0;
-}
-
 }  // namespace dlcp

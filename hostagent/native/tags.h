@@ -25,8 +25,4 @@ void packet_magnitudes(const uint8_t* data, size_t n_elems, Kind kind, uint32_t 
 // as numpy computes them (see class_bounds).
 void drop_classes(const float* mags, size_t n, const std::vector<double>& shares, uint8_t* out);
 
-// hostagent.policy.cap_droppable: at most `budget` packets keep a class above 0 (the highest
-// class first, then the smallest magnitude, then the later packet); the others become class 0.
-void cap_droppable(const float* mags, size_t n, uint32_t budget, uint8_t* classes);
-
 }  // namespace dlcp

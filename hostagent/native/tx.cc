@@ -242,7 +242,6 @@ void Datapath::prepare(TxMsg* m) {
         if (n) {
             packet_magnitudes(m->src, size_t(s.total_elems), m->kind, s.per, cfg_.magnitude, mags.data());
             drop_classes(mags.data(), n, cfg_.shares, classes.data());
-            if (s.droppable < n) cap_droppable(mags.data(), n, s.droppable, classes.data());
         }
         if (s.drop_class_out) std::memcpy(s.drop_class_out, classes.data(), n);
     }

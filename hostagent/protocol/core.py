@@ -39,7 +39,7 @@ from hostagent.fusion import Layout
 from hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, RecvHandle, RecvResult, SendHandle,
                                 TransportClosed, TransportError, TransportTimeout)
 from hostagent.packetizer import MessageMeta, elems_per_packet
-from hostagent.policy import droppable_packets, required_elements, retransmission_set
+from hostagent.policy import required_elements, retransmission_set
 from hostagent.protocol.incoming import Incoming, answer_due, answer_grace, packet_gap
 from hostagent.protocol.outgoing import Outgoing
 from hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
@@ -202,8 +202,7 @@ class ProtocolCore:
         if announce:
             self.queue_meta(dest, message_id, flat.size, data.dtype, p, priority, iteration, tensor_id, layer)
         spec = TxSpec(dest, message_id, flat, int(code), per, token, iteration, tensor_id, layer % 65536, priority,
-                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order, drop_classes is not None,
-                      droppable_packets(flat.size, per, p))
+                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order, drop_classes is not None)
         if defer and not held:
             self._deferred[key] = spec  # submitted when the batch's METAs have left
         else:

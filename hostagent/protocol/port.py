@@ -130,9 +130,6 @@ class TxSpec:
     order: int = 0  #: FIFO rank among equal priorities
     tags_given: bool = False
     """``drop_class`` already holds the classes (the caller computed them): none are computed."""
-    droppable: int | None = None
-    """At most this many packets get a drop class above 0 (:func:`hostagent.policy.cap_droppable`:
-    what the message's bound lets go missing); None: no cap."""
 
 
 class DataPort(Protocol):

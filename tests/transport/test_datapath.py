@@ -215,9 +215,6 @@ def test_the_compiled_tags_equal_the_policys():
             out = np.empty(len(m), np.uint8)
             _datapath.drop_classes(m, list(policy.shares()), out)
             np.testing.assert_array_equal(out, drop_classes(m, policy))
-            for budget in (0, 1, len(m) // 10, len(m)):  # capped by a bound (ties: the later packet)
-                _datapath.drop_classes(m, list(policy.shares()), out, budget)
-                np.testing.assert_array_equal(out, drop_classes(m, policy, budget))
 
 
 def test_the_compiled_token_is_the_python_token():

@@ -109,35 +109,6 @@ def test_drop_classes_by_hand():
     assert P.drop_classes(mags, pol4).tolist() == [3, 0, 2, 0, 1, 3, 1, 2]
 
 
-def test_only_what_the_bound_lets_go_missing_may_be_dropped():
-    pol4 = Policy()
-    mags = np.array([0.1, 8, 0.5, 7, 3, 0.2, 6, 2])  # classes [3, 0, 2, 0, 1, 3, 1, 2]
-    assert P.drop_classes(mags, pol4, budget=0).tolist() == [0] * 8  # a reliable message: none
-    # the two most droppable: class 3 first, of them the smallest
-    assert P.drop_classes(mags, pol4, budget=2).tolist() == [3, 0, 0, 0, 0, 3, 0, 0]
-    assert P.drop_classes(mags, pol4, budget=3).tolist() == [3, 0, 2, 0, 0, 3, 0, 0]
-    assert P.drop_classes(mags, pol4, budget=6).tolist() == P.drop_classes(mags, pol4).tolist()
-    # ties within a class: the later packet goes first; NaN ranks as the smallest
-    assert P.cap_droppable(np.array([1, 1, 1]), np.array([2.0, 2.0, 2.0]), 1).tolist() == [0, 0, 1]
-    assert P.cap_droppable(np.array([1, 1]), np.array([np.nan, 1.0]), 1).tolist() == [1, 0]
-    with pytest.raises(ValueError):
-        P.cap_droppable(np.array([1]), np.array([1.0]), -1)
-    # the budget: whole packets within floor(p * elements); none below one packet's worth
-    assert P.droppable_packets(100_000, 343, 0.05) == 14 and P.droppable_packets(100_000, 343, 0.0) == 0
-    assert P.droppable_packets(22_858 // 4, 343, 0.05) == 0  # a ring chunk of MNIST-1D's CNN: 17 packets
-
-
-def test_a_reliable_message_carries_no_droppable_packet():
-    from hostagent.packetizer import MessageMeta, packetize
-
-    x = np.random.default_rng(3).standard_normal(10_000).astype(np.float32)
-    meta = MessageMeta(job_id=1, message_id=2)
-    assert packetize(x, meta, Policy()).headers["drop_class"].max() == 3
-    assert packetize(x, meta, Policy(), droppable=0).headers["drop_class"].max() == 0
-    capped = packetize(x, meta, Policy(), droppable=P.droppable_packets(x.size, 343, 0.1)).headers["drop_class"]
-    assert np.count_nonzero(capped) == 2  # 1,000 elements may go missing: 2 whole packets of 343
-
-
 def test_drop_class_shares_are_exact():
     pol = Policy(drop_class_shares=(0.7, 0.1, 0.1, 0.1))
     classes = P.drop_classes(np.random.default_rng(1).random(1000), pol)

@@ -131,14 +131,6 @@ def test_a_pass_end_is_followed_by_a_probe_only_after_the_answer_time():
     assert ("retire", 1, 7) in port.calls
 
 
-def test_a_send_tells_the_data_path_how_many_packets_its_bound_lets_go_missing():
-    core, port = make_core()
-    core.send(1, np.zeros(PER * 100, np.float32), 7, now=0.0, loss_bound=0.05)
-    core.send(1, np.zeros(PER * 100, np.float32), 8, now=0.0, loss_bound=0.0)
-    core.send(1, np.zeros(PER * 10, np.float32), 9, now=0.0, loss_bound=0.05)
-    assert [port.tx[(1, m)].droppable for m in (7, 8, 9)] == [5, 0, 0]  # 10 packets at 5 %: not one
-
-
 def test_a_bitmap_resends_just_enough_most_important_first_and_a_stale_pass_end_is_ignored():
     core, port = make_core()
     n = 20

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -143,8 +144,32 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help = "(default: %(default)s)"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so its ``finally`` blocks tear down what it started
+    (switches, namespaces, agents) as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str) -> int:
-    """Parse, dispatch and turn exceptions into exit codes; shared by ``dlcp`` and ``dlcpctl``."""
+    """Parse, dispatch and turn exceptions into exit codes; shared by ``dlcp`` and ``dlcpctl``.
+
+    SIGTERM stops a command as Ctrl-C does (exit 143), and so does SIGINT when the shell
+    started the command in the background with SIGINT ignored (``nohup ... &``): a run stopped
+    either way removes its network, where before it was left for ``dlcp clean``."""
+    handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate)}
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _dispatch(parser, argv, name)
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str) -> int:
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
@@ -158,9 +183,9 @@ def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: s
     except DlcpUserError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"{name}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # a bug: one line for the user, the traceback in the log
         if debug:
             raise

@@ -121,6 +121,27 @@ def test_killed_run_is_cleaned_up(tmp_path):
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}  # ... and clean removes all of it
 
 
+def test_a_terminated_run_tears_its_network_down(tmp_path):
+    """SIGTERM (a job scheduler, ``kill``) stops a run as Ctrl-C does: exit 143, nothing left."""
+    proc = subprocess.Popen([sys.executable, "-m", "dlcp", "run", "--topology", "star", "--workers", "2",
+                             "--iterations", "50", "--out", str(tmp_path), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _ours_left()["bmv2"]:
+            time.sleep(0.5)
+        time.sleep(3)
+        assert _ours_left()["bmv2"], "the run never started its switches"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "dlcp: terminated" in proc.stderr.read()
+    time.sleep(1)
+    assert _ours_left() == {"bmv2": [], "netns": [], "links": []}
+
+
 def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
     """What users run (DDP over gloo, on the baseline's fabric) and DLCP's ring, interleaved in
     one run; speedups and the accuracy target are against gloo."""

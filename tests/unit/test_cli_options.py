@@ -214,3 +214,14 @@ def test_converge_eta_from_the_pace_so_far():
     assert _eta(90.0, 1, 3) == ", about 3 min left"
     assert _eta(20.0, 2, 3) == ", about 10 s left"
     assert _eta(20.0, 3, 3) == ""
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handlers_are_restored():
+    import os
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=lambda args: os.kill(os.getpid(), signal.SIGTERM) or 0)
+    before = signal.getsignal(signal.SIGTERM)
+    assert clikit.run_cli(parser, [], "dlcp") == 143
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -14,10 +14,11 @@ nothing else does, and PyTorch says it without help from the script
 Each call is numbered in the order it is issued (the same on every rank, as
 ``torch.distributed`` requires) and runs in a small pool of threads, so DDP's buckets overlap
 with each other and with the backward pass. Sums of float32 run on DLCP's ring (reduce-scatter
-then all-gather, chained in the compiled data path); float16 and bfloat16 are summed there in
-float32. Other dtypes and reduce ops are gathered whole and reduced locally, which is exact for
-every dtype but moves n times the bytes: meant for the small tensors such calls carry. CPU
-tensors only (``devices=["cpu"]``).
+then all-gather, chained in the compiled data path); float16 travels as float16 and is summed
+in float16, as gloo sums it; bfloat16 is summed there in float32 (sent as float32). Other dtypes
+and reduce ops are gathered whole and reduced locally, which is exact for every dtype but moves
+n times the bytes: meant for the small tensors such calls carry. CPU tensors only
+(``devices=["cpu"]``).
 
 Options (before ``init_process_group``): :func:`configure`, or the environment:
 ``DLCP_LOSS_BOUND`` (the push bound), ``DLCP_MTU``, ``DLCP_HOST`` (this process's address),
@@ -58,9 +59,11 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
-#: Sums of these take the ring (float16 and bfloat16 are summed in float32 and sent as float32:
-#: twice their bytes on the wire, for now); float64 and integers are gathered and reduced exactly.
+#: Sums of these take the ring (float16 on the wire as float16; bfloat16 summed in float32 and
+#: sent as float32, twice its bytes, for now); float64 and integers are gathered and reduced exactly.
 RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Of those, the ones the ring carries and sums in their own type.
+WIRE_TYPES = (torch.float32, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
                 if t.dtype in RING_DTYPES and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                    work = t if t.dtype == torch.float32 else t.detach().float()  # half types: summed in float32
+                    work = t if t.dtype in WIRE_TYPES else t.detach().float()  # bfloat16: summed in float32
                     self._ring_sum(call, i, work, gradients)
                     with torch.no_grad():
                         if op == dist.ReduceOp.AVG:

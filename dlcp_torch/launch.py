@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dlcp_torch.state import DLCPState, start_server
+from dlcp_torch.state import WIRE_DTYPES, DLCPState, start_server
 from hostagent.auth import new_secret, parse_secret
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
@@ -161,7 +161,8 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
          server_loss: LossInjection | None = None, mtu: int = 1500, model: torch.nn.Module | None = None,
          error_feedback: bool = False, colocated_server: bool = True, message_deadline: float = 30.0,
          connect_timeout: float = 30.0, rate: RateConfig | None = None, offload: bool = True,
-         secret: str | bytes | None = None, timers: Mapping[str, float] | None = None) -> DLCPSession:
+         secret: str | bytes | None = None, timers: Mapping[str, float] | None = None,
+         wire_dtype: str = "float32") -> DLCPSession:
     """Start this process's DLCP endpoint (and, on worker 0, the parameter server).
 
     Args:
@@ -179,9 +180,13 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
         timers: :class:`~hostagent.transport.TransportConfig` timers to set instead of their
             defaults (``feedback_interval``, ...), as
             :func:`hostagent.transport_config.bottleneck_timers` gives them for a slow path.
+        wire_dtype: ``"float16"`` sends gradients as float16, half the bytes, as PyTorch's
+            ``fp16_compress_hook`` does (see :class:`~dlcp_torch.state.DLCPState`).
 
     Example: ``session = dlcp_torch.init("ps", model=model)``
     """
+    if wire_dtype not in WIRE_DTYPES:  # before any endpoint starts
+        raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
     rank = _from_env("RANK", "rank") if rank is None else rank
     world = _from_env("WORLD_SIZE", "world_size") if world_size is None else world_size
     with_server = pattern == "ps"
@@ -213,5 +218,5 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
     ep = Endpoint(TransportConfig(rank=rank, loss=loss or LossInjection(), **base)).start(held.get(rank))
     ep.connect([world] if with_server else [(rank + 1) % world] if world > 1 else [])
     state = DLCPState(ep, pattern, workers=list(range(world)), server_rank=server_rank, model=model, policy=policy,
-                      error_feedback=error_feedback)
+                      error_feedback=error_feedback, wire_dtype=wire_dtype)
     return DLCPSession(state, ep, server_ep, server)

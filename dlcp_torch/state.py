@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: a testbed agent exchang
 log = logging.getLogger(__name__)
 
 PATTERNS = ("ps", "ring")
+#: Element types gradients may travel in (``DLCPState(wire_dtype=...)``).
+WIRE_DTYPES = {"float32": np.float32, "float16": np.float16}
 #: Message step used for parameter broadcasts (exchanges use steps 0..2(N-1)).
 BROADCAST_STEP = 63
 
@@ -64,6 +66,9 @@ class DLCPState:
         max_inflight: exchanges run concurrently in this many threads.
         timeout: seconds an exchange may take before it fails (default: the endpoint's
             message deadline).
+        wire_dtype: ``"float32"`` (default), or ``"float16"``: gradients travel as float16, half
+            the bytes, as PyTorch's ``fp16_compress_hook`` sends them (a ring sums in float16, a
+            parameter server in float32); the average comes back as float32.
 
     Raises:
         ValueError: an inconsistent combination, said plainly.
@@ -71,7 +76,8 @@ class DLCPState:
 
     def __init__(self, endpoint: Endpoint, pattern: str = "ps", workers: Sequence[int] | None = None,
                  server_rank: int | None = None, model: torch.nn.Module | None = None, policy: Policy | None = None,
-                 error_feedback: bool = False, max_inflight: int = 8, timeout: float | None = None) -> None:
+                 error_feedback: bool = False, max_inflight: int = 8, timeout: float | None = None,
+                 wire_dtype: str = "float32") -> None:
         if pattern not in PATTERNS:
             raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
         workers = list(workers) if workers is not None else [p.rank for p in endpoint.config.peers
@@ -82,6 +88,10 @@ class DLCPState:
             raise ValueError("pattern 'ps' needs a server_rank that is not one of the workers")
         if max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
+        self.wire_dtype = wire_dtype
+        self._wire = np.dtype(WIRE_DTYPES[wire_dtype])
         self.pattern = pattern
         self.workers = workers
         self.server_rank = server_rank
@@ -115,7 +125,7 @@ class DLCPState:
         else:
             self._exchanger = RingAllreduce(endpoint, self.workers, self.policy, timeout)
         self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix=f"dlcp-x{endpoint.rank}")
-        self._per_packet = elems_per_packet(endpoint.config.mtu, np.float32)
+        self._per_packet = elems_per_packet(endpoint.config.mtu, self._wire)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
@@ -188,7 +198,7 @@ class DLCPState:
         buckets); each is then started with ``exchange_async(..., announced=True)``. A ring needs
         no announcement (every member knows every chunk's size), so this does nothing there."""
         if isinstance(self._exchanger, PSWorker):
-            self._exchanger.announce(iteration, [lay.total for lay in layouts], list(keys), list(layouts))
+            self._exchanger.announce(iteration, [lay.total for lay in layouts], list(keys), list(layouts), self._wire)
 
     def exchange_async(self, key: int, grad: np.ndarray, priority: int, iteration: int | None = None,
                        layout: Layout | None = None, announced: bool = False) -> Future:
@@ -215,10 +225,16 @@ class DLCPState:
                   layout: Layout | None = None, announced: bool = False) -> np.ndarray:
         t0 = time.monotonic()
         if isinstance(self._exchanger, PSWorker):
-            (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad], [key], [priority], [layout],
-                                                             announced=announced)
+            (avg, sent), = self._exchanger.exchange_detailed(iteration, [grad.astype(self._wire, copy=False)], [key],
+                                                             [priority], [layout], announced=announced)
+            avg = avg.astype(np.float32, copy=False)
             idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
             vals = grad[idx]  # the worker's own gradient there
+        elif self._wire != np.float32:  # compressed as fp16_compress_hook does, summed in float16
+            half = grad.astype(self._wire)
+            (idx, vals), = self._exchanger.allreduce_inplace(iteration, [half], [key], [priority], [layout],
+                                                             lost_values=self.error_feedback)
+            avg = half.astype(np.float32)
         elif grad.dtype == np.float32 and grad.ndim == 1 and grad.flags.c_contiguous and grad.flags.writeable:
             # in place, as DDP's own allreduce hook averages its bucket: no copy of the gradient
             (idx, vals), = self._exchanger.allreduce_inplace(iteration, [grad], [key], [priority], [layout],

@@ -146,10 +146,15 @@ def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> li
     return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
+#: Element types the ring sums in place: float32, and float16 summed in float16 on the wire (half
+#: the bytes), as PyTorch's ``fp16_compress_hook`` has gloo sum them.
+RING_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
 def _check_inplace(buffers: Sequence[np.ndarray], what: str) -> None:
     for b in buffers:
-        if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.ndim != 1 or not b.flags.c_contiguous:
-            raise ValueError(f"{what} needs contiguous 1-D float32 arrays")
+        if not isinstance(b, np.ndarray) or b.dtype not in RING_DTYPES or b.ndim != 1 or not b.flags.c_contiguous:
+            raise ValueError(f"{what} needs contiguous 1-D float32 or float16 arrays")
 
 
 def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: Sequence) -> ExchangeStats:
@@ -250,12 +255,13 @@ class PSWorker:
         return _unfuse([avg for avg, _ in res], plan, grads)
 
     def announce(self, iteration: int, sizes: Sequence[int], tensor_ids: Sequence[int],
-                 layouts: Sequence[Layout]) -> None:
+                 layouts: Sequence[Layout], dtype: np.dtype | type = np.float32) -> None:
         """Announce the pushes of an iteration to the server in one control frame, before their
-        gradients exist; each is then exchanged with ``exchange_detailed(..., announced=True)``."""
+        gradients exist; each is then exchanged with ``exchange_detailed(..., announced=True)``
+        (arrays of ``dtype``)."""
         with self.ep.batch():
             for size, t, lay in zip(sizes, tensor_ids, layouts):
-                self.ep.announce(self.server, message_id(iteration, t, 0), int(size), np.float32,
+                self.ep.announce(self.server, message_id(iteration, t, 0), int(size), dtype,
                                  self.policy.loss_bound_push, lay.top_priority, iteration, t, lay.first_layer % 65536)
 
     def exchange_detailed(self, iteration: int, grads: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
@@ -263,7 +269,8 @@ class PSWorker:
                           layouts: Sequence[Layout | None] | None = None,
                           announced: bool = False) -> list[tuple[np.ndarray, MessageStats]]:
         """Push each array as one message and pull its average, with each push's
-        :class:`MessageStats` (which packets the server never got: ``lost_packets``).
+        :class:`MessageStats` (which packets the server never got: ``lost_packets``). A float16
+        array travels as float16 both ways (the server sums in float32), half the bytes.
 
         ``layouts`` (one per array, or None) tags each packet with the priority of the layer it
         carries; ``announced``: :meth:`announce` already sent the pushes' METAs. Safe to call
@@ -276,7 +283,7 @@ class PSWorker:
         _check_lengths(len(flats), ids, prio)
         lays = _layouts(len(flats), layouts)
         pulls = [self.ep.recv(self.server, message_id(iteration, t, 1),
-                              expect=Expect(f.size, np.float32, self.policy.loss_bound_pull, iteration=iteration))
+                              expect=Expect(f.size, f.dtype, self.policy.loss_bound_pull, iteration=iteration))
                  for t, f in zip(ids, flats)]
         pushes = [self.ep.send(self.server, f, message_id(iteration, t, 0), priority=int(pr),
                                loss_bound=self.policy.loss_bound_push, iteration=iteration, tensor_id=t,
@@ -310,6 +317,7 @@ class PSServer:
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.history: list[ExchangeStats] = []
         self._sizes: dict[int, int] = {}  # tensor -> elements, once seen
+        self._dtypes: dict[int, np.dtype] = {}  # tensor -> the pushes' element type: the reply's
         self._banks: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
         self._posted: dict[int, tuple] = {}  # iteration -> receives posted ahead (see serve_iteration)
 
@@ -319,7 +327,8 @@ class PSServer:
         With fused workers a message is a bucket: pass ``len(worker.plan(sizes))``.
 
         A tensor is answered as soon as every worker's copy is complete; replies carry the
-        tensor's priority (per packet, as the pushes carried it) and the pull bound. Once a
+        tensor's priority (per packet, as the pushes carried it) and the pull bound, in the
+        pushes' element type (float16 pushes are summed in float32 and answered in float16). Once a
         tensor's size is known (after the first iteration) and missing elements count as zero,
         the workers' pushes are added into one buffer by the receive path as they arrive, so
         nothing is summed afterwards; the reply's drop classes are computed once for all workers.
@@ -339,7 +348,7 @@ class PSServer:
         replies: list[SendHandle] = []
         received: list[RecvResult] = []
         prio_of: dict[int, int] = {}
-        per = elems_per_packet(self.ep.config.mtu, np.float32)
+        keep: list[np.ndarray] = []  # replies converted to the pushes' type, alive until sent
         while waiting:
             try:
                 t = done.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -358,8 +367,11 @@ class PSServer:
             else:
                 agg = aggregate(results, n, self.missing)
                 self._sizes[t] = agg.size
+                self._dtypes[t] = results[0].data.dtype
+            agg = _as_reply(agg, self._dtypes.get(t, agg.dtype), keep)
             priority = prio_of.setdefault(t, self._priority(results[0]))
             layout = _echo_layout(results)
+            per = elems_per_packet(self.ep.config.mtu, agg.dtype)
             classes = drop_classes(packet_magnitudes(agg, per, self.policy.magnitude), self.policy)
             for w in self.workers:
                 replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
@@ -439,7 +451,7 @@ class PSServer:
             for mid in [m for m, hs in pending.items() if len(hs) == len(self.workers)
                         and all(h.done() for h in hs.values())]:
                 results = [h.wait(0) for h in pending.pop(mid).values()]
-                agg = aggregate(results, len(self.workers), self.missing)
+                agg = aggregate(results, len(self.workers), self.missing).astype(results[0].data.dtype, copy=False)
                 reply = mid | (1 << 16)
                 layout = _echo_layout(results)
                 sends = [self.ep.send(w, agg, reply, priority=results[0].stats.priority,
@@ -452,6 +464,16 @@ class PSServer:
     @staticmethod
     def _priority(result: RecvResult) -> int:
         return result.stats.priority
+
+
+def _as_reply(agg: np.ndarray, dtype: np.dtype, keep: list[np.ndarray]) -> np.ndarray:
+    """``agg`` in the pushes' element type (a float32 sum of float16 pushes goes back as float16),
+    kept in ``keep`` until its sends are done (they send from it without a copy)."""
+    if agg.dtype == dtype:
+        return agg
+    out = agg.astype(dtype)
+    keep.append(out)
+    return out
 
 
 def _echo_layout(results: Sequence[RecvResult]) -> Layout:
@@ -513,7 +535,7 @@ class RingAllreduce:
         self.gather = gather
         self.last_stats: ExchangeStats | None = None
         self._planner = _Planner(fusion, self.policy)
-        self._spare: dict[int, list[np.ndarray]] = {}  # snapshot buffers by size, reused across calls
+        self._spare: dict[tuple[int, str], list[np.ndarray]] = {}  # snapshots by (size, dtype), reused
         self._spare_lock = threading.Lock()
 
     def plan(self, sizes: Sequence[int], priorities: Sequence[int] | None = None) -> list[Bucket]:
@@ -539,7 +561,8 @@ class RingAllreduce:
                           lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """Average each of ``buffers`` (contiguous 1-D float32, a DDP bucket's, say) over the
         ring in place, as DDP's own allreduce hook does with its buckets; returns what each
-        buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does.
+        buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does. A float16 buffer
+        travels as float16 and is summed in float16 (``fp16_compress_hook``'s arithmetic).
 
         ``lost_values=False``: the lost values come back as zeros (their indices stay right).
         Keeping them costs a copy of every partial sum sent, which only error feedback needs.
@@ -548,13 +571,16 @@ class RingAllreduce:
         """
         _check_inplace(buffers, "allreduce_inplace")
         for b in buffers:  # (all checked first: a bad one changes none)
-            b *= np.float32(1.0 / self.n)
+            if b.dtype == np.float16:
+                b /= np.float16(self.n)  # as fp16_compress_hook divides its half bucket
+            else:
+                b *= np.float32(1.0 / self.n)
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
 
     def sum_inplace(self, iteration: int, buffers: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
                     priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
                     lost_values: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Sum each of ``buffers`` (contiguous 1-D float32) over the ring in place, unscaled: a
+        """Sum each of ``buffers`` (contiguous 1-D float32 or float16) over the ring in place, unscaled: a
         ``torch.distributed`` SUM. Returns what was lost, as :meth:`allreduce_inplace` does."""
         _check_inplace(buffers, "sum_inplace")
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
@@ -572,9 +598,10 @@ class RingAllreduce:
     def _ring(self, iteration: int, bufs: list[np.ndarray], tensor_ids: Sequence[int] | None,
               priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None,
               lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Sum ``bufs`` (float32, each already divided by the ring's size) over the ring, in place;
-        returns per buffer what its reduce-scatter sends lost: (flat indices, values in the
-        inputs' units, zeros unless ``lost_values``).
+        """Sum ``bufs`` (float32 or float16, each already divided by the ring's size) over the ring,
+        in place; returns per buffer what its reduce-scatter sends lost: (flat indices, float32
+        values in the inputs' units, zeros unless ``lost_values``). Each buffer travels in its
+        own element type and is summed in it.
 
         How it runs: every step of every tensor is handed to the transport at once. Each step's
         send waits in the data path until the step before it has been received, and then starts
@@ -588,7 +615,6 @@ class RingAllreduce:
         none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         if self.n == 1:
             return [none for _ in bufs]
-        per = elems_per_packet(self.ep.config.mtu, np.float32)
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
         prio = layer_priorities([b.size for b in bufs], self.policy) if priorities is None else priorities
         _check_lengths(len(bufs), ids, prio)
@@ -611,7 +637,7 @@ class RingAllreduce:
 
         def send(t: int, dest: int, c: int, step: int, gather: bool, held: bool) -> None:
             lo, hi, chunk = chunk_of(t, c)
-            snap = self._take_spare(hi - lo) if keep_sent and not gather else None
+            snap = self._take_spare(hi - lo, bufs[t].dtype) if keep_sent and not gather else None
             if snap is not None:
                 snaps.append(snap)
             h = self.ep.send(dest, bufs[t][lo:hi], message_id(iteration, ids[t], step),
@@ -624,7 +650,7 @@ class RingAllreduce:
         def recv(t: int, src: int, c: int, step: int, gather: bool, then: tuple[tuple[int, int], ...]) -> None:
             lo, hi, _ = chunk_of(t, c)
             recvs.append(self.ep.recv(src, message_id(iteration, ids[t], step), out=bufs[t][lo:hi],
-                                      expect=Expect(hi - lo, np.float32, pull if gather else push,
+                                      expect=Expect(hi - lo, bufs[t].dtype, pull if gather else push,
                                                     iteration=iteration, accumulate=not gather, then_send=then)))
 
         others = [self.ranks[(i + k) % n] for k in range(1, n)]  # from the right neighbour on
@@ -662,26 +688,27 @@ class RingAllreduce:
         lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
         for (t, _, snap, lo), st in zip(sends, sent_stats):
             if t >= 0 and st.lost_packets is not None:  # a partial sum went missing: what it held
-                local = lost_elements(st.lost_packets, per, st.elements)
-                vals = snap[local] * np.float32(n) if snap is not None else np.zeros(len(local), np.float32)
+                local = lost_elements(st.lost_packets, elems_per_packet(self.ep.config.mtu, bufs[t].dtype), st.elements)
+                vals = (snap[local].astype(np.float32) * np.float32(n) if snap is not None
+                        else np.zeros(len(local), np.float32))
                 lost[t].append((local + lo, vals))
         self._give_spares(snaps)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent_stats)
         return [(np.concatenate([x for x, _ in ls]), np.concatenate([v for _, v in ls])) if ls else none
                 for ls in lost]
 
-    def _take_spare(self, size: int) -> np.ndarray:
-        """A float32 buffer of ``size`` for a snapshot: a reused one (fresh pages cost their
-        first-touch faults on every iteration)."""
+    def _take_spare(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """A buffer of ``size`` elements of ``dtype`` for a snapshot: a reused one (fresh pages
+        cost their first-touch faults on every iteration)."""
         with self._spare_lock:
-            free = self._spare.get(size)
+            free = self._spare.get((size, dtype.str))
             if free:
                 return free.pop()
-        return np.empty(size, np.float32)
+        return np.empty(size, dtype)
 
     def _give_spares(self, snaps: list[np.ndarray]) -> None:
         with self._spare_lock:
             for a in snaps:
-                free = self._spare.setdefault(a.size, [])
+                free = self._spare.setdefault((a.size, a.dtype.str), [])
                 if len(free) < 4 * self.n:
                     free.append(a)

@@ -91,7 +91,8 @@ class Assembly:
         pkt_priority: np.ndarray | None = None,
         pkt_layer: np.ndarray | None = None,
     ) -> None:
-        """``accumulate``: add each payload into ``out`` (float32) instead of copying it.
+        """``accumulate``: add each payload into ``out`` (float32, or the wire's type: see
+        :func:`hostagent.wire.destination_dtypes`) instead of copying it.
         ``received`` (uint8), ``pkt_priority`` (uint8) and ``pkt_layer`` (int64), one per packet,
         are adopted when given (a data path whose caller owns them), else allocated."""
         if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
@@ -107,12 +108,12 @@ class Assembly:
         self.total_pkts = -(-total_elems // elems_per_packet)
         self.n_full, self.tail = divmod(total_elems, elems_per_packet)
         self.accumulate = accumulate
-        dest = np.dtype(np.float32) if accumulate else self.wire_dtype.newbyteorder("=")
+        dest = wire.destination_dtypes(self.wire_dtype, accumulate)
         if out is None:
-            out = np.zeros(total_elems, dtype=dest)
-        elif out.shape != (total_elems,) or not out.flags.c_contiguous or out.dtype != dest:
-            raise ValueError(f"out must be a contiguous 1-D {dest} array of {total_elems} elements, "
-                             f"got shape {out.shape} dtype {out.dtype}")
+            out = np.zeros(total_elems, dtype=dest[0])
+        elif out.shape != (total_elems,) or not out.flags.c_contiguous or out.dtype not in dest:
+            raise ValueError(f"out must be a contiguous 1-D {' or '.join(map(str, dest))} array of {total_elems} "
+                             f"elements, got shape {out.shape} dtype {out.dtype}")
         self.data = out
         self._rows = out[: self.n_full * elems_per_packet].reshape(self.n_full, elems_per_packet)
         self._received_u8 = np.zeros(self.total_pkts, np.uint8) if received is None else received[: self.total_pkts]

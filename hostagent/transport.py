@@ -292,7 +292,8 @@ class Endpoint(ControlPath):
 
         ``out``, if given, is the 1-D array the message is written into (it must match the
         announced size and element type, or the handle fails with a clear error); with
-        ``accumulate`` (float32 ``out``) the message is added into it instead.
+        ``accumulate`` (a float32 ``out``, or one of the message's own type) the message is added
+        into it instead.
         ``expect`` gives the message's size, element type and bound, so the message is set up
         now and its sender needs no META (it sends with ``announce=False``).
         """

@@ -83,6 +83,20 @@ NUMPY_DTYPES: dict[Dtype, np.dtype] = {
 }
 
 
+def destination_dtypes(wire_dtype: np.dtype, accumulate: bool) -> tuple[np.dtype, ...]:
+    """Element types a received message may be written into, the default first.
+
+    Placed, a payload keeps its wire type. Added into a sum (``accumulate``), it goes into
+    float32 by default, or into its own type: a float16 sum kept in float16, each addition
+    rounded to half, as a float16 allreduce (gloo's, or PyTorch's ``fp16_compress_hook``) sums.
+    """
+    own = np.dtype(wire_dtype).newbyteorder("=")
+    if not accumulate:
+        return (own,)
+    f32 = np.dtype(np.float32)
+    return (f32,) if own == f32 else (f32, own)
+
+
 def dtype_code(dtype: np.dtype | str | type) -> Dtype:
     """Wire code of a numpy element type (byte order ignored).
 

@@ -88,7 +88,8 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     workers = list(range(spec["workers"]))
     server = spec["workers"] if spec["pattern"] == "ps" else None
     ep.connect([server] if server is not None else [(rank + 1) % len(workers)])
-    state = DLCPState(ep, spec["pattern"], workers=workers, server_rank=server, policy=ep.policy, max_inflight=64)
+    state = DLCPState(ep, spec["pattern"], workers=workers, server_rank=server, policy=ep.policy, max_inflight=64,
+                      wire_dtype=spec.get("wire_dtype", "float32"))
     sizes, _, buckets = worker_plan(spec, ep.policy)
     packer = Bucketer(buckets)
     rng = np.random.default_rng(rank)
@@ -158,7 +159,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
                               offload=spec.get("offload", False), secret=spec.get("secret"),
-                              timers=spec.get("timers"))
+                              timers=spec.get("timers"), wire_dtype=spec.get("wire_dtype", "float32"))
     inner, schedule = train.optimizer(model.parameters())
     opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))

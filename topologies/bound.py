@@ -79,7 +79,7 @@ def iteration_traffic(spec: Mapping, topo: TopologyDesc, bounded: bool = True) -
     """
     policy = Policy.from_dict(spec["policy"])
     push, pull = (policy.loss_bound_push, policy.loss_bound_pull) if bounded else (0.0, 0.0)
-    per = elems_per_packet(spec["mtu"], np.float32)
+    per = elems_per_packet(spec["mtu"], np.dtype(spec.get("wire_dtype", "float32")))
     workers = [h.name for h in topo.role("worker")]
     if len(workers) != spec["workers"]:
         raise ValueError(f"spec has {spec['workers']} workers, topology {topo.name} has {len(workers)}")

@@ -41,7 +41,8 @@ from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from topologies.registry import REGISTRY, Registry
-from topologies.schemes import GLOO_SCHEMES, MIN_BUFFER, check_schemes, mechanisms, policy_for, split_label
+from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, MIN_BUFFER, check_schemes, mechanisms, policy_for,
+                                split_label, wire_dtype_of)
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
@@ -103,7 +104,7 @@ class RunOptions:
             raise UsageError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
         try:
             names = [split_label(label, self.pattern)[0] for label in self.schemes]
-            check_schemes(tuple(names), tuple(GLOO_SCHEMES))
+            check_schemes(tuple(names), (*GLOO_SCHEMES, *FP16_SCHEMES))
         except DlcpUserError as exc:
             raise UsageError(str(exc)) from None
         if len(set(self.schemes)) != len(self.schemes):
@@ -231,7 +232,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
             "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
-            "store_port": store_port}
+            "wire_dtype": wire_dtype_of(scheme), "store_port": store_port}
     if opts.workload in TRAINING_WORKLOADS:
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:

@@ -6,9 +6,10 @@ the testbed (:mod:`topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 
 The testbed also runs what users run instead of DLCP (:data:`GLOO_SCHEMES`): stock
 ``DistributedDataParallel`` over ``torch.distributed``'s gloo backend (TCP), alone or with
-PyTorch's own compression hooks, on the baseline's fabric. A scheme on the command line may
-name its communication pattern (``dlcp:ring``), so DLCP's PS and ring run beside gloo's ring
-in one interleaved run.
+PyTorch's own compression hooks, on the baseline's fabric. Each of DLCP's schemes also runs
+with its gradients as float16 on the wire (``dlcp-fp16``, :data:`FP16_SCHEMES`), as ``gloo-fp16``
+sends them. A scheme on the command line may name its communication pattern (``dlcp:ring``), so
+DLCP's PS and ring run beside gloo's ring in one interleaved run.
 """
 
 from __future__ import annotations
@@ -34,14 +35,24 @@ SCHEMES: dict[str, dict[str, bool]] = {
 #: (None: DDP's own all-reduce). Every one runs on the baseline's fabric (:func:`fabric_of`).
 GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "powersgd": "powersgd"}
 
+#: Each DLCP scheme with its gradients as float16 on the wire (``dlcp-fp16``: half the bytes,
+#: as ``gloo-fp16`` sends them), by the scheme whose fabric and policy it runs.
+FP16_SCHEMES: dict[str, str] = {f"{s}-fp16": s for s in SCHEMES}
+
 #: The communication patterns; gloo's all-reduce is a ring (it has no parameter server).
 PATTERNS = ("ps", "ring")
 
 
 def fabric_of(scheme: str) -> str:
     """The :data:`SCHEMES` entry whose switches and policy ``scheme`` runs on: gloo's schemes
-    run on the baseline's (one FIFO queue, per-flow ECMP), as a user's cluster is."""
-    return "baseline" if scheme in GLOO_SCHEMES else scheme
+    run on the baseline's (one FIFO queue, per-flow ECMP), as a user's cluster is; ``dlcp-fp16``
+    on ``dlcp``'s."""
+    return "baseline" if scheme in GLOO_SCHEMES else FP16_SCHEMES.get(scheme, scheme)
+
+
+def wire_dtype_of(scheme: str) -> str:
+    """The element type a DLCP scheme's gradients travel in (``DLCPState(wire_dtype=...)``)."""
+    return "float16" if scheme in FP16_SCHEMES else "float32"
 
 
 def mechanisms(scheme: str) -> dict[str, bool]:

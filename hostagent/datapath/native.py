@@ -118,8 +118,8 @@ class NativeDatapath:
         for mid in range(3):
             slots[:, wire.FIELD_OFFSET["message_id"] + 3] = mid + 1
             buffers = RxBuffers.allocate(np.zeros(data.size, np.float32), n, 0)
-            probe.expect(0, mid + 1, 0, 0, data.size, per, buffers.out, False, buffers.received, buffers.pkt_priority,
-                         buffers.pkt_layer, data.size, [])
+            probe.expect(0, mid + 1, 0, 0, data.size, per, buffers.out, False, 0, buffers.received,
+                         buffers.pkt_priority, buffers.pkt_layer, data.size, [])
             t0 = time.perf_counter()
             probe.ingest_for_test(slots, lengths, 0.0)
             best = max(best, float(lengths.sum()) / max(1e-6, time.perf_counter() - t0))
@@ -136,7 +136,8 @@ class NativeDatapath:
     def expect(self, spec: RxSpec) -> None:
         b = spec.buffers
         self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
-                        b.out.reshape(-1), spec.accumulate, b.received, b.pkt_priority, b.pkt_layer,
+                        b.out.reshape(-1), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
+                        b.pkt_priority, b.pkt_layer,
                         spec.required_elems, list(spec.triggers))
         self._rx_refs[(spec.src, spec.message_id)] = spec
 

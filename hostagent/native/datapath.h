@@ -111,8 +111,10 @@ struct RxSpec {
     uint8_t dtype = 0;          // wire code
     uint64_t total_elems = 0;
     uint32_t per = 1;
-    uint8_t* out = nullptr;     // destination: wire kind (place) or float32 (accumulate)
+    uint8_t* out = nullptr;     // destination: wire kind (place); float32 or wire kind (accumulate)
     bool accumulate = false;
+    uint8_t out_dtype = 0;      // wire code of out's elements (accumulate: float32's, or the wire's)
+    uint64_t out_bytes = 0;
     uint8_t* received = nullptr;    // bool per packet
     uint8_t* pkt_priority = nullptr;
     int64_t* pkt_layer = nullptr;
@@ -206,6 +208,7 @@ class Datapath {
         RxSpec spec;
         Kind kind;       // wire element kind
         int itemsize;
+        Kind out_kind;   // element kind of the destination (differs from kind only when accumulating)
         uint32_t total_pkts, n_full, tail;
         Progress prog;
         // evidence of loss: first-pass packets leave by priority level and, within a level, in

@@ -136,4 +136,34 @@ inline float load_elem(const uint8_t* base, size_t i, Kind kind) {
 
 inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }
 
+// float32 to IEEE half, rounded to nearest even, exactly as numpy converts (npy_floatbits_to_halfbits):
+// a float16 sum made here is bit for bit the one the numpy path makes (numpy adds halves in float).
+inline uint16_t float_to_half(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    uint16_t sign = uint16_t((b & 0x80000000u) >> 16);
+    uint32_t exp = b & 0x7F800000u;
+    if (exp >= 0x47800000u) {  // too large for a half, infinity or NaN
+        uint32_t man = b & 0x007FFFFFu;
+        if (exp == 0x7F800000u && man != 0) {
+            uint16_t nan = uint16_t(0x7C00u + (man >> 13));
+            return uint16_t(sign + (nan == 0x7C00u ? nan + 1 : nan));
+        }
+        return uint16_t(sign + 0x7C00u);
+    }
+    if (exp <= 0x38000000u) {  // a half subnormal, or zero
+        if (exp < 0x33000000u) return sign;
+        exp >>= 23;
+        uint32_t man = 0x00800000u + (b & 0x007FFFFFu);
+        man >>= (113 - exp);
+        if ((man & 0x3FFFu) != 0x1000u || (b & 0x7FFu)) man += 0x1000u;
+        return uint16_t(sign + uint16_t(man >> 13));
+    }
+    uint16_t hexp = uint16_t((exp - 0x38000000u) >> 13);
+    uint32_t man = b & 0x007FFFFFu;
+    if ((man & 0x3FFFu) != 0x1000u) man += 0x1000u;
+    uint16_t h = uint16_t(man >> 13);
+    return uint16_t(sign + uint16_t(h + hexp));  // a carry out of the mantissa raises the exponent
+}
+
 }  // namespace dlcp

@@ -144,7 +144,7 @@ NB_MODULE(_datapath, m) {
              })
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
-                Bytes1D out, bool accumulate, U8 received, U8 prio, I64 layer, uint64_t required,
+                Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
                 std::vector<std::pair<uint16_t, uint32_t>> triggers) {
                  RxSpec s;
                  s.src = src;
@@ -155,11 +155,11 @@ NB_MODULE(_datapath, m) {
                  s.per = per;
                  s.out = reinterpret_cast<uint8_t*>(out.data());
                  s.accumulate = accumulate;
+                 s.out_dtype = out_dtype;
                  size_t pkts = per ? size_t((total + per - 1) / per) : 0;
                  if (received.shape(0) < pkts || prio.shape(0) < pkts || layer.shape(0) < pkts)
                      throw std::invalid_argument("expect: per-packet arrays are shorter than the message");
-                 size_t need = accumulate ? total * 4 : 0;
-                 if (out.nbytes() < need) throw std::invalid_argument("expect: out is smaller than the message");
+                 s.out_bytes = out.nbytes();
                  s.received = received.data();
                  s.pkt_priority = prio.data();
                  s.pkt_layer = layer.data();
@@ -169,7 +169,7 @@ NB_MODULE(_datapath, m) {
                  d.expect(s);
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
-             "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a)
+             "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;

@@ -90,6 +90,12 @@ void Datapath::expect(const RxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("expect: unknown dtype code");
     if (spec.per == 0) throw std::invalid_argument("expect: per must be > 0");
+    auto oit = cfg_.kinds.find(spec.out_dtype);
+    if (oit == cfg_.kinds.end()) throw std::invalid_argument("expect: unknown out dtype code");
+    if (oit->second != kit->second && !(spec.accumulate && oit->second == Kind::F32))
+        throw std::invalid_argument("expect: out must have the wire's element type, or float32 to accumulate into");
+    if (spec.out_bytes < spec.total_elems * uint64_t(kind_size(oit->second)))
+        throw std::invalid_argument("expect: out is smaller than the message");
     uint64_t key = key_of(spec.src, spec.message_id);
     double now = now_s();
     std::lock_guard<std::mutex> g(rx_mu_);
@@ -105,6 +111,7 @@ void Datapath::expect(const RxSpec& spec) {
     m->spec = spec;
     m->kind = kit->second;
     m->itemsize = kind_size(m->kind);
+    m->out_kind = oit->second;
     m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
@@ -302,6 +309,13 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             uint64_t first = uint64_t(seq) * s.per;
             if (!s.accumulate) {
                 std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
+            } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
+                uint16_t* dst = reinterpret_cast<uint16_t*>(s.out) + first;
+                for (uint32_t i = 0; i < count; ++i) {
+                    uint16_t h;
+                    std::memcpy(&h, payload + 2 * i, 2);
+                    dst[i] = float_to_half(half_to_float(dst[i]) + half_to_float(h));
+                }
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {

@@ -284,12 +284,12 @@ class ProtocolCore:
         if not 1 <= per <= wire.FIELD_MAX["elem_count"]:
             raise ValueError(f"elems_per_packet={per} outside 1..{wire.FIELD_MAX['elem_count']}")
         wire_dtype = wire.NUMPY_DTYPES[wire.Dtype(code)].newbyteorder("=")
-        dest_dtype = np.dtype(np.float32) if accumulate else wire_dtype
+        dest = wire.destination_dtypes(wire_dtype, accumulate)
         if out is None:
-            out = np.zeros(total, dtype=dest_dtype)
-        elif out.shape != (total,) or out.dtype != dest_dtype or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"out must be a writable contiguous 1-D {dest_dtype} array of {total} elements, "
-                             f"got shape {out.shape} dtype {out.dtype}")
+            out = np.zeros(total, dtype=dest[0])
+        elif out.shape != (total,) or out.dtype not in dest or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out must be a writable contiguous 1-D {' or '.join(map(str, dest))} array of {total} "
+                             f"elements, got shape {out.shape} dtype {out.dtype}")
         n = -(-total // per)
         buffers = RxBuffers.allocate(out, n, priority)
         msg = Incoming(src, message_id, total, per, code, loss_bound, now + self.config.message_deadline, handle,
@@ -393,8 +393,8 @@ class ProtocolCore:
             log.warning("rank %d: META from rank %d with loss bound %r ignored", self.rank, src, p)
             return
         dtype = wire.NUMPY_DTYPES[h.dtype].newbyteorder("=")
-        want = np.dtype(np.float32) if accumulate else dtype
-        if handle is not None and out is not None and (out.shape != (total,) or out.dtype != want):
+        want = wire.destination_dtypes(dtype, accumulate)
+        if handle is not None and out is not None and (out.shape != (total,) or out.dtype not in want):
             handle._fail(ValueError(f"message {h.message_id} from rank {src} has {total} {dtype}; "
                                     f"out is {out.shape} {out.dtype}"))
             handle, out, accumulate = None, None, False

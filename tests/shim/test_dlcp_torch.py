@@ -35,7 +35,9 @@ def _env(rank, world, ports):
 
 
 def _train(rank, world, how, port, out):
-    """One worker: DDP with gloo allreduce, DDP + dlcp_hook (ps/ring), or DistributedOptimizer."""
+    """One worker: DDP with gloo allreduce, DDP + dlcp_hook (ps/ring), or DistributedOptimizer;
+    ``-fp16``: gloo with PyTorch's fp16_compress_hook, DLCP with wire_dtype="float16"."""
+    how, _, fp16 = how.partition("-")
     _env(rank, world, port)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -51,8 +53,13 @@ def _train(rank, world, how, port, out):
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        if how != "gloo":
-            session = dlcp_torch.init(how, model=model, policy=policy, message_deadline=20)
+        if how == "gloo" and fp16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif how != "gloo":
+            session = dlcp_torch.init(how, model=model, policy=policy, message_deadline=20,
+                                      wire_dtype="float16" if fp16 else "float32")
             ddp.register_comm_hook(session.state, dlcp_torch.dlcp_hook)
         net = ddp
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -63,6 +70,8 @@ def _train(rank, world, how, port, out):
         torch.nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
     out.put((rank, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()))
+    if session is not None and rank == 1:  # a worker's gradient bytes (worker 0 also hosts the server)
+        out.put(("bytes", session.endpoint.stats.data_bytes_sent))
     if how != "optimizer":
         dist.barrier()
     time.sleep(0.3)
@@ -80,7 +89,7 @@ def _run(world, how):
     for p in procs:
         p.start()
     try:
-        res = dict(out.get(timeout=180) for _ in procs)
+        res = dict(out.get(timeout=180) for _ in range(len(procs) + (not how.startswith("gloo"))))
     finally:
         for p in procs:
             p.join(60)
@@ -96,6 +105,21 @@ def test_lossless_equals_stock_ddp_with_gloo(world):
         got = _run(world, how)
         for r in range(world):
             np.testing.assert_allclose(got[r], ref[0], atol=1e-5, err_msg=f"{how}, rank {r}")
+
+
+def test_float16_on_the_wire_trains_as_pytorchs_fp16_compress_hook():
+    """DLCP with wire_dtype="float16" (ring: summed in float16; PS: in float32) against stock
+    DDP with fp16_compress_hook: the same parameters to half precision's rounding, every rank
+    alike, with half the bytes of float32 on the wire."""
+    world = 3
+    ref = _run(world, "gloo-fp16")
+    for base in ("ring", "ps"):
+        full, half = _run(world, base), _run(world, f"{base}-fp16")
+        for r in range(world):
+            np.testing.assert_allclose(half[r], ref[0], atol=1e-4, err_msg=f"{base}-fp16, rank {r}")
+            np.testing.assert_array_equal(half[r], half[0])
+        assert np.abs(half[0] - full[0]).max() > 0, base  # rounded to halves on the way
+        assert half["bytes"] < 0.6 * full["bytes"], (base, half["bytes"], full["bytes"])
 
 
 def _digits(**kw):

@@ -137,7 +137,7 @@ def test_a_terminated_run_tears_its_network_down(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "dlcp: terminated" in proc.stderr.read()
+    assert proc.stderr is not None and "dlcp: terminated" in proc.stderr.read()
     time.sleep(1)
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}
 

@@ -41,9 +41,9 @@ def _paths(**config):
 
 
 def _expect(dp, src: int, mid: int, total: int, iteration: int = 0, accumulate: bool = False,
-            dtype=np.float32) -> RxBuffers:
+            dtype=np.float32, out_dtype=None) -> RxBuffers:
     code = int(wire.dtype_code(dtype))
-    out = np.zeros(total, np.float32 if accumulate else dtype)
+    out = np.zeros(total, out_dtype or (np.float32 if accumulate else dtype))
     n = -(-total // elems_per_packet(1500, dtype))
     buffers = RxBuffers.allocate(out, n, 0)
     dp.expect(RxSpec(src, mid, auth.message_token(KEY1, 1, src, mid, iteration), code, total,
@@ -139,6 +139,48 @@ def test_a_sum_adds_each_packet_once_whatever_repeats():
             np.testing.assert_allclose(b.out, base + x.astype(np.float32), rtol=1e-6)
             dp.stop()
         sock.close()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_float16_sum_stays_float16_and_both_paths_round_alike():
+    """A float16 message added into a float16 ``out`` (a float16 allreduce's sum): each addition
+    rounded to half, bit for bit as numpy adds halves, on both paths; subnormals, ties and
+    overflow to infinity included."""
+    rng = np.random.default_rng(3)
+    n = elems_per_packet(1500, np.float16) * 5 + 7
+    base = (rng.standard_normal(n) * 3).astype(np.float16)
+    x = (rng.standard_normal(n) * 3).astype(np.float16)
+    base[:4] = [6e-8, 65504, 1.0, -2.0]  # a subnormal, the largest half, a tie to even
+    x[:4] = [6e-8, 65504, 2 ** -11, 2 ** -10]
+    dgs = _datagrams(x, 9, dtype=np.float16)
+    order = rng.permutation(len(dgs)).tolist() + [1, 1]
+    paths, sock = _paths()
+    sums = []
+    for dp in paths:
+        b = _expect(dp, 1, 9, n, accumulate=True, dtype=np.float16, out_dtype=np.float16)
+        b.out[:] = base
+        for i in order:
+            _one(dp, dgs[i], now=1.0)
+        sums.append(b.out.copy())
+        dp.stop()
+    sock.close()
+    want = base + x  # numpy: each pair added in float and rounded to half
+    assert np.isinf(want[1])
+    for got in sums:
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_an_out_of_another_type_is_refused_before_anything_is_placed():
+    """Placing needs the wire's own type; a sum takes float32 or the wire's type. A float16
+    ``out`` for a float32 message is refused by both paths, as a ValueError."""
+    paths, sock = _paths()
+    for dp in paths:
+        with pytest.raises(ValueError, match="out"):
+            _expect(dp, 1, 9, 100, accumulate=True, dtype=np.float32, out_dtype=np.float16)
+        with pytest.raises(ValueError, match="out"):
+            _expect(dp, 1, 10, 100, accumulate=False, dtype=np.float16, out_dtype=np.float32)
+        dp.stop()
+    sock.close()
 
 
 def _state(dp, src: int, message_id: int) -> int:

@@ -220,8 +220,12 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handlers_are_restored():
     import os
     import signal
 
+    def terminate_me(args: argparse.Namespace) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+
     parser = argparse.ArgumentParser()
-    parser.set_defaults(func=lambda args: os.kill(os.getpid(), signal.SIGTERM) or 0)
+    parser.set_defaults(func=terminate_me)
     before = signal.getsignal(signal.SIGTERM)
     assert clikit.run_cli(parser, [], "dlcp") == 143
     assert signal.getsignal(signal.SIGTERM) is before

@@ -10,7 +10,7 @@ import pytest
 from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate, summary
 from topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_bound, scheme_policy
-from topologies.schemes import GLOO_SCHEMES, mechanisms, split_label
+from topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, mechanisms, split_label
 from topologies.topos import star
 
 from .test_report import _run, _training_run
@@ -37,11 +37,31 @@ def test_gloo_runs_on_the_baselines_fabric(scheme):
     assert agent_spec(opts, scheme_policy("dlcp", opts), ["10.0.0.1"], scheme="dlcp")["transport"] == "dlcp"
 
 
+def test_dlcp_fp16_runs_dlcps_fabric_and_policy_with_half_the_bytes():
+    """``dlcp-fp16`` is ``dlcp`` with float16 on the wire: the same switches and policy, agents
+    told to send halves, and a line-rate bound of half the packets."""
+    opts = RunOptions(schemes=("dlcp", "dlcp-fp16:ring"), pattern="ring", workers=2)
+    opts.validate()
+    assert scheme_policy("dlcp-fp16", opts) == scheme_policy("dlcp", opts)
+    assert mechanisms("dlcp-fp16") == mechanisms("dlcp") and set(FP16_SCHEMES) >= {"dlcp-fp16", "baseline-fp16"}
+    topo = star(2)
+    ips = ["10.0.0.1", "10.0.0.2"]
+    full = agent_spec(opts, scheme_policy("dlcp", opts), ips, scheme="dlcp")
+    half = agent_spec(opts, scheme_policy("dlcp-fp16", opts), ips, scheme="dlcp-fp16")
+    assert (full["wire_dtype"], half["wire_dtype"], half["transport"]) == ("float32", "float16", "dlcp")
+    bound_full, bound_half = (scheme_bound(topo, opts, s, sp) for s, sp in (("dlcp", full), ("dlcp-fp16", half)))
+    assert bound_full is not None and bound_half is not None
+    assert bound_half["packets"] < 0.6 * bound_full["packets"]
+    with pytest.raises(DlcpUserError, match="gloo-fp16-fp16"):
+        RunOptions(schemes=("gloo-fp16-fp16",)).validate()
+
+
 def test_the_line_rate_bound_is_dlcps_and_gloos_uncompressed_ring_only():
     opts = RunOptions(schemes=("gloo", "gloo-fp16"), pattern="ring", workers=2)
     topo = star(2)
     spec = agent_spec(opts, scheme_policy("gloo", opts), ["10.0.0.1", "10.0.0.2"], scheme="gloo")
-    assert scheme_bound(topo, opts, "gloo", spec)["seconds"] > 0
+    bound = scheme_bound(topo, opts, "gloo", spec)
+    assert bound is not None and bound["seconds"] > 0
     assert scheme_bound(topo, opts, "gloo-fp16", spec) is None  # its bytes on the wire are half
 
 

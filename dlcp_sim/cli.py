@@ -75,6 +75,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-delay-us", type=_checked("host_delay_us", float), default=d.host_delay_us,
                    help="hosts' software path: sends start and control packets leave this much later (default 0; the "
                         "testbed's agents: see the README's validation)")
+    p.add_argument("--tcp-min-rto-us", type=_checked("tcp_min_rto_us", float), default=d.tcp_min_rto_us,
+                   help="TCP's minimum retransmission timeout, us (its delayed ACK: a fifth); Linux hosts, as on "
+                        "the testbed: 200000")
     p.add_argument("--scheme", default="baseline,dlcp",
                    help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections")
     p.add_argument("--seed", type=_checked("seed", int), default=d.seed, help="first seed")

@@ -237,6 +237,20 @@ def test_tcp_gradients_recover_from_tail_drops():
     assert all(c.missing == 0 for c in r.completions)
 
 
+def test_a_linux_minimum_rto_stops_spurious_resends_behind_a_slow_bottleneck():
+    """The testbed's uplinks (700 packets/s, 64-packet buffers) queue tens of milliseconds: TCP's
+    data-centre 5 ms minimum RTO fires before the ACKs come and resends what was only queued
+    (resends without a drop); Linux's 200 ms (``--tcp-min-rto-us``) waits for them."""
+    base: dict[str, Any] = dict(pattern="ring", jobs_placement="packed", leaves=2, spines=2, hosts_per_leaf=2,
+                                uplink_gbps=0.0084, buffer=64, scale=0.002, compute_ms=500, iterations=3, seed=1,
+                                gradient_tcp="cubic", schemes=("tcp",))
+    runs = {rto: simulate(SimOptions(**base, tcp_min_rto_us=rto), "tcp") for rto in (5000, 200_000)}
+    fast, linux = runs[5000], runs[200_000]
+    assert sum(p.tail_drops for p in fast.ports) == 0 and sum(h.retransmitted for h in fast.hosts) > 0
+    assert sum(h.retransmitted for h in linux.hosts) == 0
+    assert np.median(linux.sync_times()) < np.median(fast.sync_times())
+
+
 def test_ecn_on_the_port_backlog_marks_every_sender_of_an_incast():
     """Strict priority in a parameter-server incast: with ECN on the backlog ahead (the
     default) a packet on a high priority is not marked for the low-priority backlog behind it;

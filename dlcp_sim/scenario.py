@@ -146,6 +146,11 @@ class SimOptions:
     the workload hands it over, and every control packet (STOP, PROBE, BITMAP, FEEDBACK) this
     long after it was decided (the testbed's Python agents: packetizing, threads, control
     frames over TCP). A message's round, send to STOP, so takes two of them."""
+    packet_slots: bool = False
+    """Every packet crossing an uplink costs a full packet's time there, as on the testbed's BMv2
+    ports, which are limited in packets per second, not bytes: a leaf pads what it sends up to
+    the MTU (the receiving host trims it). A TCP ACK or a DLCP control packet then takes a data
+    packet's slot (``control_bytes`` models that for DLCP's control packets alone)."""
     tcp_min_rto_us: float = 5000.0
     """TCP's minimum retransmission timeout (background flows and the ``tcp`` scheme), in
     microseconds; its delayed ACK is a fifth of it. The default is a data centre's 5 ms; Linux
@@ -394,6 +399,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",
         f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {opts.control_bytes or HEADER_SIZE + 16}",
         f"host_delay_us {opts.host_delay_us:g}", f"tcp_min_rto_us {opts.tcp_min_rto_us:g}",
+        f"pad_to_bytes {opts.mtu if opts.packet_slots else 0}",
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",

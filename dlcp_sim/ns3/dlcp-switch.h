@@ -132,10 +132,13 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
  public:
   //! `down`: a leaf's ports to its hosts (by place) or a spine's ports to the leaves (by
   //! number); `up`: a leaf's ports to the spines (by number), none on a spine.
+  //! `padTo`: pad every packet a leaf sends up to this many bytes (0: never), so a 40-byte ACK
+  //! costs an uplink as much as a full packet, as on BMv2 ports limited in packets per second;
+  //! the receiving host's IP layer trims the padding.
   LeafSpineSwitch(Ptr<Node> node, SwitchRole role, std::vector<Ptr<NetDevice>> down,
-                  std::vector<Ptr<NetDevice>> up, LbMode lb, uint32_t salt)
+                  std::vector<Ptr<NetDevice>> up, LbMode lb, uint32_t salt, uint32_t padTo = 0)
       : m_role(role), m_down(std::move(down)), m_up(std::move(up)), m_lb(lb), m_salt(salt),
-        m_rr(m_up.empty() ? 0 : salt % m_up.size()) {
+        m_rr(m_up.empty() ? 0 : salt % m_up.size()), m_padTo(padTo) {
     m_rand = CreateObject<UniformRandomVariable>();
     node->RegisterProtocolHandler(MakeCallback(&LeafSpineSwitch::Receive, this), Ipv4L3Protocol::PROT_NUMBER,
                                   nullptr);
@@ -147,7 +150,7 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
   SwitchRole m_role;
   std::vector<Ptr<NetDevice>> m_down, m_up;
   LbMode m_lb;
-  uint32_t m_salt, m_rr;
+  uint32_t m_salt, m_rr, m_padTo;
   Ptr<UniformRandomVariable> m_rand;
 
   void Receive(Ptr<NetDevice>, Ptr<const Packet> frame, uint16_t protocol, const Address&, const Address&,
@@ -160,17 +163,20 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
     }
     uint32_t L = h[17], J = h[18];
     Ptr<NetDevice> out;
+    bool up = false;
     if (m_role.kind == SwitchRole::SPINE)
       out = L < m_down.size() ? m_down[L] : nullptr;
     else if (L == m_role.index)
       out = J < m_down.size() ? m_down[J] : nullptr;
     else
-      out = m_up[PickSpine(frame, h, got)];
+      out = m_up[PickSpine(frame, h, got)], up = true;
     if (!out) {
       unroutable++;
       return;
     }
-    out->Send(frame->Copy(), out->GetBroadcast(), protocol);
+    Ptr<Packet> copy = frame->Copy();
+    if (up && copy->GetSize() < m_padTo) copy->AddPaddingAtEnd(m_padTo - copy->GetSize());
+    out->Send(copy, out->GetBroadcast(), protocol);
   }
 
   uint32_t PickSpine(Ptr<const Packet> p, const uint8_t* h, uint32_t got) {

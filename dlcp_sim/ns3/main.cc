@@ -63,6 +63,7 @@ struct Scenario {
   uint32_t seed = 0;  // varies the flow hashes (which flows collide) and ns-3's random streams
   std::string tcp = "dctcp";  // the background flows' TCP: dctcp, cubic or newreno
   double tcpMinRtoUs = 5000;
+  uint32_t padToBytes = 0;  // packet_slots: a packet bound for an uplink is padded to this many bytes
   std::vector<BgFlow> flows;
   std::vector<MsgPlan> buckets;
   std::vector<double> ready;  // ps: when each bucket is full, fraction of the compute time
@@ -162,6 +163,8 @@ Scenario Parse(std::istream& in) {
       ls >> us;
       (key == "cut_interval_us" ? sc.tp.cutInterval : key == "answer_idle_us" ? sc.tp.answerIdle : sc.tp.probeTimeout) =
           MicroSeconds(us);
+    } else if (key == "pad_to_bytes") {
+      ls >> sc.padToBytes;
     } else if (key == "host_delay_us") {
       double us;
       ls >> us;
@@ -523,7 +526,7 @@ int main(int argc, char** argv) {
   std::vector<Ptr<LeafSpineSwitch>> switches;
   for (uint32_t l = 0; l < sc.leaves; ++l)
     switches.push_back(Create<LeafSpineSwitch>(leaves.Get(l), SwitchRole{SwitchRole::LEAF, l}, leafDown[l],
-                                               leafUp[l], sc.lb, salt(leaves.Get(l))));
+                                               leafUp[l], sc.lb, salt(leaves.Get(l)), sc.padToBytes));
   for (uint32_t s = 0; s < sc.spines; ++s)
     switches.push_back(Create<LeafSpineSwitch>(spines.Get(s), SwitchRole{SwitchRole::SPINE, s},
                                                spineDown[s], std::vector<Ptr<NetDevice>>{}, sc.lb,

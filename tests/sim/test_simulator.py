@@ -251,6 +251,21 @@ def test_a_linux_minimum_rto_stops_spurious_resends_behind_a_slow_bottleneck():
     assert np.median(linux.sync_times()) < np.median(fast.sync_times())
 
 
+def test_packet_slots_make_an_ack_cost_an_uplink_a_full_packet():
+    """``packet_slots`` (the testbed's BMv2 ports serve packets, not bytes): the ACKs of a ring
+    neighbour's TCP stream share the uplink with the other direction's data and each takes a
+    full packet's time, so TCP's steps take much longer; the segments themselves are the same,
+    and the receivers see no padding (every message arrives whole). (Seed 1 hashes the ACKs onto
+    the spine of the other direction's data; seed 0 keeps them apart, and nothing changes.)"""
+    base: dict[str, Any] = dict(pattern="ring", jobs_placement="packed", leaves=2, spines=2, hosts_per_leaf=2,
+                                uplink_gbps=0.0084, buffer=64, scale=0.002, compute_ms=500, iterations=3, seed=1,
+                                gradient_tcp="cubic", tcp_min_rto_us=200_000, schemes=("tcp",))
+    bytes_, slots = (simulate(SimOptions(**base, packet_slots=on), "tcp") for on in (False, True))
+    assert np.median(slots.sync_times()) > 1.3 * np.median(bytes_.sync_times())
+    assert sum(h.data_sent for h in slots.hosts) == sum(h.data_sent for h in bytes_.hosts)
+    assert all(c.missing == 0 for c in slots.completions) and slots.completions
+
+
 def test_ecn_on_the_port_backlog_marks_every_sender_of_an_incast():
     """Strict priority in a parameter-server incast: with ECN on the backlog ahead (the
     default) a packet on a high priority is not marked for the low-priority backlog behind it;

@@ -143,20 +143,27 @@ def test_a_terminated_run_tears_its_network_down(tmp_path):
 
 
 def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
-    """What users run (DDP over gloo, on the baseline's fabric) and DLCP's ring, interleaved in
-    one run; speedups and the accuracy target are against gloo."""
-    res = dlcp("run", "--topology", "star", "--workers", 2, "--scheme", "gloo,dlcp:ring", "--workload", "digits",
+    """What users run (DDP over gloo, on the baseline's fabric) and DLCP's ring, in float32 and
+    float16, interleaved in one run; speedups and the accuracy target are against gloo."""
+    res = dlcp("run", "--topology", "star", "--workers", 2, "--scheme", "gloo,dlcp:ring,dlcp-fp16:ring",
+               "--workload", "digits",
                "--iterations", 4, "--eval-every", 2, "--capacity", 5000, "--quiet", "--out", tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     run_dir = next(tmp_path.iterdir())
     results = json.loads((run_dir / "results.json").read_text())
     assert results["reference"] == "gloo"
-    gloo, ring = results["schemes"]
+    gloo, ring, half = results["schemes"]
     assert (gloo["scheme"], gloo["base_scheme"], gloo["pattern"]) == ("gloo", "gloo", "ring")
     assert (ring["scheme"], ring["base_scheme"], ring["pattern"]) == ("dlcp:ring", "dlcp", "ring")
     assert gloo["policy"]["lb_mode"] == "flow" and gloo["policy"]["num_drop_classes"] == 1
     assert not (run_dir / "gloo" / "server.log").exists() and (run_dir / "dlcp-ring").is_dir()
-    for s in (gloo, ring):
+    assert (half["base_scheme"], half["policy"]) == ("dlcp-fp16", ring["policy"])
+
+    def data_bytes(s: dict) -> int:
+        return sum(e["data_bytes_sent"] for e in s["endpoints"].values())
+
+    assert 0 < data_bytes(half) < 0.6 * data_bytes(ring)  # the gradients went as halves
+    for s in (gloo, ring, half):
         assert [r["kind"] for r in s["iterations"]].count("measured") == 2 * 4
         assert len(s["metrics"]["accuracy_trace"]) == 3 and 0 < s["metrics"]["accuracy"] <= 1
     # gloo's TCP crossed the switch: the server-less star still forwarded its bytes

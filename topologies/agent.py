@@ -44,7 +44,7 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
                           connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"),
-                          **spec.get("timers", {}))
+                          datapath=spec.get("datapath", "native"), **spec.get("timers", {}))
     return Endpoint(cfg).start()
 
 
@@ -159,7 +159,8 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
                               offload=spec.get("offload", False), secret=spec.get("secret"),
-                              timers=spec.get("timers"), wire_dtype=spec.get("wire_dtype", "float32"))
+                              timers={**spec.get("timers", {}), "datapath": spec.get("datapath", "native")},
+                              wire_dtype=spec.get("wire_dtype", "float32"))
     inner, schedule = train.optimizer(model.parameters())
     opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))

@@ -41,7 +41,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
-                      timeout=args.timeout, reference=args.reference)
+                      timeout=args.timeout, reference=args.reference, datapath=args.datapath)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -205,6 +205,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
                    default=d.calibration_iterations,
                    help="communication-only iterations for the ordering efficiency E")
+    p.add_argument("--datapath", choices=["native", "numpy"], default=d.datapath,
+                   help="DLCP's per-packet path on the hosts: compiled, or numpy (to compare the two)")
     p.add_argument("--strict", action="store_true",
                    help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
     p.add_argument("--fusion", choices=["on", "off"], default="on" if d.fusion else "off",

@@ -94,6 +94,9 @@ class RunOptions:
     policy: Policy | None = None
     """The base policy (``--policy FILE``): each scheme keeps what of it that scheme turns on
     (:func:`topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
+    datapath: str = "native"
+    """DLCP's data path on every host (:attr:`hostagent.transport_config.TransportConfig.datapath`):
+    the compiled one, or ``numpy`` to compare the two on the same fabric."""
     reference: str | None = None
     """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
     against; None: ``gloo`` when it runs (what users run), else ``baseline``."""
@@ -118,6 +121,8 @@ class RunOptions:
             raise UsageError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
         if self.pattern not in ("ps", "ring"):
             raise UsageError("--pattern must be ps or ring")
+        if self.datapath not in ("native", "numpy"):
+            raise UsageError(f"--datapath must be native or numpy, got {self.datapath!r}")
         for name, rng in RANGES.items():
             value = getattr(self, name)
             if value is not None:
@@ -232,7 +237,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
             "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
-            "wire_dtype": wire_dtype_of(scheme), "store_port": store_port}
+            "wire_dtype": wire_dtype_of(scheme), "datapath": opts.datapath, "store_port": store_port}
     if opts.workload in TRAINING_WORKLOADS:
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:

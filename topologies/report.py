@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from topologies.breakdown import PARTS, add_stragglers
-from topologies.stats import Estimate, median_ci, paired_ratios, verdict
+from topologies.stats import Estimate, median_ci, paired_ratios, verdict, versus
 from topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
 
@@ -225,7 +225,7 @@ def summary(results: dict) -> str:
     for name, r in agg.items():
         if "speedup" in r and name != ref and repeated:
             sp = r["speedup"]
-            lines.append(f"{name}: {verdict(sp)} than {ref} (speedup {sp.text('{:.2f}')})" if sp.low is not None
+            lines.append(f"{name}: {versus(sp, ref)} (speedup {sp.text('{:.2f}')})" if sp.low is not None
                          else f"{name}: speedup {sp.text('{:.2f}')}, {verdict(sp)}")
     lines += tta_lines(results, agg)
     for s in results["schemes"]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from topologies.report import aggregate, describe, reference
-from topologies.stats import Estimate, verdict
+from topologies.stats import Estimate, versus
 
 
 def _cell(est: Estimate | None, fmt: str, suffix: str = "") -> str:
@@ -79,7 +79,7 @@ def verdicts(results: dict) -> list[str]:
         for key, what in (("speedup", "per iteration"), ("tta_speedup", "to the accuracy target")):
             est = r.get(key)
             if name != ref and est is not None and est.low is not None:
-                out.append(f"`{name}` is {verdict(est)} than `{ref}` {what}: {est.text('{:.2f}')}x.")
+                out.append(f"`{name}` is {versus(est, f'`{ref}`')} {what}: {est.text('{:.2f}')}x.")
     return out
 
 

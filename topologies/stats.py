@@ -77,3 +77,14 @@ def verdict(speedup: Estimate) -> str:
     if speedup.high is not None and speedup.high < 1.0:
         return "slower"
     return "no significant difference"
+
+
+def versus(speedup: Estimate, reference: str) -> str:
+    """:func:`verdict` as a phrase about ``reference``: "faster than gloo", "slower than gloo",
+    "not significantly different from gloo"."""
+    said = verdict(speedup)
+    if said in ("faster", "slower"):
+        return f"{said} than {reference}"
+    if said == "no significant difference":
+        return f"not significantly different from {reference}"
+    return said

@@ -39,20 +39,21 @@ def _cross(rows: list[dict]) -> str:
 
 
 def scheme_table(results: dict) -> str:
-    """One row per scheme: valid runs, iteration p50, speedup against the reference, time to
+    """One row per scheme: valid runs, sync and iteration p50, speedup against the reference, time to
     accuracy and its speedup (training workloads), final accuracy, and the cross traffic's
     loss, retransmissions and goodput beside it."""
     agg = aggregate(results)
     ref = reference(results)
     training = any("tta_s" in r for r in agg.values())
-    head = ["scheme", "valid runs", "iteration p50 ms", f"x {ref} (iteration)"]
+    head = ["scheme", "valid runs", "sync p50 ms", "iteration p50 ms", f"x {ref} (iteration)"]
     if training:
         head += ["time to accuracy s", f"x {ref} (time to accuracy)", "reached", "final accuracy %"]
     head += ["cross traffic beside it"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in agg.items():
         sp = r.get("speedup")
-        cells: list[Any] = [f"`{name}`", f"{r['valid_runs']}/{r['runs']}", _cell(r["iteration_p50_ms"], "{:.0f}"),
+        cells: list[Any] = [f"`{name}`", f"{r['valid_runs']}/{r['runs']}", _cell(r["sync_p50_ms"], "{:.0f}"),
+                            _cell(r["iteration_p50_ms"], "{:.0f}"),
                             "1" if name == ref else _cell(sp, "{:.2f}", "x")]
         if training:
             tta = r.get("tta_s")

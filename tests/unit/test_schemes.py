@@ -130,13 +130,13 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
                "provenance": {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}}
     text = markdown(results)
     row = next(line for line in text.splitlines() if line.startswith("| `dlcp`"))
-    assert "| 3/3 | 500 [500, 500] | 2.00 [2.00, 2.00]x |" in row
+    assert "| 3/3 | 250 [250, 250] | 500 [500, 500] | 2.00 [2.00, 2.00]x |" in row
     assert "UDP loss 10.0 %, TCP 40 resent, 2.00 Mbit/s" in row
     assert "`dlcp` is faster than `gloo` per iteration" in text and "commit abc1234" in text
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     assert cli.main(["report", str(tmp_path)]) == 0
-    assert "| `gloo` | 3/3 | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
+    assert "| `gloo` | 3/3 | 500 [500, 500] | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
     # a slim copy (no per-iteration records) regenerates the same tables
     assert cli.main(["report", str(path), "--slim", str(tmp_path / "slim")]) == 0
     full = capsys.readouterr().out

@@ -46,6 +46,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Print each run's Markdown section (:func:`topologies.results_table.markdown`)."""
+    from topologies.report import against
     from topologies.results_table import markdown, slim
 
     for given in args.results:
@@ -63,6 +64,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(slim(results), indent=1) + "\n")
             source = str(out)
+        if args.against:
+            try:
+                results = against(results, args.against)
+            except ValueError as exc:
+                raise UsageError(f"--against: {exc}") from None
         print(markdown(results, source))
     return 0
 
@@ -245,6 +251,9 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--slim", metavar="DIR", default=None,
                    help="also write each run's results without its per-iteration records to DIR/<run>.json: "
                         "small enough to keep beside a results page, and enough to regenerate its tables")
+    p.add_argument("--against", metavar="SCHEME", default=None,
+                   help="pair the speedups with this scheme instead of the run's reference (the accuracy target "
+                        "stays the run's)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
                        "on loopback (real training; no root)")

@@ -131,6 +131,31 @@ def reference(results: dict) -> str:
     return results.get("reference") or "baseline"
 
 
+def accuracy_target(results: dict) -> float | None:
+    """The run's time-to-accuracy target: the one it was given, else its reference's median
+    final accuracy minus 0.5 points (valid runs, if any), None without either."""
+    target = results.get("config", {}).get("target_accuracy")
+    if target is not None:
+        return float(target)
+    base_runs = _runs(results, reference(results))
+    base_ok = [s for s in base_runs if _valid(s)] or base_runs
+    return default_target([s["metrics"].get("accuracy", math.nan) for s in base_ok])
+
+
+def against(results: dict, scheme: str) -> dict:
+    """``results`` with speedups paired against ``scheme`` instead of the run's reference, and
+    the accuracy target kept at the run's own (so the times to accuracy stay comparable).
+
+    Raises:
+        ValueError: ``scheme`` did not run.
+    """
+    if not _runs(results, scheme):
+        names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+        raise ValueError(f"{scheme!r} is not one of the run's schemes {names}")
+    config = {**results.get("config", {}), "target_accuracy": accuracy_target(results)}
+    return {**results, "reference": scheme, "config": config}
+
+
 def aggregate(results: dict) -> dict[str, dict]:
     """Per scheme: medians over its runs with bootstrap intervals, the paired speedup against
     the reference (:func:`reference`, when it ran) and its verdict, and how many runs were valid.
@@ -142,9 +167,7 @@ def aggregate(results: dict) -> dict[str, dict]:
     base_runs = _runs(results, reference(results))
     base_ok = [s for s in base_runs if _valid(s)] or base_runs
     base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in base_ok}
-    target = results.get("config", {}).get("target_accuracy")
-    if target is None:
-        target = default_target([s["metrics"].get("accuracy", math.nan) for s in base_ok])
+    target = accuracy_target(results)
     base_tta = {s.get("repeat", 0): _tta(s["metrics"], target) for s in base_ok} if target is not None else {}
     out = {}
     for name in names:

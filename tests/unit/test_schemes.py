@@ -146,3 +146,10 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     assert capsys.readouterr().out.split("| scheme")[1] == full.split("| scheme")[1]
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
     assert "not a run's results" in capsys.readouterr().err
+    # paired with another scheme: gloo is then half as fast, and the target stays the run's
+    assert "target accuracy 89.00 %" in full
+    assert cli.main(["report", str(path), "--against", "dlcp"]) == 0
+    text = capsys.readouterr().out
+    assert "target accuracy 89.00 %" in text and "`gloo` is slower than `dlcp` per iteration: 0.50" in text
+    assert cli.main(["report", str(path), "--against", "powersgd"]) == 2
+    assert "--against: 'powersgd' is not one of the run's schemes" in capsys.readouterr().err

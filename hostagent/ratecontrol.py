@@ -129,7 +129,7 @@ class RateController:
         self.sent += packets
 
     def on_feedback(self, received: int, marked: int, lost: int, now: float | None = None,
-                    hold: float = 0.0) -> float:
+                    hold: float = 0.0, timed: bool = True) -> float:
         """Update from one receiver report; returns the new rate.
 
         Args:
@@ -140,6 +140,10 @@ class RateController:
                 ``increase_interval`` since the previous one (at most ``max_increase_span``).
                 Without it, one ``increase_interval``.
             hold: the longest a cut waits for its window (below); needs ``now``.
+            timed: False for a BITMAP's losses: they cut at once, window or not, and do not
+                count towards a window (the packets a BITMAP covers were reported already);
+                with ``now`` the cut still starts a window, so marks that follow for packets sent
+                before it do not cut again.
 
         Once per window, as DCTCP: after a cut, congestion updates ``alpha`` but cuts no further
         until the receiver has reported every packet sent before the cut (:meth:`on_sent`
@@ -150,20 +154,20 @@ class RateController:
         every report, a sender halves its rate down to the floor within one drain.
         """
         span = self.config.increase_interval
-        if now is not None:
+        if now is not None and timed:
             if self.last_report is not None:
                 span = min(self.config.max_increase_span, max(0.0, now - self.last_report))
             self.last_report = now
         total = received + lost
         if total <= 0:
             return self.rate
-        if now is not None:
+        if now is not None and timed:
             self.reported += total
         fraction = min(1.0, (marked + lost) / total)
         g = self.config.gain
         self.alpha = (1 - g) * self.alpha + g * fraction
         if fraction > 0:
-            held = (now is not None and self.last_cut is not None and self.reported < self.window_end
+            held = (timed and now is not None and self.last_cut is not None and self.reported < self.window_end
                     and now - self.last_cut < hold)
             if not held:
                 self.rate *= 1 - self.alpha / 2

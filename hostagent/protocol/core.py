@@ -440,7 +440,9 @@ class ProtocolCore:
         new_lost = max(0, len(missing) - m.reported_missing)
         m.reported_missing = len(missing)
         if new_lost:
-            self._rate_for(src, now).on_feedback(n - len(missing), 0, new_lost)
+            rc = self._rate_for(src, now)
+            rc.sent = self.port.sent_packets(src)
+            rc.on_feedback(n - len(missing), 0, new_lost, now, timed=False)
             self._note_rate(src, now, "loss")
         m.awaiting_reply = False
         m.probe_sent_at = None

@@ -348,6 +348,27 @@ def test_marks_cut_the_rate_once_per_window_and_the_data_path_paces_at_it():
     assert port.rates[1] < cut
 
 
+def test_marks_after_a_bitmaps_loss_cut_wait_for_its_window():
+    """A BITMAP's losses cut the rate at once; the marked reports that follow, for packets sent
+    before that cut, do not cut again until its window is reported."""
+    core, port = make_core()
+    n = 20
+    core.send(1, np.zeros(PER * n, np.float32), 7, now=0.0)
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.01, 0)], now=0.01)
+    port.sent[1] = 100
+    bits = np.zeros(n, np.uint8)
+    bits[[3, 4]] = 1
+    bitmap = wire.Header(ptype=wire.PacketType.BITMAP, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(bitmap, wire.BITMAP_PREFIX.pack((n - 2) * PER) + np.packbits(bits).tobytes(), now=0.02)
+    cut = port.rates[1]
+    assert cut < core.config.rate.initial_rate and core.rate_log[-1].cause == "loss"
+    fb = wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=1, message_id=0, sender_rank=1)
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(30, 30, 0, 0), now=0.022)  # the same window
+    assert port.rates[1] == cut
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(70, 30, 0, 0), now=0.024)  # 100 reported: it is over
+    assert port.rates[1] < cut
+
+
 def test_the_timers_sleep_until_their_next_deadline():
     """Idle: IDLE_TICK; data streaming in: the next clean report; a pass ended: the probe; an
     answer due: the end of its grace; a socket busy when an answer is due: a millisecond. (The

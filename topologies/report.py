@@ -334,8 +334,10 @@ def describe(results: dict) -> str:
     c = results.get("config", {})
     runs = max((s.get("repeat", 0) for s in results["schemes"]), default=0) + 1
     cross = f"cross traffic {c.get('cross_rate', 0):g}x" if c.get("cross_traffic") else "no cross traffic"
+    ran = sorted({s["pattern"] for s in results["schemes"] if s.get("pattern")})  # (as each scheme ran)
+    pattern = " and ".join(ran) if ran else c.get("pattern", "")
     return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, "
-            f"{c.get('pattern', '')}, {c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; "
+            f"{pattern}, {c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; "
             f"{runs} run(s) per scheme")
 
 

@@ -234,7 +234,11 @@ class DLCPState:
             half = grad.astype(self._wire)
             (idx, vals), = self._exchanger.allreduce_inplace(iteration, [half], [key], [priority], [layout],
                                                              lost_values=self.error_feedback)
-            avg = half.astype(np.float32)
+            if grad.dtype == np.float32 and grad.flags.writeable:
+                np.copyto(grad, half.reshape(grad.shape))  # in place, as the float32 ring averages
+                avg = grad
+            else:
+                avg = half.astype(np.float32)
         elif grad.dtype == np.float32 and grad.ndim == 1 and grad.flags.c_contiguous and grad.flags.writeable:
             # in place, as DDP's own allreduce hook averages its bucket: no copy of the gradient
             (idx, vals), = self._exchanger.allreduce_inplace(iteration, [grad], [key], [priority], [layout],

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from hostagent import _datapath, wire
+from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEOUT, MIN_WINDOW, initial_window,
+                                        max_datagram)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER
@@ -33,23 +35,6 @@ from hostagent.transport_config import TransportConfig
 KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
 #: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
 MAX_INLINE_WAIT = 0.0005
-#: A sender whose window is full and that got no credit for this long takes its packets as lost
-#: and sends on: the last resort for a lost credit. (A receiver counts the transmissions a
-#: finished message will never bring as read, and all of a window is released when nothing is
-#: in flight to the receiver; a short timeout fired whenever a receiver was descheduled, and its
-#: reset overran the receiver.)
-CREDIT_TIMEOUT = 0.2
-
-
-def initial_window(config: TransportConfig) -> int:
-    """Packets a sender may have unconsumed at a receiver before the receiver's first credit: as
-    a receiver grants (a sixteenth of its socket's memory limit, which the kernel sets at twice
-    the buffer asked for, in datagrams) shared by every other rank, as if all sent to one."""
-    datagram = wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4
-    senders = max(1, len(config.peers) - 1)
-    return int(max(8, min(wire.MAX_CREDIT_WINDOW, 2 * config.socket_buffer // 16 // datagram // senders)))
-
-
 def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]:
     """The extension's configuration for an endpoint, every value from its one definition."""
     pol, loss, meter = config.policy, config.loss, DrainMeter()
@@ -58,10 +43,11 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "header_fields": {name: (off, wire.FIELD_DTYPE[name].itemsize) for name, off in wire.FIELD_OFFSET.items()},
         "version": wire.VERSION, "data_ptype": int(wire.PacketType.DATA),
         "credit_ptype": int(wire.PacketType.CREDIT), "initial_window": initial_window(config),
-        "credit_timeout": CREDIT_TIMEOUT,
+        "credit_timeout": CREDIT_TIMEOUT, "credit_quiet": CREDIT_QUIET, "credit_share": CREDIT_SHARE,
+        "min_window": MIN_WINDOW, "max_window": wire.MAX_CREDIT_WINDOW,
         "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST), "kinds": KINDS,
         "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
-        "max_datagram": wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4,
+        "max_datagram": max_datagram(config),
         "rx_batch": config.rx_batch, "batch_bytes": 1 << 30, "socket_buffer": config.socket_buffer,
         "park_limit": config.park_limit, "top_priority": pol.top_priority, "dscp": list(pol.dscp),
         "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,

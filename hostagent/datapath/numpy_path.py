@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import select
 import socket
@@ -28,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from hostagent import auth, wire
+from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, credit_due, credit_window, initial_window,
+                                        max_datagram)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
@@ -182,7 +185,7 @@ class NumpyDatapath:
              "credit_waits", "credit_timeouts"), 0)
         self._credit_sock: socket.socket | None = None
         self._rcvbuf = udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        self._max_datagram = wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4
+        self._max_datagram = max_datagram(config)
         self.injected_drops: dict[int, int] = {}
         # send side
         self._tx_cv = threading.Condition()
@@ -263,8 +266,6 @@ class NumpyDatapath:
 
     # ------------------------------------------------------------------ DataPort: receive side
     def add_peer(self, rank: int, ipv4: str, port: int) -> None:
-        from hostagent.datapath.native import initial_window
-
         with self._tx_cv:
             if rank not in self._dests:
                 self._dests[rank] = _Dest(rank, (ipv4, port), min(self.config.rate.line_rate, 0.5e9),
@@ -424,9 +425,14 @@ class NumpyDatapath:
         batch_bytes = max(width, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 8)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
+        credit_due_at = 0.0  # when a quiet sender's credit falls due (0: none waits)
         while self._running:
-            if not poller.poll(5 if self._delayed else 50):
+            wait_ms = 5 if self._delayed else 50
+            if credit_due_at:
+                wait_ms = min(wait_ms, max(0, math.ceil((credit_due_at - time.monotonic()) * 1000)))
+            if not poller.poll(wait_ms):
                 self._release_delayed()
+                credit_due_at = self._send_credits(time.monotonic())
                 continue
             t_batch = time.monotonic()
             self._rx_holding = True
@@ -475,7 +481,7 @@ class NumpyDatapath:
             self.counters["rx_reads"] += reads
             if k:
                 self._on_datagrams(slots[:k], lengths[:k], ce[:k])
-            self._send_credits(time.monotonic(), dry)
+            credit_due_at = self._send_credits(time.monotonic())
             self._rx_holding = False
             self._reads_since += reads
             if overflows != self.counters["rx_overflows"]:
@@ -683,23 +689,25 @@ class NumpyDatapath:
                         d.window, d.held_since = max(1, int(h["elem_count"])), -1.0
                         self._tx_cv.notify_all()
 
-    def _send_credits(self, now: float, dry: bool) -> None:
-        """Grant every sender whose packets we took from the socket a window: a sixteenth of the
-        socket's memory limit in datagrams, shared among every authenticated peer (see the
-        compiled path's send_credits for why); a credit goes when a quarter of its window was
-        used, or when the socket ran dry."""
+    def _send_credits(self, now: float) -> float:
+        """Grant every sender whose packets we took from the socket a window, by the rules of
+        :mod:`hostagent.datapath.credits` (a quarter of its window used, or its packets quiet).
+        Returns when a quiet sender's credit falls due (0: none waits)."""
         sock = self._credit_sock
         if sock is None:
-            return
+            return 0.0
+        wake = 0.0
         with self._lock:
-            senders = max(1, sum(1 for r, s in self._senders.items() if s.key is not None and r != self.config.rank))
-            grant = int(max(8, min(wire.MAX_CREDIT_WINDOW, self._rcvbuf // 16 // self._max_datagram // senders)))
+            senders = sum(1 for r, s in self._senders.items() if s.key is not None and r != self.config.rank)
+            grant = credit_window(self._rcvbuf, self._max_datagram, senders)
             out = []
             for rank, s in self._senders.items():
                 pending = s.consumed - s.credited
                 if s.key is None or s.tx_key is None or rank == self.config.rank or not pending:
                     continue
-                if pending < max(1, grant // 4) and not dry:
+                if not credit_due(pending, grant, now - s.last_seen):
+                    due = s.last_seen + CREDIT_QUIET
+                    wake = due if wake == 0 else min(wake, due)
                     continue
                 d = self._dests.get(rank)
                 if d is None:
@@ -718,12 +726,11 @@ class NumpyDatapath:
                 continue
             s.credited = consumed
             self.counters["credits_sent"] += 1
+        return wake
 
     def _window_full(self, d: _Dest, now: float) -> float:
         """0 when ``d`` may take more of our packets, else how long until the credit timeout
         (tx lock held); a destination that grants nothing for that long lost them."""
-        from hostagent.datapath.native import CREDIT_TIMEOUT
-
         if d.sent - d.acked < d.window:
             d.held_since = -1.0
             return 0.0

@@ -82,6 +82,8 @@ struct Config {
     // credits (receiver-driven flow control)
     uint32_t initial_window = 256;  // packets a sender may have unconsumed before its first credit
     double credit_timeout = 0.02;   // a sender held this long without a credit assumes its packets lost
+    double credit_quiet = 0.005;    // a sender quiet this long is credited what it has consumed
+    uint32_t credit_share = 16, min_window = 8, max_window = 65535;  // credit_window's terms
     // policy
     uint8_t top_priority = 7;
     std::vector<uint8_t> dscp;
@@ -313,7 +315,7 @@ class Datapath {
     // receive helpers (rx_mu_ held)
     uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
-    void send_credits(double now, bool dry);
+    double send_credits(double now);
     bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);

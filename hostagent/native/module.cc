@@ -43,6 +43,10 @@ Config make_config(const nb::dict& d) {
     c.credit_ptype = get<uint8_t>(d, "credit_ptype");
     c.initial_window = get<uint32_t>(d, "initial_window");
     c.credit_timeout = get<double>(d, "credit_timeout");
+    c.credit_quiet = get<double>(d, "credit_quiet");
+    c.credit_share = get<uint32_t>(d, "credit_share");
+    c.min_window = get<uint32_t>(d, "min_window");
+    c.max_window = get<uint32_t>(d, "max_window");
     c.flag_retx = get<uint8_t>(d, "flag_retx");
     c.flag_last = get<uint8_t>(d, "flag_last");
     for (auto& kv : get<std::map<int, int>>(d, "kinds")) c.kinds[uint8_t(kv.first)] = Kind(kv.second);

@@ -400,29 +400,32 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     return OK;
 }
 
-void Datapath::send_credits(double now, bool dry) {
-    // Grant every sender whose packets we took from the socket a window (rx_mu_ held): a
-    // sixteenth of the socket's memory limit in datagrams (CREDIT_SHARE), shared among every
-    // authenticated peer, so the windows together fit (shared among the senders seen lately, an
-    // incast's first senders were each promised most of it, and it overflowed). Why so little:
-    // the kernel counts a queued datagram at up to twice its bytes (more for the short runs a
-    // tight window makes) and releases what was read only in steps of a quarter of the limit;
-    // measured in a 4-to-1 incast on a loaded host, a datagram in flight held up to 47 KB of a
-    // 9 KB datagram's memory, and windows of a quarter, then an eighth of the limit still
-    // overflowed. A credit goes when a quarter of the window was used since the last, or when
-    // the socket ran dry (a message's tail is credited at once).
-    if (credit_fd_ < 0) return;
+double Datapath::send_credits(double now) {
+    // Grant every sender whose packets we took from the socket a window (rx_mu_ held), by the
+    // rules of hostagent/datapath/credits.py: the window is credit_window (a sixteenth of the
+    // socket's memory limit in datagrams, shared among every authenticated peer, so the windows
+    // together fit); a credit goes when a quarter of it was used since the last (credit_due),
+    // or when the sender's packets stopped coming for credit_quiet (it may be held by its
+    // window). Returns when a quiet sender's credit falls due (0: none waits).
+    if (credit_fd_ < 0) return 0;
     int senders = 0;
     for (auto& kv : fb_)
         if (kv.second.authed && kv.first != cfg_.rank) ++senders;
-    uint64_t grant64 = uint64_t(rcvbuf_) / 16 / std::max<uint32_t>(1, cfg_.max_datagram) / uint64_t(std::max(1, senders));
-    uint32_t grant = uint32_t(std::min<uint64_t>(65535, std::max<uint64_t>(8, grant64)));
+    uint64_t grant64 = uint64_t(rcvbuf_) / cfg_.credit_share / std::max<uint32_t>(1, cfg_.max_datagram) /
+                       uint64_t(std::max(1, senders));
+    uint32_t grant = uint32_t(std::min<uint64_t>(cfg_.max_window, std::max<uint64_t>(cfg_.min_window, grant64)));
+    double wake = 0;
     const HeaderLayout& L = cfg_.layout;
     for (auto& kv : fb_) {
         SenderFb& s = kv.second;
         if (!s.authed || !s.has_tx_key || kv.first == cfg_.rank) continue;
         uint64_t pending = s.consumed - s.credited;
-        if (pending == 0 || (pending < std::max<uint32_t>(1, grant / 4) && !dry)) continue;
+        if (pending == 0) continue;
+        if (pending < std::max<uint32_t>(1, grant / 4) && now - s.last_seen < cfg_.credit_quiet) {
+            double due = s.last_seen + cfg_.credit_quiet;
+            wake = wake == 0 ? due : std::min(wake, due);
+            continue;
+        }
         auto ait = peer_addr_.find(kv.first);
         if (ait == peer_addr_.end()) continue;
         uint8_t h[256];
@@ -445,6 +448,7 @@ void Datapath::send_credits(double now, bool dry) {
             credits_sent_ += 1;
         }
     }
+    return wake;
 }
 
 void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
@@ -590,6 +594,7 @@ void Datapath::rx_loop() {
     std::uniform_real_distribution<double> uni(0.0, 1.0);
     const bool injecting = !cfg_.drop_p.empty() || (cfg_.delay > 0 && cfg_.delay_p > 0) || cfg_.reorder;
 
+    double credit_due = 0;  // when a quiet sender's credit falls due (0: none waits)
     auto release_delayed = [&]() {
         if (delayed_.empty()) return;
         double now = now_s();
@@ -606,19 +611,20 @@ void Datapath::rx_loop() {
         std::lock_guard<std::mutex> g(rx_mu_);
         for (auto& d : due) ingest_one(d.data(), uint32_t(d.size()), false, now, touched);
         end_batch(touched, now);
-        send_credits(now, true);
+        credit_due = send_credits(now);
     };
 
     double next_end = 0;  // when the earliest watched end of pass is due (0: none)
     while (running_) {
         int wait_ms = delayed_.empty() ? 50 : 5;
-        if (next_end > 0)
-            wait_ms = std::min(wait_ms, std::max(0, int(std::ceil((next_end - now_s()) * 1000.0))));
+        for (double due : {next_end, credit_due})
+            if (due > 0) wait_ms = std::min(wait_ms, std::max(0, int(std::ceil((due - now_s()) * 1000.0))));
         int r = poll(&pfd, 1, wait_ms);
         if (r <= 0) {
             release_delayed();
             std::lock_guard<std::mutex> g(rx_mu_);
             next_end = end_passes(now_s(), true);
+            credit_due = send_credits(now_s());
             continue;
         }
         double t_batch = now_s();
@@ -701,7 +707,7 @@ void Datapath::rx_loop() {
                 std::lock_guard<std::mutex> g(rx_mu_);
                 for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched);
                 end_batch(touched, now);
-                send_credits(now, k < READS);
+                credit_due = send_credits(now);
             }
             if (k < READS) {
                 dry = true;

@@ -11,7 +11,10 @@ import time
 import numpy as np
 import pytest
 
+from hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
+from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy
+from hostagent.ratecontrol import RateConfig
 from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig,
                                  TransportTimeout)
 from tests.conftest import loopback_peers
@@ -272,6 +275,42 @@ def test_config_validation(datapath):
     with pytest.raises(ValueError, match="unknown peer rank 7"):
         ep.send(7, _grad(3), message_id=1)
     ep.close()
+
+
+def _slow_stream(endpoints, **config) -> tuple[list[Endpoint], int]:
+    """Rank 1 sends rank 0 one reliable message of 400 full packets, paced at 2 MB/s (about
+    1,400 packets a second, a few hundred microseconds apart: rank 0's receiver finds its socket
+    dry after nearly every packet). Returns the endpoints and the packets sent."""
+    rate = RateConfig(initial_rate=2e6, line_rate=2e6, min_rate=1e6, additive_increase=0.0)
+    eps = endpoints(2, rate=rate, **config)
+    x = _grad(400 * elems_per_packet(eps[1].config.mtu, np.float32))
+    eps[1].send(0, x, message_id=1, loss_bound=0.0)
+    res = eps[0].recv(1, 1).wait(T)
+    np.testing.assert_array_equal(res.data, x)
+    return eps, res.stats.packets
+
+
+def test_a_slow_stream_is_credited_by_its_window_not_per_packet(endpoints):
+    # The window here (64 MB socket) is thousands of packets: none of the 400 reaches its
+    # quarter, so the stream earns credits only when it goes quiet (its end, or a stall of
+    # the busy machine). A credit per dry socket gave about one per packet.
+    eps, packets = _slow_stream(endpoints)
+    time.sleep(4 * CREDIT_QUIET)  # the tail's credit
+    rx, tx = eps[0].endpoint_stats(), eps[1].endpoint_stats()
+    assert 1 <= rx["credits_sent"] <= packets // 10, rx["credits_sent"]
+    assert tx["credit_timeouts"] == 0
+
+
+def test_a_small_window_is_credited_every_quarter_and_never_times_out(endpoints):
+    # A 64 KB socket: the window is credit_window's floor-or-so of packets, so the sender is
+    # held by it again and again, and goes on only by the receiver's quarter credits.
+    eps, packets = _slow_stream(endpoints, socket_buffer=64 * 1024)
+    window = credit_window(2 * 64 * 1024, max_datagram(eps[0].config), 1)  # the kernel doubles the buffer
+    rx, tx = eps[0].endpoint_stats(), eps[1].endpoint_stats()
+    assert window < packets
+    assert packets // window <= rx["credits_sent"] <= packets // max(1, window // 4) + 2
+    assert tx["credits_received"] >= packets // window
+    assert tx["credit_timeouts"] == 0
 
 
 def test_ecn_marks_are_counted_and_echoed(endpoints):

@@ -41,7 +41,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
-                      timeout=args.timeout, reference=args.reference, datapath=args.datapath)
+                      timeout=args.timeout, reference=args.reference, datapath=args.datapath,
+                      host_tcp=args.host_tcp)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -213,6 +214,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="communication-only iterations for the ordering efficiency E")
     p.add_argument("--datapath", choices=["native", "numpy"], default=d.datapath,
                    help="DLCP's per-packet path on the hosts: compiled, or numpy (to compare the two)")
+    p.add_argument("--host-tcp", default=d.host_tcp, metavar="CC",
+                   help="TCP congestion control of every host: gloo's connections, the TCP cross traffic, "
+                        f"DLCP's control connections (default: {d.host_tcp}, Linux's default)")
     p.add_argument("--strict", action="store_true",
                    help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
     p.add_argument("--fusion", choices=["on", "off"], default="on" if d.fusion else "off",

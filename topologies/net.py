@@ -78,13 +78,15 @@ def build(topo: TopologyDesc, run_dir: Path, sock_dir: Path | None = None) -> Mi
     return net
 
 
-def start(net: Mininet) -> None:
-    """Start switches (each waits for its gRPC), configure hosts: static ARP, no IPv6 chatter."""
+def start(net: Mininet, host_tcp: str = "cubic") -> None:
+    """Start switches (each waits for its gRPC), configure hosts: static ARP, no IPv6 chatter,
+    ``host_tcp`` as every host's TCP congestion control."""
     net.build()
     net.start()
     net.staticArp()
     for h in net.hosts:
         h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
+        h.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={host_tcp}")
         h.cmd("ip link set lo up")
         for intf in h.intfList():
             # veth leaves TCP/UDP checksums to "hardware"; BMv2 forwards them unfinished and

@@ -100,6 +100,10 @@ class RunOptions:
     reference: str | None = None
     """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
     against; None: ``gloo`` when it runs (what users run), else ``baseline``."""
+    host_tcp: str = "cubic"
+    """TCP congestion control of every host (gloo's connections, the TCP cross traffic, DLCP's
+    control connections): Linux's default, whatever the machine running the testbed uses
+    (a host namespace inherits the machine's, which may be BBR)."""
 
     def validate(self) -> None:
         """Raises :class:`UsageError` naming the first option out of its range or unknown."""
@@ -123,6 +127,10 @@ class RunOptions:
             raise UsageError("--pattern must be ps or ring")
         if self.datapath not in ("native", "numpy"):
             raise UsageError(f"--datapath must be native or numpy, got {self.datapath!r}")
+        available = tcp_congestion_controls()
+        if available is not None and self.host_tcp not in available:
+            raise UsageError(f"--host-tcp {self.host_tcp!r}: this kernel has {sorted(available)} "
+                             f"(another may load with modprobe tcp_{self.host_tcp})")
         for name, rng in RANGES.items():
             value = getattr(self, name)
             if value is not None:
@@ -150,6 +158,14 @@ RANGES: dict[str, Range] = {
     "eval_every": Range(1),
     "timeout": Range(0, lo_open=True),
 }
+
+
+def tcp_congestion_controls() -> set[str] | None:
+    """The TCP congestion controls this kernel has loaded (None where it does not say)."""
+    try:
+        return set(Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
+    except OSError:
+        return None
 
 
 def option_name(field: str) -> str:
@@ -504,7 +520,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
                      "provenance": provenance(stamp), "schemes": []}
     try:
         _progress(opts, "starting switches ...")
-        tnet.start(net)
+        tnet.start(net, host_tcp=opts.host_tcp)
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
         runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...

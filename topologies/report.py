@@ -7,8 +7,10 @@ communication-only calibration iterations are left out, the latter used only for
 * iteration time p50, and speedup = the reference's iteration p50 / this scheme's, paired by
   repetition (run r of each, interleaved); the reference is what users run (``gloo``) when it
   ran, else ``baseline``, or ``--reference``;
-* sync / bound: sync p50 over the line-rate bound (:mod:`topologies.bound`), how far from what
-  the bottlenecks allow;
+* comm / bound: the calibration iterations' communication time (p50; nothing to hide it
+  behind) over the line-rate bound (:mod:`topologies.bound`), how far from what the
+  bottlenecks allow (sync / bound is kept in the metrics, but sync is only what the backward
+  pass left exposed, and may be far below the bound);
 * lost fraction and retransmitted packets;
 * ordering efficiency E = (cost_max - U) / (cost_max - cost_min) (SysML'18, TicTac): with
   comm = the median communication time of the calibration iterations and comp = the compute
@@ -101,7 +103,11 @@ def scheme_metrics(s: dict) -> dict:
     sync_p50 = float(np.percentile(sync, 50))
     bound = (s.get("bound") or {}).get("seconds")
     if bound:
+        # sync is only what the backward pass did not hide, so it may fall below the bound; the
+        # calibration iterations (communication alone) say how close to line rate a scheme runs
         extra["sync_over_bound"] = sync_p50 / bound
+        if not math.isnan(comm):
+            extra["comm_over_bound"] = comm / bound
     return {**extra, "sync_p50_ms": 1e3 * sync_p50, "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
             "lost_fraction_mean": float(np.mean([r["lost_fraction"] for r in recs])),
@@ -181,7 +187,7 @@ def aggregate(results: dict) -> dict[str, dict]:
             return median_ci([x.get(key, float("nan")) if x.get(key) is not None else float("nan") for x in m])
 
         row: dict[str, Any] = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
-                                   "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
+                                   "comm_over_bound", "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
                                    "control_frames_per_iteration", "accuracy", "straggler_spread")}
         if target is not None and any("accuracy_trace" in x for x in m):
             tta = {r.get("repeat", 0): _tta(r["metrics"], target) for r in runs}
@@ -222,7 +228,7 @@ def summary(results: dict) -> str:
     lines = []
     cols = [("sync p50 ms", "sync_p50_ms", fmt_ms), ("sync p99 ms", "sync_p99_ms", fmt_ms),
             ("iter p50 ms", "iteration_p50_ms", fmt_ms), ("speedup", "speedup", "{:.2f}x"),
-            ("sync/bound", "sync_over_bound", "{:.1f}")]
+            ("comm/bound", "comm_over_bound", "{:.1f}")]
     width = 24 if repeated else 12
     head = f"{'scheme':<12}{'valid':>7}" + "".join(f"{c:>{width}}" for c, _, _ in cols)
     head += f"{'lost':>8}{'retx':>7}{'E':>6}{'sel.drops':>10}{'tail':>6}{'msgs':>6}{'ctl':>5}"
@@ -243,8 +249,9 @@ def summary(results: dict) -> str:
             line += f"{r['accuracy'].median:>8.4f}"
         lines.append(line + flag)
     lines.append("medians over valid runs" + (" [95 % bootstrap interval]" if repeated else "")
-                 + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; sync/bound = sync p50 / "
-                 "line-rate bound; msgs, ctl: messages and control frames per worker per iteration")
+                 + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; comm/bound = communication "
+                 "alone (the calibration iterations' p50) / line-rate bound; msgs, ctl: messages and control frames "
+                 "per worker per iteration")
     for name, r in agg.items():
         if "speedup" in r and name != ref and repeated:
             sp = r["speedup"]

@@ -54,7 +54,8 @@ PARAMS: dict[str, SweepParam] = {
     "ecn-backlog": SweepParam("ecn_backlog", str, "backlog ECN marks on"),
 }
 
-CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "lost_fraction_mean")
+CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "comm_over_bound",
+               "lost_fraction_mean")
 
 
 def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
@@ -120,11 +121,11 @@ def markdown(rows: list[dict], param: str) -> str:
               if r.get(key + "_ci_low") is not None else "")
         return fmt.format(r[key]) + ci
 
-    head = (f"| {param} | scheme | valid | speedup | sync p50 (ms) | sync p99 (ms) | sync / bound | verdict |\n"
+    head = (f"| {param} | scheme | valid | speedup | sync p50 (ms) | sync p99 (ms) | comm / bound | verdict |\n"
             "|---|---|---|---|---|---|---|---|")
     body = [f"| {r['value']} | {r['scheme']} | {r['valid_runs']}/{r['runs']} | {cell(r, 'speedup', '{:.2f}')} | "
             f"{cell(r, 'sync_p50_ms', '{:.0f}')} | {cell(r, 'sync_p99_ms', '{:.0f}')} | "
-            f"{cell(r, 'sync_over_bound', '{:.1f}')} | {r['verdict']} |" for r in rows]
+            f"{cell(r, 'comm_over_bound', '{:.1f}')} | {r['verdict']} |" for r in rows]
     return "\n".join([head, *body]) + "\n"
 
 

@@ -69,6 +69,7 @@ def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
     assert agg["dlcp"]["valid_runs"] == 3 and agg["dlcp"]["runs"] == 4 and agg["baseline"]["valid_runs"] == 4
     assert agg["dlcp"]["basis"] == "valid runs"
     assert math.isclose(agg["baseline"]["sync_over_bound"].median, 5.0)  # sync 0.5 s / bound 0.1 s
+    assert math.isclose(agg["baseline"]["comm_over_bound"].median, 3.0)  # calibration 0.3 s / bound 0.1 s
     text = summary(results)
     assert "INVALID dlcp r3: machine saturated" in text
     assert "dlcp: faster than baseline" in text

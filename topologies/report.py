@@ -186,9 +186,10 @@ def aggregate(results: dict) -> dict[str, dict]:
         def est(key: str, m: list[dict] = m) -> Estimate:
             return median_ci([x.get(key, float("nan")) if x.get(key) is not None else float("nan") for x in m])
 
-        row: dict[str, Any] = {k: est(k) for k in ("sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound",
-                                   "comm_over_bound", "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration",
-                                   "control_frames_per_iteration", "accuracy", "straggler_spread")}
+        row: dict[str, Any] = {k: est(k) for k in (
+            "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "comm_over_bound",
+            "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration", "control_frames_per_iteration",
+            "accuracy", "straggler_spread")}
         if target is not None and any("accuracy_trace" in x for x in m):
             tta = {r.get("repeat", 0): _tta(r["metrics"], target) for r in runs}
             row["tta_s"] = median_ci(list(tta.values()))

@@ -47,7 +47,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=_checked("jobs", int), default=d.jobs, help="jobs at once; 0 fills the hosts")
     p.add_argument("--jobs-placement", choices=("spread", "packed"), default=d.jobs_placement,
                    help="jobs take hosts over the leaves in turn (spread) or leaf by leaf (packed)")
-    p.add_argument("--model", choices=MODELS, default=d.model)
+    p.add_argument("--workload", "--model", dest="model", choices=MODELS, default=d.model,
+                   help="the gradient profile every worker exchanges (as dlcp run's --workload)")
     p.add_argument("--scale", type=_checked("scale", float), default=d.scale, help="multiply every tensor's size")
     p.add_argument("--iterations", type=_checked("iterations", int), default=d.iterations)
     p.add_argument("--warmup", type=_checked("warmup", int), default=d.warmup,
@@ -90,6 +91,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", default=None, metavar="OPTION=V1,V2,...",
                    help="run once per value of one option (e.g. background_load=0.2,0.5,0.8 or leaves=1,4,9) and "
                         "write sweep.csv, sweep.md and sweep.png in --out")
+    p.add_argument("--param", default=None, metavar="OPTION", help="the same as --sweep, as dlcp sweep takes it: "
+                   "the option to vary (with --values)")
+    p.add_argument("--values", default=None, metavar="V1,V2,...", help="the values of --param")
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -98,10 +102,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     given = {f.name: getattr(args, f.name) for f in fields(SimOptions) if f.name != "schemes"}
     opts = SimOptions(**given, schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()))
     t0 = time.monotonic()
-    if args.sweep:
+    if args.sweep or args.param or args.values:
         from dlcp_sim.sweep import parse_sweep, sweep
+        from topologies.sweep import sweep_request
 
-        name, values = parse_sweep(args.sweep)
+        param, vals = sweep_request(args.param, args.values, args.sweep)
+        name, values = parse_sweep(f"{param}={','.join(vals)}")
         if not args.out:
             raise UsageError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
         rows = sweep(opts, name, values, args.repeat, Path(args.out))

@@ -113,20 +113,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from topologies.sweep import check_values, sweep
+    from topologies.sweep import check_values, sweep, sweep_request
 
     opts = run_options(args)
-    values = [v.strip() for v in args.values.split(",") if v.strip()]
-    check_values(opts, args.param, values)  # every value, before calibration starts switches
+    param, values = sweep_request(args.param, args.values, args.sweep)
+    param = param.replace("_", "-")  # the testbed's parameters are named as its options
+    check_values(opts, param, values)  # every value, before calibration starts switches
     if args.capacity == "auto":
         opts = replace(opts, capacity_pps=_calibrated(opts))
-    out, rows = sweep(opts, args.param, values)
+    out, rows = sweep(opts, param, values)
     width = max(len(r["value"]) for r in rows)
     for r in rows:
         ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") is not None
               else "")
         sp = f"{r['speedup']:.2f}x{ci}" if r.get("speedup") is not None else "-"
-        print(f"{args.param}={r['value']:<{width}}  {r['scheme']:<9} valid {r['valid_runs']}/{r['runs']}  "
+        print(f"{param}={r['value']:<{width}}  {r['scheme']:<9} valid {r['valid_runs']}/{r['runs']}  "
               f"speedup {sp}  sync p50 {r['sync_p50_ms']:.0f} ms  p99 {r['sync_p99_ms']:.0f} ms  {r['verdict']}")
     print(f"sweep directory: {out} (sweep.csv, sweep.png, one run directory per value)")
     invalid = any(r["valid_runs"] < r["runs"] for r in rows)
@@ -242,9 +243,11 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("sweep", help="vary one parameter across schemes: sweep.csv and a speedup figure (root)")
     from topologies.sweep import PARAMS
 
-    p.add_argument("--param", required=True, choices=sorted(PARAMS), help="the parameter to vary")
-    p.add_argument("--values", required=True,
+    p.add_argument("--param", choices=sorted(PARAMS), help="the parameter to vary")
+    p.add_argument("--values",
                    help="comma-separated values, e.g. 0,0.25,0.5; each is checked before anything starts")
+    p.add_argument("--sweep", metavar="PARAM=V1,V2,...",
+                   help="the same in one option, as dlcp sim takes it (e.g. cross-rate=0,0.25,0.5)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")

@@ -80,6 +80,24 @@ def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
     return opts
 
 
+def sweep_request(param: str | None, values: str | None, sweep: str | None) -> tuple[str, list[str]]:
+    """The parameter and values of a sweep, from ``--param P --values V1,V2`` or ``--sweep P=V1,V2``
+    (either form, on ``dlcp sweep`` and ``dlcp sim`` alike); raises :class:`UsageError` for
+    neither, both, or half of the pair."""
+    if sweep is not None:
+        if param is not None or values is not None:
+            raise UsageError("give --sweep PARAM=V1,V2 or --param P --values V1,V2, not both")
+        param, sep, values = sweep.partition("=")
+        if not sep:
+            raise UsageError(f"--sweep {sweep!r}: give PARAM=V1,V2,... (e.g. cross-rate=0,0.25,0.5)")
+    if not param or not values:
+        raise UsageError("name what to vary: --param P --values V1,V2,... (or --sweep P=V1,V2,...)")
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not vals:
+        raise UsageError(f"--values {values!r}: no value")
+    return param.strip().lstrip("-"), vals
+
+
 def check_values(base: RunOptions, param: str, values: list[str]) -> list[RunOptions]:
     """The run of every value, all checked, so a bad one fails before any switch starts or directory is made."""
     if param not in PARAMS:

@@ -8,7 +8,7 @@ import pytest
 
 from hostagent.errors import DlcpUserError
 from topologies.runner import RunOptions
-from topologies.sweep import options_at, plot, rows_of, write_csv
+from topologies.sweep import options_at, plot, rows_of, sweep_request, write_csv
 from tests.unit.test_report import _run
 
 
@@ -44,3 +44,14 @@ def test_rows_csv_and_figure(tmp_path):
     assert len(back) == 4 and float(back[3]["speedup"]) == pytest.approx(rows[3]["speedup"])
     plot(tmp_path / "s.png", rows, "cross-rate", RunOptions(topology="leafspine"))
     assert (tmp_path / "s.png").stat().st_size > 5000
+
+
+def test_a_sweep_is_named_one_way_or_the_other_on_testbed_and_simulator_alike():
+    assert sweep_request("cross-rate", "0, 0.5", None) == ("cross-rate", ["0", "0.5"])
+    assert sweep_request(None, None, "cross-rate=0,0.5") == ("cross-rate", ["0", "0.5"])
+    assert sweep_request(None, None, "--leaves=1,4") == ("leaves", ["1", "4"])
+    for bad, why in [(("x", "1", "x=1"), "not both"), ((None, None, None), "name what to vary"),
+                     (("x", None, None), "name what to vary"), ((None, None, "x"), "PARAM=V1"),
+                     ((None, None, "x=,"), "no value")]:
+        with pytest.raises(DlcpUserError, match=why):
+            sweep_request(*bad)

@@ -17,6 +17,7 @@ import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError, UsageError
+from hostagent.model_profiles import PROFILES
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy, drop_classes, packet_magnitudes
@@ -30,7 +31,7 @@ from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
 #: Model profiles the simulator can send (hostagent.model_profiles).
-MODELS = ("resnet50", "vgg16", "transformer")
+MODELS = tuple(PROFILES)
 #: Exchange patterns, as the testbed's ``--pattern``.
 PATTERNS = ("ps", "ring")
 #: TCP variants of the background flows and of the ``tcp`` scheme (ns-3's TcpDctcp, TcpCubic,

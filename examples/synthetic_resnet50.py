@@ -15,13 +15,14 @@ import argparse
 import dataclasses
 import os
 
+from hostagent.model_profiles import PROFILES
 from dlcp_torch.workloads.synthetic import SyntheticConfig, run, run_local
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--model", default="resnet50", choices=["resnet50", "vgg16", "transformer"])
+    ap.add_argument("--model", default="resnet50", choices=sorted(PROFILES))
     ap.add_argument("--scale", type=float, default=0.1, help="multiply every tensor's size (1 = the real model)")
     ap.add_argument("--pattern", choices=["ps", "ring"], default="ps")
     ap.add_argument("--bound", type=float, default=0.0)

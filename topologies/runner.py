@@ -33,6 +33,7 @@ from pathlib import Path
 
 from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError, UsageError
+from hostagent.model_profiles import PROFILES
 from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_PRIORITIES, MAX_QUEUE_DEPTH, Policy
 from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
@@ -50,7 +51,7 @@ from topologies.workload import TRAINING_WORKLOADS
 log = logging.getLogger(__name__)
 
 #: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits, mnist1d).
-WORKLOADS = ("resnet50", "vgg16", "transformer") + TRAINING_WORKLOADS
+WORKLOADS = tuple(PROFILES) + TRAINING_WORKLOADS
 PYTHON = sys.executable
 
 
@@ -211,7 +212,7 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
     priority queueing; with it, only when ``cross_priority`` lifts the cross traffic above best
     effort. TCP cross traffic is elastic and not subtracted. Bounded loss lowers the packets a
     message needs to (1 - p) of them."""
-    if opts.workload not in ("resnet50", "vgg16", "transformer") or GLOO_SCHEMES.get(scheme):
+    if opts.workload not in PROFILES or GLOO_SCHEMES.get(scheme):
         return None  # a compression hook's bytes on the wire are not DLCP's
     traffic = iteration_traffic(spec, topo, bounded=mechanisms(scheme)["bounded"])
     shares = not mechanisms(scheme)["prio"] or bool(opts.cross_priority)

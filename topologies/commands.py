@@ -48,7 +48,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 def cmd_report(args: argparse.Namespace) -> int:
     """Print each run's Markdown section (:func:`topologies.results_table.markdown`)."""
     from topologies.report import against
-    from topologies.results_table import markdown, slim
+    from topologies.results_table import markdown, refresh_metrics, slim
 
     for given in args.results:
         path = Path(given)
@@ -59,6 +59,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise UsageError(f"{given}: not a run's results ({exc})") from None
         if not isinstance(results, dict) or "schemes" not in results:
             raise UsageError(f"{given}: not a run's results (no schemes)")
+        results = refresh_metrics(results)
         source = str(given)
         if args.slim:
             out = Path(args.slim) / f"{path.parent.name}.json"

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from topologies.report import aggregate, describe, reference
+from topologies.report import aggregate, describe, reference, scheme_metrics
 from topologies.stats import Estimate, versus
 
 
@@ -39,13 +39,14 @@ def _cross(rows: list[dict]) -> str:
 
 
 def scheme_table(results: dict) -> str:
-    """One row per scheme: valid runs, sync and iteration p50, speedup against the reference, time to
-    accuracy and its speedup (training workloads), final accuracy, and the cross traffic's
-    loss, retransmissions and goodput beside it."""
+    """One row per scheme: valid runs, sync and iteration p50, speedup against the reference,
+    comm / bound (:mod:`topologies.report`), time to accuracy and its speedup (training
+    workloads), final accuracy, and the cross traffic's loss, retransmissions and goodput
+    beside it."""
     agg = aggregate(results)
     ref = reference(results)
     training = any("tta_s" in r for r in agg.values())
-    head = ["scheme", "valid runs", "sync p50 ms", "iteration p50 ms", f"x {ref} (iteration)"]
+    head = ["scheme", "valid runs", "sync p50 ms", "iteration p50 ms", f"x {ref} (iteration)", "comm / bound"]
     if training:
         head += ["time to accuracy s", f"x {ref} (time to accuracy)", "reached", "final accuracy %"]
     head += ["cross traffic beside it"]
@@ -54,7 +55,7 @@ def scheme_table(results: dict) -> str:
         sp = r.get("speedup")
         cells: list[Any] = [f"`{name}`", f"{r['valid_runs']}/{r['runs']}", _cell(r["sync_p50_ms"], "{:.0f}"),
                             _cell(r["iteration_p50_ms"], "{:.0f}"),
-                            "1" if name == ref else _cell(sp, "{:.2f}", "x")]
+                            "1" if name == ref else _cell(sp, "{:.2f}", "x"), _cell(r["comm_over_bound"], "{:.1f}")]
         if training:
             tta = r.get("tta_s")
             ts = r.get("tta_speedup")
@@ -82,6 +83,14 @@ def verdicts(results: dict) -> list[str]:
             if name != ref and est is not None and est.low is not None:
                 out.append(f"`{name}` is {versus(est, f'`{ref}`')} {what}: {est.text('{:.2f}')}x.")
     return out
+
+
+def refresh_metrics(results: dict) -> dict:
+    """``results`` with each run's metrics computed again by this version's code where its
+    per-iteration records are there (a run directory's results.json; a slim file keeps the
+    metrics it was written with), so a metric added since shows for older runs too."""
+    return {**results, "schemes": [{**s, "metrics": scheme_metrics(s)} if s.get("iterations") else s
+                                   for s in results["schemes"]]}
 
 
 def slim(results: dict) -> dict:

@@ -6,19 +6,20 @@ keeps its own ``results.json`` under ``<out>/<field>=<value>/``. The sweep write
 seed and, with background traffic, the background flows' completion times and their ratio to
 the baseline's), ``sweep.md`` (the same as a Markdown table) and ``sweep.png`` (speedup
 against the value, and with background traffic the FCT ratios). Rows and table are pure
-functions of the results; only :func:`sweep` runs anything.
+functions of the results; only :func:`sweep` runs anything. The loop, the CSV, the cells and
+the error bars are the testbed's too (:mod:`topologies.sweepkit`).
 """
 
 from __future__ import annotations
 
-import csv
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from dlcp_sim.scenario import SimOptions
 from hostagent.errors import UsageError
-from topologies.sweep import value_axis
+from topologies.sweepkit import cell as kit_cell
+from topologies.sweepkit import errorbars, finish_axes, put_estimate, run_values, value_axis
 
 #: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
 SWEEPABLE = tuple(f.name for f in fields(SimOptions) if f.name not in ("schemes", "seed"))
@@ -61,21 +62,15 @@ def rows_of(name: str, value: str, summary: dict[str, dict]) -> list[dict]:
         row: dict = {"param": name, "value": value, "scheme": scheme, "seeds": st["seeds"]}
         for column, key in _COLUMNS:
             est = st.get(key)
-            row[column] = est["median"] if est else None
-            row[f"{column}_ci_low"] = est["ci_low"] if est else None
-            row[f"{column}_ci_high"] = est["ci_high"] if est else None
+            put_estimate(row, column, *((est["median"], est["ci_low"], est["ci_high"]) if est else (None, None, None)))
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], name: str) -> str:
-    """The sweep as a Markdown table: medians [95 % interval] over seeds."""
+    """The sweep as a Markdown table: medians [95 % interval] over seeds (with at least 3)."""
     def cell(r: dict, key: str, fmt: str) -> str:
-        if r.get(key) is None:
-            return "-"
-        lo, hi = r.get(key + "_ci_low"), r.get(key + "_ci_high")
-        interval = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None and r["seeds"] >= 3 else ""
-        return fmt.format(r[key]) + interval
+        return kit_cell(r, key, fmt, interval=r["seeds"] >= 3)
 
     background = any(r.get("fct_avg_ms") is not None for r in rows)
     head = f"| {name} | scheme | sync p50 ms | sync p99 ms | speedup p50 | speedup p99 |"
@@ -110,14 +105,7 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     fig, axes = plt.subplots(1, 2 if background else 1, figsize=(11 if background else 6, 4.2), squeeze=False)
 
     def series(ax, scheme: str, key: str, label: str, marker: str) -> None:
-        pts = [r for r in rows if r["scheme"] == scheme and r.get(key) is not None]
-        if not pts:
-            return
-        x = [xs[r["value"]] for r in pts]
-        y = [r[key] for r in pts]
-        lo = [r[key] - r[f"{key}_ci_low"] if r[f"{key}_ci_low"] is not None else 0 for r in pts]
-        hi = [r[f"{key}_ci_high"] - r[key] if r[f"{key}_ci_high"] is not None else 0 for r in pts]
-        ax.errorbar(x, y, yerr=[lo, hi], marker=marker, capsize=3, label=label)
+        errorbars(ax, [r for r in rows if r["scheme"] == scheme], xs, key, marker=marker, label=label)
 
     for s in schemes:
         series(axes[0][0], s, "speedup_p50", f"{s}: sync p50", "o")
@@ -130,10 +118,7 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
         axes[0][1].set_ylabel("background FCT / baseline's (x; > 1: slower)")
     for ax in axes[0]:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(name.replace("_", " "))
-        if not numeric:
-            ax.set_xticks(range(len(values)), values)
-        ax.legend(fontsize=8)
+    finish_axes(axes[0], name.replace("_", " "), values, numeric)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
@@ -144,17 +129,14 @@ def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path
     """Run ``base`` at every value of ``name``; write sweep.csv, sweep.md and sweep.png in ``out``."""
     from dlcp_sim.run import run, summary
 
-    per_value = [options_at(base, name, v) for v in values]  # every value checked before any runs
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    for value, opts in zip(values, per_value):
-        results = run(opts, repeat, out / f"{name}={value}")
-        rows += rows_of(name, value, summary(results))
+    per_value = dict(zip(values, [options_at(base, name, v) for v in values]))  # every value checked first
+
+    def run_one(value: str) -> list[dict]:
+        results = run(per_value[value], repeat, out / f"{name}={value}")
         print(f"{name} = {value}: done", flush=True)
-    with open(out / "sweep.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        return rows_of(name, value, summary(results))
+
+    rows = run_values(out, values, run_one)
     (out / "sweep.md").write_text(markdown(rows, name))
     title = (f"dlcp sim: {base.hosts} hosts ({base.leaves} leaves x {base.hosts_per_leaf}, {base.spines} spines), "
              f"{base.pattern} jobs of {base.workers}, {base.model} x {base.scale:g}, {repeat} seed(s) per point"

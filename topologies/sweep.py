@@ -5,7 +5,8 @@ every scheme (with ``--repeat``) at each value, and writes ``sweep.csv`` (one ro
 scheme: medians with their 95 % intervals, the verdict, validity), ``sweep.md`` (the same as a
 Markdown table) and ``sweep.png`` (speedup over the reference scheme with interval bars against the
 parameter). Each value keeps its own run
-directory, with its own results.json and summary, under the sweep's directory.
+directory, with its own results.json and summary, under the sweep's directory. The loop, the
+CSV, the cells and the error bars are the simulator's too (:mod:`topologies.sweepkit`).
 
 Calibration answers "at which bottleneck capacity does this machine still emulate the network
 faithfully?": it runs short experiments from the highest candidate capacity down and stops at
@@ -14,7 +15,6 @@ the first at which every run is valid (:mod:`topologies.validity`).
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from collections.abc import Callable
@@ -26,6 +26,7 @@ from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate, reference
 from topologies.runner import RANGES, RunOptions, reference_scheme, run
 from topologies.stats import verdict
+from topologies.sweepkit import cell, errorbars, finish_axes, put_estimate, run_values, value_axis
 
 
 @dataclass(frozen=True)
@@ -114,31 +115,15 @@ def rows_of(param: str, value: str, results: dict, run_dir: Path) -> list[dict]:
         row = {"param": param, "value": value, "scheme": scheme, "runs": agg["runs"], "valid_runs": agg["valid_runs"]}
         for key in CSV_METRICS:
             est = agg.get(key)
-            row[key] = est.median if est else None
-            row[f"{key}_ci_low"] = est.low if est else None
-            row[f"{key}_ci_high"] = est.high if est else None
+            put_estimate(row, key, *((est.median, est.low, est.high) if est else (None, None, None)))
         row["verdict"] = verdict(agg["speedup"]) if "speedup" in agg and scheme != reference(results) else ""
         row["run_dir"] = str(run_dir)
         rows.append(row)
     return rows
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def markdown(rows: list[dict], param: str) -> str:
     """The sweep as a Markdown table (medians [95 % interval]), for papers and READMEs."""
-    def cell(r: dict, key: str, fmt: str) -> str:
-        if r.get(key) is None:
-            return "-"
-        ci = (f" [{fmt.format(r[key + '_ci_low'])}, {fmt.format(r[key + '_ci_high'])}]"
-              if r.get(key + "_ci_low") is not None else "")
-        return fmt.format(r[key]) + ci
-
     head = (f"| {param} | scheme | valid | speedup | sync p50 (ms) | sync p99 (ms) | comm / bound | verdict |\n"
             "|---|---|---|---|---|---|---|---|")
     body = [f"| {r['value']} | {r['scheme']} | {r['valid_runs']}/{r['runs']} | {cell(r, 'speedup', '{:.2f}')} | "
@@ -160,24 +145,16 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for scheme in dict.fromkeys(r["scheme"] for r in rows):
         pts = [r for r in rows if r["scheme"] == scheme]
-        x = [xs[r["value"]] for r in pts]
         for ax, key in ((ax1, "speedup"), (ax2, "sync_p99_ms")):
-            y = [r[key] if r[key] is not None else float("nan") for r in pts]
-            lo = [r[key] - r[f"{key}_ci_low"] if r[f"{key}_ci_low"] is not None else 0 for r in pts]
-            hi = [r[f"{key}_ci_high"] - r[key] if r[f"{key}_ci_high"] is not None else 0 for r in pts]
-            line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=scheme)
-            bad = [(xx, yy) for xx, yy, r in zip(x, y, pts) if r["valid_runs"] < r["runs"]]
-            if bad:
+            line = errorbars(ax, pts, xs, key, marker="o", label=scheme)
+            bad = [(xs[r["value"]], r[key]) for r in pts if r.get(key) is not None and r["valid_runs"] < r["runs"]]
+            if line is not None and bad:
                 ax.scatter(*zip(*bad), s=90, facecolors="none", edgecolors=line[0].get_color())
     ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
     ref = reference_scheme(base)
     ax1.set_ylabel(f"iteration speedup over {ref} (x)" if ref else "iteration p50 ratio (x)")
     ax2.set_ylabel("sync time p99 (ms)")
-    for ax in (ax1, ax2):
-        ax.set_xlabel(PARAMS[param].unit)
-        if not numeric:
-            ax.set_xticks(range(len(values)), values)
-        ax.legend(fontsize=8)
+    finish_axes((ax1, ax2), PARAMS[param].unit, values, numeric)
     runs = rows[0]["runs"]
     fig.suptitle(f"{base.topology}, {base.workers} workers, {base.pattern}, {base.workload}, "
                  f"{base.capacity_pps} pps bottlenecks: {runs} run(s) per point"
@@ -188,33 +165,19 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     plt.close(fig)
 
 
-def value_axis(values: list[str]) -> tuple[dict[str, float], bool]:
-    """Where each swept value goes on a figure's x axis, and whether the axis is numeric: the
-    values themselves when all are numbers, else one slot per value in order (a choice such
-    as a pattern). ``dlcp sim --sweep`` plots with it too."""
-    numeric = all(_is_number(v) for v in values)
-    return {v: (float(v) if numeric else float(i)) for i, v in enumerate(values)}, numeric
-
-
-def _is_number(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
-
-
 def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[dict]]:
     """Run ``base`` at every value of ``param``; returns the sweep directory and the CSV rows."""
     all_opts = check_values(base, param, values)  # every value checked before the first run
     out = Path(base.out).resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{param}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"param": param, "values": values, "base": asdict(base)}, indent=2))
-    rows: list[dict] = []
-    for value, opts in zip(values, all_opts):
-        run_dir, results = run(replace(opts, out=str(out)))
-        rows += rows_of(param, value, results, run_dir)
-        write_csv(out / "sweep.csv", rows)  # after every value: a long sweep that stops keeps what it has
+    by_value = dict(zip(values, all_opts))
+
+    def run_one(value: str) -> list[dict]:
+        run_dir, results = run(replace(by_value[value], out=str(out)))
+        return rows_of(param, value, results, run_dir)
+
+    rows = run_values(out, values, run_one)
     plot(out / "sweep.png", rows, param, base)
     (out / "sweep.md").write_text(markdown(rows, param))
     return out, rows

@@ -8,7 +8,8 @@ import pytest
 
 from hostagent.errors import DlcpUserError
 from topologies.runner import RunOptions
-from topologies.sweep import options_at, plot, rows_of, sweep_request, write_csv
+from topologies.sweep import options_at, plot, rows_of, sweep_request
+from topologies.sweepkit import write_csv
 from tests.unit.test_report import _run
 
 
@@ -55,3 +56,17 @@ def test_a_sweep_is_named_one_way_or_the_other_on_testbed_and_simulator_alike():
                      ((None, None, "x=,"), "no value")]:
         with pytest.raises(DlcpUserError, match=why):
             sweep_request(*bad)
+
+
+def test_a_sweep_that_stops_keeps_the_rows_of_the_values_it_ran(tmp_path):
+    from topologies.sweepkit import run_values
+
+    def run_one(value: str) -> list[dict]:
+        if value == "b":
+            raise RuntimeError("switch died")
+        return [{"value": value, "scheme": "dlcp", "speedup": 1.5}]
+
+    with pytest.raises(RuntimeError, match="switch died"):
+        run_values(tmp_path, ["a", "b"], run_one)
+    with open(tmp_path / "sweep.csv") as f:
+        assert [r["value"] for r in csv.DictReader(f)] == ["a"]

@@ -1,0 +1,87 @@
+"""What every sweep shares: the testbed's (``dlcp sweep``, :mod:`topologies.sweep`) and the
+simulator's (``dlcp sim --sweep``, :mod:`dlcp_sim.sweep`).
+
+A sweep runs one experiment per value of one option and keeps, per value and scheme, a row of
+medians with their 95 % intervals: written to ``sweep.csv`` after every value (a long sweep
+that stops keeps what it has), then ``sweep.md`` and ``sweep.png``. What differs between the two
+is only what an experiment is and which columns a row has; the loop, the CSV, the table cells
+and the figure's axes and error bars are here, once.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def put_estimate(row: dict, column: str, median: float | None, low: float | None, high: float | None) -> None:
+    """``row[column]`` and its interval (``column_ci_low``, ``column_ci_high``); None where unknown."""
+    row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"] = median, low, high
+
+
+def write_csv(path: Path, rows: Sequence[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def cell(row: dict, key: str, fmt: str, interval: bool = True) -> str:
+    """A Markdown cell: the median, with its interval when there is one and ``interval``."""
+    if row.get(key) is None:
+        return "-"
+    lo, hi = row.get(key + "_ci_low"), row.get(key + "_ci_high")
+    shown = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if interval and lo is not None and hi is not None else ""
+    return fmt.format(row[key]) + shown
+
+
+def run_values(out: Path, values: Sequence[str], run_one: Callable[[str], list[dict]]) -> list[dict]:
+    """``run_one(value)``'s rows for every value in turn, ``out/sweep.csv`` rewritten after each."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for value in values:
+        rows += run_one(value)
+        if rows:
+            write_csv(out / "sweep.csv", rows)
+    return rows
+
+
+def value_axis(values: list[str]) -> tuple[dict[str, float], bool]:
+    """Where each swept value goes on a figure's x axis, and whether the axis is numeric: the
+    values themselves when all are numbers, else one slot per value in order (a choice such
+    as a pattern)."""
+    numeric = all(_is_number(v) for v in values)
+    return {v: (float(v) if numeric else float(i)) for i, v in enumerate(values)}, numeric
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def errorbars(ax: Any, rows: Sequence[dict], xs: dict[str, float], key: str, **style: Any) -> Any:
+    """Plot ``key`` of ``rows`` (one scheme's) against their values, with interval bars; returns
+    the line (None when no row has the key)."""
+    pts = [r for r in rows if r.get(key) is not None]
+    if not pts:
+        return None
+    lo = [r[key] - r[f"{key}_ci_low"] if r.get(f"{key}_ci_low") is not None else 0 for r in pts]
+    hi = [r[f"{key}_ci_high"] - r[key] if r.get(f"{key}_ci_high") is not None else 0 for r in pts]
+    return ax.errorbar([xs[r["value"]] for r in pts], [r[key] for r in pts], yerr=[lo, hi], capsize=3, **style)
+
+
+def finish_axes(axes: Sequence[Any], xlabel: str, values: list[str], numeric: bool) -> None:
+    """The x label, one tick per value on a categorical axis, and a legend."""
+    for ax in axes:
+        ax.set_xlabel(xlabel)
+        if not numeric:
+            ax.set_xticks(range(len(values)), values)
+        ax.legend(fontsize=8)
+
+
+__all__ = ["cell", "errorbars", "finish_axes", "put_estimate", "run_values", "value_axis", "write_csv"]

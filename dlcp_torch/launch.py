@@ -49,6 +49,27 @@ class DLCPSession:
     server_endpoint: Endpoint | None = None
     _server: tuple = field(default=(), repr=False)
 
+    def ddp(self, model: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.parallel.DistributedDataParallel:
+        """``model`` in PyTorch's ``DistributedDataParallel`` with :func:`~dlcp_torch.hooks.dlcp_hook`
+        registered, so its gradients go through DLCP.
+
+        Raises:
+            RuntimeError: no ``torch.distributed`` process group, naming the call that makes one
+                (DDP itself needs it, for its broadcasts; DLCP carries only the gradients).
+        """
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        from dlcp_torch.hooks import dlcp_hook
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("DDP needs a torch.distributed process group for its own broadcasts: call "
+                               "torch.distributed.init_process_group('gloo') first (DLCP's hook replaces its "
+                               "gradient all-reduce), or use init_process_group('dlcp') without a hook")
+        wrapped = DistributedDataParallel(model, **ddp_kwargs)
+        wrapped.register_comm_hook(self.state, dlcp_hook)
+        return wrapped
+
     def close(self) -> None:
         self.state.close()
         if self._server:
@@ -180,8 +201,9 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
         timers: :class:`~hostagent.transport.TransportConfig` timers to set instead of their
             defaults (``feedback_interval``, ...), as
             :func:`hostagent.transport_config.bottleneck_timers` gives them for a slow path.
-        wire_dtype: ``"float16"`` sends gradients as float16, half the bytes, as PyTorch's
-            ``fp16_compress_hook`` does (see :class:`~dlcp_torch.state.DLCPState`).
+        wire_dtype: ``"float16"`` (``"bfloat16"``) sends gradients in that type, half the bytes,
+            as PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``) does (see
+            :class:`~dlcp_torch.state.DLCPState`).
 
     Example: ``session = dlcp_torch.init("ps", model=model)``
     """

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dlcp_torch.state import DLCPState
+from dlcp_torch.tensors import as_numpy, from_numpy
 from hostagent.fusion import Bucket, Bucketer, FusionConfig, plan_buckets
 
 
@@ -61,7 +62,7 @@ class DistributedOptimizer:
             self._packer = self._plan()
         self._seen.add(key)
         assert p.grad is not None  # the hook runs once the gradient is accumulated
-        for bucket, flat in self._packer.add(key, p.grad.detach().reshape(-1).numpy()):
+        for bucket, flat in self._packer.add(key, as_numpy(p.grad.detach().reshape(-1))):
             fut = self.state.exchange_async(bucket.index, flat, bucket.layout.top_priority, iteration=self._step,
                                             layout=bucket.layout)
             self._pending.append((bucket, fut))
@@ -89,7 +90,7 @@ class DistributedOptimizer:
                     for key, view in self._packer.unpack(bucket, avg).items():
                         g = self._params[key].grad
                         assert g is not None  # every parameter took part (checked above)
-                        g.copy_(torch.from_numpy(view).reshape(g.shape))
+                        g.copy_(from_numpy(view).reshape(g.shape))
         finally:
             self._pending.clear()
             self._seen.clear()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hostagent import wire
 from hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 
 PATTERNS = ("ps", "ring")
 #: Element types gradients may travel in (``DLCPState(wire_dtype=...)``).
-WIRE_DTYPES = {"float32": np.float32, "float16": np.float16}
+WIRE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+                                     "bfloat16": wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]}
 #: Message step used for parameter broadcasts (exchanges use steps 0..2(N-1)).
 BROADCAST_STEP = 63
 
@@ -66,9 +68,10 @@ class DLCPState:
         max_inflight: exchanges run concurrently in this many threads.
         timeout: seconds an exchange may take before it fails (default: the endpoint's
             message deadline).
-        wire_dtype: ``"float32"`` (default), or ``"float16"``: gradients travel as float16, half
-            the bytes, as PyTorch's ``fp16_compress_hook`` sends them (a ring sums in float16, a
-            parameter server in float32); the average comes back as float32.
+        wire_dtype: ``"float32"`` (default), ``"float16"`` or ``"bfloat16"``: gradients travel
+            in that type, half the bytes, as PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``)
+            sends them (a ring sums in that type, a parameter server in float32); the average
+            comes back as float32.
 
     Raises:
         ValueError: an inconsistent combination, said plainly.
@@ -91,7 +94,7 @@ class DLCPState:
         if wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
         self.wire_dtype = wire_dtype
-        self._wire = np.dtype(WIRE_DTYPES[wire_dtype])
+        self._wire = WIRE_DTYPES[wire_dtype]
         self.pattern = pattern
         self.workers = workers
         self.server_rank = server_rank
@@ -230,7 +233,7 @@ class DLCPState:
             avg = avg.astype(np.float32, copy=False)
             idx = lost_elements(sent.lost_packets, self._per_packet, grad.size)
             vals = grad[idx]  # the worker's own gradient there
-        elif self._wire != np.float32:  # compressed as fp16_compress_hook does, summed in float16
+        elif self._wire != np.float32:  # compressed as fp16_compress_hook does, summed in its type
             half = grad.astype(self._wire)
             (idx, vals), = self._exchanger.allreduce_inplace(iteration, [half], [key], [priority], [layout],
                                                              lost_values=self.error_feedback)
@@ -261,20 +264,22 @@ class DLCPState:
         ep = self.endpoint
         if ep is None:
             raise RuntimeError("DLCPState has no endpoint: call attach(endpoint) first")
+        import torch
+
+        from dlcp_torch.tensors import as_numpy, from_numpy
+
         root = self.workers[0]
         deadline = ep.config.message_deadline
         if ep.rank == root:
-            handles = [ep.send(w, t.detach().reshape(-1).contiguous().numpy(), message_id(0, i, BROADCAST_STEP),
+            handles = [ep.send(w, as_numpy(t.detach().reshape(-1).contiguous()), message_id(0, i, BROADCAST_STEP),
                                loss_bound=0.0) for w in self.workers if w != root for i, t in enumerate(tensors)]
             for h in handles:
                 h.wait(deadline)
         else:
             for i, t in enumerate(tensors):
                 data = ep.recv(root, message_id(0, i, BROADCAST_STEP)).wait(deadline).data
-                import torch
-
                 with torch.no_grad():
-                    t.copy_(torch.from_numpy(data).reshape(t.shape))
+                    t.copy_(from_numpy(data).reshape(t.shape))
 
 
 def start_server(endpoint: Endpoint, workers: Sequence[int], policy: Policy | None = None,

@@ -41,6 +41,7 @@ from typing import Literal
 
 import numpy as np
 
+from hostagent import wire
 from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
 from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
@@ -85,10 +86,17 @@ def tensor_of(mid: int) -> int:
     return mid & (MAX_TENSORS - 1)
 
 
+#: Element types gradients travel and are summed in: float32, and float16 and bfloat16 summed in
+#: their own type on the wire (half the bytes; each addition rounded to it, as gloo sums a
+#: float16 or bfloat16 tensor and PyTorch's ``fp16_compress_hook`` has it sum halves). A
+#: parameter server sums pushes of either 2-byte type in float32 and answers in their type.
+RING_DTYPES = tuple(wire.NUMPY_DTYPES[c] for c in (wire.Dtype.FLOAT32, wire.Dtype.FLOAT16, wire.Dtype.BFLOAT16))
+
+
 def _flat(g: np.ndarray) -> np.ndarray:
     g = np.asarray(g)
-    if g.dtype not in (np.float32, np.float16):
-        raise ValueError(f"gradients must be float32 or float16, got {g.dtype}")
+    if g.dtype not in RING_DTYPES:
+        raise ValueError(f"gradients must be float32, float16 or bfloat16, got {g.dtype}")
     return np.ascontiguousarray(g).reshape(-1)
 
 
@@ -146,15 +154,10 @@ def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> li
     return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
-#: Element types the ring sums in place: float32, and float16 summed in float16 on the wire (half
-#: the bytes), as PyTorch's ``fp16_compress_hook`` has gloo sum them.
-RING_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-
 def _check_inplace(buffers: Sequence[np.ndarray], what: str) -> None:
     for b in buffers:
         if not isinstance(b, np.ndarray) or b.dtype not in RING_DTYPES or b.ndim != 1 or not b.flags.c_contiguous:
-            raise ValueError(f"{what} needs contiguous 1-D float32 or float16 arrays")
+            raise ValueError(f"{what} needs contiguous 1-D float32, float16 or bfloat16 arrays")
 
 
 def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: Sequence) -> ExchangeStats:
@@ -270,7 +273,7 @@ class PSWorker:
                           announced: bool = False) -> list[tuple[np.ndarray, MessageStats]]:
         """Push each array as one message and pull its average, with each push's
         :class:`MessageStats` (which packets the server never got: ``lost_packets``). A float16
-        array travels as float16 both ways (the server sums in float32), half the bytes.
+        (bfloat16) array travels as such both ways (the server sums in float32), half the bytes.
 
         ``layouts`` (one per array, or None) tags each packet with the priority of the layer it
         carries; ``announced``: :meth:`announce` already sent the pushes' METAs. Safe to call
@@ -328,7 +331,7 @@ class PSServer:
 
         A tensor is answered as soon as every worker's copy is complete; replies carry the
         tensor's priority (per packet, as the pushes carried it) and the pull bound, in the
-        pushes' element type (float16 pushes are summed in float32 and answered in float16). Once a
+        pushes' element type (float16 or bfloat16 pushes are summed in float32 and answered in their type). Once a
         tensor's size is known (after the first iteration) and missing elements count as zero,
         the workers' pushes are added into one buffer by the receive path as they arrive, so
         nothing is summed afterwards; the reply's drop classes are computed once for all workers.
@@ -561,8 +564,8 @@ class RingAllreduce:
                           lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """Average each of ``buffers`` (contiguous 1-D float32, a DDP bucket's, say) over the
         ring in place, as DDP's own allreduce hook does with its buckets; returns what each
-        buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does. A float16 buffer
-        travels as float16 and is summed in float16 (``fp16_compress_hook``'s arithmetic).
+        buffer's reduce-scatter sends lost, as :meth:`allreduce_detailed` does. A float16
+        (bfloat16) buffer travels and is summed in its type (``fp16_compress_hook``'s arithmetic).
 
         ``lost_values=False``: the lost values come back as zeros (their indices stay right).
         Keeping them costs a copy of every partial sum sent, which only error feedback needs.
@@ -571,8 +574,8 @@ class RingAllreduce:
         """
         _check_inplace(buffers, "allreduce_inplace")
         for b in buffers:  # (all checked first: a bad one changes none)
-            if b.dtype == np.float16:
-                b /= np.float16(self.n)  # as fp16_compress_hook divides its half bucket
+            if b.dtype != np.float32:
+                b /= b.dtype.type(self.n)  # in its own type, as fp16_compress_hook divides its half bucket
             else:
                 b *= np.float32(1.0 / self.n)
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
@@ -580,7 +583,7 @@ class RingAllreduce:
     def sum_inplace(self, iteration: int, buffers: Sequence[np.ndarray], tensor_ids: Sequence[int] | None = None,
                     priorities: Sequence[int] | None = None, layouts: Sequence[Layout | None] | None = None,
                     lost_values: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Sum each of ``buffers`` (contiguous 1-D float32 or float16) over the ring in place, unscaled: a
+        """Sum each of ``buffers`` (contiguous 1-D float32, float16 or bfloat16) over the ring in place, unscaled: a
         ``torch.distributed`` SUM. Returns what was lost, as :meth:`allreduce_inplace` does."""
         _check_inplace(buffers, "sum_inplace")
         return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values)
@@ -598,7 +601,7 @@ class RingAllreduce:
     def _ring(self, iteration: int, bufs: list[np.ndarray], tensor_ids: Sequence[int] | None,
               priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None,
               lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Sum ``bufs`` (float32 or float16, each already divided by the ring's size) over the ring,
+        """Sum ``bufs`` (float32, float16 or bfloat16, each already divided by the ring's size) over the ring,
         in place; returns per buffer what its reduce-scatter sends lost: (flat indices, float32
         values in the inputs' units, zeros unless ``lost_values``). Each buffer travels in its
         own element type and is summed in it.

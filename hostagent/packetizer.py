@@ -99,7 +99,7 @@ class PacketBatch:
     def payload_of(self, i: int) -> memoryview:
         """Payload bytes of packet ``i`` (a view, no copy)."""
         start = i * self.elems_per_packet
-        return self.payload[start : start + self.elems_per_packet].data.cast("B")
+        return self.payload[start : start + self.elems_per_packet].view(np.uint8).data
 
     def buffers(self, i: int) -> tuple[memoryview, memoryview]:
         """(header, payload) of packet ``i``, ready for ``socket.sendmsg``."""
@@ -144,7 +144,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
     """Split ``data`` into DLCP data packets tagged by ``meta`` and ``policy``.
 
     Args:
-        data: C-contiguous float32 or float16 array, any shape (a torch tensor through
+        data: C-contiguous float32, float16 or bfloat16 array, any shape (a torch tensor through
             ``tensor.numpy()`` works without a copy). It is not copied, so it must not change
             until the packets are sent.
         meta: message identity and the message's priority.

@@ -34,6 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 #: UDP destination port that marks a datagram as DLCP (the P4 parser selects on it).
@@ -72,14 +73,18 @@ class Dtype(enum.IntEnum):
 
     FLOAT32 = 0
     FLOAT16 = 1
+    BFLOAT16 = 2
 
 
 #: Payload element types by wire code. The header is in network byte order, but the payload
 #: is little-endian IEEE floats: every training host is little-endian, the switch never reads
 #: the payload, and swapping would cost a full copy of every gradient on both ends.
+#: bfloat16 is ml_dtypes' numpy type (the JAX project's; torch's ``bfloat16`` has the same bits and
+#: rounds alike, to nearest even).
 NUMPY_DTYPES: dict[Dtype, np.dtype] = {
     Dtype.FLOAT32: np.dtype("<f4"),
     Dtype.FLOAT16: np.dtype("<f2"),
+    Dtype.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }
 
 
@@ -87,8 +92,9 @@ def destination_dtypes(wire_dtype: np.dtype, accumulate: bool) -> tuple[np.dtype
     """Element types a received message may be written into, the default first.
 
     Placed, a payload keeps its wire type. Added into a sum (``accumulate``), it goes into
-    float32 by default, or into its own type: a float16 sum kept in float16, each addition
-    rounded to half, as a float16 allreduce (gloo's, or PyTorch's ``fp16_compress_hook``) sums.
+    float32 by default, or into its own type: a float16 (bfloat16) sum kept in float16
+    (bfloat16), each addition rounded to it, as a float16 allreduce (gloo's, or PyTorch's
+    ``fp16_compress_hook``) sums.
     """
     own = np.dtype(wire_dtype).newbyteorder("=")
     if not accumulate:

@@ -32,9 +32,16 @@ from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
 
 #: Element kinds of the compiled path, by wire dtype code.
-KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1}
+KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1, int(wire.Dtype.BFLOAT16): 2}
+BFLOAT16 = wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]
 #: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
 MAX_INLINE_WAIT = 0.0005
+def _raw(a: np.ndarray) -> np.ndarray:
+    """``a`` as the extension can take it: a bfloat16 array (ml_dtypes' type, which nanobind does
+    not know) as its uint16 bits, the same memory; the element type goes by its wire code."""
+    return a.view(np.uint16) if a.dtype == BFLOAT16 else a
+
+
 def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]:
     """The extension's configuration for an endpoint, every value from its one definition."""
     pol, loss, meter = config.policy, config.loss, DrainMeter()
@@ -122,7 +129,7 @@ class NativeDatapath:
     def expect(self, spec: RxSpec) -> None:
         b = spec.buffers
         self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
-                        b.out.reshape(-1), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
+                        _raw(b.out.reshape(-1)), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
                         b.pkt_priority, b.pkt_layer,
                         spec.required_elems, list(spec.triggers))
         self._rx_refs[(spec.src, spec.message_id)] = spec
@@ -157,9 +164,10 @@ class NativeDatapath:
         return self._dp.rx_busy()
 
     def submit(self, spec: TxSpec) -> None:
-        self._dp.submit(spec.dest, spec.message_id, spec.payload.reshape(-1), spec.dtype, spec.payload.size,
+        snapshot = None if spec.snapshot is None else _raw(spec.snapshot)
+        self._dp.submit(spec.dest, spec.message_id, _raw(spec.payload.reshape(-1)), spec.dtype, spec.payload.size,
                         spec.elems_per_packet, spec.token, spec.iteration, spec.tensor_id, spec.layer, spec.priority,
-                        spec.pkt_priority, spec.pkt_layer, spec.drop_class, spec.snapshot, spec.held, spec.order,
+                        spec.pkt_priority, spec.pkt_layer, spec.drop_class, snapshot, spec.held, spec.order,
                         spec.tags_given)
         self._tx_refs[(spec.dest, spec.message_id)] = spec
 

@@ -316,6 +316,13 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
                     std::memcpy(&h, payload + 2 * i, 2);
                     dst[i] = float_to_half(half_to_float(dst[i]) + half_to_float(h));
                 }
+            } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
+                uint16_t* dst = reinterpret_cast<uint16_t*>(s.out) + first;
+                for (uint32_t i = 0; i < count; ++i) {
+                    uint16_t h;
+                    std::memcpy(&h, payload + 2 * i, 2);
+                    dst[i] = float_to_bf16(bf16_to_float(dst[i]) + bf16_to_float(h));
+                }
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {

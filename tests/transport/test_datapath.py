@@ -8,6 +8,7 @@ import socket
 import time
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -166,6 +167,37 @@ def test_a_float16_sum_stays_float16_and_both_paths_round_alike():
     sock.close()
     want = base + x  # numpy: each pair added in float and rounded to half
     assert np.isinf(want[1])
+    for got in sums:
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_bfloat16_sum_stays_bfloat16_and_both_paths_round_alike():
+    """A bfloat16 message added into a bfloat16 ``out``: each addition made in float32 and
+    rounded to nearest even, as torch and ml_dtypes add bfloat16, bit for bit on both paths;
+    ties, overflow to infinity and a NaN included."""
+    bf16 = wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]
+    rng = np.random.default_rng(5)
+    n = elems_per_packet(1500, bf16) * 4 + 3
+    base = (rng.standard_normal(n) * 3).astype(bf16)
+    x = (rng.standard_normal(n) * 3).astype(bf16)
+    big = float(ml_dtypes.finfo(bf16).max)
+    base[:4] = np.array([1.0, big, -2.0, np.nan], np.float32).astype(bf16)
+    x[:4] = np.array([2 ** -8, big, 2 ** -7, 1.0], np.float32).astype(bf16)  # a tie to even, an overflow
+    dgs = _datagrams(x, 9, dtype=bf16)
+    order = rng.permutation(len(dgs)).tolist() + [2, 2]
+    paths, sock = _paths()
+    sums = []
+    for dp in paths:
+        b = _expect(dp, 1, 9, n, accumulate=True, dtype=bf16, out_dtype=bf16)
+        b.out[:] = base
+        for i in order:
+            _one(dp, dgs[i], now=1.0)
+        sums.append(b.out.copy())
+        dp.stop()
+    sock.close()
+    want = base + x  # ml_dtypes: each pair added in float32 and rounded to bfloat16
+    assert want[0] == 1.0 and np.isinf(want[1]) and np.isnan(want[3])
     for got in sums:
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 

@@ -9,6 +9,7 @@ from functools import partial
 import numpy as np
 import pytest
 
+from hostagent import wire
 from hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
 from hostagent.messages import Expect, MessageStats, RecvResult
 from hostagent.policy import Policy
@@ -261,29 +262,35 @@ def test_an_inplace_allreduce_with_one_bad_buffer_changes_none(endpoints):
     np.testing.assert_array_equal(good, np.ones(10, np.float32))
 
 
+BF16 = wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]
+#: The 2-byte types a ring sums in their own type, and how close to the float32 mean each gets.
+HALF_TYPES = [pytest.param(np.dtype(np.float16), 5e-3, id="float16"), pytest.param(BF16, 3e-2, id="bfloat16")]
+
+
 def _half_ring_sum(parts: list[np.ndarray], n: int, pos: int) -> np.ndarray:
-    """What a float16 ring leaves in chunk ``pos``: reduce-scatter starts the chunk at member
-    ``pos`` and adds each next member's half (divided by n in float16) as it goes around,
-    rounding each addition to half, as the receive path adds them."""
+    """What a 2-byte ring leaves in chunk ``pos``: reduce-scatter starts the chunk at member
+    ``pos`` and adds each next member's part (divided by n in its type) as it goes around,
+    rounding each addition to the type, as the receive path adds them."""
     order = [(pos + k) % n for k in range(n)]
     acc = parts[order[0]].copy()
     for r in order[1:]:
-        acc = (acc + parts[r]).astype(np.float16)
+        acc = (acc + parts[r]).astype(acc.dtype)
     return acc
 
 
+@pytest.mark.parametrize("dtype, atol", HALF_TYPES)
 @pytest.mark.parametrize("n_workers", [2, 3])
-def test_a_float16_ring_travels_and_sums_in_float16(endpoints, n_workers):
-    """allreduce_inplace on float16 buffers: half the bytes of float32 on the wire, every member
-    ends with the same bits, each chunk summed in float16 in the ring's order (as gloo sums a
-    float16 tensor), and so within half precision of the float32 mean."""
+def test_a_half_precision_ring_travels_and_sums_in_its_type(endpoints, n_workers, dtype, atol):
+    """allreduce_inplace on float16 (bfloat16) buffers: half the bytes of float32 on the wire,
+    every member ends with the same bits, each chunk summed in its type in the ring's order (as
+    gloo sums a float16 or bfloat16 tensor), and so within its precision of the float32 mean."""
     rng = np.random.default_rng(4)
     size = 5000
     grads = [rng.standard_normal(size).astype(np.float32) for _ in range(n_workers)]
     eps = endpoints(n_workers, policy=Policy(loss_bound_push=0.0))
     rings = [RingAllreduce(ep, list(range(n_workers))) for ep in eps]
-    halves = [g.astype(np.float16) for g in grads]
-    scaled = [h / np.float16(n_workers) for h in halves]
+    halves = [g.astype(dtype) for g in grads]
+    scaled = [h / dtype.type(n_workers) for h in halves]
     _run_threads({w: partial(rings[w].allreduce_inplace, 0, [halves[w]]) for w in range(n_workers)})
     for w in range(1, n_workers):
         np.testing.assert_array_equal(halves[w].view(np.uint16), halves[0].view(np.uint16))
@@ -292,28 +299,29 @@ def test_a_float16_ring_travels_and_sums_in_float16(endpoints, n_workers):
         lo, hi = bounds[c], bounds[c + 1]
         want = _half_ring_sum([s[lo:hi] for s in scaled], n_workers, c)
         np.testing.assert_array_equal(halves[0][lo:hi].view(np.uint16), want.view(np.uint16))
-    np.testing.assert_allclose(halves[0].astype(np.float32), np.mean(grads, axis=0), atol=5e-3)
+    np.testing.assert_allclose(halves[0].astype(np.float32), np.mean(grads, axis=0), atol=atol)
     sent = rings[0].last_stats
     assert sent is not None
     float32_bytes = 2 * (n_workers - 1) * size // n_workers * 4
     assert sent.bytes_sent < 0.6 * float32_bytes  # payload at 2 bytes an element (headers aside)
 
 
-def test_a_float16_parameter_server_sums_in_float32_and_answers_in_float16(endpoints):
-    """Workers push float16; the server adds them in float32 and answers in float16, so the
-    pulled average is the float32 mean of the halves, rounded once to half."""
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["float16", "bfloat16"])
+def test_a_half_precision_parameter_server_sums_in_float32_and_answers_in_the_pushes_type(endpoints, dtype):
+    """Workers push float16 (bfloat16); the server adds them in float32 and answers in their
+    type, so the pulled average is the float32 mean of the pushes, rounded once to it."""
     n_workers = 3
     eps = endpoints(n_workers + 1, policy=Policy(loss_bound_push=0.0))
     server = PSServer(eps[n_workers], list(range(n_workers)))
     workers = [PSWorker(eps[w], server_rank=n_workers) for w in range(n_workers)]
     rng = np.random.default_rng(6)
     for it in range(3):  # the first iteration learns sizes and types; the later ones add as packets arrive
-        halves = [rng.standard_normal(7000).astype(np.float16) for _ in range(n_workers)]
+        halves = [rng.standard_normal(7000).astype(dtype) for _ in range(n_workers)]
         fns: dict[int | str, Callable[[], object]] = {"server": partial(server.serve_iteration, it, 1)}
         fns.update({w: partial(workers[w].exchange_detailed, it, [halves[w]]) for w in range(n_workers)})
         out = _run_threads(fns)
-        want = (np.sum([h.astype(np.float32) for h in halves], axis=0) * np.float32(1 / n_workers)).astype(np.float16)
+        want = (np.sum([h.astype(np.float32) for h in halves], axis=0) * np.float32(1 / n_workers)).astype(dtype)
         for w in range(n_workers):
             (avg, _), = out[w]
-            assert avg.dtype == np.float16
-            np.testing.assert_array_equal(avg, want)
+            assert avg.dtype == dtype
+            np.testing.assert_array_equal(avg.view(np.uint16), want.view(np.uint16))

@@ -1,9 +1,10 @@
 """PyTorch training through DLCP: a DDP communication hook and a distributed optimizer.
 
-Two lines in a training script::
+Two lines in a training script (after ``torch.distributed.init_process_group("gloo")``, which
+DDP needs for its broadcasts)::
 
-    session = dlcp_torch.init("ps", model=model)                   # under torchrun, or peers=[...]
-    ddp.register_comm_hook(session.state, dlcp_torch.dlcp_hook)    # or DistributedOptimizer
+    session = dlcp_torch.init("ps", model=model)   # under torchrun, or peers=[...]
+    ddp = session.ddp(model)                       # DDP with dlcp_hook; or DistributedOptimizer
 
 The names below load on first use (PEP 562), so ``dlcp_torch.state``, which exchanges numpy
 arrays, can be used without importing torch (2.5 s of CPU per process on the testbed's agents).

@@ -16,14 +16,15 @@ def _create(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
 
 
 def register() -> None:
-    """Make ``"dlcp"`` a ``torch.distributed`` backend name for CPU tensors; idempotent, and it
-    never raises: a failure here would break ``import torch`` for everyone in the environment
-    (then ``import dlcp_torch.backend`` registers it, with the error)."""
+    """Make ``"dlcp"`` a ``torch.distributed`` backend name (CPU tensors, and CUDA tensors staged
+    through host memory); idempotent, and it never raises: a failure here would break
+    ``import torch`` for everyone in the environment (then ``import dlcp_torch.backend``
+    registers it, with the error)."""
     try:
         import torch.distributed as dist
 
         if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
             return
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
     except Exception:  # noqa: BLE001 - see the docstring
         pass

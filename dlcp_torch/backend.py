@@ -14,11 +14,11 @@ nothing else does, and PyTorch says it without help from the script
 Each call is numbered in the order it is issued (the same on every rank, as
 ``torch.distributed`` requires) and runs in a small pool of threads, so DDP's buckets overlap
 with each other and with the backward pass. Sums of float32 run on DLCP's ring (reduce-scatter
-then all-gather, chained in the compiled data path); float16 travels as float16 and is summed
-in float16, as gloo sums it; bfloat16 is summed there in float32 (sent as float32). Other dtypes
+then all-gather, chained in the compiled data path); float16 and bfloat16 travel as such and
+are summed in their own type, as gloo sums them. Other dtypes
 and reduce ops are gathered whole and reduced locally, which is exact for every dtype but moves
-n times the bytes: meant for the small tensors such calls carry. CPU tensors only
-(``devices=["cpu"]``).
+n times the bytes: meant for the small tensors such calls carry. CUDA tensors go through pinned
+host memory (:mod:`dlcp_torch.staging`; not yet run on a GPU).
 
 Options (before ``init_process_group``): :func:`configure`, or the environment:
 ``DLCP_LOSS_BOUND`` (the push bound), ``DLCP_MTU``, ``DLCP_HOST`` (this process's address),
@@ -48,6 +48,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dlcp_torch.staging import HostCopies, Staging
+from dlcp_torch.tensors import as_numpy
 from hostagent.auth import parse_secret
 from hostagent.exchange import MAX_STEPS, RingAllreduce, message_id
 from hostagent.messages import Expect
@@ -59,11 +61,9 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
-#: Sums of these take the ring (float16 on the wire as float16; bfloat16 summed in float32 and
-#: sent as float32, twice its bytes, for now); float64 and integers are gathered and reduced exactly.
+#: Sums of these take the ring, each in its own type on the wire (:data:`hostagent.exchange.RING_DTYPES`);
+#: float64 and integers are gathered and reduced exactly.
 RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: Of those, the ones the ring carries and sums in their own type.
-WIRE_TYPES = (torch.float32, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,10 @@ class BackendOptions:
 
     message_deadline: float = 300.0
     """A message not complete by then fails its collective."""
+
+    copies: HostCopies | None = None
+    """How a device tensor is copied to host memory and back (:mod:`dlcp_torch.staging`):
+    CUDA's pinned, side-stream copies when CUDA is available."""
 
     @staticmethod
     def from_env() -> BackendOptions:
@@ -197,6 +201,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._p2p: dict[tuple[str, int, int], int] = {}
         self._p2p_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="dlcp-pg")
+        self._staging = Staging(options.copies)
         self._closed = False
 
     # ------------------------------------------------------------------ process group facts
@@ -224,20 +229,17 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
                 if t.dtype in RING_DTYPES and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                    work = t if t.dtype in WIRE_TYPES else t.detach().float()  # bfloat16: summed in float32
-                    self._ring_sum(call, i, work, gradients)
-                    with torch.no_grad():
-                        if op == dist.ReduceOp.AVG:
-                            work.div_(self._world)
-                        if work is not t:
-                            t.copy_(work)
+                    self._ring_sum(call, i, t, gradients)
+                    if op == dist.ReduceOp.AVG:
+                        with torch.no_grad():
+                            t.div_(self._world)
                 else:
                     parts = self._gather_all(call, i, t)
                     with torch.no_grad():
                         t.copy_(_reduce(parts, op))
             return tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, tensors)
 
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensor_list, opts)
@@ -262,7 +264,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     _store_bytes(t, got.wait(self.options.message_deadline).data)
             return tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                   input_tensor: list[torch.Tensor], opts: Any = None) -> Any:
@@ -278,7 +280,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                         outs[r].copy_(part.view(outs[r].shape))
             return output_tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, *output_tensors, input_tensor)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``all_gather_into_tensor``: rank r's input lands in the r-th slice of ``output``."""
@@ -306,7 +308,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     out.copy_(_reduce(got, op).view(out.shape))
             return output_tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, output_tensors, *input_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``reduce_scatter_tensor``: the r-th slice of ``input``, summed over ranks, lands on rank r."""
@@ -332,7 +334,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                                    iteration=seq, announce=False).wait(self.options.message_deadline)
             return tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         self._check(tensors)
@@ -346,27 +348,40 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 _store_bytes(t, h.wait(self.options.message_deadline).data)
             return tensors
 
-        return _work(run, self._pool)
+        return self._submit(run, tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         raise NotImplementedError("dlcp backend: recv from any source is not supported; name the source rank")
 
     # ------------------------------------------------------------------ building blocks
+    def _submit(self, run: Callable[[], Any], *groups: list[torch.Tensor]) -> Any:
+        """A ``Work`` running ``run`` in the pool, with the device tensors of ``groups`` (the
+        lists ``run`` reads and writes) staged through host memory (:mod:`dlcp_torch.staging`)."""
+        staged = [g for g in groups if any(self._staging.copies.needs_staging(t) for t in g)]
+        if not staged:
+            return _work(run, self._pool)
+        mark = self._staging.issued(staged)  # here, in the issuing thread: what the copies wait for
+
+        def staged_run() -> Any:
+            result: list[Any] = []
+            self._staging.run(staged, mark, lambda: result.append(run()))
+            return result[0]
+
+        return _work(staged_run, self._pool)
+
     def _check(self, tensors: list[torch.Tensor]) -> None:
         if self._closed:
             raise RuntimeError("dlcp process group is shut down")
         for t in tensors:
-            if t.device.type != "cpu":
-                raise ValueError(f"dlcp backend: tensors must be on the CPU, got {t.device} "
-                                 "(copy them to host memory, or use a CUDA backend for them)")
+            if t.is_sparse:
+                raise ValueError("dlcp backend: sparse tensors are not supported")
 
     def _ring_sum(self, call: int, index: int, t: torch.Tensor, gradients: bool) -> None:
         """Sum ``t`` over the group in place on DLCP's ring (under the gradient policy if
         ``gradients``, else reliably)."""
         ring = self._ring_gradients if gradients else self._ring_reliable
         flat = t.detach().view(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
-        arr = flat.numpy()
-        ring.sum_inplace(call, [arr], [index])
+        ring.sum_inplace(call, [as_numpy(flat)], [index])
         if flat.data_ptr() != t.data_ptr() or not t.is_contiguous():
             with torch.no_grad():
                 t.copy_(flat.view(t.shape))
@@ -474,9 +489,11 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
 
 
 def register() -> None:
-    """Make ``"dlcp"`` a ``torch.distributed`` backend name (for CPU tensors); idempotent."""
+    """Make ``"dlcp"`` a ``torch.distributed`` backend name (CPU tensors, and CUDA tensors staged
+    through host memory); idempotent. One process group serves both devices (torch registers a
+    single backend when every device maps to the same name)."""
     if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
 
 
 register()

@@ -162,9 +162,20 @@ def _collectives(rank, world):
     return out
 
 
-def test_collectives_give_what_they_define():
+def _collectives_staged(rank, world):
+    """The same calls with every tensor forced through host staging, as a CUDA tensor goes
+    (:mod:`dlcp_torch.staging`; no GPU here, so CPU tensors take the path)."""
+    from dlcp_torch.backend import configure
+    from dlcp_torch.staging import HostCopies
+
+    configure(copies=HostCopies(always=True))
+    return _collectives(rank, world)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu", "staged"])
+def test_collectives_give_what_they_define(staged):
     world = 3
-    res = _spawn(_collectives, world)
+    res = _spawn(_collectives_staged if staged else _collectives, world)
     for rank, plain in res.items():
         out = {k: _t(v) for k, v in plain.items() if k != "p2p"}
         torch.testing.assert_close(out["sum"], torch.arange(10, dtype=torch.float32) * 6)
@@ -253,7 +264,7 @@ _FLOAT32_ACCURACY: list[float] = []
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_half_precision_gradients_train_digits_as_well_as_float32(dtype_name):
-    """bfloat16 and float16 gradients through the backend (summed in float32, under the default
+    """bfloat16 and float16 gradients through the backend (summed in their own type, under the default
     bound): the digits example's accuracy within the spread float32 shows over seeds."""
     pytest.importorskip("sklearn", reason="needs scikit-learn (pip install -e '.[digits]')")
     if not _FLOAT32_ACCURACY:  # shared by both dtypes' runs

@@ -261,3 +261,12 @@ def test_a_taken_store_port_names_dlcp_store_port(monkeypatch):
             peers_from_env(0, 2, with_server=False, timeout=2)
     finally:
         busy.close()
+
+
+def test_ddp_without_a_process_group_names_the_call_that_makes_one():
+    """``session.ddp(model)`` before ``init_process_group``: DDP would fail with torch's "Default
+    process group has not been initialized"; the session says which call is missing."""
+    assert not dist.is_initialized()
+    session = dlcp_torch.DLCPSession(state=None, endpoint=None)  # type: ignore[arg-type]  # fails before using them
+    with pytest.raises(RuntimeError, match=r"init_process_group\('gloo'\)"):
+        session.ddp(torch.nn.Linear(2, 2))

@@ -38,6 +38,17 @@ constexpr size_t READ_BYTES = 65536 + 512;  // one read: a whole GRO super-datag
 constexpr size_t DONE_KEPT = 4096;      // finished messages remembered (their late packets are not malformed)
 
 inline uint64_t key_of(uint16_t src, uint32_t mid) { return (uint64_t(src) << 32) | mid; }
+
+// Add ``count`` 2-byte elements of ``payload`` into ``dst`` of the same type: each pair added in
+// float and rounded back (a float16 or bfloat16 sum, as numpy and torch make it).
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void add_rounded(uint16_t* dst, const uint8_t* payload, uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, payload + 2 * i, 2);
+        dst[i] = FromFloat(ToFloat(dst[i]) + ToFloat(h));
+    }
+}
 }  // namespace
 
 void Datapath::emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a) {
@@ -310,19 +321,9 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             if (!s.accumulate) {
                 std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
-                uint16_t* dst = reinterpret_cast<uint16_t*>(s.out) + first;
-                for (uint32_t i = 0; i < count; ++i) {
-                    uint16_t h;
-                    std::memcpy(&h, payload + 2 * i, 2);
-                    dst[i] = float_to_half(half_to_float(dst[i]) + half_to_float(h));
-                }
+                add_rounded<half_to_float, float_to_half>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
-                uint16_t* dst = reinterpret_cast<uint16_t*>(s.out) + first;
-                for (uint32_t i = 0; i < count; ++i) {
-                    uint16_t h;
-                    std::memcpy(&h, payload + 2 * i, 2);
-                    dst[i] = float_to_bf16(bf16_to_float(dst[i]) + bf16_to_float(h));
-                }
+                add_rounded<bf16_to_float, float_to_bf16>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {

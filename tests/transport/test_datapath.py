@@ -142,6 +142,24 @@ def test_a_sum_adds_each_packet_once_whatever_repeats():
         sock.close()
 
 
+def _sums_on_both_paths(base: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """``x`` sent as one message (packets shuffled, one repeated twice) and added into a copy of
+    ``base`` of its own type, on each data path: what each path's sum came to."""
+    dgs = _datagrams(x, 9, dtype=x.dtype)
+    order = rng.permutation(len(dgs)).tolist() + [1, 1]
+    paths, sock = _paths()
+    sums = []
+    for dp in paths:
+        b = _expect(dp, 1, 9, x.size, accumulate=True, dtype=x.dtype, out_dtype=x.dtype)
+        b.out[:] = base
+        for i in order:
+            _one(dp, dgs[i], now=1.0)
+        sums.append(b.out.copy())
+        dp.stop()
+    sock.close()
+    return sums
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_a_float16_sum_stays_float16_and_both_paths_round_alike():
     """A float16 message added into a float16 ``out`` (a float16 allreduce's sum): each addition
@@ -153,21 +171,9 @@ def test_a_float16_sum_stays_float16_and_both_paths_round_alike():
     x = (rng.standard_normal(n) * 3).astype(np.float16)
     base[:4] = [6e-8, 65504, 1.0, -2.0]  # a subnormal, the largest half, a tie to even
     x[:4] = [6e-8, 65504, 2 ** -11, 2 ** -10]
-    dgs = _datagrams(x, 9, dtype=np.float16)
-    order = rng.permutation(len(dgs)).tolist() + [1, 1]
-    paths, sock = _paths()
-    sums = []
-    for dp in paths:
-        b = _expect(dp, 1, 9, n, accumulate=True, dtype=np.float16, out_dtype=np.float16)
-        b.out[:] = base
-        for i in order:
-            _one(dp, dgs[i], now=1.0)
-        sums.append(b.out.copy())
-        dp.stop()
-    sock.close()
     want = base + x  # numpy: each pair added in float and rounded to half
     assert np.isinf(want[1])
-    for got in sums:
+    for got in _sums_on_both_paths(base, x, rng):
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
@@ -184,21 +190,9 @@ def test_a_bfloat16_sum_stays_bfloat16_and_both_paths_round_alike():
     big = float(ml_dtypes.finfo(bf16).max)
     base[:4] = np.array([1.0, big, -2.0, np.nan], np.float32).astype(bf16)
     x[:4] = np.array([2 ** -8, big, 2 ** -7, 1.0], np.float32).astype(bf16)  # a tie to even, an overflow
-    dgs = _datagrams(x, 9, dtype=bf16)
-    order = rng.permutation(len(dgs)).tolist() + [2, 2]
-    paths, sock = _paths()
-    sums = []
-    for dp in paths:
-        b = _expect(dp, 1, 9, n, accumulate=True, dtype=bf16, out_dtype=bf16)
-        b.out[:] = base
-        for i in order:
-            _one(dp, dgs[i], now=1.0)
-        sums.append(b.out.copy())
-        dp.stop()
-    sock.close()
     want = base + x  # ml_dtypes: each pair added in float32 and rounded to bfloat16
     assert want[0] == 1.0 and np.isinf(want[1]) and np.isnan(want[3])
-    for got in sums:
+    for got in _sums_on_both_paths(base, x, rng):
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 

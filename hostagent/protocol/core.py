@@ -242,7 +242,9 @@ class ProtocolCore:
             h = RecvHandle(src, message_id, out)
             res = self.done_in.pop(key)
             if out is not None:
-                if out.shape != res.data.shape or out.dtype != res.data.dtype:
+                # a sum may go into float32 or the message's own type, as when it arrives later
+                fits = wire.destination_dtypes(res.data.dtype, accumulate) if accumulate else (res.data.dtype,)
+                if out.shape != res.data.shape or out.dtype not in fits:
                     h._fail(ValueError(f"message {message_id} from rank {src} has {res.data.size} "
                                        f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
                     return h

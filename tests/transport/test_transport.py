@@ -377,3 +377,16 @@ def test_wakes_coalesce_and_never_block_while_the_control_loop_is_busy(endpoints
     h = b.recv(0, 1)
     a.send(1, x, message_id=1)
     np.testing.assert_array_equal(h.wait(T).data, x)
+
+
+def test_a_half_precision_message_done_before_its_sum_is_posted_adds_into_float32(endpoints):
+    """A float16 push that completed before the server posted its float32 sum (a parameter
+    server's race) is added into it, as one arriving later would be; before, the late recv
+    failed with "has 700 float16, out is float32"."""
+    eps = endpoints(2)
+    x = _grad(700).astype(np.float16)
+    eps[1].send(0, x, message_id=3, loss_bound=0.0).wait(T)  # the STOP: rank 0 has it all
+    total = np.ones(700, np.float32)
+    res = eps[0].recv(1, 3, out=total, accumulate=True).wait(T)
+    assert res.data is total
+    np.testing.assert_array_equal(total, np.float32(1) + x.astype(np.float32))

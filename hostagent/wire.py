@@ -66,6 +66,9 @@ class Flags(enum.IntFlag):
     RETX = 0x01  #: a retransmission (always priority top, drop class 0)
     ECN_ECHO = 0x02  #: receiver saw CE marks (rate control reacts)
     LAST = 0x04  #: the last data packet of a sending pass: the receiver may answer as to a PROBE
+    #: on a CREDIT: the receiver's socket overran since its last credit, and the sender's packets
+    #: stopped coming: whatever the sender sent and the receiver did not consume was lost
+    OVERRUN = 0x08
 
 
 class Dtype(enum.IntEnum):

@@ -56,10 +56,14 @@ def initial_window(config: TransportConfig) -> int:
     return credit_window(2 * config.socket_buffer, max_datagram(config), len(config.peers) - 1)
 
 
-def credit_due(pending: int, window: int, quiet_for: float) -> bool:
+def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = False) -> bool:
     """Whether a sender gets a credit now: ``pending`` of its packets were consumed since its last
     credit, and either a quarter of its ``window`` was used or nothing of it came for
-    CREDIT_QUIET (``quiet_for`` seconds since its last packet).
+    CREDIT_QUIET (``quiet_for`` seconds since its last packet). Also, with nothing consumed,
+    when the receiver's socket overran since the sender's last credit (``overrun``: the kernel
+    dropped datagrams, and a message from this sender is incomplete) and the sender went quiet:
+    that credit carries :data:`hostagent.wire.Flags.OVERRUN`, and the sender counts what it sent
+    and was not consumed as lost (:func:`acked_after_credit`).
 
     Why not a credit whenever the socket runs dry (the rule before): a receiver reading a slow
     stream finds its socket dry after nearly every packet, and sent a credit per data packet.
@@ -67,8 +71,22 @@ def credit_due(pending: int, window: int, quiet_for: float) -> bool:
     reverse path's capacity; with the tail drops they caused, the control connection's
     segments were lost and waited out TCP's 200 ms retransmission timer.
     """
+    if overrun and quiet_for >= CREDIT_QUIET:
+        return True
     return pending > 0 and (pending >= max(1, window // 4) or quiet_for >= CREDIT_QUIET)
 
 
-__all__ = ["CREDIT_QUIET", "CREDIT_SHARE", "CREDIT_TIMEOUT", "MIN_WINDOW", "credit_due", "credit_window",
-           "initial_window", "max_datagram"]
+def acked_after_credit(acked: int, sent: int, consumed: int, overrun: bool) -> int:
+    """A sender's count of its packets a receiver has done with, after a credit saying it
+    ``consumed`` that many (counts only grow: a late credit takes nothing back).
+
+    An OVERRUN credit also releases everything sent before it: the receiver's socket dropped
+    datagrams and this sender's stopped coming, so what was not consumed was lost (or is still
+    in the network, at most a window, which a drained socket has room for). Why: without it a
+    sender whose whole window the kernel dropped waits out CREDIT_TIMEOUT for every window.
+    """
+    return max(acked, sent if overrun else consumed)
+
+
+__all__ = ["CREDIT_QUIET", "CREDIT_SHARE", "CREDIT_TIMEOUT", "MIN_WINDOW", "acked_after_credit", "credit_due",
+           "credit_window", "initial_window", "max_datagram"]

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from hostagent import auth, wire
-from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, credit_due, credit_window, initial_window,
-                                        max_datagram)
+from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due, credit_window,
+                                       initial_window, max_datagram)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
@@ -94,6 +94,8 @@ class _Sender:
     consumed: int = 0  # its packets taken from the socket, and as of the last credit
     credited: int = 0
     credit_seq: int = 0
+    last_credit: float = -1.0  # when we last credited it
+    overrun: bool = False  # our socket dropped datagrams since its last credit
     received: int = 0
     ce: int = 0
     lost: int = 0
@@ -182,7 +184,7 @@ class NumpyDatapath:
             ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
              "rx_dropped_estimate", "rx_dropped_reads", "gro_reads", "rx_reads", "injected_delays", "data_pkts_sent",
              "data_bytes_sent", "retransmitted_pkts", "send_errors", "gso_calls", "credits_sent", "credits_received",
-             "credit_waits", "credit_timeouts"), 0)
+             "overrun_credits_sent", "credit_waits", "credit_timeouts"), 0)
         self._credit_sock: socket.socket | None = None
         self._rcvbuf = udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         self._max_datagram = max_datagram(config)
@@ -508,6 +510,7 @@ class NumpyDatapath:
         with self._lock:
             reads, self._reads_since = self._reads_since, 0.0
             for rank, s in self._senders.items():
+                s.overrun = True  # its next credit may release what it lost (credits.credit_due)
                 n, s.good_since = s.good_since, 0.0
                 if n <= 0 or s.key is None or rank == self.config.rank:
                     continue
@@ -670,6 +673,7 @@ class NumpyDatapath:
         for h, length in zip(hdr, lengths.tolist()):
             granter, seq = int(h["sender_rank"]), int(h["iteration"])
             consumed = (int(h["total_pkts"]) << 32) | int(h["elem_offset"])
+            overrun = bool(int(h["flags"]) & wire.Flags.OVERRUN)
             with self._lock:
                 s = self._senders.get(granter)
                 key = s.key if s is not None else None
@@ -678,21 +682,22 @@ class NumpyDatapath:
             elif length != wire.HEADER_SIZE:
                 rejected["count_mismatch"] += 1
             elif (key is None or granter == self.config.rank
-                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed)):
+                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed, overrun)):
                 rejected["bad_token"] += 1
             else:
                 self.counters["credits_received"] += 1
                 with self._tx_cv:
                     d = self._dests.get(granter)
                     if d is not None and seq > d.credit_seq:  # a replay or a late one grants nothing
-                        d.credit_seq, d.acked = seq, max(d.acked, consumed)
+                        d.credit_seq, d.acked = seq, acked_after_credit(d.acked, d.sent, consumed, overrun)
                         d.window, d.held_since = max(1, int(h["elem_count"])), -1.0
                         self._tx_cv.notify_all()
 
     def _send_credits(self, now: float) -> float:
         """Grant every sender whose packets we took from the socket a window, by the rules of
-        :mod:`hostagent.datapath.credits` (a quarter of its window used, or its packets quiet).
-        Returns when a quiet sender's credit falls due (0: none waits)."""
+        :mod:`hostagent.datapath.credits` (a quarter of its window used, or its packets quiet; or
+        our socket overran while a message of its is incomplete). Returns when a quiet sender's
+        credit falls due (0: none waits)."""
         sock = self._credit_sock
         if sock is None:
             return 0.0
@@ -700,13 +705,16 @@ class NumpyDatapath:
         with self._lock:
             senders = sum(1 for r, s in self._senders.items() if s.key is not None and r != self.config.rank)
             grant = credit_window(self._rcvbuf, self._max_datagram, senders)
+            waiting = ({rx.spec.src for rx in self._rx.values() if not rx.state}
+                       if any(s.overrun for s in self._senders.values()) else set())
             out = []
             for rank, s in self._senders.items():
                 pending = s.consumed - s.credited
-                if s.key is None or s.tx_key is None or rank == self.config.rank or not pending:
+                overrun = s.overrun and rank in waiting
+                if s.key is None or s.tx_key is None or rank == self.config.rank or not (pending or overrun):
                     continue
-                if not credit_due(pending, grant, now - s.last_seen):
-                    due = s.last_seen + CREDIT_QUIET
+                if not credit_due(pending, grant, now - max(s.last_seen, s.last_credit), overrun):
+                    due = max(s.last_seen, s.last_credit) + CREDIT_QUIET
                     wake = due if wake == 0 else min(wake, due)
                     continue
                 d = self._dests.get(rank)
@@ -715,16 +723,20 @@ class NumpyDatapath:
                 s.credit_seq += 1
                 h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=self.config.job_id, message_id=0,
                                 sender_rank=self.config.rank, priority=self.policy.top_priority, iteration=s.credit_seq,
+                                flags=wire.Flags.OVERRUN if overrun else wire.Flags.NONE,
                                 elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF,
                                 token=auth.credit_token(s.tx_key, self.config.job_id, self.config.rank, s.credit_seq,
-                                                        s.consumed))
-                out.append((s, s.consumed, wire.pack_header(h), d.addr))
-        for s, consumed, datagram, addr in out:
+                                                        s.consumed, overrun))
+                out.append((s, s.consumed, overrun, wire.pack_header(h), d.addr))
+        for s, consumed, overrun, datagram, addr in out:
             try:
                 sock.sendto(datagram, addr)
             except OSError:
                 continue
-            s.credited = consumed
+            s.credited, s.last_credit = consumed, now
+            if overrun:
+                s.overrun = False
+                self.counters["overrun_credits_sent"] += 1
             self.counters["credits_sent"] += 1
         return wake
 

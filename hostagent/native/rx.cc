@@ -380,12 +380,13 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     auto fit = fb_.find(granter);
     uint32_t seq = rd(d, L.iteration);
     uint64_t consumed = (uint64_t(rd(d, L.total_pkts)) << 32) | rd(d, L.elem_offset);
+    bool overrun = rd(d, L.flags) & cfg_.flag_overrun;
     if (rd(d, L.job_id) != cfg_.job_id) {
         reason = WRONG_JOB;
     } else if (len != uint32_t(H_)) {
         reason = COUNT_MISMATCH;
     } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank ||
-               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed)) {
+               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed, overrun)) {
         reason = BAD_TOKEN;
     }
     if (reason != OK) {
@@ -399,7 +400,8 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     Dest* dst = it->second;
     if (seq > dst->credit_seq) {  // newer than any seen: a replay or a late one grants nothing
         dst->credit_seq = seq;
-        dst->acked = std::max(dst->acked, consumed);
+        // acked_after_credit: an OVERRUN credit also releases all we sent (what was not consumed was lost)
+        dst->acked = std::max(dst->acked, overrun ? dst->sent.load() : consumed);
         dst->window = std::max<uint32_t>(1, rd(d, L.elem_count));
         dst->held_since = -1;
         tx_cv_.notify_all();
@@ -414,7 +416,9 @@ double Datapath::send_credits(double now) {
     // socket's memory limit in datagrams, shared among every authenticated peer, so the windows
     // together fit); a credit goes when a quarter of it was used since the last (credit_due),
     // or when the sender's packets stopped coming for credit_quiet (it may be held by its
-    // window). Returns when a quiet sender's credit falls due (0: none waits).
+    // window); or, flagged OVERRUN, when our socket dropped datagrams since its last credit, a
+    // message of its is incomplete and it went quiet. Returns when a quiet sender's credit falls
+    // due (0: none waits).
     if (credit_fd_ < 0) return 0;
     int senders = 0;
     for (auto& kv : fb_)
@@ -424,13 +428,24 @@ double Datapath::send_credits(double now) {
     uint32_t grant = uint32_t(std::min<uint64_t>(cfg_.max_window, std::max<uint64_t>(cfg_.min_window, grant64)));
     double wake = 0;
     const HeaderLayout& L = cfg_.layout;
+    std::unordered_set<uint16_t> waiting;  // senders with an incomplete message (asked for only after an overrun)
+    for (auto& kv : fb_)
+        if (kv.second.overrun) {
+            for (auto& m : rx_)
+                if (m.second->prog.state == 0) waiting.insert(m.second->spec.src);
+            break;
+        }
     for (auto& kv : fb_) {
         SenderFb& s = kv.second;
         if (!s.authed || !s.has_tx_key || kv.first == cfg_.rank) continue;
         uint64_t pending = s.consumed - s.credited;
-        if (pending == 0) continue;
-        if (pending < std::max<uint32_t>(1, grant / 4) && now - s.last_seen < cfg_.credit_quiet) {
-            double due = s.last_seen + cfg_.credit_quiet;
+        bool overrun = s.overrun && waiting.count(kv.first);
+        if (pending == 0 && !overrun) continue;
+        double quiet_since = std::max(s.last_seen, s.last_credit);
+        bool quiet = now - quiet_since >= cfg_.credit_quiet;
+        bool due = (overrun && quiet) || (pending > 0 && (pending >= std::max<uint32_t>(1, grant / 4) || quiet));
+        if (!due) {
+            double due = quiet_since + cfg_.credit_quiet;
             wake = wake == 0 ? due : std::min(wake, due);
             continue;
         }
@@ -445,14 +460,20 @@ double Datapath::send_credits(double now) {
         wr(h, L.sender_rank, cfg_.rank);
         wr(h, L.job_id, cfg_.job_id);
         wr(h, L.iteration, s.credit_seq);
+        wr(h, L.flags, overrun ? cfg_.flag_overrun : 0);
         wr(h, L.elem_count, grant);
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
-        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed));
+        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed, overrun));
         ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
                            sizeof(sockaddr_in));
         if (r == ssize_t(H_)) {
             s.credited = s.consumed;
+            s.last_credit = now;
+            if (overrun) {
+                s.overrun = false;
+                overrun_credits_sent_ += 1;
+            }
             credits_sent_ += 1;
         }
     }
@@ -735,6 +756,7 @@ void Datapath::rx_loop() {
                 // and nobody is blamed for drops among junk alone.
                 int64_t dropped = (overflow - rx_overflows_) & 0xFFFFFFFFLL;
                 rx_overflows_ = overflow;
+                for (auto& kv : fb_) kv.second.overrun = true;  // its next credit may release what it lost
                 rx_dropped_reads_ += dropped;
                 //
                 // That share overstates a flood's effect (a flood fills every gap in the buffer,

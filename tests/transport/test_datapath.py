@@ -285,7 +285,7 @@ def test_the_compiled_tags_equal_the_policys():
             np.testing.assert_array_equal(out, drop_classes(m, policy))
 
 
-def test_the_compiled_token_is_the_python_token():
+def test_the_compiled_tokens_are_the_python_tokens():
     from hostagent import _datapath
 
     rng = np.random.default_rng(4)
@@ -293,6 +293,9 @@ def test_the_compiled_token_is_the_python_token():
         key = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
         job, sender, mid, it = (int(v) for v in rng.integers(0, 1 << 16, 4))
         assert _datapath.message_token(key, job, sender, mid, it) == auth.message_token(key, job, sender, mid, it)
+        consumed, overrun = int(rng.integers(0, 1 << 62)), bool(it & 1)
+        assert (_datapath.credit_token(key, job, sender, mid, consumed, overrun)
+                == auth.credit_token(key, job, sender, mid, consumed, overrun))
 
 
 def test_a_message_set_up_twice_is_refused_by_both_paths():

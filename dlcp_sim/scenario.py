@@ -20,6 +20,7 @@ from hostagent.errors import DlcpUserError, UsageError
 from hostagent.model_profiles import PROFILES
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
+from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
 from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy, drop_classes, packet_magnitudes
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
@@ -379,7 +380,22 @@ def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
             f"clean_feedback_interval_us {tc['clean_feedback_interval'] * 1e6:g}",
             f"bulk_feedback_packets {tc['bulk_feedback_packets']}",
             f"increase_interval_us {rc.increase_interval * 1e6:g}",
-            f"max_increase_span_us {rc.max_increase_span * 1e6:g}"]
+            f"max_increase_span_us {rc.max_increase_span * 1e6:g}",
+            *_agent_end_of_pass(tc)]
+
+
+def _agent_end_of_pass(tc: dict[str, Any]) -> list[str]:
+    """Scenario lines of the agent's end of pass: LAST on a pass's last packet answered as a
+    PROBE, a PROBE only when no answer came within the answer timer's delay, and the answer after
+    the message's own quiet (:func:`hostagent.protocol.incoming.answer_grace`).
+
+    Why not the simulator's own timers (:func:`timers_us`): those wait out a full buffer's drain
+    before answering, 91 ms at 700 packets/s; the agent waits four of the message's packet gaps.
+    """
+    return ["last_flag 1", f"answer_gaps {ANSWER_GAPS:g}", f"answer_grace_max_us {MAX_ANSWER_GRACE * 1e6:g}",
+            f"probe_delay_min_us {tc['probe_delay_min'] * 1e6:g}",
+            f"probe_delay_max_us {tc['probe_delay_max'] * 1e6:g}",
+            f"answer_idle_us {tc['probe_grace'] * 1e6:g}"]
 
 
 def scenario_text(opts: SimOptions, scheme: str) -> str:
@@ -406,7 +422,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
         *(_agent_feedback(rate["burst_bytes"], bottleneck_timers(narrowest, opts.mtu)) if opts.host_model == "agent"
           else _dctcp_increase(opts)),
-        f"answer_idle_us {idle:g}", f"probe_timeout_us {probe:g}",
+        *([] if opts.host_model == "agent" else [f"answer_idle_us {idle:g}"]), f"probe_timeout_us {probe:g}",
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
         f"tcp {opts.background_tcp}", f"transport {'tcp' if scheme == 'tcp' else 'dlcp'}",

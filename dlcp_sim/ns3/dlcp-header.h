@@ -10,6 +10,10 @@
 namespace ns3 {
 
 enum DlcpType : uint8_t { DATA = 0, PROBE = 1, BITMAP = 2, STOP = 3, FEEDBACK = 4 };
+//! `flags` bits: LAST on the last data packet of a pass (wire.Flags.LAST); RIDING on a STOP or
+//! BITMAP that carries a congestion report (seq: packets received, aux2: marked), as the agent's
+//! report rides in the same control frame as the record it goes with.
+enum DlcpFlag : uint8_t { FLAG_LAST = 1, FLAG_RIDING = 2 };
 
 class DlcpHeader : public Header {
  public:
@@ -18,7 +22,7 @@ class DlcpHeader : public Header {
   uint16_t src = 0, dst = 0;
   uint32_t msg = 0, seq = 0, npkts = 0;
   uint32_t aux = 0;   // DATA/PROBE: loss bound in ppm; BITMAP: snapshot id; FEEDBACK: packets received
-  uint32_t aux2 = 0;  // FEEDBACK: packets marked CE
+  uint32_t aux2 = 0;  // FEEDBACK (or RIDING): packets marked CE
 
   static constexpr uint32_t SIZE = 28;
 

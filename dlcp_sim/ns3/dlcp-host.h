@@ -56,6 +56,17 @@ struct TransportParams {
   uint32_t burstBytes = 0;       // token-bucket depth of the pacers (0: one packet at a time)
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
+  // The agent's end of pass instead (lastFlag; hostagent.protocol): the last data packet of a
+  // pass carries LAST and the receiver answers it as it would a PROBE; the sender PROBEs only if
+  // no answer came within its probe delay (ratecontrol.AnswerTimer: the smoothed answer time +
+  // 4 deviations within [probeDelayMin, probeDelayMax], initialAnswer before any), and again
+  // after max(4 x that, 50 ms). The receiver answers once the message was quiet for
+  // max(answerIdle, answerGaps x its mean packet gap), at most answerGraceMax
+  // (incoming.answer_grace; answerGaps 0: answerIdle alone).
+  bool lastFlag = false;
+  Time probeDelayMin = MilliSeconds(1), probeDelayMax = MilliSeconds(500);
+  double answerGaps = 0;
+  Time answerGraceMax = MilliSeconds(100);
   Time increaseInterval;                    // zero: additiveIncrease per clean report
   // With increaseInterval: until a destination's first cut, additiveIncrease per clean report
   // anyway (reports come with the packets, so the rate grows with itself, as TCP's slow start),
@@ -92,8 +103,8 @@ class DlcpHost : public GradientHost {
 
   //! Queue a message for `dst`; its packets leave as the rate and priorities allow. It is
   //! received once at least 1-p of it arrived, and sent once the receiver's STOP arrived.
-  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) override {
-    if (tp.hostDelay.IsStrictlyPositive()) {  // the agent's send path (packetize, META, tx thread)
+  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound, bool chained) override {
+    if (tp.hostDelay.IsStrictlyPositive() && !chained) {  // the agent's send path (packetize, META, tx thread)
       Simulator::Schedule(tp.hostDelay, &DlcpHost::Start, this, dst, msg, plan, lossBound);
       return;
     }
@@ -133,14 +144,15 @@ class DlcpHost : public GradientHost {
     uint64_t sent = 0, reportedPkts = 0, windowEnd = 0;  // the window a cut waits out (cutPerWindow)
     double tokens = 0;                                   // the pacer's bucket (burstBytes)
     Time tokensAt;
-    double answerS = -1;                                 // smoothed answer time, s (-1: none yet)
+    double answerS = -1, answerVar = 0;                  // smoothed answer time and deviation, s (-1: none yet)
     std::vector<std::shared_ptr<TxMsg>> active;
   };
   struct RxMsg {
     uint32_t npkts = 0, required = 0, count = 0;
     std::vector<bool> got;
     bool complete = false;
-    Time lastData, lastStop;
+    Time firstData, lastData, lastStop;
+    double pace = -1;  // mean gap between packets, s, frozen when a bitmap went out (-1: not yet)
     EventId answer;
   };
   struct RxCounters {
@@ -205,8 +217,10 @@ class DlcpHost : public GradientHost {
   }
 
   //! A control packet of controlBytes (plus `extraBytes`), or of exactly `bytes` when given.
+  //! `riding`: a congestion report for `dst` rides along if one has anything to say (the
+  //! agent's timers; feedbackInterval not zero).
   void Control(uint16_t dst, DlcpType type, uint32_t msg, uint32_t npkts, uint32_t aux, uint32_t aux2,
-               uint32_t extraBytes = 0, uint8_t priority = 255, uint32_t bytes = 0) {
+               uint32_t extraBytes = 0, uint8_t priority = 255, uint32_t bytes = 0, bool riding = false) {
     DlcpHeader h;
     h.type = type;
     h.priority = priority == 255 ? tp.topPriority : priority;
@@ -217,6 +231,16 @@ class DlcpHost : public GradientHost {
     h.npkts = npkts;
     h.aux = aux;
     h.aux2 = aux2;
+    if (riding && !tp.feedbackInterval.IsZero()) {
+      RxCounters& c = m_fb[dst];
+      if (c.received > 0) {
+        h.flags |= FLAG_RIDING;
+        h.seq = c.received;
+        h.aux2 = c.marked;
+        c.received = c.marked = 0;
+        c.lastSent = Simulator::Now();
+      }
+    }
     stats.controlSent++;
     uint32_t size = bytes ? bytes : tp.controlBytes + extraBytes;
     if (tp.hostDelay.IsStrictlyPositive())  // every control record goes through the agent's control path
@@ -271,6 +295,7 @@ class DlcpHost : public GradientHost {
     bool first = m.next < m.plan->npkts;
     uint32_t seq = first ? m.next++ : m.retx.front();
     if (!first) m.retx.pop_front();
+    bool last = !m.HasPacket();  // the pass ends with this packet
     DlcpHeader h;
     h.type = DATA;
     h.priority = m.plan->priority[seq];
@@ -281,6 +306,7 @@ class DlcpHost : public GradientHost {
     h.seq = seq;
     h.npkts = m.plan->npkts;
     h.aux = m.ppm;
+    h.flags = tp.lastFlag && last ? FLAG_LAST : 0;
     Transmit(m.dst, h, tp.datagram);
     stats.dataSent++;
     if (!first) stats.retransmitted++;
@@ -294,10 +320,29 @@ class DlcpHost : public GradientHost {
       f.nextSend = std::max(f.nextSend, now) + Seconds(bytes / f.rate);
       m_hostNext = std::max(m_hostNext, now) + Seconds(bytes / tp.lineRate);
     }
-    if (!m.HasPacket()) {
+    if (last) {
       m.passDone = now;
-      Probe(m);
+      if (tp.lastFlag)
+        ProbeLater(m, ProbeDelay(f));  // LAST asks for the answer; a PROBE only if none comes
+      else
+        Probe(m);
     }
+  }
+
+  //! How long after its pass a sender waits for an answer before it PROBEs (AnswerTimer.probe_delay).
+  Time ProbeDelay(const Flow& f) const {
+    if (f.answerS < 0) return tp.initialAnswer;
+    return std::min(tp.probeDelayMax, std::max(tp.probeDelayMin, Seconds(f.answerS + 4 * f.answerVar)));
+  }
+
+  //! PROBE `m` after `delay` unless its pass was answered (or it was done) by then.
+  void ProbeLater(TxMsg& m, Time delay) {
+    m.probeTimer.Cancel();
+    uint16_t dst = m.dst;
+    uint32_t id = m.id;
+    m.probeTimer = Simulator::Schedule(delay, [this, dst, id]() {
+      if (TxMsg* mm = Find(dst, id); mm && !mm->done && !mm->HasPacket()) Probe(*mm);
+    });
   }
 
   //! Take `bytes` from a token bucket refilled at `rate` up to burstBytes; returns when the
@@ -315,12 +360,8 @@ class DlcpHost : public GradientHost {
     // Behind the message's own data in its least urgent queue, not ahead of it: a probe that
     // overtook queued data would make the receiver report packets that are only late.
     Control(m.dst, PROBE, m.id, m.plan->npkts, m.ppm, 0, 0, m.lowest);
-    m.probeTimer.Cancel();
-    uint16_t dst = m.dst;
-    uint32_t id = m.id;
-    m.probeTimer = Simulator::Schedule(tp.probeTimeout, [this, dst, id]() {
-      if (TxMsg* mm = Find(dst, id); mm && !mm->done && !mm->HasPacket()) Probe(*mm);
-    });
+    // AnswerTimer.reprobe_timeout with lastFlag
+    ProbeLater(m, tp.lastFlag ? std::max(4 * ProbeDelay(FlowTo(m.dst)), MilliSeconds(50)) : tp.probeTimeout);
   }
 
   TxMsg* Find(uint16_t dst, uint32_t id) {
@@ -383,7 +424,13 @@ class DlcpHost : public GradientHost {
     if (!m || m->passDone == Time::Max()) return;
     double sample = (Simulator::Now() - m->passDone).GetSeconds();
     Flow& f = FlowTo(dst);
-    f.answerS = f.answerS < 0 ? sample : 0.875 * f.answerS + 0.125 * sample;
+    if (f.answerS < 0) {  // as RFC 6298 smooths a round trip (AnswerTimer.sample)
+      f.answerS = sample;
+      f.answerVar = sample / 2;
+    } else {
+      f.answerVar = 0.75 * f.answerVar + 0.25 * std::abs(f.answerS - sample);
+      f.answerS = 0.875 * f.answerS + 0.125 * sample;
+    }
     m->passDone = Time::Max();
   }
 
@@ -427,14 +474,21 @@ class DlcpHost : public GradientHost {
       switch (h.type) {
         case DATA: OnData(h, tag.ce); break;
         case PROBE: OnProbe(h); break;
-        case BITMAP: OnBitmap(h.src, h); break;
-        case STOP: stats.stops++; Answered(h.src, h.msg); Finish(h.src, h.msg); Pump(); break;
+        case BITMAP: Riding(h); OnBitmap(h.src, h); break;
+        case STOP: Riding(h); stats.stops++; Answered(h.src, h.msg); Finish(h.src, h.msg); Pump(); break;
         case FEEDBACK:
           stats.feedbacks++;
           if (h.aux > 0) Congestion(FlowTo(h.src), double(h.aux2) / h.aux, h.aux);
           break;
       }
     }
+  }
+
+  //! The congestion report a STOP or BITMAP carries, taken before the record itself.
+  void Riding(const DlcpHeader& h) {
+    if (!(h.flags & FLAG_RIDING) || h.seq == 0) return;
+    stats.feedbacks++;
+    Congestion(FlowTo(h.src), double(h.aux2) / h.seq, h.seq);
   }
 
   RxMsg& RxFor(const DlcpHeader& h) {
@@ -448,10 +502,9 @@ class DlcpHost : public GradientHost {
     return r;
   }
 
-  //! Report to `src` what arrived from it since the last report, if one is due; `riding` when
-  //! another control record leaves for `src` now (then the report shares its frame: it is sent
-  //! as a bare header, not a control packet of its own size).
-  void Feedback(uint16_t src, bool riding = false) {
+  //! Report to `src` what arrived from it since the last report, if one is due (a report also
+  //! rides on every STOP and BITMAP for `src`: Control's `riding`).
+  void Feedback(uint16_t src) {
     RxCounters& c = m_fb[src];
     Time now = Simulator::Now();
     if (tp.feedbackInterval.IsZero()) {  // DCTCP-like: every feedbackEvery packets
@@ -461,12 +514,9 @@ class DlcpHost : public GradientHost {
       Time due = c.marked ? tp.feedbackInterval
                  : c.received >= tp.bulkFeedbackPackets ? tp.bulkFeedbackInterval
                                                         : tp.cleanFeedbackInterval;
-      if (!riding && now - c.lastSent < due) return;
+      if (now - c.lastSent < due) return;
     }
-    if (riding)
-      Control(src, FEEDBACK, 0, 0, c.received, c.marked, 0, 255, DlcpHeader::SIZE);
-    else
-      Control(src, FEEDBACK, 0, 0, c.received, c.marked);
+    Control(src, FEEDBACK, 0, 0, c.received, c.marked);
     c.received = c.marked = 0;
     c.lastSent = now;
   }
@@ -487,9 +537,12 @@ class DlcpHost : public GradientHost {
       return;
     }
     r.got[h.seq] = true;
-    r.count++;
+    if (r.count++ == 0) r.firstData = now;
     r.lastData = now;
-    if (r.count >= r.required) Complete(h.src, h.msg, r);
+    if (r.count >= r.required)
+      Complete(h.src, h.msg, r);
+    else if (h.flags & FLAG_LAST)  // the end of a pass: answered as a PROBE is
+      EndOfPass(h.src, h.msg, r);
   }
 
   void Complete(uint16_t src, uint32_t msg, RxMsg& r) {
@@ -501,8 +554,7 @@ class DlcpHost : public GradientHost {
     stats.missingAtCompletion += r.npkts - r.count;
     r.got.clear();
     r.got.shrink_to_fit();
-    if (!tp.feedbackInterval.IsZero()) Feedback(src, true);
-    Control(src, STOP, msg, r.npkts, 0, 0);
+    Control(src, STOP, msg, r.npkts, 0, 0, 0, 255, 0, true);
     if (log)
       *log << "done " << rank << " " << src << " " << msg << " " << Simulator::Now().GetSeconds() << " " << r.npkts
            << " " << r.npkts - r.count << "\n";
@@ -516,11 +568,22 @@ class DlcpHost : public GradientHost {
       Control(h.src, STOP, h.msg, r.npkts, 0, 0);
       return;
     }
+    EndOfPass(h.src, h.msg, r);
+  }
+
+  void EndOfPass(uint16_t src, uint32_t msg, RxMsg& r) {
     if (r.npkts > 0 && r.required == 0) {  // nothing required: complete on the probe
-      Complete(h.src, h.msg, r);
+      Complete(src, msg, r);
       return;
     }
-    if (!r.answer.IsPending()) Answer(h.src, h.msg);
+    if (!r.answer.IsPending()) Answer(src, msg);
+  }
+
+  //! How long the message must be quiet before an end of pass is answered (answer_grace).
+  Time Grace(const RxMsg& r) const {
+    double pace = r.pace >= 0 ? r.pace : r.count >= 2 ? (r.lastData - r.firstData).GetSeconds() / (r.count - 1) : -1;
+    if (tp.answerGaps <= 0 || pace < 0) return tp.answerIdle;
+    return std::max(tp.answerIdle, std::min(tp.answerGraceMax, Seconds(tp.answerGaps * pace)));
   }
 
   //! BITMAP once no data of the message arrived for answerIdle.
@@ -528,15 +591,15 @@ class DlcpHost : public GradientHost {
     auto it = m_rx.find(Key(src, msg));
     if (it == m_rx.end() || it->second.complete) return;
     RxMsg& r = it->second;
-    Time quiet = r.lastData + tp.answerIdle;
+    Time quiet = r.lastData + Grace(r);
     if (quiet > Simulator::Now()) {
       r.answer = Simulator::Schedule(quiet - Simulator::Now(), &DlcpHost::Answer, this, src, msg);
       return;
     }
+    if (r.pace < 0 && r.count >= 2) r.pace = (r.lastData - r.firstData).GetSeconds() / (r.count - 1);
     uint32_t id = bitmaps->next++;
     bitmaps->bits[id] = r.got;
-    if (!tp.feedbackInterval.IsZero()) Feedback(src, true);
-    Control(src, BITMAP, msg, r.npkts, id, 0, (r.npkts + 7) / 8);
+    Control(src, BITMAP, msg, r.npkts, id, 0, (r.npkts + 7) / 8, 255, 0, true);
   }
 };
 

@@ -43,8 +43,11 @@ class GradientHost : public Application {
   std::ostream* log = nullptr;
 
   //! Queue a message of `plan->npkts` packets for `dst`; at least (1 - lossBound) of them
-  //! must arrive (a reliable transport ignores the bound).
-  virtual void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound) = 0;
+  //! must arrive (a reliable transport ignores the bound). `chained`: the send was set up
+  //! earlier and is released by a receive's completion inside the transport (a ring's next
+  //! step), so it skips the host's software path (the agent releases held sends in its data
+  //! path, gloo in its C++ loop).
+  virtual void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double lossBound, bool chained) = 0;
 };
 
 }  // namespace ns3

@@ -154,6 +154,15 @@ Scenario Parse(std::istream& in) {
       (key == "cut_hold_min_us" ? sc.tp.cutHoldMin : sc.tp.initialAnswer) = MicroSeconds(us);
     }
     else if (key == "slow_start") ls >> sc.tp.slowStart;
+    else if (key == "last_flag") ls >> sc.tp.lastFlag;
+    else if (key == "answer_gaps") ls >> sc.tp.answerGaps;
+    else if (key == "answer_grace_max_us" || key == "probe_delay_min_us" || key == "probe_delay_max_us") {
+      double us;
+      ls >> us;
+      (key == "answer_grace_max_us" ? sc.tp.answerGraceMax
+       : key == "probe_delay_min_us" ? sc.tp.probeDelayMin
+                                     : sc.tp.probeDelayMax) = MicroSeconds(us);
+    }
     else if (key == "top_priority") {
       unsigned v;
       ls >> v;
@@ -281,7 +290,7 @@ struct PsJob {
     for (uint32_t b = 0; b < B(); ++b) {
       double at = sc->computeS * (sc->ready.empty() ? 1.0 : sc->ready[b]);
       Simulator::Schedule(Seconds(at), [this, w, it, b]() {
-        hosts[spec.workers[w]]->Send(spec.server, Msg(it, false, b), &sc->buckets[b], spec.pushBound);
+        hosts[spec.workers[w]]->Send(spec.server, Msg(it, false, b), &sc->buckets[b], spec.pushBound, false);
       });
     }
   }
@@ -293,7 +302,7 @@ struct PsJob {
     hosts[spec.server]->onReceived = [this](uint16_t, uint32_t msg) {
       uint32_t it = msg / (2 * B()), b = msg % B();
       if (++pushes[uint64_t(it) * B() + b] == spec.workers.size())
-        for (auto w : spec.workers) hosts[spec.server]->Send(w, Msg(it, true, b), &sc->buckets[b], spec.pullBound);
+        for (auto w : spec.workers) hosts[spec.server]->Send(w, Msg(it, true, b), &sc->buckets[b], spec.pullBound, false);
     };
     for (uint32_t w = 0; w < spec.workers.size(); ++w) {
       hosts[spec.workers[w]]->onReceived = [this, w](uint16_t, uint32_t msg) {
@@ -316,9 +325,11 @@ struct PsJob {
 //! (dlcp_torch.DLCPState runs RingAllreduce per bucket, concurrently), started once the
 //! backward pass has filled it (sc->ready). For a bucket, member i sends to member i+1 one
 //! chunk per step, 2(n-1) steps (reduce-scatter at the push bound, then all-gather at the pull
-//! bound), and takes the next step once its receive and its send of this one completed. The
-//! iteration ends when every bucket's ring did. The scenario's buckets are the chunks,
-//! bucket-major: chunk c of bucket b is sc->buckets[b * n + c].
+//! bound). As hostagent.exchange.RingAllreduce does, a step's send is released by the
+//! completion of the previous step's receive (the chunk it adds to, or forwards), inside the
+//! transport (no host delay), without waiting for the previous send's answer; a member's
+//! iteration ends when every receive and every send of every bucket completed. The
+//! scenario's buckets are the chunks, bucket-major: chunk c of bucket b is sc->buckets[b * n + c].
 struct RingJob {
   uint32_t id;
   Scenario::Job spec;
@@ -326,9 +337,9 @@ struct RingJob {
   std::vector<Ptr<GradientHost>> hosts;  // by rank
   struct Member {
     uint32_t it = 0, finished = 0;      // buckets whose ring is done this iteration
-    std::vector<uint32_t> step;         // per bucket
-    std::vector<bool> sent;             // per bucket: this step's send completed
-    std::set<uint32_t> got;             // messages received (a neighbour may run ahead)
+    std::vector<bool> ready;            // per bucket: the backward pass filled it (step 0 went)
+    std::vector<uint32_t> received, sent;  // per bucket: steps received, sends completed
+    std::set<uint32_t> got;             // messages received not yet acted on (a neighbour may run ahead)
     double start = 0, computed = 0;
   };
   std::vector<Member> members;
@@ -347,38 +358,50 @@ struct RingJob {
     Member& m = members[i];
     m.it = it;
     m.finished = 0;
-    m.step.assign(B(), 0);
-    m.sent.assign(B(), false);
+    m.ready.assign(B(), false);
+    m.received.assign(B(), 0);
+    m.sent.assign(B(), 0);
     m.start = Simulator::Now().GetSeconds();
     m.computed = m.start + sc->computeS;
     for (uint32_t b = 0; b < B(); ++b) {
       double at = sc->computeS * (sc->ready.empty() ? 1.0 : sc->ready[b]);
       Simulator::Schedule(Seconds(at), [this, i, b, it]() {
-        if (members[i].it == it) Step(i, b);
+        Member& mm = members[i];
+        if (mm.it != it) return;
+        mm.ready[b] = true;
+        // Handed to the transport by the application: the host's software path, for step 0 and
+        // for the steps that receives which came before the bucket was ready release at once.
+        Step(i, b, 0, false);
+        for (uint32_t s = 0; s < Steps(); ++s) Take(i, b, s, false);
       });
     }
   }
 
-  void Step(uint32_t i, uint32_t b) {
+  void Step(uint32_t i, uint32_t b, uint32_t s, bool chained) {
     Member& m = members[i];
-    uint32_t n = N(), s = m.step[b];
+    uint32_t n = N();
     bool gather = s >= n - 1;
     uint32_t c = gather ? (i + 1 + n - (s - (n - 1)) % n) % n : (i + n - s % n) % n;
-    m.sent[b] = false;
     hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &sc->buckets[b * n + c],
-                                 gather ? spec.pullBound : spec.pushBound);
+                                 gather ? spec.pullBound : spec.pushBound, chained);
   }
 
-  void Advance(uint32_t i, uint32_t b) {
+  //! Act on the receive of step `s` of bucket `b` if it came and the bucket is ready: it
+  //! releases the send of step s + 1 (`chained`: inside the transport).
+  void Take(uint32_t i, uint32_t b, uint32_t s, bool chained) {
     Member& m = members[i];
-    if (m.step[b] >= Steps() || !m.sent[b]) return;
-    auto got = m.got.find(Msg(m.it, m.step[b], b));
+    if (!m.ready[b]) return;
+    auto got = m.got.find(Msg(m.it, s, b));
     if (got == m.got.end()) return;
     m.got.erase(got);
-    if (++m.step[b] < Steps()) {
-      Step(i, b);
-      return;
-    }
+    m.received[b]++;
+    if (s + 1 < Steps()) Step(i, b, s + 1, chained);
+    Done(i, b);
+  }
+
+  void Done(uint32_t i, uint32_t b) {
+    Member& m = members[i];
+    if (m.received[b] < Steps() || m.sent[b] < Steps()) return;
     if (++m.finished < B()) return;
     std::cout << "iter " << id << " " << i << " " << m.it << " " << m.start << " " << m.computed << " "
               << Simulator::Now().GetSeconds() << "\n";
@@ -395,15 +418,13 @@ struct RingJob {
     for (uint32_t i = 0; i < N(); ++i) {
       hosts[spec.workers[i]]->onReceived = [this, i](uint16_t, uint32_t msg) {
         members[i].got.insert(msg);
-        Advance(i, msg % B());
+        uint32_t per = Steps() * B(), it = msg / per, s = (msg % per) / B();
+        if (it == members[i].it) Take(i, msg % B(), s, true);
       };
       hosts[spec.workers[i]]->onSent = [this, i](uint16_t, uint32_t msg) {
         Member& m = members[i];
         uint32_t b = msg % B();
-        if (m.step[b] < Steps() && msg == Msg(m.it, m.step[b], b)) {
-          m.sent[b] = true;
-          Advance(i, b);
-        }
+        if (msg / (Steps() * B()) == m.it && ++m.sent[b] == Steps()) Done(i, b);
       };
     }
   }

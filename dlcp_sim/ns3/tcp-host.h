@@ -70,8 +70,8 @@ class TcpGradHost : public GradientHost {
     if (!m_tx[dst].sock) Open(dst);
   }
 
-  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double) override {
-    if (hostDelay.IsStrictlyPositive())
+  void Send(uint16_t dst, uint32_t msg, const MsgPlan* plan, double, bool chained) override {
+    if (hostDelay.IsStrictlyPositive() && !chained)
       Simulator::Schedule(hostDelay, &TcpGradHost::Start, this, dst, msg, plan->npkts);
     else
       Start(dst, msg, plan->npkts);

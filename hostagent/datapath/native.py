@@ -27,7 +27,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEO
                                         max_datagram)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
-from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER
+from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
 
@@ -65,7 +65,8 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "reorder": loss.reorder, "seed": loss.seed,
         "drain_stretch": meter.stretch, "drain_min_bytes": float(meter.min_bytes), "drain_fresh": meter.fresh,
         "behind_backlog": BEHIND_BACKLOG,
-        "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE, "max_busy_defer": MAX_BUSY_DEFER,
+        "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
+        "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
     }
 
 

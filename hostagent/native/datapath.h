@@ -100,7 +100,7 @@ struct Config {
     uint64_t seed = 0;
     // end of pass (hostagent.protocol.incoming.answer_grace's rule): a message past its bound
     // whose last packet came completes once no data of it came for its grace
-    double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2;
+    double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2, answer_gaps = 4;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
 };

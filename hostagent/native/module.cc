@@ -76,6 +76,7 @@ Config make_config(const nb::dict& d) {
     c.drain_stretch = get<double>(d, "drain_stretch");
     c.answer_grace = get<double>(d, "answer_grace");
     c.max_answer_grace = get<double>(d, "max_answer_grace");
+    c.answer_gaps = get<double>(d, "answer_gaps");
     c.max_busy_defer = get<double>(d, "max_busy_defer");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");

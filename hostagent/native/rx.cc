@@ -520,7 +520,7 @@ double Datapath::end_passes(double now, bool dry) {
         RxMsg* m = it->second;
         const Progress& p = m->prog;
         double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
-        double grace = std::max(cfg_.answer_grace, std::min(cfg_.max_answer_grace, 4 * gap));
+        double grace = std::max(cfg_.answer_grace, std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
         double due = p.last_arrival + grace + (dry ? 0.0 : cfg_.max_busy_defer);
         if (now >= due) {
             m->watched = false;

@@ -15,6 +15,8 @@ from hostagent.protocol.port import Progress, RxBuffers
 
 #: An end of pass is answered after at most this much quiet, however slowly data arrived.
 MAX_ANSWER_GRACE = 0.1
+#: ... and after at least this many of the message's own mean gaps between packets.
+ANSWER_GAPS = 4
 #: An answer waits for the receive socket to drain at most this long past its grace: a socket
 #: that a flood of junk keeps busy must not hold every answer back until the deadline. Long,
 #: because a receiver that is merely behind (descheduled on a loaded host) also has a busy
@@ -128,7 +130,7 @@ def answer_grace(floor: float, msg: Incoming) -> float:
     the first pass stands (the wait for retransmissions is not the message's pace).
     """
     gap = msg.pace if msg.pace is not None else packet_gap(msg)
-    return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, 4 * gap))
+    return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, ANSWER_GAPS * gap))
 
 
 def answer_due(msg: Incoming, now: float, floor: float, rx_busy: bool) -> bool:

@@ -13,6 +13,7 @@ from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANT
 from hostagent.clikit import number
 from hostagent.errors import UsageError
 from hostagent.ranges import Range
+from topologies.provenance import provenance
 from topologies.schemes import add_ecn_backlog_argument
 
 
@@ -27,6 +28,46 @@ def add_sim_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "(needs pip install -e '.[sim]')")
     add_sim_arguments(p)
     p.set_defaults(func=cmd_sim)
+    if "report" in sub.choices:
+        _extend_report(sub.choices["report"])
+
+
+def _extend_report(p: argparse.ArgumentParser) -> None:
+    """Let ``dlcp report`` read a simulator run's results.json too (the testbed's command cannot
+    import the simulator: it sits below it)."""
+    testbed = p.get_default("func")
+
+    def cmd_report(args: argparse.Namespace) -> int:
+        import json
+
+        from dlcp_sim.report import is_sim_results, markdown, slim
+
+        rest = []
+        for given in args.results:
+            path = Path(given) / "results.json" if Path(given).is_dir() else Path(given)
+            try:
+                results = json.loads(path.read_text())
+            except (OSError, ValueError):
+                rest.append(given)  # the testbed's command says what is wrong with it
+                continue
+            if not is_sim_results(results):
+                rest.append(given)
+                continue
+            source = str(given)
+            if args.slim:
+                out = Path(args.slim) / f"{path.parent.name}.json"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(slim(results), indent=1) + "\n")
+                source = str(out)
+            try:
+                print(markdown(results, source, args.against))
+            except ValueError as exc:
+                raise UsageError(f"--against: {exc}") from None
+        if rest:
+            return int(testbed(argparse.Namespace(**{**vars(args), "results": rest})))
+        return 0
+
+    p.set_defaults(func=cmd_report)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +124,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="every packet on an uplink costs a full packet's time (an ACK too), as on the testbed's "
                         "BMv2 ports, limited in packets per second")
     p.add_argument("--scheme", default="baseline,dlcp",
-                   help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections")
+                   help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections "
+                   "(with --gradient-tcp; tcp-dctcp, tcp-cubic, tcp-newreno name the variant)")
     p.add_argument("--seed", type=_checked("seed", int), default=d.seed, help="first seed")
     p.add_argument("--repeat", type=number(Range(1)), default=1,
                    help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")
@@ -114,7 +156,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print((Path(args.out) / "sweep.md").read_text(), end="")
         print(f"{len(rows)} rows in {args.out}/sweep.csv, figure {args.out}/sweep.png ({time.monotonic() - t0:.1f} s)")
         return 0
-    results = run(opts, args.repeat, Path(args.out) if args.out else None)
+    results = run(opts, args.repeat, Path(args.out) if args.out else None,
+                  provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z")))
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
           f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "
           f"{opts.iterations} iterations, {opts.link_gbps:g}/{opts.uplink_rate_gbps:g} Gb/s host/uplinks, "

@@ -220,10 +220,11 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
     return result
 
 
-def run(opts: SimOptions, repeat: int = 1, out: Path | None = None) -> dict[str, list[SchemeResult]]:
+def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
+        provenance: dict | None = None) -> dict[str, list[SchemeResult]]:
     """Every scheme of ``opts`` at seeds ``opts.seed .. opts.seed + repeat - 1`` (the seed draws
     the gradients and the flow hashes: which flows collide); with ``out``, writes
-    ``results.json`` there."""
+    ``results.json`` there (with ``provenance``: what made it, :mod:`topologies.provenance`)."""
     if repeat < 1:
         raise DlcpUserError("--repeat must be at least 1")
     results: dict[str, list[SchemeResult]] = {s: [] for s in opts.schemes}
@@ -233,7 +234,7 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None) -> dict[str,
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(
-            {"options": opts.to_dict(), "repeat": repeat, "summary": summary(results),
+            {"options": opts.to_dict(), "repeat": repeat, "provenance": provenance, "summary": summary(results),
              "runs": {s: [{**r.summary(), "iterations_detail": [asdict(i) for i in r.iterations],
                            "ports": [asdict(p) for p in r.ports]} for r in runs] for s, runs in results.items()}},
             indent=1))

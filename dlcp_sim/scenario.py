@@ -70,7 +70,15 @@ RANGES: dict[str, Range] = {
     "seed": Range(0),
 }
 
-SIM_ONLY_SCHEMES = {"tcp": "baseline"}
+#: Simulator-only schemes and the testbed scheme whose fabric they run on: ``tcp`` sends the
+#: baseline's messages over TCP connections with ``--gradient-tcp``'s congestion control, as gloo
+#: does; ``tcp-<variant>`` names the variant, so one run (one set of seeds) compares several.
+SIM_ONLY_SCHEMES = {"tcp": "baseline", **{f"tcp-{v}": "baseline" for v in TCP_VARIANTS}}
+
+
+def gradient_tcp(scheme: str, opts: SimOptions) -> str:
+    """The congestion control a TCP scheme's gradients use: its own variant, or ``--gradient-tcp``."""
+    return scheme[len("tcp-"):] if scheme.startswith("tcp-") else opts.gradient_tcp
 
 
 def sim_policy(scheme: str, opts: SimOptions) -> Policy:
@@ -425,8 +433,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         *([] if opts.host_model == "agent" else [f"answer_idle_us {idle:g}"]), f"probe_timeout_us {probe:g}",
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",
         f"iterations {opts.iterations}", f"compute_s {opts.compute_ms / 1e3:g}", f"seed {opts.seed}",
-        f"tcp {opts.background_tcp}", f"transport {'tcp' if scheme == 'tcp' else 'dlcp'}",
-        f"gradient_tcp {opts.gradient_tcp}",
+        f"tcp {opts.background_tcp}", f"transport {'tcp' if scheme in SIM_ONLY_SCHEMES else 'dlcp'}",
+        f"gradient_tcp {gradient_tcp(scheme, opts)}",
     ]
     lines.append("ready " + " ".join(f"{f:.6f}" for f in bucket_ready(opts, policy)))  # during backward
     for b in bucket_plans(opts, policy):

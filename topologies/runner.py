@@ -41,6 +41,7 @@ from hostagent.transport_config import bottleneck_timers
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
+from topologies.provenance import provenance
 from topologies.registry import REGISTRY, Registry
 from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, MIN_BUFFER, check_schemes, mechanisms, policy_for,
                                 split_label, wire_dtype_of)
@@ -478,20 +479,6 @@ def _counter_delta(before: dict, after: dict) -> dict:
         out[short(sw)] = {"ports": rows, "drop_reasons": {k: v for k, v in reasons.items() if v},
                           "selective_drops_by_class": {c: n for c, n in cls.items() if n}}
     return out
-
-
-def provenance(stamp: str) -> dict:
-    """What made a run, for its results page: the command line, the source commit (``-dirty``
-    with uncommitted changes; None outside a git checkout) and the start time."""
-    repo = Path(__file__).resolve().parents[1]
-    commit = None
-    if (repo / ".git").exists():
-        def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout.strip()
-        commit = git("rev-parse", "--short", "HEAD") or None
-        if commit and git("status", "--porcelain", "--untracked-files=no"):
-            commit += "-dirty"
-    return {"command": " ".join(["dlcp", *sys.argv[1:]]), "commit": commit, "started": stamp}
 
 
 def run(opts: RunOptions) -> tuple[Path, dict]:

@@ -43,6 +43,9 @@ def test_the_tcp_scheme_sends_over_tcp_through_the_baselines_switches():
     base, tcp = scenario_text(opts, "baseline"), scenario_text(opts, "tcp")
     assert _lines(tcp, "transport") == [["tcp"]] and _lines(base, "transport") == [["dlcp"]]
     assert _lines(tcp, "tcp") == [["cubic"]] and _lines(tcp, "gradient_tcp") == [["newreno"]]
+    # a variant named in the scheme: several in one run, on the same seeds
+    named = scenario_text(SimOptions(schemes=("tcp-cubic", "tcp-dctcp"), gradient_tcp="newreno"), "tcp-dctcp")
+    assert _lines(named, "transport") == [["tcp"]] and _lines(named, "gradient_tcp") == [["dctcp"]]
     drop = {"transport"}
     assert [line for line in tcp.splitlines() if line.split()[0] not in drop] == \
         [line for line in base.splitlines() if line.split()[0] not in drop]

@@ -1,0 +1,112 @@
+"""A simulator run's ``results.json`` as a results-page section (``dlcp report``).
+
+The testbed's runs have their own (:func:`topologies.results_table.markdown`); this is the same
+idea for ``dlcp sim --out``: what ran, with which command at which commit, and one table per
+run, computed from the per-seed results in the file, so no results page types a figure by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from topologies.stats import median_ci, paired_ratios, verdict
+
+
+#: How the TCP variants are written in prose.
+TCP_NAMES = {"dctcp": "DCTCP", "cubic": "Cubic", "newreno": "NewReno"}
+
+
+def is_sim_results(results: Any) -> bool:
+    """Whether ``results`` (a loaded results.json) came from ``dlcp sim`` (not ``dlcp run``)."""
+    return isinstance(results, dict) and "options" in results and "runs" in results
+
+
+def slim(results: dict) -> dict:
+    """The results without per-iteration records and per-port counters: small enough to keep
+    beside a results page, and all its tables need."""
+    runs = {s: [{k: v for k, v in r.items() if k not in ("iterations_detail", "ports")} for r in rs]
+            for s, rs in results["runs"].items()}
+    return {**results, "runs": runs}
+
+
+def describe(results: dict) -> str:
+    """One line: the fabric, the jobs, the workload and what else shaped the run."""
+    o = results["options"]
+    hosts = o["leaves"] * o["hosts_per_leaf"]
+    uplink = o["uplink_gbps"] or o["link_gbps"]
+    extra = [f"host model {o['host_model']}"]
+    if "tcp" in results["runs"]:
+        extra.append(f"`tcp` over {TCP_NAMES.get(o['gradient_tcp'], o['gradient_tcp'])}")
+    if o.get("background_load"):
+        extra.append(f"background load {o['background_load']:g} ({o['background_tcp']})")
+    if o.get("host_delay_us"):
+        extra.append(f"host delay {o['host_delay_us']:g} us")
+    if o.get("packet_slots"):
+        extra.append("packet-slot ports")
+    jobs = o["jobs"] or "every host in"
+    return (f"{hosts} hosts ({o['leaves']} leaves x {o['hosts_per_leaf']}, {o['spines']} spines), "
+            f"{o['link_gbps']:g}/{uplink:g} Gb/s host/uplinks, buffer {o['buffer']}; {jobs} {o['pattern']} job(s) "
+            f"of {o['workers']} workers, {o['model']} x {o['scale']:g}, {o['iterations']} iteration(s) "
+            f"({o['warmup']} warm-up); {results.get('repeat', '?')} seed(s); " + ", ".join(extra))
+
+
+def _ms(values: list[float]) -> str:
+    """Milliseconds to three significant figures or so, with the interval."""
+    est = median_ci([v for v in values if v is not None])
+    m = abs(est.median) if est.median == est.median else 0.0
+    return est.text("{:.0f}" if m >= 100 else "{:.1f}" if m >= 10 else "{:.2f}")
+
+
+def scheme_table(results: dict, against: str | None = None) -> tuple[str, list[str]]:
+    """The Markdown table and the verdict lines, speedups paired by seed with ``against``
+    (default: ``baseline`` when it ran, else the first scheme)."""
+    runs: dict[str, list[dict]] = results["runs"]
+    ref = against or ("baseline" if "baseline" in runs else next(iter(runs)))
+    if ref not in runs:
+        raise ValueError(f"no scheme {ref!r} in this run (it has {', '.join(runs)})")
+    head = ["scheme", "seeds", "sync p50 ms", "sync p99 ms", "p50 / bound", f"x {ref} (p50)", f"x {ref} (p99)",
+            "tail drops", "selective drops", "retransmitted", "late or duplicate", "missing %"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    calls = []
+    for scheme, rs in runs.items():
+        cells = [f"`{scheme}`", str(len(rs)), _ms([r["sync_p50_ms"] for r in rs]), _ms([r["sync_p99_ms"] for r in rs]),
+                 f"{np.median([r['sync_over_bound'] for r in rs]):.2f}" if all(r.get("sync_over_bound")
+                                                                              for r in rs) else "-"]
+        for key in ("p50", "p99"):
+            if scheme == ref:
+                cells.append("1")
+                continue
+            est = median_ci(paired_ratios([r[f"sync_{key}_ms"] for r in runs[ref]], [r[f"sync_{key}_ms"] for r in rs]))
+            cells.append(est.text("{:.2f}") + "x")
+            if key == "p50":
+                calls.append(f"`{scheme}` against `{ref}` (sync p50): {verdict(est)}, {est.text('{:.2f}')}x.")
+        cells += [f"{np.mean([r['tail_drops'] for r in rs]):,.0f}",
+                  f"{np.mean([sum(r['selective_drops']) for r in rs]):,.0f}",
+                  f"{np.mean([r['retransmitted'] for r in rs]):,.0f}",
+                  f"{np.mean([r['late'] + r['duplicates'] for r in rs]):,.0f}",
+                  f"{100 * np.mean([r['missing_fraction'] for r in rs]):.2f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows), calls
+
+
+def markdown(results: dict, source: str = "", against: str | None = None) -> str:
+    """The run as a results-page section: what ran, provenance, the table and its verdicts."""
+    prov = results.get("provenance") or {}
+    lines = [f"**Simulated**: {describe(results)}.", ""]
+    if prov:
+        lines += [f"Command: `{prov.get('command', '?')}` at commit {prov.get('commit', '?')}, "
+                  f"started {prov.get('started', '?')}.", ""]
+    if source:
+        lines += [f"Results file: `{source}`.", ""]
+    table, calls = scheme_table(results, against)
+    lines += [table, "", *calls, "",
+              "Medians over seeds, 95 % bootstrap intervals in brackets; speedups paired by seed (the seed draws "
+              "the gradients and which flows collide); drops, retransmissions and late packets are means of "
+              "per-seed totals; missing: the share of pushed packets zero-filled; the bound is the busiest "
+              "link's share of the iteration's packets at line rate."]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["describe", "is_sim_results", "markdown", "scheme_table", "slim"]

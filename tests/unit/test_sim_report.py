@@ -1,0 +1,58 @@
+"""``dlcp report`` on a simulator run's results.json: the table computed from the per-seed
+results in the file (no simulator needed: the results are written here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlcp.cli import main
+from dlcp_sim.report import is_sim_results, markdown, slim
+from dlcp_sim.scenario import SimOptions
+
+
+def _run(scheme: str, p50: float, **kw) -> dict:
+    return {"scheme": scheme, "sync_p50_ms": p50, "sync_p99_ms": 2 * p50, "sync_over_bound": p50 / 10,
+            "tail_drops": kw.get("tail", 0), "selective_drops": [0, 0, 0, kw.get("sel", 0), 0, 0, 0, 0],
+            "retransmitted": 5, "late": 1, "duplicates": 1, "missing_fraction": 0.01,
+            "iterations_detail": [{"x": 1}], "ports": [{"y": 2}]}
+
+
+def _results() -> dict:
+    return {"options": SimOptions(schemes=("baseline", "dlcp", "tcp")).to_dict(), "repeat": 3,
+            "provenance": {"command": "dlcp sim --repeat 3", "commit": "abc1234", "started": "2026-11-26"},
+            "runs": {"baseline": [_run("baseline", v, tail=9) for v in (20.0, 22.0, 24.0)],
+                     "dlcp": [_run("dlcp", v, sel=7) for v in (10.0, 11.0, 12.0)],
+                     "tcp": [_run("tcp", v) for v in (40.0, 44.0, 48.0)]}}
+
+
+def test_the_table_pairs_speedups_by_seed_against_the_chosen_scheme():
+    text = markdown(_results(), "data/x.json")
+    assert "`dlcp` | 3 | 11.0 [10.0, 12.0]" in text
+    assert "2.00 [2.00, 2.00]x" in text  # baseline / dlcp, seed by seed
+    assert "`dlcp` against `baseline` (sync p50): faster" in text
+    assert "commit abc1234" in text and "`tcp` over DCTCP" in text
+    against_tcp = markdown(_results(), against="tcp")
+    assert "x tcp (p50)" in against_tcp and "4.00 [4.00, 4.00]x" in against_tcp
+    with pytest.raises(ValueError, match="no scheme 'gloo'"):
+        markdown(_results(), against="gloo")
+
+
+def test_slim_keeps_what_the_tables_need(tmp_path):
+    small = slim(_results())
+    assert is_sim_results(small) and not is_sim_results({"schemes": []})
+    assert all("ports" not in r and "iterations_detail" not in r for rs in small["runs"].values() for r in rs)
+    assert markdown(small) == markdown(_results())
+
+
+def test_dlcp_report_reads_simulator_results_and_writes_them_slim(tmp_path, capsys):
+    run = tmp_path / "sim-run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(_results()))
+    assert main(["report", str(run), "--slim", str(tmp_path / "slim"), "--against", "tcp"]) == 0
+    out = capsys.readouterr().out
+    assert "**Simulated**" in out and "x tcp (p50)" in out
+    assert json.loads((tmp_path / "slim" / "sim-run.json").read_text())["runs"]["dlcp"][0].keys().isdisjoint({"ports"})
+    assert main(["report", str(run), "--against", "gloo"]) == 2  # a usage error, named
+    assert "--against: no scheme 'gloo'" in capsys.readouterr().err

@@ -120,6 +120,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tcp-min-rto-us", type=_checked("tcp_min_rto_us", float), default=d.tcp_min_rto_us,
                    help="TCP's minimum retransmission timeout, us (its delayed ACK: a fifth); Linux hosts, as on "
                         "the testbed: 200000")
+    p.add_argument("--tcp-ack-every", type=_checked("tcp_ack_every", int), default=d.tcp_ack_every,
+                   help="TCP receivers ACK every this many segments (default 2, delayed ACKs; nearest gloo's "
+                        "receivers on the testbed: 1)")
     p.add_argument("--packet-slots", action="store_true",
                    help="every packet on an uplink costs a full packet's time (an ACK too), as on the testbed's "
                         "BMv2 ports, limited in packets per second")

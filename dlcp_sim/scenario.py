@@ -67,6 +67,7 @@ RANGES: dict[str, Range] = {
     "control_bytes": Range(0),
     "host_delay_us": Range(0),
     "tcp_min_rto_us": Range(1),
+    "tcp_ack_every": Range(1, 16),
     "seed": Range(0),
 }
 
@@ -166,6 +167,11 @@ class SimOptions:
     microseconds; its delayed ACK is a fifth of it. The default is a data centre's 5 ms; Linux
     hosts, as on the testbed, use 200 ms (and delay ACKs by 40 ms): behind a slow bottleneck whose
     queue holds tens of milliseconds, 5 ms fires before the ACKs come and resends what was queued."""
+    tcp_ack_every: int = 2
+    """A TCP receiver ACKs every this many segments (the ``tcp`` scheme and background flows):
+    2 is the delayed-ACK rule; gloo's receivers on the testbed sent 0.77 ACKs per segment
+    (docs/results/sim-validation.md), nearer 1, and on ports that serve packets each ACK takes a
+    data packet's slot."""
     seed: int = 0
     """Draws the synthetic gradients (so the drop classes), the flow hashes (which flows share a
     spine) and ns-3's random streams; repetitions are seeds."""
@@ -424,6 +430,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"lb {policy.lb_mode}", f"top_priority {policy.top_priority}",
         f"datagram {opts.mtu - IP_UDP_OVERHEAD}", f"control_bytes {opts.control_bytes or HEADER_SIZE + 16}",
         f"host_delay_us {opts.host_delay_us:g}", f"tcp_min_rto_us {opts.tcp_min_rto_us:g}",
+        f"tcp_ack_every {opts.tcp_ack_every}",
         f"pad_to_bytes {opts.mtu if opts.packet_slots else 0}",
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",

@@ -63,6 +63,7 @@ struct Scenario {
   uint32_t seed = 0;  // varies the flow hashes (which flows collide) and ns-3's random streams
   std::string tcp = "dctcp";  // the background flows' TCP: dctcp, cubic or newreno
   double tcpMinRtoUs = 5000;
+  uint32_t tcpAckEvery = 2;  // a receiver ACKs every this many segments (ns-3's DelAckCount)
   uint32_t padToBytes = 0;  // packet_slots: a packet bound for an uplink is padded to this many bytes
   std::vector<BgFlow> flows;
   std::vector<MsgPlan> buckets;
@@ -199,6 +200,7 @@ Scenario Parse(std::istream& in) {
       ls >> sc.tcp;
       if (sc.tcp != "dctcp" && sc.tcp != "cubic" && sc.tcp != "newreno") Fail("tcp: dctcp, cubic or newreno");
     } else if (key == "tcp_min_rto_us") ls >> sc.tcpMinRtoUs;
+    else if (key == "tcp_ack_every") ls >> sc.tcpAckEvery;
     else if (key == "flow") {
       BgFlow fl;
       ls >> fl.id >> fl.src >> fl.dst >> fl.bytes >> fl.start;
@@ -464,6 +466,7 @@ int main(int argc, char** argv) {
   // one segment in flight (after a timeout) waits out the RTO for every segment, as the
   // receiver holds its ACK for a second segment that never comes.
   Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MicroSeconds(sc.tcpMinRtoUs / 5)));
+  Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(sc.tcpAckEvery));
   // TIME_WAIT lasts 2 MSL, 240 s by default: every closed background connection would keep its
   // endpoint for the whole simulation, and ns-3 finds a packet's socket by scanning a host's
   // endpoints one by one, so the cost of every segment grew with the flows already finished

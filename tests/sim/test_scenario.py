@@ -120,7 +120,8 @@ def test_jobs_span_leaves_and_never_share_a_host():
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
                                  {"jobs_placement": "random"}, {"host_model": "cubic"}, {"gradient_tcp": "bbr"},
                                  {"warmup": 3}, {"control_bytes": 10}, {"control_bytes": 1473},
-                                 {"host_delay_us": -1}, {"tcp_min_rto_us": 0}, {"mtu": 500}, {"mtu": 9217},
+                                 {"host_delay_us": -1}, {"tcp_min_rto_us": 0}, {"tcp_ack_every": 0},
+                                 {"mtu": 500}, {"mtu": 9217},
                                  {"ecn_backlog": "queue"}])
 def test_invalid_options_are_refused_by_name(bad):
     with pytest.raises(DlcpUserError):

@@ -445,8 +445,8 @@ double Datapath::send_credits(double now) {
         bool quiet = now - quiet_since >= cfg_.credit_quiet;
         bool due = (overrun && quiet) || (pending > 0 && (pending >= std::max<uint32_t>(1, grant / 4) || quiet));
         if (!due) {
-            double due = quiet_since + cfg_.credit_quiet;
-            wake = wake == 0 ? due : std::min(wake, due);
+            double at = quiet_since + cfg_.credit_quiet;
+            wake = wake == 0 ? at : std::min(wake, at);
             continue;
         }
         auto ait = peer_addr_.find(kv.first);

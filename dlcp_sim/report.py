@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from topologies.stats import median_ci, paired_ratios, verdict
+from dlcp_sim.run import SMALL_FLOW_BYTES
+from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
 #: How the TCP variants are written in prose.
@@ -91,6 +92,30 @@ def scheme_table(results: dict, against: str | None = None) -> tuple[str, list[s
     return "\n".join(rows), calls
 
 
+def background_table(results: dict) -> str:
+    """The background flows' completion times per scheme, over the flows that started while
+    every scheme of a seed still trained, with each scheme's ratio to the baseline's paired by
+    seed (below 1: its neighbours' flows finish sooner); empty without background traffic."""
+    rows = {s: r for s, r in (results.get("summary") or {}).items() if "fct_avg_ms" in r}
+    if not rows:
+        return ""
+
+    def cell(d: dict | None) -> str:
+        if not d:
+            return "-"
+        return Estimate(d["median"], d["ci_low"], d["ci_high"], d["n"]).text("{:.2f}")
+
+    head = ["scheme", "flows per seed", "FCT avg ms", "FCT p99 ms", "small-flow FCT p99 ms", "avg / baseline",
+            "p99 / baseline", "small p99 / baseline"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for scheme, r in rows.items():
+        out.append("| " + " | ".join([f"`{scheme}`", ", ".join(map(str, r.get("background_flows", []))),
+                                      cell(r.get("fct_avg_ms")), cell(r.get("fct_p99_ms")),
+                                      cell(r.get("small_fct_p99_ms")), cell(r.get("fct_avg_ms_ratio")),
+                                      cell(r.get("fct_p99_ms_ratio")), cell(r.get("small_fct_p99_ms_ratio"))]) + " |")
+    return "\n".join(out)
+
+
 def markdown(results: dict, source: str = "", against: str | None = None) -> str:
     """The run as a results-page section: what ran, provenance, the table and its verdicts."""
     prov = results.get("provenance") or {}
@@ -101,7 +126,13 @@ def markdown(results: dict, source: str = "", against: str | None = None) -> str
     if source:
         lines += [f"Results file: `{source}`.", ""]
     table, calls = scheme_table(results, against)
-    lines += [table, "", *calls, "",
+    lines += [table, "", *calls, ""]
+    background = background_table(results)
+    if background:
+        lines += ["Background flows that started while every scheme of a seed still trained "
+                  f"(small: <= {SMALL_FLOW_BYTES // 1000} KB):",
+                  "", background, ""]
+    lines += [
               "Medians over seeds, 95 % bootstrap intervals in brackets; speedups paired by seed (the seed draws "
               "the gradients and which flows collide); drops, retransmissions and late packets are means of "
               "per-seed totals; missing: the share of pushed packets zero-filled; the bound is the busiest "
@@ -109,4 +140,4 @@ def markdown(results: dict, source: str = "", against: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["describe", "is_sim_results", "markdown", "scheme_table", "slim"]
+__all__ = ["background_table", "describe", "is_sim_results", "markdown", "scheme_table", "slim"]

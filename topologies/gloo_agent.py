@@ -67,22 +67,47 @@ def interface_of(ip: str) -> str:
     raise RuntimeError(f"no interface of this host has address {ip}")
 
 
+#: The job's rendezvous store (worker 0 hosts it), kept past the process group for :func:`leave`.
+_STORE: Any = None
+#: How long :func:`leave` waits for the other workers to be done with the group.
+LEAVE_TIMEOUT = timedelta(seconds=60)
+
+
 def join(spec: dict, rank: int) -> None:
     """Join the job's gloo process group; the store is on worker 0's host."""
     import torch.distributed as dist
 
+    global _STORE
     os.environ["GLOO_SOCKET_IFNAME"] = interface_of(spec["peer_ips"][rank])
-    dist.init_process_group("gloo", init_method=f"tcp://{spec['peer_ips'][0]}:{spec['store_port']}", rank=rank,
-                            world_size=spec["workers"], timeout=timedelta(seconds=spec["deadline"] + 60))
+    timeout = timedelta(seconds=spec["deadline"] + 60)
+    _STORE = dist.TCPStore(spec["peer_ips"][0], spec["store_port"], spec["workers"], is_master=rank == 0,
+                           timeout=timeout)
+    dist.init_process_group("gloo", store=_STORE, rank=rank, world_size=spec["workers"], timeout=timeout)
+
+
+def _wait_count(key: str, n: int) -> None:
+    """Until ``n`` workers have added to ``key`` in the store (or LEAVE_TIMEOUT passed)."""
+    deadline = time.monotonic() + LEAVE_TIMEOUT.total_seconds()
+    while _STORE.add(key, 0) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def leave() -> None:
-    """Leave the group together: worker 0 hosts the store, and a worker still tearing down when
-    it is gone aborts (``terminate called without an active exception``, seen 1 run in 5)."""
+    """Leave the group together. Why more than a barrier: a worker that exits while another is
+    still destroying its group resets that one's gloo connections, and the other aborts
+    (``terminate called without an active exception``, 1 run in 5 with PowerSGD); and worker 0
+    hosts the store. So every worker destroys its group, waits until all have, and worker 0,
+    whose process holds the store, leaves last."""
     import torch.distributed as dist
 
+    world, rank = dist.get_world_size(), dist.get_rank()
     dist.barrier()
     dist.destroy_process_group()
+    _STORE.add("destroyed", 1)
+    _wait_count("destroyed", world)
+    _STORE.add("leaving", 1)
+    if rank == 0:
+        _wait_count("leaving", world)
 
 
 def register_hook(ddp: Any, hook: str | None) -> None:

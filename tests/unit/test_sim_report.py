@@ -56,3 +56,17 @@ def test_dlcp_report_reads_simulator_results_and_writes_them_slim(tmp_path, caps
     assert json.loads((tmp_path / "slim" / "sim-run.json").read_text())["runs"]["dlcp"][0].keys().isdisjoint({"ports"})
     assert main(["report", str(run), "--against", "gloo"]) == 2  # a usage error, named
     assert "--against: no scheme 'gloo'" in capsys.readouterr().err
+
+
+def test_background_flows_get_their_own_table_with_ratios_to_the_baseline():
+    est = {"median": 5.0, "ci_low": 4.0, "ci_high": 6.0, "n": 3}
+    ratio = {"median": 1.17, "ci_low": 1.11, "ci_high": 1.17, "n": 3}
+    results = _results()
+    results["summary"] = {"baseline": {"fct_avg_ms": est, "fct_p99_ms": est, "small_fct_p99_ms": est,
+                                       "background_flows": [400, 410, 420]},
+                          "dlcp": {"fct_avg_ms": est, "fct_p99_ms": est, "small_fct_p99_ms": est,
+                                   "fct_avg_ms_ratio": ratio, "background_flows": [400, 410, 420]}}
+    text = markdown(results)
+    assert "small-flow FCT p99 ms" in text and "| `dlcp` | 400, 410, 420 | 5.00 [4.00, 6.00]" in text
+    assert "1.17 [1.11, 1.17]" in text
+    assert "FCT avg ms" not in markdown(_results())  # no background traffic, no table

@@ -13,7 +13,7 @@ from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANT
 from hostagent.clikit import number
 from hostagent.errors import UsageError
 from hostagent.ranges import Range
-from topologies.provenance import provenance
+from topologies.provenance import provenance, results_file, write_slim
 from topologies.schemes import add_ecn_backlog_argument
 
 
@@ -44,7 +44,7 @@ def _extend_report(p: argparse.ArgumentParser) -> None:
 
         rest = []
         for given in args.results:
-            path = Path(given) / "results.json" if Path(given).is_dir() else Path(given)
+            path = results_file(given)
             try:
                 results = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -55,10 +55,7 @@ def _extend_report(p: argparse.ArgumentParser) -> None:
                 continue
             source = str(given)
             if args.slim:
-                out = Path(args.slim) / f"{path.parent.name}.json"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(slim(results), indent=1) + "\n")
-                source = str(out)
+                source = write_slim(args.slim, path, slim(results))
             try:
                 print(markdown(results, source, args.against))
             except ValueError as exc:

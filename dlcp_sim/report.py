@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dlcp_sim.run import SMALL_FLOW_BYTES
+from topologies.provenance import provenance_lines
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -118,13 +119,7 @@ def background_table(results: dict) -> str:
 
 def markdown(results: dict, source: str = "", against: str | None = None) -> str:
     """The run as a results-page section: what ran, provenance, the table and its verdicts."""
-    prov = results.get("provenance") or {}
-    lines = [f"**Simulated**: {describe(results)}.", ""]
-    if prov:
-        lines += [f"Command: `{prov.get('command', '?')}` at commit {prov.get('commit', '?')}, "
-                  f"started {prov.get('started', '?')}.", ""]
-    if source:
-        lines += [f"Results file: `{source}`.", ""]
+    lines = [f"**Simulated**: {describe(results)}.", "", *provenance_lines(results, source)]
     table, calls = scheme_table(results, against)
     lines += [table, "", *calls, ""]
     background = background_table(results)

@@ -10,13 +10,13 @@ import argparse
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
+from topologies.provenance import results_file, write_slim
 from topologies.schemes import add_ecn_backlog_argument
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from topologies.results_table import markdown, refresh_metrics, slim
 
     for given in args.results:
-        path = Path(given)
-        path = path / "results.json" if path.is_dir() else path
+        path = results_file(given)
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -62,10 +61,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         results = refresh_metrics(results)
         source = str(given)
         if args.slim:
-            out = Path(args.slim) / f"{path.parent.name}.json"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(slim(results), indent=1) + "\n")
-            source = str(out)
+            source = write_slim(args.slim, path, slim(results))
         if args.against:
             try:
                 results = against(results, args.against)

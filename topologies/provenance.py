@@ -23,3 +23,34 @@ def provenance(stamp: str) -> dict:
         if commit and git("status", "--porcelain", "--untracked-files=no"):
             commit += "-dirty"
     return {"command": " ".join(["dlcp", *sys.argv[1:]]), "commit": commit, "started": stamp}
+
+
+def provenance_lines(results: dict, source: str = "") -> list[str]:
+    """A results-page section's lines on what made it: the command and commit (when the results
+    record them) and the results file the tables come from."""
+    prov = results.get("provenance") or {}
+    lines = []
+    if prov:
+        lines += [f"Command: `{prov.get('command', '?')}` at commit {prov.get('commit', '?')}, "
+                  f"started {prov.get('started', '?')}.", ""]
+    if source:
+        lines += [f"Results file: `{source}`.", ""]
+    return lines
+
+
+def results_file(given: str) -> Path:
+    """The results.json a command line names: the file itself, or the one in a run directory."""
+    path = Path(given)
+    return path / "results.json" if path.is_dir() else path
+
+
+def write_slim(directory: str, path: Path, slim: dict) -> str:
+    """Keep ``slim`` (results without per-iteration records) as ``directory/<run>.json``, named for
+    the run directory of ``path``; returns where it went."""
+    import json
+
+    out = Path(directory) / f"{path.parent.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(slim, indent=1) + "\n")
+    return str(out)
+

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from topologies.provenance import provenance_lines
 from topologies.report import aggregate, describe, reference, scheme_metrics
 from topologies.stats import Estimate, versus
 
@@ -105,15 +106,10 @@ def slim(results: dict) -> dict:
 def markdown(results: dict, source: str = "") -> str:
     """The run as a results-page section: what ran, the table, the calls, provenance."""
     c = results.get("config", {})
-    prov = results.get("provenance") or {}
     targets = [r["tta_target"] for r in aggregate(results).values() if "tta_target" in r]
     target = f", target accuracy {100 * targets[0]:.2f} %" if targets else ""
-    lines = [f"**Run**: {describe(results)}; {c.get('iterations')} iterations{target}.", ""]
-    if prov:
-        lines += [f"Command: `{prov.get('command', '?')}` at commit {prov.get('commit', '?')}, "
-                  f"started {prov.get('started', '?')}.", ""]
-    if source:
-        lines += [f"Results file: `{source}`.", ""]
+    lines = [f"**Run**: {describe(results)}; {c.get('iterations')} iterations{target}.", "",
+             *provenance_lines(results, source)]
     lines.append(scheme_table(results))
     calls = verdicts(results)
     if calls:

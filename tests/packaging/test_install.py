@@ -1,15 +1,17 @@
 """DLCP stands alone: a non-editable install into a new venv trains from any directory.
 
-The slow test builds the wheel (the C++ data path through scikit-build-core and nanobind, from
-the package index) into a fresh venv with only the ``torch``, ``mnist1d`` and ``converge``
-extras, and runs ``dlcp converge`` from outside the source tree, so nothing installed may lean
-on the checkout (``examples/``, ``p4/``, a ``PYTHONPATH``). The fast tests guard the same
-property without building anything.
+The slow tests build the wheel once (the C++ data path through scikit-build-core and nanobind,
+from the package index) and install it into new venvs: one with only the ``torch``, ``mnist1d``
+and ``converge`` extras runs ``dlcp converge`` from outside the source tree; one with the
+``testbed`` extra runs ``dlcp run --workload mnist1d`` on BMv2 switches (root, BMv2 and Mininet
+present). So nothing installed may lean on the checkout (``examples/``, ``p4/``, a
+``PYTHONPATH``). The fast tests guard the same property without building anything.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -78,12 +80,12 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory) -> Path:
-    """A new venv with torch's CPU build and ``dlcp[torch,mnist1d,converge]`` built from this
-    checkout, not editable; skips (one line) when building or fetching cannot happen here."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout, built once (not editable) for every venv below; skips (one line)
+    when building or fetching cannot happen here."""
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to build the data path")
-    root = tmp_path_factory.mktemp("install")
+    root = tmp_path_factory.mktemp("wheel")
     try:
         venv.EnvBuilder(with_pip=True).create(root / "venv")
     except (subprocess.CalledProcessError, OSError) as exc:
@@ -92,21 +94,44 @@ def fresh_venv(tmp_path_factory) -> Path:
     probe = _run(pip + ["download", "--no-deps", "-d", root / "probe", "nanobind", "scikit-build-core"], root, 300)
     if probe.returncode != 0:
         pytest.skip("the package index is unreachable (the build needs nanobind and scikit-build-core from it)")
+    # a build directory of its own, so the checkout's editable build (build/) is neither reused nor touched
+    built = _run(pip + ["wheel", "--no-deps", "-C", f"build-dir={root / 'build'}", "-w", root / "dist", REPO],
+                 root, 1200)
+    assert built.returncode == 0, f"pip wheel {REPO} failed: {_tail(built)}"
+    (found,) = (root / "dist").glob("dlcp-*.whl")
+    return found
+
+
+def _venv_with(wheel: Path, root: Path, extras: str) -> Path:
+    """A new venv under ``root`` with torch's CPU build and ``dlcp[extras]`` from ``wheel``."""
+    venv.EnvBuilder(with_pip=True).create(root / "venv")
+    pip = [root / "venv" / "bin" / "python", "-m", "pip"]
     got_torch = _run(pip + ["install", TORCH], root, 900)
     if got_torch.returncode != 0:
         pytest.skip(f"cannot install {TORCH} here: {got_torch.stderr.strip().splitlines()[-1:]}")
-    # a build directory of its own, so the checkout's editable build (build/) is neither reused nor touched
-    built = _run(pip + ["install", "-C", f"build-dir={root / 'build'}", f"{REPO}[{EXTRAS}]"], root, 1200)
-    assert built.returncode == 0, f"pip install {REPO}[{EXTRAS}] failed: {_tail(built)}"
+    got = _run(pip + ["install", f"dlcp[{extras}] @ {wheel.as_uri()}"], root, 900)
+    assert got.returncode == 0, f"pip install {wheel.name}[{extras}] failed: {_tail(got)}"
     return root / "venv"
+
+
+def _outside_env(venv_dir: Path, tmp_path: Path) -> dict[str, str]:
+    """The environment of a user of ``venv_dir``: its programs first, no source tree on the path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}", DLCP_CACHE_DIR=str(tmp_path / "cache"))
+    return env
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(wheel, tmp_path_factory) -> Path:
+    """A training environment: torch's CPU build and ``dlcp[torch,mnist1d,converge]``."""
+    return _venv_with(wheel, tmp_path_factory.mktemp("install"), EXTRAS)
 
 
 @pytest.mark.packaging
 @pytest.mark.timeout(2400)
 def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_directory(fresh_venv, tmp_path):
     bin_ = fresh_venv / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(PATH=f"{bin_}{os.pathsep}{env.get('PATH', '')}", DLCP_CACHE_DIR=str(tmp_path / "cache"))
+    env = _outside_env(fresh_venv, tmp_path)
     # installed, compiled, and without the source tree or what a training environment does not need
     code = ("import importlib.util as u, hostagent, hostagent._datapath, dlcp_torch.workloads; "
             "print(hostagent.__file__); "
@@ -137,3 +162,37 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     assert "study directory" in proc.stdout
     assert (out / "converge.csv").exists() and (out / "converge.md").exists()
     assert (out / "accuracy-vs-bound.png").exists()
+
+
+#: Debian's Mininet (not on the package index); the Makefile links it into its venv the same way.
+MININET = Path("/usr/lib/python3/dist-packages/mininet")
+
+
+@pytest.mark.packaging
+@pytest.mark.bmv2
+@pytest.mark.root
+@pytest.mark.timeout(2400)
+def test_a_non_editable_install_runs_the_testbed_from_any_directory(wheel, tmp_path):
+    """``dlcp run --workload mnist1d`` on BMv2 switches from an installed copy: the P4 program,
+    the agents and the workload all come from the venv, none from the checkout."""
+    if not MININET.is_dir():
+        pytest.skip(f"needs Debian's Mininet package ({MININET})")
+    venv_dir = _venv_with(wheel, tmp_path / "install", "torch,mnist1d,testbed")
+    (site,) = (venv_dir / "lib").glob("python3*/site-packages")
+    (site / "mininet").symlink_to(MININET)
+    env = _outside_env(venv_dir, tmp_path)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    out = tmp_path / "runs"
+    proc = _run([venv_dir / "bin" / "dlcp", "run", "--topology", "star", "--workers", "2", "--workload", "mnist1d",
+                 "--iterations", "4", "--eval-every", "2", "--capacity", "5000", "--quiet", "--out", out],
+                cwd, 900, env)
+    assert proc.returncode == 0, _tail(proc)
+    (run_dir,) = out.iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["config"]["workload"] == "mnist1d", results["config"]
+    ran = {r["scheme"]: len(r["iterations"]) for r in results["schemes"]}
+    assert set(ran) == {"baseline", "dlcp"} and min(ran.values()) >= 4, ran
+    # no agent fell back on the checkout (a traceback would name its files)
+    logs = "\n".join(p.read_text(errors="replace") for p in run_dir.rglob("*.log"))
+    assert str(REPO) not in logs, "an agent ran code from the source tree"

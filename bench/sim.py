@@ -24,6 +24,7 @@ import time
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
+from hostagent.exchange import PATTERNS
 
 TARGET_S = 600.0
 
@@ -43,7 +44,7 @@ def main() -> None:
     ap.add_argument("--buffer", type=int, default=17,
                     help="switch port buffer in packets (default 17: 153 KB at MTU 9000)")
     ap.add_argument("--background-load", type=float, default=0.5)
-    ap.add_argument("--pattern", default="ps", choices=("ps", "ring"))
+    ap.add_argument("--pattern", default="ps", choices=PATTERNS)
     ap.add_argument("--schemes", default="dlcp,baseline")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

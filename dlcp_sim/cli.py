@@ -9,17 +9,15 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from dlcp_sim.scenario import HOST_MODELS, MODELS, PATTERNS, RANGES, TCP_VARIANTS, SimOptions
-from hostagent.clikit import number
+from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.errors import UsageError
-from hostagent.ranges import Range
 from topologies.provenance import provenance, results_file, write_slim
-from topologies.schemes import add_ecn_backlog_argument
+from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 
 
 def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
     """The parse-time check of a :class:`SimOptions` field's option, from its one range."""
-    return number(RANGES[field], kind)
+    return checked(RANGES, field, kind)
 
 
 def add_sim_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,24 +76,13 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="leaf-spine links' rate (default: 0, as --link-gbps)")
     p.add_argument("--link-delay-us", type=_checked("link_delay_us", float), default=d.link_delay_us,
                    help="every link's delay")
-    p.add_argument("--buffer", type=_checked("buffer", int), default=d.buffer, help="switch port buffer, packets")
-    p.add_argument("--pattern", choices=PATTERNS, default=d.pattern,
-                   help="parameter server (one server per job) or ring allreduce")
+    add_shared_arguments(p, d, RANGES, SYNTHETIC_WORKLOADS, policy_file=False)
     p.add_argument("--workers", type=_checked("workers", int), default=d.workers, help="workers per job")
     p.add_argument("--jobs", type=_checked("jobs", int), default=d.jobs, help="jobs at once; 0 fills the hosts")
-    p.add_argument("--jobs-placement", choices=("spread", "packed"), default=d.jobs_placement,
+    p.add_argument("--jobs-placement", choices=JOB_PLACEMENTS, default=d.jobs_placement,
                    help="jobs take hosts over the leaves in turn (spread) or leaf by leaf (packed)")
-    p.add_argument("--workload", "--model", dest="model", choices=MODELS, default=d.model,
-                   help="the gradient profile every worker exchanges (as dlcp run's --workload)")
-    p.add_argument("--scale", type=_checked("scale", float), default=d.scale, help="multiply every tensor's size")
-    p.add_argument("--iterations", type=_checked("iterations", int), default=d.iterations)
     p.add_argument("--warmup", type=_checked("warmup", int), default=d.warmup,
                    help="first iterations left out of the statistics")
-    p.add_argument("--compute-ms", type=_checked("compute_ms", float), default=d.compute_ms,
-                   help="backward time; buckets leave (or their rings start) as they fill during it")
-    add_ecn_backlog_argument(p)
-    p.add_argument("--loss-bound", type=_checked("loss_bound", float), default=d.loss_bound,
-                   help="p of DLCP's pushes")
     p.add_argument("--mtu", type=_checked("mtu", int), default=d.mtu)
     p.add_argument("--host-model", choices=HOST_MODELS, default=d.host_model,
                    help="hosts' rate-control loop: dctcp (reports every 16 packets, default) or agent (the host "
@@ -127,8 +114,6 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated, as for dlcp run, and tcp: the baseline's messages over TCP connections "
                    "(with --gradient-tcp; tcp-dctcp, tcp-cubic, tcp-newreno name the variant)")
     p.add_argument("--seed", type=_checked("seed", int), default=d.seed, help="first seed")
-    p.add_argument("--repeat", type=number(Range(1)), default=1,
-                   help="seeds per scheme (the gradients and which flows collide); >= 3 gives 95%% intervals")
     p.add_argument("--out", default=None, help="directory for results.json")
     p.add_argument("--sweep", default=None, metavar="OPTION=V1,V2,...",
                    help="run once per value of one option (e.g. background_load=0.2,0.5,0.8 or leaves=1,4,9) and "
@@ -159,7 +144,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     results = run(opts, args.repeat, Path(args.out) if args.out else None,
                   provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z")))
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
-          f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.model} x {opts.scale:g}, "
+          f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.workload} x {opts.scale:g}, "
           f"{opts.iterations} iterations, {opts.link_gbps:g}/{opts.uplink_rate_gbps:g} Gb/s host/uplinks, "
           f"buffer {opts.buffer}, background load {opts.background_load:g} ({opts.background_tcp}), "
           f"{args.repeat} seed(s)")

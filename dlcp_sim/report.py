@@ -48,9 +48,10 @@ def describe(results: dict) -> str:
     if o.get("packet_slots"):
         extra.append("packet-slot ports")
     jobs = o["jobs"] or "every host in"
+    workload = o.get("workload", o.get("model"))  # results written before the field was renamed say model
     return (f"{hosts} hosts ({o['leaves']} leaves x {o['hosts_per_leaf']}, {o['spines']} spines), "
             f"{o['link_gbps']:g}/{uplink:g} Gb/s host/uplinks, buffer {o['buffer']}; {jobs} {o['pattern']} job(s) "
-            f"of {o['workers']} workers, {o['model']} x {o['scale']:g}, {o['iterations']} iteration(s) "
+            f"of {o['workers']} workers, {workload} x {o['scale']:g}, {o['iterations']} iteration(s) "
             f"({o['warmup']} warm-up); {results.get('repeat', '?')} seed(s); " + ", ".join(extra))
 
 

@@ -17,50 +17,45 @@ import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError, UsageError
-from hostagent.model_profiles import PROFILES
+from hostagent.exchange import PATTERNS
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
-from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy, drop_classes, packet_magnitudes
+from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig, bottleneck_timers
 from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
 from topologies.bound import job_traffic, port_loads
-from topologies.schemes import MIN_BUFFER, check_schemes, policy_for
+from topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
+from topologies.schemes import check_schemes, policy_for
 from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
 from topologies.workload import worker_plan
 
-#: Model profiles the simulator can send (hostagent.model_profiles).
-MODELS = tuple(PROFILES)
-#: Exchange patterns, as the testbed's ``--pattern``.
-PATTERNS = ("ps", "ring")
 #: TCP variants of the background flows and of the ``tcp`` scheme (ns-3's TcpDctcp, TcpCubic,
 #: TcpNewReno).
 TCP_VARIANTS = ("dctcp", "cubic", "newreno")
 #: The hosts' rate-control loops (:attr:`SimOptions.host_model`).
 HOST_MODELS = ("dctcp", "agent")
+#: How jobs take hosts (:attr:`SimOptions.jobs_placement`).
+JOB_PLACEMENTS = ("spread", "packed")
 #: Schemes only the simulator has, and the testbed scheme whose switches they run over. ``tcp``
 #: sends the same messages over one TCP connection per pair of hosts (``--gradient-tcp``:
 #: DCTCP by default), as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
 #: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h).
 #: The allowed values of every numeric option of the simulator: checked by
-#: :class:`SimOptions` and by ``dlcp sim``'s parser as the options are typed.
+#: :class:`SimOptions` and by ``dlcp sim``'s parser as the options are typed. What the testbed
+#: takes too is :data:`topologies.options.COMMON_RANGES`.
 RANGES: dict[str, Range] = {
+    **{k: v for k, v in COMMON_RANGES.items() if k != "repeat"},  # repeat: seeds, an argument of run()
     "leaves": Range(1, 250),  # addresses 10.leaf.host.2
     "spines": Range(1, 250),
     "hosts_per_leaf": Range(1, 250),
     "link_gbps": Range(0, lo_open=True),
     "uplink_gbps": Range(0),  # 0: as link_gbps
     "link_delay_us": Range(0),
-    "buffer": Range(MIN_BUFFER, MAX_QUEUE_DEPTH),
     "workers": Range(1),
     "jobs": Range(0),  # 0: as many as fit
-    "scale": Range(0, lo_open=True),
-    "iterations": Range(1),
-    "compute_ms": Range(0),
-    "loss_bound": LOSS_BOUND,
-    "mtu": Range(576, 9216),  # 1500 Ethernet, 9000 jumbo frames
     "warmup": Range(0),
     "background_load": Range(0, 1, hi_open=True),
     "background_ms": Range(0),
@@ -75,6 +70,14 @@ RANGES: dict[str, Range] = {
 #: baseline's messages over TCP connections with ``--gradient-tcp``'s congestion control, as gloo
 #: does; ``tcp-<variant>`` names the variant, so one run (one set of seeds) compares several.
 SIM_ONLY_SCHEMES = {"tcp": "baseline", **{f"tcp-{v}": "baseline" for v in TCP_VARIANTS}}
+
+#: The choice options of the simulator and their allowed values (the workload and pattern are
+#: the testbed's: :mod:`topologies.options`).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "workload": SYNTHETIC_WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
+    "jobs_placement": JOB_PLACEMENTS, "host_model": HOST_MODELS, "background_tcp": TCP_VARIANTS,
+    "gradient_tcp": TCP_VARIANTS,
+}
 
 
 def gradient_tcp(scheme: str, opts: SimOptions) -> str:
@@ -112,7 +115,8 @@ class SimOptions:
     """Jobs at once; 0 fills the hosts with as many jobs as fit."""
     jobs_placement: str = "spread"
     """How jobs take hosts: ``spread`` over the leaves in turn, or ``packed`` leaf by leaf."""
-    model: str = "resnet50"
+    workload: str = "resnet50"
+    """The model profile every worker's gradients have (synthetic: the simulator trains nothing)."""
     scale: float = 0.01
     """Fraction of the model's tensor sizes (as the testbed's ``--scale``)."""
     iterations: int = 3
@@ -178,29 +182,14 @@ class SimOptions:
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes, tuple(SIM_ONLY_SCHEMES))
-        if self.jobs_placement not in ("spread", "packed"):
-            raise UsageError(f"--jobs-placement {self.jobs_placement!r}: spread or packed")
-        if self.pattern not in PATTERNS:
-            raise UsageError(f"--pattern {self.pattern!r}: choose one of {list(PATTERNS)}")
+        check_options(self, RANGES, CHOICES)
         if self.pattern == "ring" and self.workers < 2:
             raise UsageError("--workers: a ring needs at least 2")
-        if self.model not in MODELS:
-            raise UsageError(f"--model {self.model!r}: the simulator sends model profiles {list(MODELS)}")
-        for name, rng in RANGES.items():
-            rng.check(f"--{name.replace('_', '-')}", getattr(self, name))
         if self.warmup >= self.iterations:
             raise UsageError("--warmup must leave at least one measured iteration")
-        if self.host_model not in HOST_MODELS:
-            raise UsageError(f"--host-model {self.host_model!r}: choose one of {list(HOST_MODELS)}")
-        for name in ("background_tcp", "gradient_tcp"):
-            if getattr(self, name) not in TCP_VARIANTS:
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
-                                 f"choose one of {list(TCP_VARIANTS)}")
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
             raise UsageError(f"--control-bytes must hold a DLCP header and fit a datagram: "
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
-        if self.ecn_backlog not in ECN_BACKLOGS:
-            raise UsageError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
         if len(self.placement()) == 0:
             server = " and a server" if self.pattern == "ps" else ""
             raise UsageError(f"{self.hosts} hosts hold no job of {self.workers} workers{server}")
@@ -249,7 +238,7 @@ class BucketPlan:
 
 def _worker_plan(opts: SimOptions, policy: Policy) -> tuple[list[int], np.ndarray, list[Bucket]]:
     """One worker's (tensor sizes, priorities, buckets), as the testbed agent plans them."""
-    return worker_plan({"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}, policy)
+    return worker_plan({"model": opts.workload, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}, policy)
 
 
 def _plan(flat: np.ndarray, layout: Layout, per: int, policy: Policy) -> BucketPlan:

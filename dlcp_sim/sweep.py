@@ -139,7 +139,7 @@ def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path
     rows = run_values(out, values, run_one)
     (out / "sweep.md").write_text(markdown(rows, name))
     title = (f"dlcp sim: {base.hosts} hosts ({base.leaves} leaves x {base.hosts_per_leaf}, {base.spines} spines), "
-             f"{base.pattern} jobs of {base.workers}, {base.model} x {base.scale:g}, {repeat} seed(s) per point"
+             f"{base.pattern} jobs of {base.workers}, {base.workload} x {base.scale:g}, {repeat} seed(s) per point"
              + (", bars: 95 % intervals" if repeat >= 3 else ""))
     plot(out / "sweep.png", rows, name, title)
     return rows

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hostagent import wire
-from hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
+from hostagent.exchange import PATTERNS, Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy, layer_priorities
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # torch is imported where it is used: a testbed agent exchang
 
 log = logging.getLogger(__name__)
 
-PATTERNS = ("ps", "ring")
 #: Element types gradients may travel in (``DLCPState(wire_dtype=...)``).
 WIRE_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                                      "bfloat16": wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]}

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 
+from hostagent.exchange import PATTERNS
 from hostagent.model_profiles import PROFILES
 from dlcp_torch.workloads.synthetic import SyntheticConfig, run, run_local
 
@@ -24,7 +25,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--model", default="resnet50", choices=sorted(PROFILES))
     ap.add_argument("--scale", type=float, default=0.1, help="multiply every tensor's size (1 = the real model)")
-    ap.add_argument("--pattern", choices=["ps", "ring"], default="ps")
+    ap.add_argument("--pattern", choices=PATTERNS, default="ps")
     ap.add_argument("--bound", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--mtu", type=int, default=9000)

@@ -17,7 +17,7 @@ from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.provenance import results_file, write_slim
-from topologies.schemes import add_ecn_backlog_argument
+from topologies.options import WORKLOADS, add_shared_arguments, checked
 
 if TYPE_CHECKING:
     from topologies.runner import RunOptions
@@ -160,13 +160,13 @@ def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
     """The parse-time check of a :class:`RunOptions` field's option, from its one range."""
     from topologies.runner import RANGES
 
-    return number(RANGES[field], kind)
+    return checked(RANGES, field, kind)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of one testbed experiment (shared by run, sweep and calibrate); defaults are
     :class:`RunOptions`' and every number is checked against its :data:`RANGES` as it is parsed."""
-    from topologies.runner import RunOptions, WORKLOADS
+    from topologies.runner import RANGES, RunOptions
 
     d = RunOptions()
     p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default=d.topology)
@@ -179,34 +179,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default=d.reference, metavar="SCHEME",
                    help="the scheme speedups and the default accuracy target are against (default: gloo when "
                         "it runs, else baseline)")
-    p.add_argument("--iterations", type=_checked("iterations"), default=d.iterations)
-    p.add_argument("--workload", choices=list(WORKLOADS), default=d.workload,
-                   help="synthetic gradients with this model's per-tensor sizes, or real "
-                   "training on digits or MNIST-1D (needs pip install -e '.[mnist1d]')")
-    p.add_argument("--pattern", choices=["ps", "ring"], default=d.pattern,
-                   help="DLCP's pattern for a scheme that does not name one")
-    p.add_argument("--scale", type=_checked("scale", float), default=d.scale,
-                   help="multiply every tensor's size")
-    p.add_argument("--compute-ms", type=_checked("compute_ms", float), default=d.compute_ms,
-                   help="simulated backward time per iteration (synthetic workloads)")
+    add_shared_arguments(p, d, RANGES, WORKLOADS, policy_file=True)
     p.add_argument("--capacity", type=_capacity, default=str(d.capacity_pps),
                    help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
                         "(dlcp calibrate)")
-    p.add_argument("--buffer", type=_checked("buffer"), default=d.buffer, help="bottleneck buffer, packets")
     p.add_argument("--policy", type=_policy_file, default=None, metavar="FILE",
                    help="a policy file (YAML or JSON, as dlcp policy check reads): each scheme keeps what of it "
                         "that scheme turns on (default: DLCP's defaults, thresholds from --buffer)")
-    p.add_argument("--loss-bound", type=_checked("loss_bound", float), default=None, metavar="P",
-                   help="p of the bounded schemes' pushes: a message completes once (1-p) of it arrived "
-                        f"(default: the --policy file's loss_bound_push, else {d.loss_bound:g})")
-    add_ecn_backlog_argument(p, default=None)
     p.add_argument("--cross-traffic", choices=["on", "off"], default="on" if d.cross_traffic else "off")
     p.add_argument("--cross-rate", type=_checked("cross_rate", float), default=d.cross_rate,
                    help="UDP cross traffic while on, as a fraction of the bottleneck capacity")
     p.add_argument("--cross-priority", type=_checked("cross_priority"), default=d.cross_priority, metavar="QUEUE",
                    help="switch queue of the cross traffic under priority queueing (default: best effort, 0)")
-    p.add_argument("--repeat", type=_checked("repeat"), default=d.repeat,
-                   help="runs per scheme, interleaved; >= 3 gives 95%% confidence intervals")
     p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
                    default=d.calibration_iterations,
                    help="communication-only iterations for the ordering efficiency E")

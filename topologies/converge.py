@@ -28,13 +28,13 @@ from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 
 from hostagent.errors import DlcpUserError, UsageError
+from hostagent.exchange import PATTERNS
 from hostagent.lossmodel import PROBABILITY
 from hostagent.policy import LOSS_BOUND
 from hostagent.ranges import Range
 from topologies.stats import CONFIDENCE
 from topologies.tta import time_to_accuracy
 
-PATTERNS = ("ps", "ring")
 #: A bounded configuration meets the issue's target when it is within this of lossless (0.5 points).
 TOLERANCE = 0.005
 

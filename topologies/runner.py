@@ -34,7 +34,8 @@ from pathlib import Path
 from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.model_profiles import PROFILES
-from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_PRIORITIES, MAX_QUEUE_DEPTH, Policy
+from hostagent.exchange import PATTERNS
+from hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, Policy
 from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
 from hostagent.transport_config import bottleneck_timers
@@ -43,16 +44,15 @@ from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from topologies.provenance import provenance
 from topologies.registry import REGISTRY, Registry
-from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, MIN_BUFFER, check_schemes, mechanisms, policy_for,
-                                split_label, wire_dtype_of)
+from topologies.options import COMMON_RANGES, WORKLOADS, check_options
+from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
+                                wire_dtype_of)
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
 from topologies.validity import RunMonitor, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
 
-#: Synthetic gradients with a real model's tensor sizes, or real PyTorch training (digits, mnist1d).
-WORKLOADS = tuple(PROFILES) + TRAINING_WORKLOADS
 PYTHON = sys.executable
 
 
@@ -123,37 +123,21 @@ class RunOptions:
         if "powersgd" in names and self.workload not in TRAINING_WORKLOADS:
             raise UsageError(f"scheme powersgd compresses a real model's gradients: it needs a training workload "
                              f"({', '.join(TRAINING_WORKLOADS)}), not {self.workload!r}")
-        if self.workload not in WORKLOADS:
-            raise UsageError(f"unknown workload {self.workload!r}; one of {list(WORKLOADS)}")
-        if self.pattern not in ("ps", "ring"):
-            raise UsageError("--pattern must be ps or ring")
-        if self.datapath not in ("native", "numpy"):
-            raise UsageError(f"--datapath must be native or numpy, got {self.datapath!r}")
+        check_options(self, RANGES, CHOICES)
         available = tcp_congestion_controls()
         if available is not None and self.host_tcp not in available:
             raise UsageError(f"--host-tcp {self.host_tcp!r}: this kernel has {sorted(available)} "
                              f"(another may load with modprobe tcp_{self.host_tcp})")
-        for name, rng in RANGES.items():
-            value = getattr(self, name)
-            if value is not None:
-                rng.check(option_name(name), value)
-        if self.ecn_backlog not in ECN_BACKLOGS:
-            raise UsageError(f"--ecn-backlog must be one of {list(ECN_BACKLOGS)}, got {self.ecn_backlog!r}")
 
 
 #: The allowed values of every numeric option of a run: checked by :meth:`RunOptions.validate`
 #: and by ``dlcp run``'s parser as the options are typed (a field set to None is not checked).
+#: What the simulator takes too is :data:`topologies.options.COMMON_RANGES`.
 RANGES: dict[str, Range] = {
+    **COMMON_RANGES,
     "workers": Range(2, 7),
-    "iterations": Range(1),
-    "scale": Range(0, lo_open=True),
-    "compute_ms": Range(0),
     "capacity_pps": Range(10),
-    "buffer": Range(MIN_BUFFER, MAX_QUEUE_DEPTH),
     "cross_rate": Range(0, 1),
-    "mtu": Range(576, 9216),
-    "loss_bound": LOSS_BOUND,
-    "repeat": Range(1, 100),
     "calibration_iterations": Range(1, 20),
     "cross_priority": Range(0, MAX_PRIORITIES - 1),
     "target_accuracy": Range(0, 1, lo_open=True),
@@ -170,9 +154,9 @@ def tcp_congestion_controls() -> set[str] | None:
         return None
 
 
-def option_name(field: str) -> str:
-    """The ``dlcp run`` option that sets a :class:`RunOptions` field (``capacity_pps`` -> ``--capacity``)."""
-    return {"capacity_pps": "--capacity"}.get(field, "--" + field.replace("_", "-"))
+#: The choice options of a run and their allowed values.
+CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
+                                       "datapath": ("native", "numpy")}
 
 
 def reference_scheme(opts: RunOptions) -> str | None:

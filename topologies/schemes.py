@@ -14,11 +14,11 @@ DLCP's PS and ring run beside gloo's ring in one interleaved run.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from hostagent.errors import DlcpUserError
-from hostagent.policy import ECN_BACKLOGS, Policy
+from hostagent.exchange import PATTERNS
+from hostagent.policy import Policy
 
 #: Which mechanisms each scheme turns on.
 SCHEMES: dict[str, dict[str, bool]] = {
@@ -38,10 +38,6 @@ GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "power
 #: Each DLCP scheme with its gradients as float16 on the wire (``dlcp-fp16``: half the bytes,
 #: as ``gloo-fp16`` sends them), by the scheme whose fabric and policy it runs.
 FP16_SCHEMES: dict[str, str] = {f"{s}-fp16": s for s in SCHEMES}
-
-#: The communication patterns; gloo's all-reduce is a ring (it has no parameter server).
-PATTERNS = ("ps", "ring")
-
 
 def fabric_of(scheme: str) -> str:
     """The :data:`SCHEMES` entry whose switches and policy ``scheme`` runs on: gloo's schemes
@@ -116,12 +112,3 @@ def policy_for(scheme: str, buffer: int, loss_bound: float, ecn_backlog: str = P
         ecn_backlog=ecn_backlog,
         loss_bound_push=loss_bound if on["bounded"] else 0.0,
     )
-
-
-def add_ecn_backlog_argument(p: argparse.ArgumentParser, default: str | None = Policy.ecn_backlog) -> None:
-    """``--ecn-backlog`` for every scheme's policy, as ``dlcp run`` and ``dlcp sim`` both take it
-    (``default=None``: the policy file's, where a command takes one)."""
-    given = f"default: {default}" if default else f"default: the --policy file's, else {Policy.ecn_backlog}"
-    p.add_argument("--ecn-backlog", choices=ECN_BACKLOGS, default=default,
-                   help="what ECN marks on: the backlog ahead of a packet, its priority and above "
-                        f"(ahead) or the port's whole backlog (port) ({given})")

@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ import torch.distributed as dist
 
 import dlcp_torch
 from dlcp_torch.workloads.base import SEED_STRIDE, Workload, accuracy
+from hostagent.exchange import PATTERNS
+from hostagent.loopback import free_tcp_ports
 from hostagent.policy import Policy
 from hostagent.transport import LossInjection
 
@@ -52,8 +53,8 @@ class TrainConfig:
     """Evaluate on the test set every this many steps on worker 0 (0: only after the last)."""
 
     def __post_init__(self) -> None:
-        if self.pattern not in ("ps", "ring"):
-            raise ValueError(f"pattern must be ps or ring, got {self.pattern!r}")
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
         if self.mode not in ("ddp", "optimizer"):
             raise ValueError(f"mode must be ddp or optimizer, got {self.mode!r}")
         if self.workers < 1 or self.steps < 1 or self.batch < 1:
@@ -153,17 +154,6 @@ def _worker(rank: int, cfg: TrainConfig, workload: Workload, ports: tuple[int, i
         raise
 
 
-def free_ports(n: int = 2) -> tuple[int, ...]:
-    """``n`` distinct free TCP ports on loopback (torch's store and DLCP's store)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = tuple(s.getsockname()[1] for s in socks)
-    for s in socks:
-        s.close()
-    return ports
-
-
 def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
     """Start ``cfg.workers`` worker processes on this machine and collect their results.
 
@@ -175,7 +165,7 @@ def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
     workload.load_data()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    ports = free_ports(2)
+    ports = free_tcp_ports(2)  # torch's store and DLCP's
     procs = [ctx.Process(target=_worker, args=(r, cfg, workload, ports, out)) for r in range(cfg.workers)]
     for p in procs:
         p.start()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlcp_torch.workloads.base import MissingDependency, Workload
+from hostagent.exchange import PATTERNS
 from dlcp_torch.workloads.loop import TrainConfig, compare, run_local, train
 
 
@@ -19,7 +20,7 @@ def parser(workload: Workload, doc: str | None) -> argparse.ArgumentParser:
     """The workloads' command line; step, batch and learning-rate defaults come from ``workload``."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--pattern", choices=["ps", "ring"], default="ps")
+    ap.add_argument("--pattern", choices=PATTERNS, default="ps")
     ap.add_argument("--mode", choices=["ddp", "optimizer"], default="ddp",
                     help="DDP with the DLCP comm hook, or DLCP's DistributedOptimizer without DDP")
     ap.add_argument("--steps", type=int, default=workload.steps)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_the_core_imports_without_torch():
 
 # ------------------------------------------------------------------------- the install, for real
 
-def _run(cmd: list[str], cwd: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+def _run(cmd: Sequence[object], cwd: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
 

@@ -4,7 +4,6 @@ script with only the backend name changed, collectives against their definition,
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from typing import Any
 
@@ -13,22 +12,14 @@ import torch
 import torch.distributed as dist
 import multiprocessing as mp
 
+from hostagent.loopback import free_tcp_ports
+
 STEPS = 6
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _spawn(fn, world: int, *args) -> dict:
     """Run ``fn(rank, world, port, *args)`` in ``world`` spawned processes; their results by rank."""
-    port = _free_ports(1)[0]
+    (port,) = free_tcp_ports(1)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, q, *args)) for r in range(world)]

@@ -23,9 +23,9 @@ STEPS = 8
 
 def _port() -> tuple[int, int]:
     """Distinct free ports for torch's store (MASTER_PORT) and DLCP's (DLCP_STORE_PORT)."""
-    from dlcp_torch.workloads.loop import free_ports
+    from hostagent.loopback import free_tcp_ports
 
-    udp, tcp = free_ports(2)
+    udp, tcp = free_tcp_ports(2)
     return udp, tcp
 
 

@@ -88,7 +88,7 @@ def test_buckets_carry_every_packet_with_its_layers_priority_and_a_drop_class():
     opts = SimOptions(scale=0.002)
     policy = policy_for("dlcp", opts.buffer, opts.loss_bound)
     plans = bucket_plans(opts, policy)
-    sizes = layer_sizes(opts.model, opts.scale)
+    sizes = layer_sizes(opts.workload, opts.scale)
     per = elems_per_packet(opts.mtu, np.float32)
     total_packets = sum(len(p.priorities) for p in plans)
     assert total_packets >= -(-sum(sizes) // per)  # at least the packets the elements need
@@ -115,7 +115,7 @@ def test_jobs_span_leaves_and_never_share_a_host():
         assert len({h // opts.hosts_per_leaf for h in [server, *workers]}) > 1
 
 
-@pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"model": "digits"}, {"leaves": 0}, {"jobs": 9},
+@pytest.mark.parametrize("bad", [{"schemes": ("nope",)}, {"workload": "digits"}, {"leaves": 0}, {"jobs": 9},
                                  {"loss_bound": 1.0}, {"hosts_per_leaf": 251}, {"workers": 8},
                                  {"pattern": "tree"}, {"pattern": "ring", "workers": 1},
                                  {"jobs_placement": "random"}, {"host_model": "cubic"}, {"gradient_tcp": "bbr"},
@@ -158,7 +158,7 @@ def test_the_line_rate_bound_counts_the_busiest_link_of_every_job():
         return opts, line_rate_bound(opts, scheme)
     opts, one = bound(1)
     assert opts.placement() == [(2, [0]), (3, [1])]
-    spec = {"model": opts.model, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
+    spec = {"model": opts.workload, "scale": opts.scale, "mtu": opts.mtu, "fusion": True}
     per = elems_per_packet(opts.mtu, np.float32)
     packets = sum(message_packets(b.total, per) for b in worker_plan(spec, policy_for("baseline", 100, 0.05))[2])
     packet_s = opts.mtu * 8 / 1e9

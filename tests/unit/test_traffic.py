@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hostagent.loopback import free_shared_port
 from topologies import traffic
 from topologies.traffic import (
     build_parser,
@@ -26,21 +27,6 @@ from topologies.traffic import (
 
 ROOT = Path(__file__).resolve().parents[2]
 LO = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on every address (the sink binds both, on 0.0.0.0)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("0.0.0.0", 0))
-            port = u.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("0.0.0.0", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port")
 
 
 def listening(port: int) -> bool:
@@ -102,7 +88,7 @@ def assert_ordered(*stamps: float) -> None:
 
 
 def test_udp_sender_and_sink_stopped_by_sigterm(procs):
-    port = free_port()
+    port = free_shared_port()
     sink = start_sink(port)
     procs.append(sink)
     sender = start("udp", LO, str(port), "1000", "0.3", "0.2", "30", "--dscp", "46")
@@ -138,7 +124,7 @@ def test_udp_sender_and_sink_stopped_by_sigterm(procs):
 
 
 def test_tcp_sender_and_sink_stopped_by_sigterm(procs):
-    port = free_port()
+    port = free_shared_port()
     sink = start_sink(port)
     procs.append(sink)
     sender = start("tcp", LO, str(port), "0.3", "0.2", "30")
@@ -166,7 +152,7 @@ def test_tcp_sender_and_sink_stopped_by_sigterm(procs):
 
 
 def test_udp_sender_stops_by_itself_after_duration():
-    proc = subprocess.run([sys.executable, "-m", "topologies.traffic", "udp", LO, str(free_port()), "200",
+    proc = subprocess.run([sys.executable, "-m", "topologies.traffic", "udp", LO, str(free_shared_port()), "200",
                            "0.1", "0", "0.3"], cwd=ROOT, capture_output=True, text=True, timeout=5, check=False)
     assert proc.returncode == 0, proc.stderr
     (sent,) = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -12,6 +12,7 @@ from typing import Any
 from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.errors import UsageError
 from topologies.provenance import provenance, results_file, write_slim
+from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 
 
@@ -39,9 +40,21 @@ def _extend_report(p: argparse.ArgumentParser) -> None:
         import json
 
         from dlcp_sim.report import is_sim_results, markdown, slim
+        from dlcp_sim.sweep import markdown as sweep_markdown
 
         rest = []
         for given in args.results:
+            csv_path = sweep_csv(given)
+            if csv_path is not None:
+                try:
+                    rows = read_csv(csv_path)
+                except (OSError, ValueError) as exc:
+                    raise UsageError(f"{given}: {exc}") from None
+                if "seeds" in rows[0]:  # the simulator's; the testbed's counts runs
+                    print(sweep_markdown(rows, str(rows[0]["param"])))
+                else:
+                    rest.append(given)
+                continue
             path = results_file(given)
             try:
                 results = json.loads(path.read_text())

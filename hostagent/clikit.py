@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -186,6 +187,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name:
     except KeyboardInterrupt as exc:
         print(f"{name}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BrokenPipeError:  # the reader left (``dlcp report ... | head``): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exiting does not flush into it
+        return 141
     except Exception as exc:  # a bug: one line for the user, the traceback in the log
         if debug:
             raise

@@ -17,6 +17,7 @@ from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.provenance import results_file, write_slim
+from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import WORKLOADS, add_shared_arguments, checked
 
 if TYPE_CHECKING:
@@ -46,11 +47,15 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Print each run's Markdown section (:func:`topologies.results_table.markdown`)."""
+    """Print each run's Markdown section (:func:`topologies.results_table.markdown`), or a
+    sweep's table from its sweep.csv (:func:`topologies.sweep.markdown`)."""
     from topologies.report import against
     from topologies.results_table import markdown, refresh_metrics, slim
 
     for given in args.results:
+        if sweep_csv(given) is not None:
+            print(_sweep_table(given))
+            continue
         path = results_file(given)
         try:
             results = json.loads(path.read_text())
@@ -69,6 +74,21 @@ def cmd_report(args: argparse.Namespace) -> int:
                 raise UsageError(f"--against: {exc}") from None
         print(markdown(results, source))
     return 0
+
+
+def _sweep_table(given: str) -> str:
+    """A testbed sweep's Markdown table, from its sweep.csv as the sweep wrote it."""
+    from topologies.sweep import markdown
+
+    path = sweep_csv(given)
+    assert path is not None
+    try:
+        rows = read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{given}: {exc}") from None
+    if "runs" not in rows[0]:
+        raise UsageError(f"{given}: not a testbed sweep's CSV (a simulator's reads with dlcp sim installed)")
+    return markdown(rows, str(rows[0]["param"]))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -234,8 +254,10 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_calibrate)
-    p = sub.add_parser("report", help="a run's results as Markdown tables for a results page (from results.json)")
-    p.add_argument("results", nargs="+", metavar="RESULTS", help="results.json files (or their run directories)")
+    p = sub.add_parser("report", help="a run's results as Markdown tables for a results page (from results.json, "
+                       "or a sweep's sweep.csv)")
+    p.add_argument("results", nargs="+", metavar="RESULTS",
+                   help="results.json files (or their run directories), or sweeps' CSV files (or their directories)")
     p.add_argument("--slim", metavar="DIR", default=None,
                    help="also write each run's results without its per-iteration records to DIR/<run>.json: "
                         "small enough to keep beside a results page, and enough to regenerate its tables")

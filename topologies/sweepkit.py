@@ -28,6 +28,41 @@ def write_csv(path: Path, rows: Sequence[dict]) -> None:
         w.writerows(rows)
 
 
+def sweep_csv(given: str) -> Path | None:
+    """The sweep.csv a command line names: the file itself (any ``*.csv`` name, as kept beside a
+    results page), or the one in a sweep directory; None when ``given`` names neither."""
+    path = Path(given)
+    if path.is_dir():
+        path = path / "sweep.csv"
+    return path if path.suffix == ".csv" and path.is_file() else None
+
+
+def read_csv(path: Path) -> list[dict]:
+    """A sweep.csv's rows as :func:`write_csv` was given them: numbers as numbers, empty cells as
+    None; the swept ``value`` stays text (it may be a choice such as ``ahead``).
+
+    Raises:
+        ValueError: the file is not a sweep's (no ``param``, ``value`` and ``scheme`` columns, or no rows).
+    """
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"param", "value", "scheme"} <= set(rows[0]):
+        raise ValueError("not a sweep's CSV (no param, value and scheme columns, or no rows)")
+    return [{k: (v if k in ("param", "value", "scheme", "verdict", "run_dir") else _number(v)) for k, v in r.items()}
+            for r in rows]
+
+
+def _number(text: str) -> int | float | str | None:
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def cell(row: dict, key: str, fmt: str, interval: bool = True) -> str:
     """A Markdown cell: the median, with its interval when there is one and ``interval``."""
     if row.get(key) is None:

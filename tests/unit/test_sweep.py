@@ -70,3 +70,52 @@ def test_a_sweep_that_stops_keeps_the_rows_of_the_values_it_ran(tmp_path):
         run_values(tmp_path, ["a", "b"], run_one)
     with open(tmp_path / "sweep.csv") as f:
         assert [r["value"] for r in csv.DictReader(f)] == ["a"]
+
+
+def test_dlcp_report_prints_a_sweeps_table_from_its_csv_as_the_sweep_wrote_it(tmp_path, capsys):
+    """Testbed and simulator sweeps alike: the table on a results page comes from the kept CSV."""
+    from dlcp.cli import main
+    from dlcp_sim.sweep import markdown as sim_markdown
+    from dlcp_sim.sweep import rows_of as sim_rows_of
+    from topologies.sweep import markdown
+    from topologies.sweepkit import read_csv
+
+    rows = []
+    for value, d in (("0", 0.8), ("0.5", 0.7)):
+        results = {"schemes": [_run("baseline", r, 1.0 + 0.05 * r) for r in range(3)]
+                   + [_run("dlcp", r, d + 0.01 * r) for r in range(3)]}
+        rows += rows_of("cross-rate", value, results, tmp_path / value)
+    (tmp_path / "testbed").mkdir()
+    write_csv(tmp_path / "testbed" / "sweep.csv", rows)
+    est = {"median": 24.6, "ci_low": 24.0, "ci_high": 25.1}
+    sim_rows = [r for v in ("ahead", "port") for r in sim_rows_of("ecn_backlog", v, {
+        "baseline": {"seeds": 3, "sync_p50_ms": est}, "dlcp": {"seeds": 3, "sync_p50_ms": est, "speedup_p50": est}})]
+    write_csv(tmp_path / "sim.csv", sim_rows)
+
+    assert main(["report", str(tmp_path / "testbed"), str(tmp_path / "sim.csv")]) == 0
+    out = capsys.readouterr().out
+    assert markdown(read_csv(tmp_path / "testbed" / "sweep.csv"), "cross-rate") == markdown(rows, "cross-rate")
+    assert markdown(rows, "cross-rate") in out and sim_markdown(sim_rows, "ecn_backlog") in out
+    assert "| ahead | dlcp | 24.6 [24.0, 25.1] |" in out  # a choice stays text, numbers come back as numbers
+
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert main(["report", str(tmp_path / "other.csv")]) == 2
+    assert "not a sweep's CSV" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_ends_dlcp_quietly(tmp_path):
+    """``dlcp report ... | head``: no 'unexpected error' when the pipe closes (the output here is
+    far larger than a pipe holds, so dlcp is still writing when head leaves)."""
+    import subprocess
+    import sys
+
+    write_csv(tmp_path / "sweep.csv", [{"param": "cross-rate", "value": "0", "scheme": "dlcp", "runs": 3,
+                                        "valid_runs": 3, "verdict": ""}])
+    dlcp = subprocess.Popen([sys.executable, "-m", "dlcp", "report", *[str(tmp_path / "sweep.csv")] * 2000],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-1"], stdin=dlcp.stdout, stdout=subprocess.PIPE)
+    assert dlcp.stdout is not None
+    dlcp.stdout.close()  # head alone reads it now
+    first, _ = head.communicate(timeout=120)
+    _, err = dlcp.communicate(timeout=120)
+    assert first.count(b"\n") == 1 and err == b"" and dlcp.returncode == 141, err

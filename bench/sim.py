@@ -10,7 +10,7 @@ Defaults are the target's workload with jumbo frames (--mtu 9000) and port buffe
 bytes as 100 packets of 1500 (--buffer 17): the event count grows with packets, not bytes.
 `--mtu 1500 --buffer 100` runs the same bytes in six times the packets.
 
-Run: python bench/sim.py [--scale 1] [--mtu 9000] [--buffer 17] [--schemes dlcp,baseline]
+Run: python bench/sim.py [--scale 1] [--mtu 9000] [--buffer 17] [--schemes dlcp,baseline] [--out FILE]
 (needs `pip install -e '.[sim]'`; ns-3 is compiled against before anything is timed)
 """
 
@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import resource
 import time
+from pathlib import Path
 
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
+from topologies import tables
+from topologies.provenance import provenance
+from topologies.tables import Column, Table
 from hostagent.exchange import PATTERNS
 
 TARGET_S = 600.0
@@ -47,20 +52,29 @@ def main() -> None:
     ap.add_argument("--pattern", default="ps", choices=PATTERNS)
     ap.add_argument("--schemes", default="dlcp,baseline")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
 
     schemes = tuple(s for s in args.schemes.split(",") if s)
     opts = SimOptions(leaves=9, hosts_per_leaf=16, spines=4, link_gbps=10, uplink_gbps=40, jobs=0,
                       scale=args.scale, iterations=1, background_load=args.background_load, mtu=args.mtu,
                       buffer=args.buffer, pattern=args.pattern, seed=args.seed, schemes=schemes)
+    made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program="python bench/sim.py")
+    machine = f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
     simulator()  # compile first, outside the timing
-    print(f"{opts.hosts} hosts, {len(opts.placement())} {opts.pattern} jobs, resnet50 x {opts.scale:g}, "
-          f"MTU {opts.mtu}, buffer {opts.buffer} packets, background load {opts.background_load:g}, "
-          f"seed {opts.seed}; target <= {TARGET_S:.0f} s per scheme; load average before: "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"{'scheme':<10} {'simulated s':>11} {'events':>12} {'wall s':>8} {'events/s':>9} {'cpu/wall':>8} "
-          f"{'sync p50 ms':>11} {'flows':>6}  verdict")
+    title = (f"{opts.hosts} hosts, {len(opts.placement())} {opts.pattern} jobs, resnet50 x {opts.scale:g}, "
+             f"MTU {opts.mtu}, buffer {opts.buffer} packets, background load {opts.background_load:g}, "
+             f"seed {opts.seed}; target <= {TARGET_S:.0f} s per scheme")
+    print(f"$ {made['command']}\ncommit {made['commit']}, {machine}, {made['started']}\n{title}")
+    table = Table(title, [Column("scheme"), Column("simulated s", "{:.3f}"), Column("events", "{:,}"),
+                          Column("wall s", "{:.1f}"), Column("events/s", "{:.0f}"), Column("cpu/wall", "{:.2f}"),
+                          Column("load", "{:.2f}"), Column("sync p50 ms", "{:.1f}"), Column("flows"),
+                          Column("verdict")],
+                  notes=["load: the 1-minute load average before the scheme ran; cpu/wall well below 1 means the "
+                         "machine, not the simulator, set the pace (the row does not count)."])
     for scheme in schemes:
+        load = os.getloadavg()[0]
         cpu0, t0 = _cpu(), time.monotonic()
         r = simulate(opts, scheme, timeout=6 * 3600)
         wall, cpu = time.monotonic() - t0, _cpu() - cpu0
@@ -68,8 +82,12 @@ def main() -> None:
         verdict = "within target" if wall <= TARGET_S else f"over by {wall - TARGET_S:.0f} s"
         if cpu < 0.9 * wall:
             verdict += " (the machine was busy: does not count)"
-        print(f"{scheme:<10} {r.simulated_s:>11.3f} {r.events:>12,} {wall:>8.1f} {r.events / r.wall_s:>9.0f} "
-              f"{cpu / wall:>8.2f} {s['sync_p50_ms']:>11.1f} {len(r.flows):>6}  {verdict}")
+        table.add(scheme, r.simulated_s, r.events, wall, r.events / r.wall_s, cpu / wall, load, s["sync_p50_ms"],
+                  len(r.flows), verdict)
+        print(f"   {scheme}: {wall:.1f} s, {verdict}", flush=True)
+        if args.out:  # after every scheme, so a run that stops keeps what it measured
+            tables.write(args.out, [table], made, {"machine": machine})
+    print(table.text())
 
 
 if __name__ == "__main__":

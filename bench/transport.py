@@ -27,7 +27,8 @@ p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of pa
 the first iteration; one sender >= 2 GB/s and >= 85 % of the bare pair, at most half the numpy
 path's CPU per 100 MB; DDP step through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
 
-Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick]
+Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick] [--out FILE]
+(--out keeps the tables as JSON; `dlcp report FILE` prints them as Markdown for a results page)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -50,6 +52,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
+from topologies import tables  # noqa: E402
+from topologies.provenance import provenance  # noqa: E402
+from topologies.tables import Column, Table  # noqa: E402
 
 # 57 MB (14.25 M float32) in 12 tensors of uneven size (a scaled CNN-like profile, first layers
 # small). Earlier versions of this file called it 25 MB; the sizes are the same.
@@ -108,16 +113,26 @@ class Load:
 
 
 def interleaved(schemes: dict[str, Callable[[], dict]], rounds: int, key: str) -> dict[str, list[dict]]:
-    """Run every scheme once per round, in turn; each scheme's results per round (with their load)."""
+    """Run every scheme once per round, in turn; each scheme's results per round (with the load
+    before it and the idle CPU while it ran)."""
     out: dict[str, list[dict]] = {name: [] for name in schemes}
     for r in range(rounds):
         for name, fn in schemes.items():
             with Load() as load:
                 res = fn()
-            res["load"] = str(load)
+            res["load"], res["idle"] = load.load, load.idle
             out[name].append(res)
             print(f"   round {r + 1}/{rounds} {name:<28} {res[key]:9.1f}  {load}", flush=True)
     return out
+
+
+#: The machine's load beside every row: the 1-minute load average before a round's run and the
+#: idle CPU while it ran, medians over rounds.
+LOAD_COLUMNS = [Column("load", "{:.2f}"), Column("idle %", "{:.0f}")]
+
+
+def load_cells(rounds: list[dict]) -> tuple[float, float]:
+    return statistics.median(r["load"] for r in rounds), statistics.median(r["idle"] for r in rounds)
 
 
 def summary(results: dict[str, list[dict]], key: str, base: str) -> dict[str, tuple[float, float, float, float]]:
@@ -223,24 +238,25 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25
             "overruns": srx["rx_socket_overflows"], "sent": stx["data_pkts_sent"]}
 
 
-def print_goodput(args) -> None:
-    print("1. one sender -> one receiver, 100 MB messages, MTU 1500, 25 Gb/s configured, separate processes")
+def goodput_table(args) -> Table:
+    title = "1. one sender -> one receiver, 100 MB messages, MTU 1500, 25 Gb/s configured, separate processes"
+    print(title)
     kinds = {"bare GSO -> GRO pair": "bare", "DLCP native": "native", "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
     res = interleaved({k: partial(goodput_row, v, args.messages) for k, v in kinds.items()}, args.rounds, "MB/s")
     s = summary(res, "MB/s", "bare GSO -> GRO pair")
     cpu = summary(res, "cpu", "DLCP numpy")
-    print(f"   {'':<22}{'MB/s':>8}{'range':>14}{'of bare':>9}{'cpu ms/100MB':>14}{'of numpy':>10}{'retx':>7}"
-          f"{'overruns':>9}")
+    table = Table(title, [Column(""), Column("MB/s", "{:.0f}"), Column("range"), Column("of bare", "{:.2f}"),
+                          Column("cpu ms/100MB", "{:.0f}"), Column("of numpy", "{:.2f}"), Column("retx"),
+                          Column("overruns"), *LOAD_COLUMNS],
+                  notes=["of bare / of numpy: the median over rounds of the ratio within a round. cpu: user + system "
+                         "of both processes per 100 MB. The bare pair (bench/bare_pair.cc, C++) has no protocol: no "
+                         "pacing, headers, checks or recovery; its rate counts what arrived, its overruns column the "
+                         "segments lost."])
     for name in kinds:
         med, lo, hi, ratio = s[name]
-        retx = sum(r["retx"] for r in res[name])
-        over = sum(r["overruns"] for r in res[name])
-        print(f"   {name:<22}{med:8.0f}{f'{lo:.0f}-{hi:.0f}':>14}{ratio:9.2f}{cpu[name][0]:14.0f}{cpu[name][3]:10.2f}"
-              f"{retx:7}{over:9}")
-    print("   of bare / of numpy: the median over rounds of the ratio within a round. cpu: user + system of both")
-    print("   processes per 100 MB. The bare pair (bench/bare_pair.cc, C++) has no protocol: no pacing, headers,")
-    print("   checks or recovery; its rate counts what arrived, its overruns column the segments lost.")
-    print()
+        table.add(name, med, f"{lo:.0f}-{hi:.0f}", ratio, cpu[name][0], cpu[name][3],
+                  sum(r["retx"] for r in res[name]), sum(r["overruns"] for r in res[name]), *load_cells(res[name]))
+    return table
 
 
 # ----------------------------------------------------------------------------- part 2: collectives
@@ -332,10 +348,10 @@ def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
             "overruns": sum(r.get("overruns", 0) for r in rows)}
 
 
-def print_collective(args) -> None:
-    print(f"2. collectives: 4 processes, {sum(TENSOR_ELEMS) * 4 / 1e6:.0f} MB in {len(TENSOR_ELEMS)} tensors fused "
-          f"into DDP's buckets, "
-          f"MTU {args.mtu}, {args.iterations} timed iterations per round")
+def collective_table(args) -> Table:
+    title = (f"2. collectives: 4 processes, {sum(TENSOR_ELEMS) * 4 / 1e6:.0f} MB in {len(TENSOR_ELEMS)} tensors "
+             f"fused into DDP's buckets, MTU {args.mtu}, {args.iterations} timed iterations per round")
+    print(title)
     schemes = {
         "gloo all_reduce": "gloo",
         "DLCP ring, lossless": "native:ring:0:0",
@@ -349,15 +365,15 @@ def print_collective(args) -> None:
     res = interleaved({k: partial(collective_row, v, args.iterations, args.mtu) for k, v in schemes.items()},
                       args.rounds, "ms")
     s = summary(res, "ms", "gloo all_reduce")
-    print(f"   {'':<28}{'sync ms':>9}{'range':>14}{'x gloo':>8}{'resent %':>10}{'overruns':>10}")
+    table = Table(title, [Column(""), Column("sync ms", "{:.1f}"), Column("range"), Column("x gloo", "{:.2f}"),
+                          Column("resent %", "{:.2f}"), Column("overruns"), *LOAD_COLUMNS],
+                  notes=["sync ms: per iteration, the slowest process; resent %: of data packets sent, after the first "
+                         "timed iteration; x gloo: the median over rounds of the ratio within a round."])
     for name in schemes:
         med, lo, hi, ratio = s[name]
-        resent = statistics.median(r["resent %"] for r in res[name])
-        over = sum(r["overruns"] for r in res[name])
-        print(f"   {name:<28}{med:9.1f}{f'{lo:.0f}-{hi:.0f}':>14}{ratio:8.2f}{resent:10.2f}{over:10}")
-    print("   sync ms: per iteration, the slowest process; resent %: of data packets sent, after the first timed")
-    print("   iteration; x gloo: the median over rounds of the ratio within a round.")
-    print()
+        table.add(name.strip(), med, f"{lo:.0f}-{hi:.0f}", ratio, statistics.median(r["resent %"] for r in res[name]),
+                  sum(r["overruns"] for r in res[name]), *load_cells(res[name]))
+    return table
 
 
 # ----------------------------------------------------------------------------- part 3: DDP steps
@@ -407,24 +423,27 @@ def ddp_row(workload: str, scheme: str, steps: int) -> dict:
     return {"ms": statistics.median(per_step) * 1e3}
 
 
-def print_ddp(args) -> None:
+def ddp_table(args) -> Table:
     import importlib.util
 
     workloads = ["digits"] + (["mnist1d"] if importlib.util.find_spec("mnist1d") else [])
-    print(f"3. DDP training steps, 4 workers on loopback, {args.steps} timed steps per round "
-          f"({', '.join(workloads)}{'' if 'mnist1d' in workloads else '; MNIST-1D skipped: pip install mnist1d'})")
+    title = (f"3. DDP training steps, 4 workers on loopback, {args.steps} timed steps per round "
+             f"({', '.join(workloads)}{'' if 'mnist1d' in workloads else '; MNIST-1D skipped: pip install mnist1d'})")
+    print(title)
+    table = Table(title, [Column(""), Column("step ms", "{:.2f}"), Column("range"), Column("x gloo", "{:.2f}"),
+                          *LOAD_COLUMNS],
+                  notes=["step ms: forward, backward (with the exchange) and optimiser step, the slowest worker's "
+                         "median; x gloo: the median over rounds of the ratio within a round."])
     for wl in workloads:
         schemes = {f"{wl}: stock DDP over gloo": "gloo", f"{wl}: DDP + dlcp_hook, ring": "ring",
                    f"{wl}: DDP + dlcp_hook, PS": "ps"}
         res = interleaved({k: partial(ddp_row, wl, v, args.steps) for k, v in schemes.items()},
                           args.rounds, "ms")
         s = summary(res, "ms", f"{wl}: stock DDP over gloo")
-        print(f"   {'':<34}{'step ms':>9}{'range':>14}{'x gloo':>8}")
         for name in schemes:
             med, lo, hi, ratio = s[name]
-            print(f"   {name:<34}{med:9.2f}{f'{lo:.1f}-{hi:.1f}':>14}{ratio:8.2f}")
-    print("   step ms: forward, backward (with the exchange) and optimiser step, the slowest worker's median.")
-    print()
+            table.add(name, med, f"{lo:.1f}-{hi:.1f}", ratio, *load_cells(res[name]))
+    return table
 
 
 # ----------------------------------------------------------------------------- part 4: the testbed workload
@@ -482,19 +501,23 @@ def layer_sizes_bytes(spec: dict) -> int:
     return sum(b.total * 4 + -(-b.total // per) * HEADER_SIZE for b in buckets)
 
 
-def print_testbed(args) -> None:
-    print("4. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
-          "2000-pps rate configuration, no compute")
-    print(f"{'fusion':<8}{'msgs/it':>8}{'sync p50 ms':>13}{'sync p99 ms':>13}{'bound ms':>10}{'p50/bound':>11}"
-          f"{'ctl frames/it':>15}{'ctl bytes/it':>14}{'retx':>6}")
+def testbed_table(args) -> Table:
+    title = ("4. the testbed's workload on loopback: 4 workers + PS, ResNet-50 profile at scale 0.002, "
+             "2000-pps rate configuration, no compute")
+    print(title)
+    table = Table(title, [Column("fusion"), Column("msgs/it"), Column("sync p50 ms", "{:.1f}"),
+                          Column("sync p99 ms", "{:.1f}"), Column("bound ms", "{:.1f}"), Column("p50/bound", "{:.2f}"),
+                          Column("ctl frames/it", "{:.0f}"), Column("ctl bytes/it", "{:.0f}"), Column("retx"),
+                          *LOAD_COLUMNS],
+                  notes=["bound = bytes the server's link carries in one direction per iteration (4 pushes) / the "
+                         "hosts' line rate; ctl frames/bytes = control frames a worker sent and received per "
+                         "iteration (medians)"])
     for fusion in (True, False):
         with Load() as load:
             r = testbed_workload(fusion, max(3, args.iterations * 2))
-        print(f"{'on' if fusion else 'off':<8}{r['messages']:>8}{r['sync_p50']:>13.1f}{r['sync_p99']:>13.1f}"
-              f"{r['bound']:>10.1f}{r['sync_p50'] / r['bound']:>11.2f}{r['ctl']:>15.0f}{r['ctl_bytes']:>14.0f}"
-              f"{r['retx']:>6}  {load}")
-    print("bound = bytes the server's link carries in one direction per iteration (4 pushes) / the hosts' "
-          "line rate; ctl frames/bytes = control frames a worker sent and received per iteration (medians)")
+        table.add("on" if fusion else "off", r["messages"], r["sync_p50"], r["sync_p99"], r["bound"],
+                  r["sync_p50"] / r["bound"], r["ctl"], r["ctl_bytes"], r["retx"], load.load, load.idle)
+    return table
 
 
 # ----------------------------------------------------------------------------- main
@@ -509,25 +532,24 @@ def main() -> None:
     ap.add_argument("--numpy", action="store_true", help="add the numpy path's ring to part 2")
     ap.add_argument("--quick", action="store_true", help="1 round and fewer iterations: a smoke run")
     ap.add_argument("--part", choices=("all", "goodput", "collective", "ddp", "testbed"), default="all")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="also keep the tables with the command and commit as JSON (dlcp report FILE prints them)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.iterations, args.messages, args.steps = 1, 2, 2, 10
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    print(f"$ python {' '.join(sys.argv)}")
-    print(f"commit {commit}{' (with uncommitted changes)' if dirty else ''}, {os.cpu_count()} CPUs, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program="python bench/transport.py")
+    machine = f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    print(f"$ {made['command']}")
+    print(f"commit {made['commit']}, {machine}, {made['started']}")
     print()
-    if args.part in ("all", "goodput"):
-        print_goodput(args)
-    if args.part in ("all", "collective"):
-        print_collective(args)
-    if args.part in ("all", "ddp"):
-        print_ddp(args)
-    if args.part in ("all", "testbed"):
-        print_testbed(args)
+    parts = {"goodput": goodput_table, "collective": collective_table, "ddp": ddp_table, "testbed": testbed_table}
+    done = []
+    for part, make in parts.items():
+        if args.part in ("all", part):
+            done.append(make(args))
+            print(done[-1].text())
+            if args.out:  # after every part, so a run that stops keeps what it measured
+                tables.write(args.out, done, made, {"machine": machine})
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
 from topologies.provenance import results_file, write_slim
+from topologies import tables
 from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import WORKLOADS, add_shared_arguments, checked
 
@@ -61,6 +62,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise UsageError(f"{given}: not a run's results ({exc})") from None
+        if tables.is_tables(results):  # a benchmark's
+            print(tables.markdown(results, str(given)))
+            continue
         if not isinstance(results, dict) or "schemes" not in results:
             raise UsageError(f"{given}: not a run's results (no schemes)")
         results = refresh_metrics(results)

@@ -22,7 +22,7 @@ help:
 	@echo "make setup-ci  setup plus the sim (ns-3) and mnist1d extras, so no test skips but BMv2/p4c/root"
 	@echo "make demo    train digits with 4 workers + PS on loopback: lossless vs bounded loss"
 	@echo "make demo-drop  one real gradient through a modelled congested port (no training)"
-	@echo "make bench   print the benchmarks' figures"
+	@echo "make bench   print the benchmarks' figures and keep them in runs/bench-<time>/ (BENCH_OUT=...)"
 	@echo "make p4      recompile p4/ into p4/build/ (needs p4c-bm2-ss)"
 
 setup: $(STAMP) mininet-link
@@ -73,10 +73,12 @@ demo-testbed: setup
 demo-drop: setup
 	$(VENV)/bin/dlcp demo
 
+# Each benchmark also keeps its tables in $(BENCH_OUT) (dlcp report FILE prints them as Markdown).
+BENCH_OUT ?= runs/bench-$(shell date +%Y%m%d-%H%M%S)
 bench: setup
-	$(PY) bench/packetizer.py
-	$(PY) bench/transport.py
-	$(PY) bench/hostile.py
+	$(PY) bench/packetizer.py --out $(BENCH_OUT)/packetizer.json
+	$(PY) bench/transport.py --out $(BENCH_OUT)/transport.json
+	$(PY) bench/hostile.py --out $(BENCH_OUT)/hostile.json
 
 p4:
 	@command -v $(P4C) >/dev/null || { echo "$(P4C) not found: install p4c (p4lang's packages) first"; exit 1; }

@@ -15,7 +15,7 @@ by reason, packets parked at the end, and the receiver process's memory (RSS) be
 Targets (issue 11): every tensor exact; no message delayed by more than 1 s; every hostile
 packet counted; memory bounded.
 
-Run: python bench/hostile.py [--datagrams 100000] [--messages 200]
+Run: python bench/hostile.py [--datagrams 100000] [--messages 200] [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from hostagent.policy import Policy  # noqa: E402
 from hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
 from bench import rogue  # noqa: E402
 from hostagent.loopback import free_port_pairs  # noqa: E402
+from topologies.tables import Column, Record, Table  # noqa: E402
 
 EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)
@@ -89,7 +90,11 @@ def main() -> None:
     ap.add_argument("--datagrams", type=int, default=100_000)
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--elems", type=int, default=PER * 100, help="elements per message")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="also keep the tables with the command and commit as JSON (dlcp report FILE prints them)")
     args = ap.parse_args()
+    record = Record.start("python bench/hostile.py")
+    print(record.header())
     secret = auth.parse_secret(auth.new_secret())
     peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))
     a = Endpoint(TransportConfig(rank=0, peers=peers, policy=EXACT, secret=secret)).start()
@@ -119,27 +124,29 @@ def main() -> None:
         a.close()
         b.close()
 
-    def row(name: str, t: list[float], wrong: int) -> str:
+    phases = Table(f"hostile traffic: {args.datagrams} datagrams + 203 hostile control connections; "
+                   f"messages of {args.elems} float32, bound 0",
+                   [Column("phase"), Column("messages"), Column("not exact"), Column("p50 ms", "{:.1f}"),
+                    Column("p99 ms", "{:.1f}"), Column("max ms", "{:.1f}")])
+    for name, t, wrong in (("quiet", quiet, wrong_q), ("under attack", loud, wrong_l)):
         ms = sorted(1e3 * v for v in t)
-        return (f"{name:<16} {len(t):>8} {wrong:>9} {statistics.median(ms):>9.1f} "
-                f"{ms[min(len(ms) - 1, int(0.99 * len(ms)))]:>9.1f} {ms[-1]:>9.1f}")
-
-    print(f"hostile traffic: {args.datagrams} datagrams + 203 hostile control connections; "
-          f"messages of {args.elems} float32, bound 0")
-    print(f"{'phase':<16} {'messages':>8} {'not exact':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
-    print(row("quiet", quiet, wrong_q))
-    print(row("under attack", loud, wrong_l))
+        phases.add(name, len(t), wrong, statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))], ms[-1])
     rej = st["reassembly"]["rejected"]
-    print(f"receiver rejected {sum(rej.values())} datagrams: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(rej.items(), key=lambda kv: -kv[1])))
     accounted = sum(rej.values()) + st["rx_dropped_estimate"] >= args.datagrams
-    print(f"kernel drops (socket buffer, any sender's): {st['rx_dropped_estimate']}; every hostile datagram "
-          f"rejected or dropped: {'yes' if accounted else 'NO'}")
-    print("control connections refused: " + ", ".join(f"{k} {v}" for k, v in sorted(st["ctl_rejected"].items())))
-    print(f"parked at the end: {st['parked_now']}; threads {threads0} -> {threads1}; "
-          f"RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MB")
     ok = wrong_q == wrong_l == 0 and max(loud) - statistics.median(quiet) < 1.0
-    print(f"targets: every tensor exact and no message delayed > 1 s: {'met' if ok else 'NOT met'}")
+    receiver = Table("what the receiver did", [Column("count"), Column("value", left=True)])
+    receiver.add(f"datagrams rejected ({sum(rej.values())})",
+                 ", ".join(f"{k} {v}" for k, v in sorted(rej.items(), key=lambda kv: -kv[1])))
+    receiver.add("kernel drops (socket buffer, any sender's)", st["rx_dropped_estimate"])
+    receiver.add("every hostile datagram rejected or dropped", "yes" if accounted else "NO")
+    receiver.add("control connections refused", ", ".join(f"{k} {v}" for k, v in sorted(st["ctl_rejected"].items())))
+    receiver.add("parked at the end", st["parked_now"])
+    receiver.add("threads", f"{threads0} -> {threads1}")
+    receiver.add("RSS (MB)", f"{rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f}")
+    receiver.add("targets: every tensor exact and no message delayed > 1 s", "met" if ok else "NOT met")
+    print(phases.text())
+    print(receiver.text())
+    record.keep(args.out, [phases, receiver])
 
 
 if __name__ == "__main__":

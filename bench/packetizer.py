@@ -10,7 +10,7 @@ What is timed:
                      batches of --batch (the receive loop's unit) into a reused destination
   reassemble (cold)  the same into a freshly allocated destination (page faults included)
 
-Run: python bench/packetizer.py [--mb 100] [--runs 5] [--batch 1024]
+Run: python bench/packetizer.py [--mb 100] [--runs 5] [--batch 1024] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 from hostagent.packetizer import MessageMeta, packetize
 from hostagent.policy import Policy
 from hostagent.reassembly import Reassembler
+from topologies.tables import Column, Record, Table
 
 
 def _median_time(fn, runs: int) -> float:
@@ -42,7 +44,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1024, help="datagrams per reassembly batch")
     ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
+    record = Record.start("python bench/packetizer.py")
+    print(record.header())
     if hasattr(os, "sched_setaffinity"):  # one core, as the target says
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
@@ -70,11 +76,13 @@ def main() -> None:
         ("reassemble (cold)", _median_time(lambda: reassemble(None), args.runs)),
     ]
     np.testing.assert_array_equal(out, data)
-    print(f"{data.nbytes / 1e6:.0f} MB float32, {len(batch):,} packets at MTU {args.mtu}, "
-          f"median of {args.runs} runs, one core")
-    print(f"{'stage':<20}{'ms':>8}{'GB/s':>8}")
+    table = Table(f"{data.nbytes / 1e6:.0f} MB float32, {len(batch):,} packets at MTU {args.mtu}, "
+                  f"median of {args.runs} runs, one core",
+                  [Column("stage"), Column("ms", "{:.1f}"), Column("GB/s", "{:.2f}")])
     for name, t in rows:
-        print(f"{name:<20}{t * 1e3:>8.1f}{data.nbytes / t / 1e9:>8.2f}")
+        table.add(name, t * 1e3, data.nbytes / t / 1e9)
+    print(table.text())
+    record.keep(args.out, [table])
 
 
 if __name__ == "__main__":

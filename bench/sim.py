@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import time
 from pathlib import Path
@@ -26,9 +25,7 @@ from pathlib import Path
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
-from topologies import tables
-from topologies.provenance import provenance
-from topologies.tables import Column, Table
+from topologies.tables import Column, Record, Table
 from hostagent.exchange import PATTERNS
 
 TARGET_S = 600.0
@@ -60,17 +57,16 @@ def main() -> None:
     opts = SimOptions(leaves=9, hosts_per_leaf=16, spines=4, link_gbps=10, uplink_gbps=40, jobs=0,
                       scale=args.scale, iterations=1, background_load=args.background_load, mtu=args.mtu,
                       buffer=args.buffer, pattern=args.pattern, seed=args.seed, schemes=schemes)
-    made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program="python bench/sim.py")
-    machine = f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    record = Record.start("python bench/sim.py")
     simulator()  # compile first, outside the timing
     title = (f"{opts.hosts} hosts, {len(opts.placement())} {opts.pattern} jobs, resnet50 x {opts.scale:g}, "
              f"MTU {opts.mtu}, buffer {opts.buffer} packets, background load {opts.background_load:g}, "
              f"seed {opts.seed}; target <= {TARGET_S:.0f} s per scheme")
-    print(f"$ {made['command']}\ncommit {made['commit']}, {machine}, {made['started']}\n{title}")
+    print(record.header() + title)
     table = Table(title, [Column("scheme"), Column("simulated s", "{:.3f}"), Column("events", "{:,}"),
                           Column("wall s", "{:.1f}"), Column("events/s", "{:.0f}"), Column("cpu/wall", "{:.2f}"),
                           Column("load", "{:.2f}"), Column("sync p50 ms", "{:.1f}"), Column("flows"),
-                          Column("verdict")],
+                          Column("verdict", left=True)],
                   notes=["load: the 1-minute load average before the scheme ran; cpu/wall well below 1 means the "
                          "machine, not the simulator, set the pace (the row does not count)."])
     for scheme in schemes:
@@ -85,8 +81,7 @@ def main() -> None:
         table.add(scheme, r.simulated_s, r.events, wall, r.events / r.wall_s, cpu / wall, load, s["sync_p50_ms"],
                   len(r.flows), verdict)
         print(f"   {scheme}: {wall:.1f} s, {verdict}", flush=True)
-        if args.out:  # after every scheme, so a run that stops keeps what it measured
-            tables.write(args.out, [table], made, {"machine": machine})
+        record.keep(args.out, [table])
     print(table.text())
 
 

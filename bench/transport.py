@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,9 +51,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
-from topologies import tables  # noqa: E402
-from topologies.provenance import provenance  # noqa: E402
-from topologies.tables import Column, Table  # noqa: E402
+from topologies.tables import Column, Record, Table  # noqa: E402
 
 # 57 MB (14.25 M float32) in 12 tensors of uneven size (a scaled CNN-like profile, first layers
 # small). Earlier versions of this file called it 25 MB; the sizes are the same.
@@ -537,19 +534,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.iterations, args.messages, args.steps = 1, 2, 2, 10
-    made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program="python bench/transport.py")
-    machine = f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
-    print(f"$ {made['command']}")
-    print(f"commit {made['commit']}, {machine}, {made['started']}")
-    print()
+    record = Record.start("python bench/transport.py")
+    print(record.header())
     parts = {"goodput": goodput_table, "collective": collective_table, "ddp": ddp_table, "testbed": testbed_table}
     done = []
     for part, make in parts.items():
         if args.part in ("all", part):
             done.append(make(args))
             print(done[-1].text())
-            if args.out:  # after every part, so a run that stops keeps what it measured
-                tables.write(args.out, done, made, {"machine": machine})
+            record.keep(args.out, done)
 
 
 if __name__ == "__main__":

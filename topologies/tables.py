@@ -9,11 +9,14 @@ recorded, formatted once, not copied from a terminal.
 from __future__ import annotations
 
 import json
+import os
+import platform
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topologies.provenance import provenance_lines
+from topologies.provenance import provenance, provenance_lines
 
 #: What ``kind`` a tables file says it is, so a report tells it from a run's results.
 KIND = "tables"
@@ -21,10 +24,12 @@ KIND = "tables"
 
 @dataclass
 class Column:
-    """A column's heading and how its numbers are shown (``"{:.1f}"``); text cells show as they are."""
+    """A column's heading and how its numbers are shown (``"{:.1f}"``); text cells show as they
+    are. Columns align right (numbers) unless ``left``; a table's first column always aligns left."""
 
     name: str
     fmt: str = "{}"
+    left: bool = False
 
     def show(self, value: Any) -> str:
         if value is None:
@@ -48,6 +53,9 @@ class Table:
             raise ValueError(f"{self.title}: a row of {len(cells)} cells for {len(self.columns)} columns")
         self.rows.append(list(cells))
 
+    def _left(self, i: int) -> bool:
+        return i == 0 or self.columns[i].left
+
     def cells(self) -> list[list[str]]:
         return [[c.show(v) for c, v in zip(self.columns, row)] for row in self.rows]
 
@@ -58,7 +66,7 @@ class Table:
                   for i, c in enumerate(self.columns)]
 
         def line(cells: list[str]) -> str:
-            padded = (cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths)))
+            padded = (c.ljust(w) if self._left(i) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
             return "   " + "  ".join(padded)
 
         return "\n".join([self.title, line([c.name for c in self.columns]), *(line(r) for r in shown),
@@ -66,7 +74,7 @@ class Table:
 
     def markdown(self) -> str:
         head = "| " + " | ".join(c.name for c in self.columns) + " |"
-        rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"
+        rule = "|" + "|".join("---" if self._left(i) else "---:" for i in range(len(self.columns))) + "|"
         body = ["| " + " | ".join(r) + " |" for r in self.cells()]
         notes = ["", *self.notes] if self.notes else []
         return "\n".join([f"**{self.title}**", "", head, rule, *body, *notes]) + "\n"
@@ -74,6 +82,31 @@ class Table:
     @classmethod
     def from_dict(cls, d: dict) -> Table:
         return cls(d["title"], [Column(**c) for c in d["columns"]], [list(r) for r in d["rows"]], list(d["notes"]))
+
+
+@dataclass
+class Record:
+    """What made a benchmark's tables (its command, commit, start and machine): printed before
+    them on the console and kept with them in the file."""
+
+    provenance: dict
+    machine: str
+
+    @classmethod
+    def start(cls, program: str) -> Record:
+        """``program``: how the benchmark is run (``python bench/transport.py``)."""
+        made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program=program)
+        return cls(made, f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+
+    def header(self) -> str:
+        return (f"$ {self.provenance['command']}\n"
+                f"commit {self.provenance['commit']}, {self.machine}, {self.provenance['started']}\n")
+
+    def keep(self, path: Path | None, tables: list[Table]) -> None:
+        """Write ``tables`` to ``path`` (nothing without one); call it after every part, so a
+        benchmark that stops keeps what it measured."""
+        if path is not None:
+            write(path, tables, self.provenance, {"machine": self.machine})
 
 
 def write(path: Path, tables: list[Table], provenance: dict, extra: dict | None = None) -> None:

@@ -64,7 +64,7 @@ test-unit: setup
 	$(PY) -m pytest tests/unit
 
 demo: setup
-	$(PY) examples/train_digits.py --workers 4 --compare
+	$(PY) examples/train_digits.py --workers 4 --compare --out runs/demo-$(shell date +%Y%m%d-%H%M%S).json
 
 # The same training through the Mininet testbed of BMv2 switches (needs root, BMv2, Mininet).
 demo-testbed: setup

@@ -41,7 +41,7 @@ from hostagent.policy import Policy  # noqa: E402
 from hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
 from bench import rogue  # noqa: E402
 from hostagent.loopback import free_port_pairs  # noqa: E402
-from topologies.tables import Column, Record, Table  # noqa: E402
+from hostagent.tables import Column, Record, Table  # noqa: E402
 
 EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)

@@ -26,7 +26,7 @@ import numpy as np
 from hostagent.packetizer import MessageMeta, packetize
 from hostagent.policy import Policy
 from hostagent.reassembly import Reassembler
-from topologies.tables import Column, Record, Table
+from hostagent.tables import Column, Record, Table
 
 
 def _median_time(fn, runs: int) -> float:

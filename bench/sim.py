@@ -25,7 +25,7 @@ from pathlib import Path
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
-from topologies.tables import Column, Record, Table
+from hostagent.tables import Column, Record, Table
 from hostagent.exchange import PATTERNS
 
 TARGET_S = 600.0

@@ -51,7 +51,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
-from topologies.tables import Column, Record, Table  # noqa: E402
+from hostagent.tables import Column, Record, Table  # noqa: E402
 
 # 57 MB (14.25 M float32) in 12 tensors of uneven size (a scaled CNN-like profile, first layers
 # small). Earlier versions of this file called it 25 MB; the sizes are the same.

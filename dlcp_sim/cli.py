@@ -11,7 +11,7 @@ from typing import Any
 
 from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.errors import UsageError
-from topologies.provenance import provenance, results_file, write_slim
+from hostagent.provenance import provenance, results_file, write_slim
 from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from dlcp_sim.run import SMALL_FLOW_BYTES
-from topologies.provenance import provenance_lines
+from hostagent.provenance import provenance_lines
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 

@@ -224,7 +224,7 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
         provenance: dict | None = None) -> dict[str, list[SchemeResult]]:
     """Every scheme of ``opts`` at seeds ``opts.seed .. opts.seed + repeat - 1`` (the seed draws
     the gradients and the flow hashes: which flows collide); with ``out``, writes
-    ``results.json`` there (with ``provenance``: what made it, :mod:`topologies.provenance`)."""
+    ``results.json`` there (with ``provenance``: what made it, :mod:`hostagent.provenance`)."""
     if repeat < 1:
         raise DlcpUserError("--repeat must be at least 1")
     results: dict[str, list[SchemeResult]] = {s: [] for s in opts.schemes}

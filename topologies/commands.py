@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
-from topologies.provenance import results_file, write_slim
-from topologies import tables
+from hostagent.provenance import results_file, write_slim
+from hostagent import tables
 from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import WORKLOADS, add_shared_arguments, checked
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from topologies.provenance import provenance_lines
+from hostagent.provenance import provenance_lines
 from topologies.report import aggregate, describe, reference, scheme_metrics
 from topologies.stats import Estimate, versus
 

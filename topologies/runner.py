@@ -42,7 +42,7 @@ from hostagent.transport_config import bottleneck_timers
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
-from topologies.provenance import provenance
+from hostagent.provenance import provenance
 from topologies.registry import REGISTRY, Registry
 from topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,

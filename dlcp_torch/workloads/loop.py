@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from dlcp_torch.workloads.base import SEED_STRIDE, Workload, accuracy
 from hostagent.exchange import PATTERNS
 from hostagent.loopback import free_tcp_ports
 from hostagent.policy import Policy
+from hostagent.tables import Column, Record, Table
 from hostagent.transport import LossInjection
 
 
@@ -184,30 +186,40 @@ def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
     return sorted(results, key=lambda r: r["rank"])
 
 
-def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None) -> list[dict]:
+def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None,
+            out: Path | None = None) -> list[dict]:
     """Lossless, loss with a reliable push (p = 0), bounded loss, and bounded loss with error
-    feedback, one after the other, printed as a table."""
+    feedback, one after the other, printed as a table: kept with the command and commit in
+    ``out`` (``dlcp report`` prints it), the workers' whole results in ``json_path``."""
     configs: list[tuple[str, dict[str, Any]]] = [("lossless, p = 0", dict(loss=0.0, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = 0 (reliable)", dict(loss=cfg.loss, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}", dict(loss=cfg.loss, bound=cfg.bound, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}, EF", dict(loss=cfg.loss, bound=cfg.bound,
                                                                error_feedback=True))]
     server = " + parameter server" if cfg.pattern == "ps" else ""
-    print(f"{workload.title}, {cfg.workers} workers{server} on loopback ({cfg.pattern}, {cfg.mode}), "
-          f"{cfg.steps} steps of {cfg.batch} per worker; loss injected on drop classes 1-3 at every receiver")
-    print(f"{'configuration':<30}{'accuracy':>9}{'sync p50 ms':>13}{'sync p99 ms':>13}{'lost':>8}{'train s':>9}"
-          f"{'row s':>7}")
+    record = Record.start(f"python {sys.argv[0]}")
+    table = Table(f"{workload.title}, {cfg.workers} workers{server} on loopback ({cfg.pattern}, {cfg.mode}), "
+                  f"{cfg.steps} steps of {cfg.batch} per worker; loss injected on drop classes 1-3 at every receiver",
+                  [Column("configuration"), Column("accuracy", "{:.4f}"), Column("sync p50 ms", "{:.1f}"),
+                   Column("sync p99 ms", "{:.1f}"), Column("lost", "{:.2%}"), Column("train s", "{:.1f}"),
+                   Column("row s", "{:.1f}")],
+                  notes=["sync: per bucket, from hand-off to the averaged result; lost: the mean fraction of a "
+                         "worker's pushed gradient that never arrived (EF: error feedback); train s: the slowest "
+                         "worker's training loop; row s: the wall time the row took (processes, data and "
+                         "rendezvous included)."])
+    print(table.title, flush=True)
     rows = []
     for name, change in configs:
         t_row = time.monotonic()
         res = run_local(dataclasses.replace(cfg, **change), workload)
         row_s = time.monotonic() - t_row  # processes, rendezvous and shutdown too: what the row took
         r0 = res[0]
-        lost = float(np.mean([r["lost_mean"] for r in res]))
-        print(f"{name:<30}{r0['accuracy']:>9.4f}{r0['sync_ms_p50']:>13.1f}{r0['sync_ms_p99']:>13.1f}"
-              f"{lost:>8.2%}{max(r['wall'] for r in res):>9.1f}{row_s:>7.1f}", flush=True)
+        table.add(name, r0["accuracy"], r0["sync_ms_p50"], r0["sync_ms_p99"],
+                  float(np.mean([r["lost_mean"] for r in res])), max(r["wall"] for r in res), row_s)
+        print(f"   {name}: {row_s:.1f} s", flush=True)
         rows.append({"config": name, **change, "row_s": row_s, "results": res})
-    print("train s: the slowest worker's training loop; row s: the wall time the row took")
+    print(table.text())
+    record.keep(out, [table])
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=2))
     return rows

@@ -36,6 +36,8 @@ def parser(workload: Workload, doc: str | None) -> argparse.ArgumentParser:
                     help="also record worker 0's test accuracy every N steps (a time-to-accuracy trace)")
     ap.add_argument("--compare", action="store_true", help="lossless vs bounded loss vs error feedback")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="--compare: also keep its table with the command and commit (dlcp report FILE prints it)")
     return ap
 
 
@@ -55,7 +57,7 @@ def main(workload: Workload, doc: str | None = None, argv: Sequence[str] | None 
     except ValueError as exc:
         ap.error(str(exc))
     if args.compare:
-        compare(cfg, workload, args.json)
+        compare(cfg, workload, args.json, args.out)
     elif "RANK" in os.environ:
         print(json.dumps(train(cfg, workload, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))))
     else:

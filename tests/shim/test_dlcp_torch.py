@@ -270,3 +270,21 @@ def test_ddp_without_a_process_group_names_the_call_that_makes_one():
     session = dlcp_torch.DLCPSession(state=None, endpoint=None)  # type: ignore[arg-type]  # fails before using them
     with pytest.raises(RuntimeError, match=r"init_process_group\('gloo'\)"):
         session.ddp(torch.nn.Linear(2, 2))
+
+
+def test_make_demos_comparison_keeps_its_table_for_dlcp_report(tmp_path, capsys):
+    """``--compare --out FILE``: the four rows (lossless, reliable, bounded, bounded with error
+    feedback) kept with the command, and ``dlcp report FILE`` prints them for the results page."""
+    pytest.importorskip("sklearn")
+    from dlcp.cli import main as dlcp
+    from dlcp_torch.workloads.digits import WORKLOAD
+    from dlcp_torch.workloads.script import main
+
+    out = tmp_path / "demo.json"
+    main(WORKLOAD, None, ["--workers", "2", "--compare", "--steps", "20", "--out", str(out)])
+    capsys.readouterr()
+    assert dlcp(["report", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "digits" in report and "| configuration | accuracy |" in report
+    for config in ("lossless, p = 0", "5% loss, p = 0 (reliable)", "5% loss, p = 0.1", "5% loss, p = 0.1, EF"):
+        assert f"| {config} | 0." in report, config

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dlcp.cli import main
-from topologies import tables
-from topologies.tables import Column, Table
+from hostagent import tables
+from hostagent.tables import Column, Table
 
 
 def _table() -> Table:

@@ -85,3 +85,31 @@ def list_links(prefix: str = PREFIX) -> list[str]:
             if name.startswith(prefix):
                 out.append(name)
     return out
+
+
+#: The kernel's TCP counters a testbed run records per host (``/proc/net/snmp``'s Tcp line and
+#: ``/proc/net/netstat``'s TcpExt): segments sent and resent, and retransmission timeouts, the
+#: events that cost a connection its minimum RTO (200 ms on Linux) on a lossy FIFO.
+TCP_COUNTERS = {"Tcp": ("OutSegs", "RetransSegs"), "TcpExt": ("TCPTimeouts", "TCPLossProbes")}
+
+
+def parse_tcp_counters(text: str) -> dict[str, int]:
+    """:data:`TCP_COUNTERS` from the text of ``/proc/net/snmp`` and ``/proc/net/netstat``
+    (pairs of lines: ``Tcp: names...`` then ``Tcp: values...``); a counter missing is 0."""
+    out = {name: 0 for names in TCP_COUNTERS.values() for name in names}
+    lines = text.splitlines()
+    for head, values in zip(lines, lines[1:]):
+        kind, _, names = head.partition(":")
+        if kind in TCP_COUNTERS and values.startswith(kind + ":") and not values.split()[1][0].isalpha():
+            for name, value in zip(names.split(), values.partition(":")[2].split()):
+                if name in TCP_COUNTERS[kind]:
+                    out[name] = int(value)
+    return out
+
+
+def tcp_counters(pid: int) -> dict[str, int]:
+    """:func:`parse_tcp_counters` in the network namespace of process ``pid`` (a Mininet host's
+    shell); zeros when it cannot be read."""
+    res = subprocess.run(["mnexec", "-a", str(pid), "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                         capture_output=True, text=True)
+    return parse_tcp_counters(res.stdout if res.returncode == 0 else "")

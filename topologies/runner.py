@@ -41,6 +41,7 @@ from hostagent.ratecontrol import bottleneck_rates
 from hostagent.transport_config import bottleneck_timers
 from topologies import traffic
 from topologies.bmv2 import terminate_group
+from topologies.netns import tcp_counters
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from hostagent.provenance import provenance
 from topologies.registry import REGISTRY, Registry
@@ -321,7 +322,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
 
     monitor = RunMonitor({f"switch:{short(s.name)}": s.bmv2.pid for s in net.switches if s.bmv2 and s.bmv2.pid},
                          read_ports).start()
-    before = counters()
+    before, tcp_before = counters(), _host_tcp(net)
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
@@ -387,7 +388,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         # senders' last packets as lost)
         for p in procs + cross[::-1]:
             terminate_group(p, 3.0)
-    after = counters()
+    after, tcp_after = counters(), _host_tcp(net)
     sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
     received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
@@ -401,7 +402,16 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker")),
                                   _silent_losses(before, after)),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
-            "cross": traffic.summarise(sent, received) if opts.cross_traffic else None}
+            "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
+            "host_tcp": {h: {k: v - tcp_before.get(h, {}).get(k, 0) for k, v in c.items()}
+                         for h, c in tcp_after.items()}}
+
+
+def _host_tcp(net) -> dict[str, dict[str, int]]:
+    """Every host's TCP counters (:func:`topologies.netns.tcp_counters`): over a run, the
+    difference tells which hosts' connections (gloo's, DLCP's control, the cross traffic) lost
+    segments and waited out retransmission timeouts."""
+    return {short(h.name): tcp_counters(h.pid) for h in net.hosts if getattr(h, "pid", None)}
 
 
 def _silent_losses(before: dict, after: dict) -> dict:

@@ -256,3 +256,14 @@ def test_read_summaries_skips_non_json_and_tolerates_missing_files(tmp_path):
     (tmp_path / "empty.log").write_text("")
     assert read_summaries(tmp_path / "empty.log") == []
     assert read_summaries(tmp_path / "missing.log") == []
+
+
+def test_tcp_counters_are_read_from_the_kernels_tables():
+    from topologies.netns import parse_tcp_counters
+
+    text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+            "Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs\nTcp: 1 200 1910283 1205\n"
+            "TcpExt: SyncookiesSent TCPLossProbes TCPTimeouts\nTcpExt: 0 570 36\n")
+    assert parse_tcp_counters(text) == {"OutSegs": 1910283, "RetransSegs": 1205, "TCPTimeouts": 36,
+                                        "TCPLossProbes": 570}
+    assert parse_tcp_counters("") == {"OutSegs": 0, "RetransSegs": 0, "TCPTimeouts": 0, "TCPLossProbes": 0}

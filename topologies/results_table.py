@@ -73,6 +73,30 @@ def scheme_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def host_tcp_table(results: dict) -> str:
+    """Per scheme, medians over its runs of the TCP segments its hosts resent and the
+    retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
+    control connections) apart from the cross traffic's (hosts named ``x``); empty for runs
+    recorded before hosts' counters were."""
+    runs: dict[str, list[dict]] = {}
+    for s in results["schemes"]:
+        if s.get("host_tcp"):
+            runs.setdefault(s["scheme"], []).append(s["host_tcp"])
+    if not runs:
+        return ""
+
+    def median(rows: list[dict], cross: bool, key: str) -> str:
+        per_run = [sum(c.get(key, 0) for h, c in r.items() if h.startswith("x") == cross) for r in rows]
+        return f"{float(np.median(per_run)):.0f}"
+
+    lines = ["| scheme | TCP resent, agents' hosts | RTO timeouts, agents' hosts | TCP resent, cross hosts | "
+             "RTO timeouts, cross hosts |", "|---|---:|---:|---:|---:|"]
+    for name, rows in runs.items():
+        lines.append(f"| `{name}` | {median(rows, False, 'RetransSegs')} | {median(rows, False, 'TCPTimeouts')} | "
+                     f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |")
+    return "\n".join(lines) + "\n"
+
+
 def verdicts(results: dict) -> list[str]:
     """One sentence per scheme whose paired interval allows a call against the reference."""
     agg = aggregate(results)
@@ -98,7 +122,8 @@ def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
     traffic and bound stay, which is all :func:`markdown` reads."""
-    keep = ("scheme", "base_scheme", "pattern", "repeat", "policy", "metrics", "validity", "cross", "bound")
+    keep = ("scheme", "base_scheme", "pattern", "repeat", "policy", "metrics", "validity", "cross", "bound",
+            "host_tcp")
     return {**{k: v for k, v in results.items() if k != "schemes"},
             "schemes": [{k: s[k] for k in keep if k in s} for s in results["schemes"]]}
 
@@ -117,4 +142,7 @@ def markdown(results: dict, source: str = "") -> str:
     lines.append("")
     lines.append("Medians over valid runs, 95 % bootstrap intervals over runs in brackets (none with fewer than "
                  "3 runs); speedups paired by run (run r of each scheme, interleaved).")
+    tcp = host_tcp_table(results)
+    if tcp:
+        lines += ["", "TCP on the hosts, medians over runs (all runs):", "", tcp]
     return "\n".join(lines) + "\n"

@@ -144,3 +144,18 @@ def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
     # a target nobody reaches is said so, not averaged away
     results["config"]["target_accuracy"] = 0.99
     assert "not reached" in summary(results)
+
+
+def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
+    from topologies.results_table import host_tcp_table
+
+    def run(scheme: str, agents: int, cross: int) -> dict:
+        return {"scheme": scheme, "host_tcp": {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
+                                               "h2": {"RetransSegs": 0, "TCPTimeouts": 0},
+                                               "x5": {"RetransSegs": cross, "TCPTimeouts": 1}}}
+
+    results = {"schemes": [run("baseline", 30, 5), run("baseline", 50, 7), run("baseline", 40, 9),
+                           run("gloo", 200, 0), {"scheme": "old"}]}
+    table = host_tcp_table(results)
+    assert "| `baseline` | 40 | 4 | 7 | 1 |" in table and "| `gloo` | 200 | 20 | 0 | 1 |" in table
+    assert "old" not in table and host_tcp_table({"schemes": [{"scheme": "old"}]}) == ""

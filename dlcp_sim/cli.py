@@ -12,6 +12,7 @@ from typing import Any
 from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.errors import UsageError
 from hostagent.provenance import provenance, results_file, write_slim
+from topologies.progress import Progress
 from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 
@@ -150,12 +151,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
         name, values = parse_sweep(f"{param}={','.join(vals)}")
         if not args.out:
             raise UsageError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
-        rows = sweep(opts, name, values, args.repeat, Path(args.out))
+        rows = sweep(opts, name, values, args.repeat, Path(args.out),
+                     Progress(len(values) * args.repeat * len(opts.schemes)))
         print((Path(args.out) / "sweep.md").read_text(), end="")
         print(f"{len(rows)} rows in {args.out}/sweep.csv, figure {args.out}/sweep.png ({time.monotonic() - t0:.1f} s)")
         return 0
     results = run(opts, args.repeat, Path(args.out) if args.out else None,
-                  provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z")))
+                  provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z")), Progress(args.repeat * len(opts.schemes)))
     print(f"{opts.hosts} hosts ({opts.leaves} leaves x {opts.hosts_per_leaf}, {opts.spines} spines), "
           f"{len(opts.placement())} {opts.pattern} job(s) of {opts.workers} workers, {opts.workload} x {opts.scale:g}, "
           f"{opts.iterations} iterations, {opts.link_gbps:g}/{opts.uplink_rate_gbps:g} Gb/s host/uplinks, "

@@ -21,6 +21,7 @@ from dlcp_sim.scenario import (
     scenario_text,
 )
 from hostagent.errors import DlcpUserError
+from topologies.progress import Progress
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -221,16 +222,20 @@ def simulate(opts: SimOptions, scheme: str, timeout: float = 3600.0) -> SchemeRe
 
 
 def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
-        provenance: dict | None = None) -> dict[str, list[SchemeResult]]:
+        provenance: dict | None = None, progress: Progress | None = None) -> dict[str, list[SchemeResult]]:
     """Every scheme of ``opts`` at seeds ``opts.seed .. opts.seed + repeat - 1`` (the seed draws
     the gradients and the flow hashes: which flows collide); with ``out``, writes
-    ``results.json`` there (with ``provenance``: what made it, :mod:`hostagent.provenance`)."""
+    ``results.json`` there (with ``provenance``: what made it, :mod:`hostagent.provenance`).
+    ``progress`` counts each simulated scheme and seed (a line with an ETA)."""
     if repeat < 1:
         raise DlcpUserError("--repeat must be at least 1")
     results: dict[str, list[SchemeResult]] = {s: [] for s in opts.schemes}
     for r in range(repeat):
         for scheme in opts.schemes:
             results[scheme].append(simulate(replace(opts, seed=opts.seed + r), scheme))
+            if progress is not None:
+                progress.step(f"{scheme}, seed {opts.seed + r}: sync p50 "
+                              f"{results[scheme][-1].summary()['sync_p50_ms']:.1f} ms")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(

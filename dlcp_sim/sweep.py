@@ -18,6 +18,7 @@ from typing import Any
 
 from dlcp_sim.scenario import SimOptions
 from hostagent.errors import UsageError
+from topologies.progress import Progress
 from topologies.sweepkit import cell as kit_cell
 from topologies.sweepkit import errorbars, finish_axes, put_estimate, run_values, value_axis
 
@@ -125,15 +126,18 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
     plt.close(fig)
 
 
-def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path) -> list[dict]:
-    """Run ``base`` at every value of ``name``; write sweep.csv, sweep.md and sweep.png in ``out``."""
+def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path,
+          progress: Progress | None = None) -> list[dict]:
+    """Run ``base`` at every value of ``name``; write sweep.csv, sweep.md and sweep.png in ``out``.
+    ``progress``: counts every simulated scheme and seed of every value."""
     from dlcp_sim.run import run, summary
 
     per_value = dict(zip(values, [options_at(base, name, v) for v in values]))  # every value checked first
 
     def run_one(value: str) -> list[dict]:
-        results = run(per_value[value], repeat, out / f"{name}={value}")
-        print(f"{name} = {value}: done", flush=True)
+        if progress is not None:
+            progress.prefix = f"{name}={value}: "
+        results = run(per_value[value], repeat, out / f"{name}={value}", progress=progress)
         return rows_of(name, value, summary(results))
 
     rows = run_values(out, values, run_one)

@@ -21,6 +21,7 @@ from hostagent.errors import DlcpUserError
 from topologies.converge import (RANGES, Config, Grid, Settings, Summary, append_row, key_of, markdown_table,
                                  read_rows, row_of, rows_for, run_key, summarise)
 from topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
+from topologies.progress import eta
 
 if TYPE_CHECKING:  # torch is imported when a study starts, not when the command line is built
     from dlcp_torch.workloads.base import Workload
@@ -111,15 +112,15 @@ def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: flo
 
     def finish(i: int, c: Config, s: int, attempted: tuple[list[dict] | Exception, float]) -> None:
         results, wall = attempted
-        eta = _eta(time.monotonic() - started, i, len(todo))
+        left = eta(time.monotonic() - started, i, len(todo))
         if isinstance(results, Exception):
             failures.append(str(results))
-            progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: FAILED after {wall:.0f} s: {results}{eta}")
+            progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: FAILED after {wall:.0f} s: {results}{left}")
             return
         row = row_of(settings, c, s, results)
         append_row(csv_path, row)
         progress(f"[{i}/{len(todo)}] {c.label}, seed {s}: accuracy {row['accuracy']:.4f}, "
-                 f"run {wall:.0f} s (training {row['train_s']:.1f} s), lost {row['lost_mean']:.1%}{eta}")
+                 f"run {wall:.0f} s (training {row['train_s']:.1f} s), lost {row['lost_mean']:.1%}{left}")
 
     def attempt(c: Config, s: int) -> tuple[list[dict] | Exception, float]:
         t0 = time.monotonic()
@@ -139,14 +140,6 @@ def study(settings: Settings, grid: Grid, out: Path, jobs: int = 1, timeout: flo
             for i, fut in enumerate(as_completed(futures), 1):
                 finish(i, *futures[fut], fut.result())
     return report(out, settings, grid), failures
-
-
-def _eta(elapsed: float, done: int, total: int) -> str:
-    """", about 12 min left" from the study's pace so far (runs at once included); empty when done."""
-    if done >= total or done == 0:
-        return ""
-    left = elapsed / done * (total - done)
-    return f", about {left / 60:.0f} min left" if left >= 90 else f", about {left:.0f} s left"
 
 
 def report(out: Path, settings: Settings, grid: Grid) -> list[Summary]:

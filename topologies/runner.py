@@ -46,6 +46,7 @@ from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bo
 from hostagent.provenance import provenance
 from topologies.registry import REGISTRY, Registry
 from topologies.options import COMMON_RANGES, WORKLOADS, check_options
+from topologies.progress import Progress
 from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
                                 wire_dtype_of)
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
@@ -378,7 +379,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             _progress(opts, f"{label} {time.monotonic() - t0:5.0f} s  iterations {done}/{total} "
                       + "#" * int(30 * done / total))
             time.sleep(0.5)
-        _progress(opts, f"{label} done in {time.monotonic() - t0:.0f} s", final=True)
+        _progress(opts, f"{label} done in {time.monotonic() - t0:.0f} s")
         failed = [i for i, p in enumerate(worker_procs) if p.returncode != 0]
         if failed:
             raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")
@@ -506,8 +507,10 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
         runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...
+        progress = Progress(len(runs), stream=None)
         for i, (r, scheme) in enumerate(runs):
             results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
+            _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.repeat > 1 else "")), final=True)
     finally:
         _progress(opts, "tearing down ...")
         try:

@@ -16,6 +16,7 @@ the first at which every run is valid (:mod:`topologies.validity`).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -26,6 +27,7 @@ from hostagent.errors import DlcpUserError, UsageError
 from topologies.report import aggregate, reference
 from topologies.runner import RANGES, RunOptions, reference_scheme, run
 from topologies.stats import verdict
+from topologies.progress import Progress
 from topologies.sweepkit import cell, errorbars, finish_axes, put_estimate, run_values, value_axis
 
 
@@ -172,9 +174,11 @@ def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[d
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"param": param, "values": values, "base": asdict(base)}, indent=2))
     by_value = dict(zip(values, all_opts))
+    progress = Progress(len(values), stream=None if base.quiet else sys.stderr)
 
     def run_one(value: str) -> list[dict]:
         run_dir, results = run(replace(by_value[value], out=str(out)))
+        progress.step(f"{param} = {value}")
         return rows_of(param, value, results, run_dir)
 
     rows = run_values(out, values, run_one)

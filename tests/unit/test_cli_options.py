@@ -17,7 +17,7 @@ from hostagent import clikit
 from hostagent.clikit import DefaultsHelpFormatter, package_version
 from hostagent.ranges import Range
 from topologies.commands import run_options
-from topologies.converge_run import _eta
+from topologies.progress import Progress, eta
 from topologies.runner import agent_spec, scheme_policy
 
 
@@ -210,10 +210,24 @@ def test_range_messages():
     assert Range(0.0, 0.5).problem(0.5) is None
 
 
-def test_converge_eta_from_the_pace_so_far():
-    assert _eta(90.0, 1, 3) == ", about 3 min left"
-    assert _eta(20.0, 2, 3) == ", about 10 s left"
-    assert _eta(20.0, 3, 3) == ""
+def test_eta_from_the_pace_so_far():
+    assert eta(90.0, 1, 3) == ", about 3 min left"
+    assert eta(20.0, 2, 3) == ", about 10 s left"
+    assert eta(20.0, 3, 3) == "" and eta(0.0, 0, 3) == ""
+
+
+def test_progress_prints_a_line_per_unit_with_its_time_and_what_is_left():
+    import io
+
+    now = [100.0]
+    out = io.StringIO()
+    p = Progress(3, out, clock=lambda: now[0])
+    now[0] = 160.0
+    assert p.step("dlcp seed 0") == "[1/3] dlcp seed 0 (60 s; 60 s in all, about 2 min left)"
+    now[0] = 400.0
+    p.step("baseline seed 0")
+    assert out.getvalue().splitlines()[1] == "[2/3] baseline seed 0 (4.0 min; 5.0 min in all, about 2 min left)"
+    assert Progress(1, None, clock=lambda: 0.0).step("quiet") == "[1/1] quiet (0 s; 0 s in all)"
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handlers_are_restored():

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -81,18 +82,36 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _sweep_table(given: str) -> str:
-    """A testbed sweep's Markdown table, from its sweep.csv as the sweep wrote it."""
+    """A testbed sweep's Markdown table, from its sweep.csv as the sweep wrote it, or a
+    convergence study's tables from its converge.csv."""
     from topologies.sweep import markdown
 
     path = sweep_csv(given)
     assert path is not None
     try:
         rows = read_csv(path)
-    except (OSError, ValueError) as exc:
+    except ValueError:
+        return _converge_tables(given, path)
+    except OSError as exc:
         raise UsageError(f"{given}: {exc}") from None
     if "runs" not in rows[0]:
         raise UsageError(f"{given}: not a testbed sweep's CSV (a simulator's reads with dlcp sim installed)")
     return markdown(rows, str(rows[0]["param"]))
+
+
+def _converge_tables(given: str, path: Path) -> str:
+    """Each study in a converge.csv: what it trained, then its table (``converge.md``'s)."""
+    from topologies import converge
+
+    try:
+        studies = converge.studies_in(converge.read_rows(path))
+    except DlcpUserError:
+        raise UsageError(f"{given}: neither a sweep's CSV nor a convergence study's") from None
+    parts = []
+    for s, summaries in studies:
+        parts.append(f"**Study**: {s.workload}, {s.workers} workers, {s.steps} steps ({s.mode}), test accuracy every "
+                     f"{s.eval_every} steps; from `{given}`.\n\n{converge.markdown_table(summaries)}")
+    return "\n".join(parts)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

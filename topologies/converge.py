@@ -337,12 +337,39 @@ def rows_for(rows: Sequence[dict], settings: Settings, grid: Grid) -> list[dict]
 def summarise(rows: Sequence[dict], settings: Settings, grid: Grid) -> list[Summary]:
     """Per configuration of ``grid`` that has runs: accuracy, paired difference from lossless,
     mean lost fraction, training time and time to the lossless accuracy minus 0.5 points."""
-    mine = rows_for(rows, settings, grid)
+    return _summaries(rows_for(rows, settings, grid), grid.configs())
+
+
+def studies_in(rows: Sequence[dict]) -> list[tuple[Settings, list[Summary]]]:
+    """Every study a converge.csv holds (one per settings), summarised over the configurations
+    and seeds it has, in the order a :class:`Grid` runs them: what ``dlcp report converge.csv``
+    prints, with no command line to say what the grid was."""
+    out = []
+    for key in dict.fromkeys(tuple(r[k] for k in SETTINGS_FIELDS) for r in rows):
+        settings = Settings(**dict(zip(SETTINGS_FIELDS, key)))
+        mine: dict[tuple, dict] = {}
+        for r in rows:  # the first of any duplicate, as rows_for keeps
+            if tuple(r[k] for k in SETTINGS_FIELDS) == key:
+                mine.setdefault(run_key(r), r)
+        configs = sorted({config_of(r) for r in mine.values()}, key=_grid_order)
+        out.append((settings, _summaries(list(mine.values()), configs)))
+    return out
+
+
+def _grid_order(c: Config) -> tuple:
+    """Where :meth:`Grid.configs` puts ``c``: by pattern, then bound, a reliable baseline (p = 0
+    with loss) just before the bound whose loss it has, then loss and error feedback."""
+    reliable = c.bound == 0 and c.loss > 0
+    return (PATTERNS.index(c.pattern) if c.pattern in PATTERNS else len(PATTERNS), c.loss if reliable else c.bound,
+            0 if reliable else 1, c.loss, c.error_feedback)
+
+
+def _summaries(mine: Sequence[dict], configs: Sequence[Config]) -> list[Summary]:
     by_config: dict[Config, dict[int, dict]] = {}
     for r in mine:
         by_config.setdefault(config_of(r), {})[r["seed"]] = r
     out = []
-    for c in grid.configs():
+    for c in configs:
         runs = by_config.get(c)
         if not runs:
             continue

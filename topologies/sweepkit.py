@@ -29,11 +29,12 @@ def write_csv(path: Path, rows: Sequence[dict]) -> None:
 
 
 def sweep_csv(given: str) -> Path | None:
-    """The sweep.csv a command line names: the file itself (any ``*.csv`` name, as kept beside a
-    results page), or the one in a sweep directory; None when ``given`` names neither."""
+    """The CSV a command line names: the file itself (any ``*.csv`` name, as kept beside a
+    results page), or a sweep's or a convergence study's in its directory; None when ``given``
+    names none."""
     path = Path(given)
     if path.is_dir():
-        path = path / "sweep.csv"
+        path = next((path / n for n in ("sweep.csv", "converge.csv") if (path / n).is_file()), path / "sweep.csv")
     return path if path.suffix == ".csv" and path.is_file() else None
 
 

@@ -141,3 +141,18 @@ def test_a_csv_of_something_else_is_refused(tmp_path):
 def test_converge_is_a_dlcp_command():
     args = build_parser().parse_args(["converge", "--seeds", "2", "--patterns", "ps"])
     assert args.func.__name__ == "cmd_converge" and args.seeds == 2 and args.losses == "same"
+
+
+@pytest.mark.parametrize("reliable", [False, True])
+def test_dlcp_report_prints_a_kept_converge_csv_as_the_study_wrote_it(tmp_path, reliable, capsys):
+    """No command line says what the grid was: the report finds it in the rows, in grid order."""
+    from dlcp.cli import main
+
+    grid, _ = _study(tmp_path, reliable)
+    report(tmp_path, SETTINGS, grid)
+    assert main(["report", str(tmp_path / "converge.csv")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "converge.md").read_text() in out
+    assert "**Study**: mnist1d, 2 workers, 100 steps (ddp)" in out
+    assert main(["report", str(tmp_path)]) == 0  # the study's directory names its CSV
+    assert (tmp_path / "converge.md").read_text() in capsys.readouterr().out

@@ -100,7 +100,7 @@ def test_dlcp_report_prints_a_sweeps_table_from_its_csv_as_the_sweep_wrote_it(tm
 
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     assert main(["report", str(tmp_path / "other.csv")]) == 2
-    assert "not a sweep's CSV" in capsys.readouterr().err
+    assert "neither a sweep's CSV nor a convergence study's" in capsys.readouterr().err
 
 
 def test_a_reader_that_leaves_early_ends_dlcp_quietly(tmp_path):

@@ -39,10 +39,6 @@ TCP_VARIANTS = ("dctcp", "cubic", "newreno")
 HOST_MODELS = ("dctcp", "agent")
 #: How jobs take hosts (:attr:`SimOptions.jobs_placement`).
 JOB_PLACEMENTS = ("spread", "packed")
-#: Schemes only the simulator has, and the testbed scheme whose switches they run over. ``tcp``
-#: sends the same messages over one TCP connection per pair of hosts (``--gradient-tcp``:
-#: DCTCP by default), as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
-#: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h).
 #: The allowed values of every numeric option of the simulator: checked by
 #: :class:`SimOptions` and by ``dlcp sim``'s parser as the options are typed. What the testbed
 #: takes too is :data:`topologies.options.COMMON_RANGES`.
@@ -67,8 +63,10 @@ RANGES: dict[str, Range] = {
 }
 
 #: Simulator-only schemes and the testbed scheme whose fabric they run on: ``tcp`` sends the
-#: baseline's messages over TCP connections with ``--gradient-tcp``'s congestion control, as gloo
-#: does; ``tcp-<variant>`` names the variant, so one run (one set of seeds) compares several.
+#: baseline's messages over one TCP connection per pair of hosts with ``--gradient-tcp``'s
+#: congestion control, as gloo, NCCL's socket transport and BytePS do, through the baseline's FIFO
+#: ports and per-flow ECMP (dlcp_sim/ns3/tcp-host.h); ``tcp-<variant>`` names the variant, so one
+#: run (one set of seeds) compares several.
 SIM_ONLY_SCHEMES = {"tcp": "baseline", **{f"tcp-{v}": "baseline" for v in TCP_VARIANTS}}
 
 #: The choice options of the simulator and their allowed values (the workload and pattern are

@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from dlcp_torch.staging import HostCopies, Staging
-from dlcp_torch.tensors import as_numpy
+from dlcp_torch.tensors import as_numpy, torch_dtype
 from hostagent.auth import parse_secret
-from hostagent.exchange import MAX_STEPS, RingAllreduce, message_id
+from hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
 from hostagent.messages import Expect
 from hostagent.policy import Policy
 from hostagent.transport import Endpoint, TransportConfig
@@ -61,9 +61,9 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
-#: Sums of these take the ring, each in its own type on the wire (:data:`hostagent.exchange.RING_DTYPES`);
-#: float64 and integers are gathered and reduced exactly.
-RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Sums of these take the ring, each in its own type on the wire (:data:`hostagent.exchange.RING_DTYPES`,
+#: as torch types); float64 and integers are gathered and reduced exactly.
+RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
 
 
 @dataclass(frozen=True)

@@ -29,4 +29,9 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-__all__ = ["BFLOAT16", "as_numpy", "from_numpy"]
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch element type of a numpy one (ml_dtypes' bfloat16 as torch.bfloat16)."""
+    return torch.bfloat16 if dtype == BFLOAT16 else torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+__all__ = ["BFLOAT16", "as_numpy", "from_numpy", "torch_dtype"]

@@ -74,7 +74,9 @@ demo-drop: setup
 	$(VENV)/bin/dlcp demo
 
 # Each benchmark also keeps its tables in $(BENCH_OUT) (dlcp report FILE prints them as Markdown).
-BENCH_OUT ?= runs/bench-$(shell date +%Y%m%d-%H%M%S)
+ifndef BENCH_OUT
+BENCH_OUT := runs/bench-$(shell date +%Y%m%d-%H%M%S)
+endif
 bench: setup
 	$(PY) bench/packetizer.py --out $(BENCH_OUT)/packetizer.json
 	$(PY) bench/transport.py --out $(BENCH_OUT)/transport.json

@@ -134,7 +134,7 @@ def main() -> None:
     rej = st["reassembly"]["rejected"]
     accounted = sum(rej.values()) + st["rx_dropped_estimate"] >= args.datagrams
     ok = wrong_q == wrong_l == 0 and max(loud) - statistics.median(quiet) < 1.0
-    receiver = Table("what the receiver did", [Column("count"), Column("value", left=True)])
+    receiver = Table("what the receiver did", [Column("what"), Column("count", left=True)])
     receiver.add(f"datagrams rejected ({sum(rej.values())})",
                  ", ".join(f"{k} {v}" for k, v in sorted(rej.items(), key=lambda kv: -kv[1])))
     receiver.add("kernel drops (socket buffer, any sender's)", st["rx_dropped_estimate"])

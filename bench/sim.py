@@ -26,7 +26,7 @@ from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
 from hostagent.tables import Column, Record, Table
-from hostagent.exchange import PATTERNS
+from hostagent.policy import PATTERNS
 
 TARGET_S = 600.0
 

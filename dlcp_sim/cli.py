@@ -43,27 +43,29 @@ def _extend_report(p: argparse.ArgumentParser) -> None:
         from dlcp_sim.report import is_sim_results, markdown, slim
         from dlcp_sim.sweep import markdown as sweep_markdown
 
-        rest = []
-        for given in args.results:
+        def testbeds(given: str) -> int:  # the testbed's command reads it or says what is wrong with it
+            return int(testbed(argparse.Namespace(**{**vars(args), "results": [given]})))
+
+        for given in args.results:  # in the order given, so a page's sections come out in its order
             csv_path = sweep_csv(given)
             if csv_path is not None:
                 try:
                     rows = read_csv(csv_path)
                 except (OSError, ValueError):
-                    rows = [{}]  # not a sweep's: the testbed's command reads it or says what is wrong
+                    rows = [{}]
                 if "seeds" in rows[0]:  # the simulator's; the testbed's counts runs
-                    print(sweep_markdown(rows, str(rows[0]["param"])))
-                else:
-                    rest.append(given)
+                    print(f"Sweep from `{given}`:\n\n{sweep_markdown(rows, str(rows[0]['param']))}")
+                elif testbeds(given):
+                    return 1
                 continue
             path = results_file(given)
             try:
                 results = json.loads(path.read_text())
             except (OSError, ValueError):
-                rest.append(given)  # the testbed's command says what is wrong with it
-                continue
+                results = None
             if not is_sim_results(results):
-                rest.append(given)
+                if testbeds(given):
+                    return 1
                 continue
             source = str(given)
             if args.slim:
@@ -72,8 +74,6 @@ def _extend_report(p: argparse.ArgumentParser) -> None:
                 print(markdown(results, source, args.against))
             except ValueError as exc:
                 raise UsageError(f"--against: {exc}") from None
-        if rest:
-            return int(testbed(argparse.Namespace(**{**vars(args), "results": rest})))
         return 0
 
     p.set_defaults(func=cmd_report)

@@ -17,11 +17,10 @@ import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
 from hostagent.errors import DlcpUserError, UsageError
-from hostagent.exchange import PATTERNS
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
-from hostagent.policy import ECN_BACKLOGS, Policy, drop_classes, packet_magnitudes
+from hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, drop_classes, packet_magnitudes
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig, bottleneck_timers

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hostagent import wire
-from hostagent.exchange import PATTERNS, Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
+from hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
 from hostagent.fusion import Layout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, layer_priorities
+from hostagent.policy import PATTERNS, Policy, layer_priorities
 from hostagent.transport import Endpoint
 
 if TYPE_CHECKING:  # torch is imported where it is used: a testbed agent exchanging numpy arrays never loads it

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import os
 
-from hostagent.exchange import PATTERNS
+from hostagent.policy import PATTERNS
 from hostagent.model_profiles import PROFILES
 from dlcp_torch.workloads.synthetic import SyntheticConfig, run, run_local
 

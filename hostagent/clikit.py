@@ -11,8 +11,10 @@ Both programs also share how options are checked as they are parsed (:func:`numb
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -187,15 +189,39 @@ def _dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name:
     except KeyboardInterrupt as exc:
         print(f"{name}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
-    except BrokenPipeError:  # the reader left (``dlcp report ... | head``): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exiting does not flush into it
-        return 141
+    except BrokenPipeError as exc:
+        if _reader_left():  # ``dlcp report ... | head``: stop quietly, as Unix tools do
+            return 141
+        if debug:
+            raise
+        return _unexpected(name, exc)
     except Exception as exc:  # a bug: one line for the user, the traceback in the log
         if debug:
             raise
-        log_path = _log_traceback(name)
-        print(f"{name}: unexpected error: {exc!r} (traceback in {log_path}; rerun with --debug)", file=sys.stderr)
-        return 1
+        return _unexpected(name, exc)
+
+
+def _reader_left() -> bool:
+    """Whether standard output is the pipe that broke (its reader is gone); if so, point it at
+    /dev/null, so exiting does not try to flush into it again. A broken pipe to a subprocess or a
+    socket is not this: it is an error like any other."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):  # a stdout without a descriptor
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poll.poll(0)):  # a pipe with no reader: POLLERR
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True
+
+
+def _unexpected(name: str, exc: BaseException) -> int:
+    """A bug: one line for the user, the traceback in the log."""
+    log_path = _log_traceback(name)
+    print(f"{name}: unexpected error: {exc!r} (traceback in {log_path}; rerun with --debug)", file=sys.stderr)
+    return 1
 
 
 def _log_traceback(name: str) -> Path:

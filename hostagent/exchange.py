@@ -50,10 +50,6 @@ from hostagent.transport import Endpoint
 
 log = logging.getLogger(__name__)
 
-#: The exchange patterns: a parameter server (:class:`PSServer`, :class:`PSWorker`) or ring allreduce
-#: (:class:`RingAllreduce`). One definition for the shim, the testbed, the simulator and their flags.
-PATTERNS = ("ps", "ring")
-
 MAX_TENSORS = 1 << 16
 MAX_STEPS = 1 << 6
 ITERATION_WRAP = 1 << 10

@@ -92,6 +92,11 @@ LB_MODES = ("round_robin", "random", "flow")
 #: priority and above, or the whole port's.
 ECN_BACKLOGS = ("ahead", "port")
 
+#: The exchange patterns a job's gradients take: a parameter server
+#: (:class:`hostagent.exchange.PSServer`) or ring allreduce (:class:`hostagent.exchange.RingAllreduce`).
+#: Defined here, in a light module, for the shim, the testbed, the simulator and their flags.
+PATTERNS = ("ps", "ring")
+
 
 def register_band_strategy(name: str, fn: BandStrategy) -> None:
     """Make ``fn`` selectable as ``Policy(band_strategy=name)``.

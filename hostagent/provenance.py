@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def provenance(stamp: str, program: str = "dlcp") -> dict:
-    """What made a run, for its results page: the command line (``program`` and this process's
-    arguments), the source commit (``-dirty`` with uncommitted changes; None outside a git
-    checkout) and the start time."""
+def provenance(stamp: str, program: str = "dlcp", args: Sequence[str] | None = None) -> dict:
+    """What made a run, for its results page: the command line (``program`` and ``args``, by
+    default this process's arguments), the source commit (``-dirty`` with uncommitted changes;
+    None outside a git checkout) and the start time."""
     repo = Path(__file__).resolve().parents[1]
     commit = None
     if (repo / ".git").exists():
@@ -23,7 +24,8 @@ def provenance(stamp: str, program: str = "dlcp") -> dict:
         commit = git("rev-parse", "--short", "HEAD") or None
         if commit and git("status", "--porcelain", "--untracked-files=no"):
             commit += "-dirty"
-    return {"command": " ".join([program, *sys.argv[1:]]), "commit": commit, "started": stamp}
+    return {"command": " ".join([program, *(sys.argv[1:] if args is None else args)]), "commit": commit,
+            "started": stamp}
 
 
 def provenance_lines(results: dict, source: str = "") -> list[str]:

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,10 @@ class Record:
     machine: str
 
     @classmethod
-    def start(cls, program: str) -> Record:
-        """``program``: how the benchmark is run (``python bench/transport.py``)."""
-        made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program=program)
+    def start(cls, program: str, args: Sequence[str] | None = None) -> Record:
+        """``program``: how the benchmark is run (``python bench/transport.py``); ``args``: its
+        arguments, when they are not this process's."""
+        made = provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z"), program=program, args=args)
         return cls(made, f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
 
     def header(self) -> str:

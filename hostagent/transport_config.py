@@ -37,6 +37,9 @@ def bottleneck_timers(bottleneck: float, mtu: int) -> dict[str, float]:
     return {"feedback_interval": max(TransportConfig.feedback_interval, FEEDBACK_PACKETS * mtu / bottleneck)}
 
 
+#: The per-packet paths: the compiled one (hostagent/native) and numpy's (the fallback).
+DATAPATHS = ("native", "numpy")
+
 @dataclass(frozen=True)
 class Peer:
     """Where one endpoint of the job listens."""
@@ -182,8 +185,8 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
         if self.rank not in ranks:
             raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
-        if self.datapath not in ("native", "numpy"):
-            raise ValueError(f"TransportConfig.datapath={self.datapath!r} must be 'native' or 'numpy'")
+        if self.datapath not in DATAPATHS:
+            raise ValueError(f"TransportConfig.datapath={self.datapath!r} must be one of {DATAPATHS}")
         if self.bulk_feedback_packets < 1:
             raise ValueError(f"TransportConfig.bulk_feedback_packets={self.bulk_feedback_packets} must be >= 1")
         if not 1 <= self.rx_batch <= 65536:

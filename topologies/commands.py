@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hostagent.clikit import number
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.policy import Policy, PolicyError, load_policy
+from hostagent.transport_config import DATAPATHS
 from hostagent.provenance import results_file, write_slim
 from hostagent import tables
 from topologies.sweepkit import read_csv, sweep_csv
@@ -49,8 +50,10 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Print each run's Markdown section (:func:`topologies.results_table.markdown`), or a
-    sweep's table from its sweep.csv (:func:`topologies.sweep.markdown`)."""
+    """Print each file's Markdown section, in the order given: a run's results.json
+    (:func:`topologies.results_table.markdown`), a sweep's sweep.csv (:func:`topologies.sweep.markdown`),
+    a convergence study's converge.csv (:func:`topologies.converge.markdown_table`) or a
+    benchmark's tables file (:func:`hostagent.tables.markdown`)."""
     from topologies.report import against
     from topologies.results_table import markdown, refresh_metrics, slim
 
@@ -95,8 +98,8 @@ def _sweep_table(given: str) -> str:
     except OSError as exc:
         raise UsageError(f"{given}: {exc}") from None
     if "runs" not in rows[0]:
-        raise UsageError(f"{given}: not a testbed sweep's CSV (a simulator's reads with dlcp sim installed)")
-    return markdown(rows, str(rows[0]["param"]))
+        raise UsageError(f"{given}: a sweep's CSV without the testbed's columns (runs, valid_runs)")
+    return f"Sweep from `{given}`:\n\n{markdown(rows, str(rows[0]['param']))}"
 
 
 def _converge_tables(given: str, path: Path) -> str:
@@ -237,7 +240,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
                    default=d.calibration_iterations,
                    help="communication-only iterations for the ordering efficiency E")
-    p.add_argument("--datapath", choices=["native", "numpy"], default=d.datapath,
+    p.add_argument("--datapath", choices=DATAPATHS, default=d.datapath,
                    help="DLCP's per-packet path on the hosts: compiled, or numpy (to compare the two)")
     p.add_argument("--host-tcp", default=d.host_tcp, metavar="CC",
                    help="TCP congestion control of every host: gloo's connections, the TCP cross traffic, "
@@ -277,10 +280,11 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_calibrate)
-    p = sub.add_parser("report", help="a run's results as Markdown tables for a results page (from results.json, "
-                       "or a sweep's sweep.csv)")
+    p = sub.add_parser("report", help="results as Markdown tables for a results page: runs' results.json, sweeps' "
+                       "sweep.csv, convergence studies' converge.csv, benchmarks' tables files")
     p.add_argument("results", nargs="+", metavar="RESULTS",
-                   help="results.json files (or their run directories), or sweeps' CSV files (or their directories)")
+                   help="results files, in the order their sections are printed: results.json (or a run "
+                        "directory), sweep.csv or converge.csv (or the study's directory), a benchmark's --out file")
     p.add_argument("--slim", metavar="DIR", default=None,
                    help="also write each run's results without its per-iteration records to DIR/<run>.json: "
                         "small enough to keep beside a results page, and enough to regenerate its tables")

@@ -28,9 +28,8 @@ from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 
 from hostagent.errors import DlcpUserError, UsageError
-from hostagent.exchange import PATTERNS
 from hostagent.lossmodel import PROBABILITY
-from hostagent.policy import LOSS_BOUND
+from hostagent.policy import LOSS_BOUND, PATTERNS
 from hostagent.ranges import Range
 from topologies.stats import CONFIDENCE
 from topologies.tta import time_to_accuracy
@@ -341,9 +340,11 @@ def summarise(rows: Sequence[dict], settings: Settings, grid: Grid) -> list[Summ
 
 
 def studies_in(rows: Sequence[dict]) -> list[tuple[Settings, list[Summary]]]:
-    """Every study a converge.csv holds (one per settings), summarised over the configurations
-    and seeds it has, in the order a :class:`Grid` runs them: what ``dlcp report converge.csv``
-    prints, with no command line to say what the grid was."""
+    """Every study a converge.csv holds (one per settings), summarised over all the
+    configurations and seeds it has: what ``dlcp report converge.csv`` prints, with no command
+    line to say what the grid was. Configurations come in the order a paired or a crossed
+    :class:`Grid` runs them, patterns in the order the CSV first has them; for the rows of one
+    grid that is ``converge.md``'s table (a CSV that several grids wrote is summarised whole)."""
     out = []
     for key in dict.fromkeys(tuple(r[k] for k in SETTINGS_FIELDS) for r in rows):
         settings = Settings(**dict(zip(SETTINGS_FIELDS, key)))
@@ -351,17 +352,22 @@ def studies_in(rows: Sequence[dict]) -> list[tuple[Settings, list[Summary]]]:
         for r in rows:  # the first of any duplicate, as rows_for keeps
             if tuple(r[k] for k in SETTINGS_FIELDS) == key:
                 mine.setdefault(run_key(r), r)
-        configs = sorted({config_of(r) for r in mine.values()}, key=_grid_order)
+        configs = list(dict.fromkeys(config_of(r) for r in mine.values()))
+        patterns = list(dict.fromkeys(c.pattern for c in configs))
+        # crossed losses (a bound with a loss other than itself): p = 0 with loss is an ordinary
+        # bound-0 configuration; paired: it is a reliable baseline, run just before its bound
+        crossed = any(c.bound > 0 and c.loss != c.bound for c in configs)
+        configs.sort(key=lambda c: _grid_order(c, patterns, crossed))
         out.append((settings, _summaries(list(mine.values()), configs)))
     return out
 
 
-def _grid_order(c: Config) -> tuple:
-    """Where :meth:`Grid.configs` puts ``c``: by pattern, then bound, a reliable baseline (p = 0
-    with loss) just before the bound whose loss it has, then loss and error feedback."""
-    reliable = c.bound == 0 and c.loss > 0
-    return (PATTERNS.index(c.pattern) if c.pattern in PATTERNS else len(PATTERNS), c.loss if reliable else c.bound,
-            0 if reliable else 1, c.loss, c.error_feedback)
+def _grid_order(c: Config, patterns: list[str], crossed: bool) -> tuple:
+    """Where :meth:`Grid.configs` puts ``c``: by pattern, then bound (a paired grid's reliable
+    baseline, p = 0 with loss, just before the bound whose loss it has), loss, error feedback."""
+    reliable = not crossed and c.bound == 0 and c.loss > 0
+    return (patterns.index(c.pattern), c.loss if reliable else c.bound, 0 if reliable else 1, c.loss,
+            c.error_feedback)
 
 
 def _summaries(mine: Sequence[dict], configs: Sequence[Config]) -> list[Summary]:

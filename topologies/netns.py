@@ -107,9 +107,9 @@ def parse_tcp_counters(text: str) -> dict[str, int]:
     return out
 
 
-def tcp_counters(pid: int) -> dict[str, int]:
+def tcp_counters(pid: int) -> dict[str, int] | None:
     """:func:`parse_tcp_counters` in the network namespace of process ``pid`` (a Mininet host's
-    shell); zeros when it cannot be read."""
+    shell); None when they cannot be read (not zeros, which would read as a clean run)."""
     res = subprocess.run(["mnexec", "-a", str(pid), "cat", "/proc/net/snmp", "/proc/net/netstat"],
                          capture_output=True, text=True)
-    return parse_tcp_counters(res.stdout if res.returncode == 0 else "")
+    return parse_tcp_counters(res.stdout) if res.returncode == 0 and "Tcp:" in res.stdout else None

@@ -17,9 +17,8 @@ from typing import Any
 
 from hostagent.clikit import number
 from hostagent.errors import UsageError
-from hostagent.exchange import PATTERNS
 from hostagent.model_profiles import PROFILES
-from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, Policy
+from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, PATTERNS, Policy
 from hostagent.ranges import Range
 from topologies.schemes import MIN_BUFFER
 from topologies.workload import TRAINING_WORKLOADS
@@ -88,12 +87,13 @@ def add_shared_arguments(p: argparse.ArgumentParser, defaults: Any, ranges: Mapp
                         + (", or real training on digits or MNIST-1D (needs pip install -e '.[mnist1d]')"
                            if set(TRAINING_WORKLOADS) & set(workloads) else ""))
     p.add_argument("--pattern", choices=list(PATTERNS), default=defaults.pattern,
-                   help="parameter server (one per job) or ring allreduce, for a scheme that does not name one")
+                   help="parameter server or ring allreduce, for a scheme that does not name one")
     p.add_argument("--iterations", type=checked(ranges, "iterations"), default=defaults.iterations)
     p.add_argument("--scale", type=checked(ranges, "scale", float), default=defaults.scale,
                    help="multiply every tensor's size")
     p.add_argument("--compute-ms", type=checked(ranges, "compute_ms", float), default=defaults.compute_ms,
-                   help="backward time per iteration; buckets leave (or their rings start) as they fill during it")
+                   help="backward time per iteration of synthetic gradients; buckets leave (or their rings start) "
+                        "as they fill during it (real training takes its own time)")
     p.add_argument("--buffer", type=checked(ranges, "buffer"), default=defaults.buffer,
                    help="switch port buffer, packets")
     given = "the --policy file's loss_bound_push, else " if policy_file else ""

@@ -30,9 +30,10 @@ class Progress:
     """Counts finished units out of ``total`` and prints ``[k/total] what (took, elapsed, ETA)``.
 
     ``clock`` is injectable so a test runs on a fake one; ``stream=None`` prints nothing (a
-    quiet run). ``prefix`` goes before each line's ``what`` (a sweep sets it to the value)."""
+    quiet run); the default is whatever ``sys.stderr`` is when a line is printed.
+    ``prefix`` goes before each line's ``what`` (a sweep sets it to the value)."""
 
-    def __init__(self, total: int, stream: TextIO | None = sys.stderr,
+    def __init__(self, total: int, stream: TextIO | None | str = "stderr",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total = total
         self.done = 0
@@ -49,5 +50,5 @@ class Progress:
                 f"{duration(now - self.started)} in all{eta(now - self.started, self.done, self.total)})")
         self.last = now
         if self.stream is not None:
-            print(line, file=self.stream, flush=True)
+            print(line, file=sys.stderr if isinstance(self.stream, str) else self.stream, flush=True)
         return line

@@ -80,14 +80,16 @@ def host_tcp_table(results: dict) -> str:
     recorded before hosts' counters were."""
     runs: dict[str, list[dict]] = {}
     for s in results["schemes"]:
-        if s.get("host_tcp"):
-            runs.setdefault(s["scheme"], []).append(s["host_tcp"])
+        counters = s.get("tcp_counters") or s.get("host_tcp")  # (host_tcp: as 12ac361 named it)
+        if counters:
+            runs.setdefault(s["scheme"], []).append(counters)
     if not runs:
         return ""
 
     def median(rows: list[dict], cross: bool, key: str) -> str:
-        per_run = [sum(c.get(key, 0) for h, c in r.items() if h.startswith("x") == cross) for r in rows]
-        return f"{float(np.median(per_run)):.0f}"
+        per_run = [sum(c.get(key, 0) for h, c in r.items() if h.startswith("x") == cross) for r in rows
+                   if all(c is not None for h, c in r.items() if h.startswith("x") == cross)]  # every host read
+        return f"{float(np.median(per_run)):.0f}" if per_run else "-"
 
     lines = ["| scheme | TCP resent, agents' hosts | RTO timeouts, agents' hosts | TCP resent, cross hosts | "
              "RTO timeouts, cross hosts |", "|---|---:|---:|---:|---:|"]
@@ -121,9 +123,9 @@ def refresh_metrics(results: dict) -> dict:
 def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
-    traffic and bound stay, which is all :func:`markdown` reads."""
+    traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads."""
     keep = ("scheme", "base_scheme", "pattern", "repeat", "policy", "metrics", "validity", "cross", "bound",
-            "host_tcp")
+            "tcp_counters", "host_tcp")
     return {**{k: v for k, v in results.items() if k != "schemes"},
             "schemes": [{k: s[k] for k in keep if k in s} for s in results["schemes"]]}
 

@@ -34,11 +34,10 @@ from pathlib import Path
 from hostagent.auth import new_secret
 from hostagent.errors import DlcpUserError, UsageError
 from hostagent.model_profiles import PROFILES
-from hostagent.exchange import PATTERNS
-from hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, Policy
+from hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
-from hostagent.transport_config import bottleneck_timers
+from hostagent.transport_config import DATAPATHS, bottleneck_timers
 from topologies import traffic
 from topologies.bmv2 import terminate_group
 from topologies.netns import tcp_counters
@@ -158,7 +157,7 @@ def tcp_congestion_controls() -> set[str] | None:
 
 #: The choice options of a run and their allowed values.
 CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
-                                       "datapath": ("native", "numpy")}
+                                       "datapath": DATAPATHS}
 
 
 def reference_scheme(opts: RunOptions) -> str | None:
@@ -254,8 +253,8 @@ def _progress(opts: RunOptions, text: str, final: bool = False) -> None:
     marked ``final`` (one per scheme), so a log does not fill with carriage returns."""
     if opts.quiet:
         return
-    if sys.stderr.isatty():
-        print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():  # a final line stays; the others are rewritten in place
+        print(f"\r\033[K{text}", end="\n" if final and text else "", file=sys.stderr, flush=True)
     elif final and text:
         print(text, file=sys.stderr, flush=True)
 
@@ -404,15 +403,20 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                                   _silent_losses(before, after)),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
-            "host_tcp": {h: {k: v - tcp_before.get(h, {}).get(k, 0) for k, v in c.items()}
-                         for h, c in tcp_after.items()}}
+            "tcp_counters": _tcp_delta(tcp_before, tcp_after)}
 
 
-def _host_tcp(net) -> dict[str, dict[str, int]]:
+def _host_tcp(net) -> dict[str, dict[str, int] | None]:
     """Every host's TCP counters (:func:`topologies.netns.tcp_counters`): over a run, the
     difference tells which hosts' connections (gloo's, DLCP's control, the cross traffic) lost
     segments and waited out retransmission timeouts."""
     return {short(h.name): tcp_counters(h.pid) for h in net.hosts if getattr(h, "pid", None)}
+
+
+def _tcp_delta(before: dict, after: dict) -> dict[str, dict[str, int] | None]:
+    """Per host, what its counters grew by over the run; None where either reading failed."""
+    return {h: None if c is None or before.get(h) is None else {k: v - before[h][k] for k, v in c.items()}
+            for h, c in after.items()}
 
 
 def _silent_losses(before: dict, after: dict) -> dict:

@@ -17,8 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from hostagent.errors import DlcpUserError
-from hostagent.exchange import PATTERNS
-from hostagent.policy import Policy
+from hostagent.policy import PATTERNS, Policy
 
 #: Which mechanisms each scheme turns on.
 SCHEMES: dict[str, dict[str, bool]] = {

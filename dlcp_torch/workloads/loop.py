@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,8 @@ import torch.distributed as dist
 
 import dlcp_torch
 from dlcp_torch.workloads.base import SEED_STRIDE, Workload, accuracy
-from hostagent.exchange import PATTERNS
 from hostagent.loopback import free_tcp_ports
-from hostagent.policy import Policy
+from hostagent.policy import PATTERNS, Policy
 from hostagent.tables import Column, Record, Table
 from hostagent.transport import LossInjection
 
@@ -187,17 +187,18 @@ def run_local(cfg: TrainConfig, workload: Workload) -> list[dict]:
 
 
 def compare(cfg: TrainConfig, workload: Workload, json_path: str | None = None,
-            out: Path | None = None) -> list[dict]:
+            out: Path | None = None, argv: Sequence[str] | None = None) -> list[dict]:
     """Lossless, loss with a reliable push (p = 0), bounded loss, and bounded loss with error
     feedback, one after the other, printed as a table: kept with the command and commit in
-    ``out`` (``dlcp report`` prints it), the workers' whole results in ``json_path``."""
+    ``out`` (``dlcp report`` prints it), the workers' whole results in ``json_path``; ``argv``:
+    the command line's arguments when they are not this process's."""
     configs: list[tuple[str, dict[str, Any]]] = [("lossless, p = 0", dict(loss=0.0, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = 0 (reliable)", dict(loss=cfg.loss, bound=0.0, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}", dict(loss=cfg.loss, bound=cfg.bound, error_feedback=False)),
                (f"{cfg.loss:.0%} loss, p = {cfg.bound}, EF", dict(loss=cfg.loss, bound=cfg.bound,
                                                                error_feedback=True))]
     server = " + parameter server" if cfg.pattern == "ps" else ""
-    record = Record.start(f"python {sys.argv[0]}")
+    record = Record.start(f"python {sys.argv[0]}", argv)
     table = Table(f"{workload.title}, {cfg.workers} workers{server} on loopback ({cfg.pattern}, {cfg.mode}), "
                   f"{cfg.steps} steps of {cfg.batch} per worker; loss injected on drop classes 1-3 at every receiver",
                   [Column("configuration"), Column("accuracy", "{:.4f}"), Column("sync p50 ms", "{:.1f}"),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlcp_torch.workloads.base import MissingDependency, Workload
-from hostagent.exchange import PATTERNS
+from hostagent.policy import PATTERNS
 from dlcp_torch.workloads.loop import TrainConfig, compare, run_local, train
 
 
@@ -57,7 +57,7 @@ def main(workload: Workload, doc: str | None = None, argv: Sequence[str] | None 
     except ValueError as exc:
         ap.error(str(exc))
     if args.compare:
-        compare(cfg, workload, args.json, args.out)
+        compare(cfg, workload, args.json, args.out, argv)
     elif "RANK" in os.environ:
         print(json.dumps(train(cfg, workload, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))))
     else:

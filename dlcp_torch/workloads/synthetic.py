@@ -8,7 +8,6 @@ shapes, which DLCP's DistributedOptimizer sends as soon as each exists, highest 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 import dlcp_torch
+from hostagent.loopback import free_tcp_ports
 from hostagent.model_profiles import layer_sizes
 from hostagent.policy import Policy
 
@@ -70,10 +70,7 @@ def run_local(cfg: SyntheticConfig, timeout: float = 600.0) -> list[dict]:
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    (port,) = free_tcp_ports(1)
     procs = [ctx.Process(target=_worker, args=(r, cfg, port, out)) for r in range(cfg.workers)]
     for p in procs:
         p.start()

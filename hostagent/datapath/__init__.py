@@ -16,12 +16,12 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING
 
+from hostagent.transport_config import DATAPATHS
+
 if TYPE_CHECKING:
     from hostagent.datapath.native import NativeDatapath
     from hostagent.datapath.numpy_path import NumpyDatapath
     from hostagent.transport_config import TransportConfig
-
-DATAPATHS = ("native", "numpy")
 
 
 def native_available() -> str | None:

@@ -194,6 +194,8 @@ def test_a_non_editable_install_runs_the_testbed_from_any_directory(wheel, tmp_p
     assert results["config"]["workload"] == "mnist1d", results["config"]
     ran = {r["scheme"]: len(r["iterations"]) for r in results["schemes"]}
     assert set(ran) == {"baseline", "dlcp"} and min(ran.values()) >= 4, ran
+    # the runner ran from the venv, outside any checkout (inside one it would record a commit), and
     # no agent fell back on the checkout (a traceback would name its files)
+    assert results["provenance"]["commit"] is None, results["provenance"]
     logs = "\n".join(p.read_text(errors="replace") for p in run_dir.rglob("*.log"))
     assert str(REPO) not in logs, "an agent ran code from the source tree"

@@ -243,3 +243,16 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handlers_are_restored():
     before = signal.getsignal(signal.SIGTERM)
     assert clikit.run_cli(parser, [], "dlcp") == 143
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error_like_any_other(capsys):
+    """Only a reader that left standard output ends a command quietly; a subprocess's or a
+    socket's broken pipe is reported (exit 1, the traceback in the log)."""
+    parser = argparse.ArgumentParser(prog="t")
+
+    def fails(_: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser.set_defaults(func=fails)
+    assert clikit.run_cli(parser, [], "t") == 1
+    assert "t: unexpected error: BrokenPipeError" in capsys.readouterr().err

@@ -156,3 +156,17 @@ def test_dlcp_report_prints_a_kept_converge_csv_as_the_study_wrote_it(tmp_path, 
     assert "**Study**: mnist1d, 2 workers, 100 steps (ddp)" in out
     assert main(["report", str(tmp_path)]) == 0  # the study's directory names its CSV
     assert (tmp_path / "converge.md").read_text() in capsys.readouterr().out
+
+
+def test_a_crossed_grids_csv_reports_in_its_grids_order(tmp_path, capsys):
+    """With crossed losses p = 0 under loss is an ordinary bound-0 row (not a reliable baseline
+    moved beside its bound), and patterns keep the grid's order."""
+    from dlcp.cli import main
+
+    grid = Grid(seeds=(0, 1), bounds=(0.0, 0.05, 0.1), losses=(0.0, 0.1), error_feedback=(False,),
+                patterns=("ring", "ps"))
+    for c, s in grid.runs():
+        append_row(tmp_path / "converge.csv", row_of(SETTINGS, c, s, _results(0.9 - c.loss / 10 + 0.01 * s)))
+    report(tmp_path, SETTINGS, grid)
+    assert main(["report", str(tmp_path / "converge.csv")]) == 0
+    assert (tmp_path / "converge.md").read_text() in capsys.readouterr().out

@@ -150,7 +150,7 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     from topologies.results_table import host_tcp_table
 
     def run(scheme: str, agents: int, cross: int) -> dict:
-        return {"scheme": scheme, "host_tcp": {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
+        return {"scheme": scheme, "tcp_counters": {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
                                                "h2": {"RetransSegs": 0, "TCPTimeouts": 0},
                                                "x5": {"RetransSegs": cross, "TCPTimeouts": 1}}}
 
@@ -159,3 +159,6 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     table = host_tcp_table(results)
     assert "| `baseline` | 40 | 4 | 7 | 1 |" in table and "| `gloo` | 200 | 20 | 0 | 1 |" in table
     assert "old" not in table and host_tcp_table({"schemes": [{"scheme": "old"}]}) == ""
+    unread = run("dlcp", 10, 3)
+    unread["tcp_counters"]["h2"] = None  # a host whose counters could not be read: no figure, not a zero
+    assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table({"schemes": [unread]})

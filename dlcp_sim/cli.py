@@ -152,7 +152,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if not args.out:
             raise UsageError("--sweep writes sweep.csv, sweep.md and sweep.png: give --out DIR")
         rows = sweep(opts, name, values, args.repeat, Path(args.out),
-                     Progress(len(values) * args.repeat * len(opts.schemes)))
+                     Progress(len(values) * args.repeat * len(opts.schemes)),
+                     provenance(time.strftime("%Y-%m-%d %H:%M:%S %Z")))
         print((Path(args.out) / "sweep.md").read_text(), end="")
         print(f"{len(rows)} rows in {args.out}/sweep.csv, figure {args.out}/sweep.png ({time.monotonic() - t0:.1f} s)")
         return 0

@@ -127,9 +127,10 @@ def plot(path: Path, rows: list[dict], name: str, title: str) -> None:
 
 
 def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path,
-          progress: Progress | None = None) -> list[dict]:
+          progress: Progress | None = None, provenance: dict | None = None) -> list[dict]:
     """Run ``base`` at every value of ``name``; write sweep.csv, sweep.md and sweep.png in ``out``.
-    ``progress``: counts every simulated scheme and seed of every value."""
+    ``progress``: counts every simulated scheme and seed of every value; ``provenance`` (what
+    made the sweep) goes into every value's results.json."""
     from dlcp_sim.run import run, summary
 
     per_value = dict(zip(values, [options_at(base, name, v) for v in values]))  # every value checked first
@@ -137,7 +138,7 @@ def sweep(base: SimOptions, name: str, values: list[str], repeat: int, out: Path
     def run_one(value: str) -> list[dict]:
         if progress is not None:
             progress.prefix = f"{name}={value}: "
-        results = run(per_value[value], repeat, out / f"{name}={value}", progress=progress)
+        results = run(per_value[value], repeat, out / f"{name}={value}", provenance, progress)
         return rows_of(name, value, summary(results))
 
     rows = run_values(out, values, run_one)

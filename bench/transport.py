@@ -353,7 +353,7 @@ def collective_table(args) -> Table:
         "gloo all_reduce": "gloo",
         "DLCP ring, lossless": "native:ring:0:0",
         "DLCP ring, p=.05, 2% loss": "native:ring:0.05:0.02",
-        "  direct all-gather": "native:ring-direct:0.05:0.02",
+        "DLCP ring, p=.05, 2% loss, direct all-gather": "native:ring-direct:0.05:0.02",
         "DLCP PS, lossless": "native:ps:0:0",
         "DLCP PS, p=.05, 2% loss": "native:ps:0.05:0.02",
     }

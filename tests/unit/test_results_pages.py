@@ -1,0 +1,56 @@
+"""The tables on the results pages are what `dlcp report` prints from the files kept beside
+them (docs/results/data/), today: a page cannot drift from its data, and a change to the report
+that alters a published figure fails here."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from dlcp.cli import main
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+#: Each page and the `dlcp report` arguments (data files, options) whose every table row it shows.
+PAGES: dict[str, list[list[str]]] = {
+    "benchmarks.md": [["20261126-bench-packetizer.json"], ["20261126-bench-transport.json"],
+                      ["20261126-bench-hostile.json"]],
+    "sim-speed.md": [["20261126-bench-sim.json"]],
+    "sim-background-load.md": [["20261126-sim32-load50.json"], ["20261126-sim-load32.csv"],
+                               ["20261126-sim-load144.csv"], ["20261126-sim144-load50.json", "--against", "tcp-dctcp"]],
+    "ecn-rule.md": [["20261126-sim-ecn32.csv"]],
+    "sim-144-hosts.md": [["20261126-sim-hosts-ps.csv"], ["20261126-sim-hosts-ring.csv"],
+                         ["20261126-sim144-ps.json", "--against", "tcp-dctcp"],
+                         ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],
+    "sim-validation.md": [["20261126-simval-ps.json"], ["20261126-simval-ring.json"]],
+    "testbed-vs-gloo.md": [["20261126-113141-leafspine.json"], ["20261126-131439-leafspine.json"], ["20261126-132312-leafspine.json"],
+                           ["20261126-150709-leafspine.json"]],
+}
+
+
+def _rows(args: list[str]) -> list[str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", str(RESULTS / "data" / args[0]), *args[1:]]) == 0
+    return [line for line in out.getvalue().splitlines() if line.startswith("| ") or line.startswith("|---")]
+
+
+@pytest.mark.parametrize("page, args", [(p, a) for p, runs in PAGES.items() for a in runs],
+                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_a_pages_tables_are_what_dlcp_report_prints_from_its_data(page, args):
+    text = (RESULTS / page).read_text()
+    rows = _rows(args)
+    assert rows, f"dlcp report {' '.join(args)} printed no table"
+    missing = [r for r in rows if r not in text]
+    assert not missing, f"{page} does not show {len(missing)} row(s) of dlcp report {' '.join(args)}: {missing[:3]}"
+
+
+def test_every_kept_data_file_is_reported_on_some_page():
+    listed = {a[0] for runs in PAGES.values() for a in runs}
+    cited = {p.name for p in (RESULTS / "data").iterdir()} - listed
+    # the rest are cited in a page's text for figures it quotes
+    for name in cited:
+        assert any(name in p.read_text() for p in RESULTS.glob("*.md")), f"data/{name} is on no page"

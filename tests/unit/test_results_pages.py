@@ -28,8 +28,8 @@ PAGES: dict[str, list[list[str]]] = {
                          ["20261126-sim144-ps.json", "--against", "tcp-dctcp"],
                          ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],
     "sim-validation.md": [["20261126-simval-ps.json"], ["20261126-simval-ring.json"]],
-    "testbed-vs-gloo.md": [["20261126-113141-leafspine.json"], ["20261126-131439-leafspine.json"], ["20261126-132312-leafspine.json"],
-                           ["20261126-150709-leafspine.json"]],
+    "testbed-vs-gloo.md": [["20261126-113141-leafspine.json"], ["20261126-131439-leafspine.json"],
+                           ["20261126-132312-leafspine.json"], ["20261126-150709-leafspine.json"]],
 }
 
 
@@ -37,7 +37,7 @@ def _rows(args: list[str]) -> list[str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["report", str(RESULTS / "data" / args[0]), *args[1:]]) == 0
-    return [line for line in out.getvalue().splitlines() if line.startswith("| ") or line.startswith("|---")]
+    return [line for line in out.getvalue().splitlines() if line.startswith(("| ", "|---"))]
 
 
 @pytest.mark.parametrize("page, args", [(p, a) for p, runs in PAGES.items() for a in runs],

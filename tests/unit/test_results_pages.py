@@ -20,6 +20,7 @@ PAGES: dict[str, list[list[str]]] = {
                       ["20261126-bench-hostile.json"]],
     "sim-speed.md": [["20261126-bench-sim.json"]],
     "digits-demo.md": [["20261126-demo.json"]],
+    "convergence-loss-bound.md": [["20261126-converge-mnist1d.csv"]],
     "sim-background-load.md": [["20261126-sim32-load50.json"], ["20261126-sim-load32.csv"],
                                ["20261126-sim-load144.csv"], ["20261126-sim144-load50.json", "--against", "tcp-dctcp"]],
     "ecn-rule.md": [["20261126-sim-ecn32.csv"], ["20261126-testbed-ecn.csv"]],

@@ -59,7 +59,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     for given in args.results:
         if sweep_csv(given) is not None:
-            print(_sweep_table(given))
+            print(_csv_tables(given))
             continue
         path = results_file(given)
         try:
@@ -84,9 +84,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_table(given: str) -> str:
-    """A testbed sweep's Markdown table, from its sweep.csv as the sweep wrote it, or a
-    convergence study's tables from its converge.csv."""
+def _csv_tables(given: str) -> str:
+    """The tables of a CSV a command line names: a testbed sweep's (its sweep.csv as the sweep
+    wrote it) or a convergence study's (its converge.csv)."""
     from topologies.sweep import markdown
 
     path = sweep_csv(given)

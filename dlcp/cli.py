@@ -1,9 +1,10 @@
 """``dlcp``: the whole command line, gathered from the layers that own its sub-commands.
 
 The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`, the testbed's (run,
-sweep, calibrate, converge, clean) from :mod:`topologies.commands` and ``sim`` from
-:mod:`dlcp_sim.cli`. This module sits at the top of the package graph, so it adds the global
-options and the dispatch and nothing else: a command's options stay with the code they drive.
+sweep, calibrate, converge, clean) from :mod:`topologies.commands`, ``sim`` from
+:mod:`dlcp_sim.cli` and ``report``, which reads what all of them write, from :mod:`dlcp.report`.
+This module sits at the top of the package graph, so it adds the global options and the dispatch
+and nothing else: a command's options stay with the code they drive.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from dlcp.report import add_report_command
 from dlcp_sim.cli import add_sim_command
 from hostagent.cli import add_host_commands
 from hostagent.clikit import GlobalOption, finish_parser, run_cli
@@ -24,13 +26,14 @@ GLOBAL_OPTIONS: list[GlobalOption] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every sub-command, in the order ``--help`` lists them: host, testbed, simulator, clean."""
+    """Every sub-command, in the order ``--help`` lists them: host, testbed, simulator, report, clean."""
     parser = argparse.ArgumentParser(prog="dlcp", description="DLCP: demo, policy, wire format, and experiments "
                                      "on a Mininet testbed of BMv2 switches.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_host_commands(sub)
     add_experiment_commands(sub)
     add_sim_command(sub)
+    add_report_command(sub)
     add_clean_command(sub)
     return finish_parser(parser, GLOBAL_OPTIONS)
 

@@ -11,9 +11,8 @@ from typing import Any
 
 from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
 from hostagent.errors import UsageError
-from hostagent.provenance import provenance, results_file, write_slim
+from hostagent.provenance import provenance
 from topologies.progress import Progress
-from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 
 
@@ -28,55 +27,6 @@ def add_sim_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "(needs pip install -e '.[sim]')")
     add_sim_arguments(p)
     p.set_defaults(func=cmd_sim)
-    if "report" in sub.choices:
-        _extend_report(sub.choices["report"])
-
-
-def _extend_report(p: argparse.ArgumentParser) -> None:
-    """Let ``dlcp report`` read a simulator run's results.json too (the testbed's command cannot
-    import the simulator: it sits below it)."""
-    testbed = p.get_default("func")
-
-    def cmd_report(args: argparse.Namespace) -> int:
-        import json
-
-        from dlcp_sim.report import is_sim_results, markdown, slim
-        from dlcp_sim.sweep import markdown as sweep_markdown
-
-        def testbeds(given: str) -> int:  # the testbed's command reads it or says what is wrong with it
-            return int(testbed(argparse.Namespace(**{**vars(args), "results": [given]})))
-
-        for given in args.results:  # in the order given, so a page's sections come out in its order
-            csv_path = sweep_csv(given)
-            if csv_path is not None:
-                try:
-                    rows = read_csv(csv_path)
-                except (OSError, ValueError):
-                    rows = [{}]
-                if "seeds" in rows[0]:  # the simulator's; the testbed's counts runs
-                    print(f"Sweep from `{given}`:\n\n{sweep_markdown(rows, str(rows[0]['param']))}")
-                elif testbeds(given):
-                    return 1
-                continue
-            path = results_file(given)
-            try:
-                results = json.loads(path.read_text())
-            except (OSError, ValueError):
-                results = None
-            if not is_sim_results(results):
-                if testbeds(given):
-                    return 1
-                continue
-            source = str(given)
-            if args.slim:
-                source = write_slim(args.slim, path, slim(results))
-            try:
-                print(markdown(results, source, args.against))
-            except ValueError as exc:
-                raise UsageError(f"--against: {exc}") from None
-        return 0
-
-    p.set_defaults(func=cmd_report)
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 The testbed's runs have their own (:func:`topologies.results_table.markdown`); this is the same
 idea for ``dlcp sim --out``: what ran, with which command at which commit, and one table per
 run, computed from the per-seed results in the file, so no results page types a figure by hand.
+Both read the one results schema (:mod:`topologies.results`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import numpy as np
 
 from dlcp_sim.run import SMALL_FLOW_BYTES
 from hostagent.provenance import provenance_lines
+from topologies.results import by_scheme
+from topologies.results import slim as slim_results
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -21,16 +24,14 @@ TCP_NAMES = {"dctcp": "DCTCP", "cubic": "Cubic", "newreno": "NewReno"}
 
 
 def is_sim_results(results: Any) -> bool:
-    """Whether ``results`` (a loaded results.json) came from ``dlcp sim`` (not ``dlcp run``)."""
-    return isinstance(results, dict) and "options" in results and "runs" in results
+    """Whether ``results`` (in schema 2, :func:`topologies.results.upgrade`) came from ``dlcp sim``."""
+    return isinstance(results, dict) and results.get("source") == "simulator"
 
 
 def slim(results: dict) -> dict:
     """The results without per-iteration records and per-port counters: small enough to keep
     beside a results page, and all its tables need."""
-    runs = {s: [{k: v for k, v in r.items() if k not in ("iterations_detail", "ports")} for r in rs]
-            for s, rs in results["runs"].items()}
-    return {**results, "runs": runs}
+    return slim_results(results, keep=())
 
 
 def describe(results: dict) -> str:
@@ -39,7 +40,7 @@ def describe(results: dict) -> str:
     hosts = o["leaves"] * o["hosts_per_leaf"]
     uplink = o["uplink_gbps"] or o["link_gbps"]
     extra = [f"host model {o['host_model']}"]
-    if "tcp" in results["runs"]:
+    if "tcp" in by_scheme(results):
         extra.append(f"`tcp` over {TCP_NAMES.get(o['gradient_tcp'], o['gradient_tcp'])}")
     if o.get("background_load"):
         extra.append(f"background load {o['background_load']:g} ({o['background_tcp']})")
@@ -65,8 +66,8 @@ def _ms(values: list[float]) -> str:
 def scheme_table(results: dict, against: str | None = None) -> tuple[str, list[str]]:
     """The Markdown table and the verdict lines, speedups paired by seed with ``against``
     (default: ``baseline`` when it ran, else the first scheme)."""
-    runs: dict[str, list[dict]] = results["runs"]
-    ref = against or ("baseline" if "baseline" in runs else next(iter(runs)))
+    runs = {s: [r["metrics"] for r in rs] for s, rs in by_scheme(results).items()}
+    ref = against or results.get("reference") or next(iter(runs))
     if ref not in runs:
         raise ValueError(f"no scheme {ref!r} in this run (it has {', '.join(runs)})")
     head = ["scheme", "seeds", "sync p50 ms", "sync p99 ms", "p50 / bound", f"x {ref} (p50)", f"x {ref} (p99)",
@@ -86,7 +87,7 @@ def scheme_table(results: dict, against: str | None = None) -> tuple[str, list[s
             if key == "p50":
                 calls.append(f"`{scheme}` against `{ref}` (sync p50): {verdict(est)}, {est.text('{:.2f}')}x.")
         cells += [f"{np.mean([r['tail_drops'] for r in rs]):,.0f}",
-                  f"{np.mean([sum(r['selective_drops']) for r in rs]):,.0f}",
+                  f"{np.mean([sum(r['selective_drops'].values()) for r in rs]):,.0f}",
                   f"{np.mean([r['retransmitted'] for r in rs]):,.0f}",
                   f"{np.mean([r['late'] + r['duplicates'] for r in rs]):,.0f}",
                   f"{100 * np.mean([r['missing_fraction'] for r in rs]):.2f}"]

@@ -22,6 +22,7 @@ from dlcp_sim.scenario import (
 )
 from hostagent.errors import DlcpUserError
 from topologies.progress import Progress
+from topologies.results import document
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
@@ -238,12 +239,25 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
                               f"{results[scheme][-1].summary()['sync_p50_ms']:.1f} ms")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(
-            {"options": opts.to_dict(), "repeat": repeat, "provenance": provenance, "summary": summary(results),
-             "runs": {s: [{**r.summary(), "iterations_detail": [asdict(i) for i in r.iterations],
-                           "ports": [asdict(p) for p in r.ports]} for r in runs] for s, runs in results.items()}},
-            indent=1))
+        (out / "results.json").write_text(json.dumps(results_document(opts, repeat, results, provenance), indent=1))
     return results
+
+
+def results_document(opts: SimOptions, repeat: int, results: dict[str, list[SchemeResult]],
+                     provenance: dict | None) -> dict:
+    """The run as a results file (:mod:`topologies.results`, the testbed's shape): one record
+    per scheme and seed, in the order they ran, its metrics named as the testbed's."""
+    runs = []
+    for r in range(repeat):
+        for scheme, done in results.items():
+            metrics = {k: v for k, v in done[r].summary().items() if k != "scheme"}
+            metrics["selective_drops"] = {str(c): n for c, n in enumerate(metrics["selective_drops"])}
+            runs.append({"scheme": scheme, "repeat": r, "seed": opts.seed + r, "metrics": metrics,
+                         "iterations_detail": [asdict(i) for i in done[r].iterations],
+                         "ports": [asdict(p) for p in done[r].ports]})
+    reference = "baseline" if "baseline" in results else next(iter(results))
+    return document("simulator", opts.to_dict(), runs, provenance=provenance, reference=reference,
+                    summary=summary(results), repeat=repeat)
 
 
 def summary(results: dict[str, list[SchemeResult]]) -> dict[str, dict]:

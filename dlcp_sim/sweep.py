@@ -19,7 +19,9 @@ from typing import Any
 from dlcp_sim.scenario import SimOptions
 from hostagent.errors import UsageError
 from topologies.progress import Progress
+from topologies.sweepkit import SweepColumn
 from topologies.sweepkit import cell as kit_cell
+from topologies.sweepkit import markdown as sweep_table
 from topologies.sweepkit import errorbars, finish_axes, put_estimate, run_values, value_axis
 
 #: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
@@ -70,25 +72,16 @@ def rows_of(name: str, value: str, summary: dict[str, dict]) -> list[dict]:
 
 def markdown(rows: list[dict], name: str) -> str:
     """The sweep as a Markdown table: medians [95 % interval] over seeds (with at least 3)."""
-    def cell(r: dict, key: str, fmt: str) -> str:
-        return kit_cell(r, key, fmt, interval=r["seeds"] >= 3)
+    def col(header: str, key: str, fmt: str) -> SweepColumn:
+        return SweepColumn(header, lambda r: kit_cell(r, key, fmt, interval=r["seeds"] >= 3), numeric=True)
 
-    background = any(r.get("fct_avg_ms") is not None for r in rows)
-    head = f"| {name} | scheme | sync p50 ms | sync p99 ms | speedup p50 | speedup p99 |"
-    rule = "|---|---|---:|---:|---:|---:|"
-    if background:
-        head += " FCT avg ms | FCT avg / baseline | small-flow FCT p99 ms | small p99 / baseline |"
-        rule += "---:|---:|---:|---:|"
-    lines = [head, rule]
-    for r in rows:
-        line = (f"| {r['value']} | {r['scheme']} | {cell(r, 'sync_p50_ms', '{:.1f}')} | "
-                f"{cell(r, 'sync_p99_ms', '{:.1f}')} | {cell(r, 'speedup_p50', '{:.2f}')} | "
-                f"{cell(r, 'speedup_p99', '{:.2f}')} |")
-        if background:
-            line += (f" {cell(r, 'fct_avg_ms', '{:.2f}')} | {cell(r, 'fct_avg_ratio', '{:.2f}')} | "
-                     f"{cell(r, 'small_fct_p99_ms', '{:.2f}')} | {cell(r, 'small_fct_p99_ratio', '{:.2f}')} |")
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+    columns = [col("sync p50 ms", "sync_p50_ms", "{:.1f}"), col("sync p99 ms", "sync_p99_ms", "{:.1f}"),
+               col("speedup p50", "speedup_p50", "{:.2f}"), col("speedup p99", "speedup_p99", "{:.2f}")]
+    if any(r.get("fct_avg_ms") is not None for r in rows):  # background traffic ran
+        columns += [col("FCT avg ms", "fct_avg_ms", "{:.2f}"), col("FCT avg / baseline", "fct_avg_ratio", "{:.2f}"),
+                    col("small-flow FCT p99 ms", "small_fct_p99_ms", "{:.2f}"),
+                    col("small p99 / baseline", "small_fct_p99_ratio", "{:.2f}")]
+    return sweep_table(rows, name, columns)
 
 
 def plot(path: Path, rows: list[dict], name: str, title: str) -> None:

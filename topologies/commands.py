@@ -1,4 +1,4 @@
-"""The testbed's sub-commands of ``dlcp``: run, sweep, calibrate, report, converge and clean.
+"""The testbed's sub-commands of ``dlcp``: run, sweep, calibrate, converge and clean.
 
 Each layer registers its own commands, so the program (:mod:`dlcp.cli`) sits above them all and
 this package needs nothing from the simulator above it.
@@ -7,20 +7,15 @@ this package needs nothing from the simulator above it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hostagent.clikit import number
-from hostagent.errors import DlcpUserError, UsageError
+from hostagent.errors import DlcpUserError
 from hostagent.policy import Policy, PolicyError, load_policy
 from hostagent.transport_config import DATAPATHS
-from hostagent.provenance import results_file, write_slim
-from hostagent import tables
-from topologies.sweepkit import read_csv, sweep_csv
 from topologies.options import WORKLOADS, add_shared_arguments, checked
 
 if TYPE_CHECKING:
@@ -49,74 +44,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       host_tcp=args.host_tcp)
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    """Print each file's Markdown section, in the order given: a run's results.json
-    (:func:`topologies.results_table.markdown`), a sweep's sweep.csv (:func:`topologies.sweep.markdown`),
-    a convergence study's converge.csv (:func:`topologies.converge.markdown_table`) or a
-    benchmark's tables file (:func:`hostagent.tables.markdown`)."""
-    from topologies.report import against
-    from topologies.results_table import markdown, refresh_metrics, slim
-
-    for given in args.results:
-        if sweep_csv(given) is not None:
-            print(_csv_tables(given))
-            continue
-        path = results_file(given)
-        try:
-            results = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{given}: not a run's results ({exc})") from None
-        if tables.is_tables(results):  # a benchmark's
-            print(tables.markdown(results, str(given)))
-            continue
-        if not isinstance(results, dict) or "schemes" not in results:
-            raise UsageError(f"{given}: not a run's results (no schemes)")
-        results = refresh_metrics(results)
-        source = str(given)
-        if args.slim:
-            source = write_slim(args.slim, path, slim(results))
-        if args.against:
-            try:
-                results = against(results, args.against)
-            except ValueError as exc:
-                raise UsageError(f"--against: {exc}") from None
-        print(markdown(results, source))
-    return 0
-
-
-def _csv_tables(given: str) -> str:
-    """The tables of a CSV a command line names: a testbed sweep's (its sweep.csv as the sweep
-    wrote it) or a convergence study's (its converge.csv)."""
-    from topologies.sweep import markdown
-
-    path = sweep_csv(given)
-    assert path is not None
-    try:
-        rows = read_csv(path)
-    except ValueError:
-        return _converge_tables(given, path)
-    except OSError as exc:
-        raise UsageError(f"{given}: {exc}") from None
-    if "runs" not in rows[0]:
-        raise UsageError(f"{given}: a sweep's CSV without the testbed's columns (runs, valid_runs)")
-    return f"Sweep from `{given}`:\n\n{markdown(rows, str(rows[0]['param']))}"
-
-
-def _converge_tables(given: str, path: Path) -> str:
-    """Each study in a converge.csv: what it trained, then its table (``converge.md``'s)."""
-    from topologies import converge
-
-    try:
-        studies = converge.studies_in(converge.read_rows(path))
-    except DlcpUserError:
-        raise UsageError(f"{given}: neither a sweep's CSV nor a convergence study's") from None
-    parts = []
-    for s, summaries in studies:
-        parts.append(f"**Study**: {s.workload}, {s.workers} workers, {s.steps} steps ({s.mode}), test accuracy every "
-                     f"{s.eval_every} steps; from `{given}`.\n\n{converge.markdown_table(summaries)}")
-    return "\n".join(parts)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from topologies.report import summary
     from topologies.runner import run
@@ -127,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir, results = run(opts)
     print(summary(results))
     print(f"run directory: {run_dir} (results.json, summary.txt, *.png, logs)")
-    invalid = [s["scheme"] for s in results["schemes"] if not (s.get("validity") or {}).get("valid", True)]
+    invalid = [s["scheme"] for s in results["runs"] if not (s.get("validity") or {}).get("valid", True)]
     if invalid and opts.strict:
         print(f"dlcp: error: invalid run(s) of {', '.join(sorted(set(invalid)))} (--strict); see the reasons above",
               file=sys.stderr)
@@ -280,18 +207,6 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("calibrate", help="the largest bottleneck capacity at which runs stay valid here (root)")
     add_run_arguments(p)
     p.set_defaults(func=cmd_calibrate)
-    p = sub.add_parser("report", help="results as Markdown tables for a results page: runs' results.json, sweeps' "
-                       "sweep.csv, convergence studies' converge.csv, benchmarks' tables files")
-    p.add_argument("results", nargs="+", metavar="RESULTS",
-                   help="results files, in the order their sections are printed: results.json (or a run "
-                        "directory), sweep.csv or converge.csv (or the study's directory), a benchmark's --out file")
-    p.add_argument("--slim", metavar="DIR", default=None,
-                   help="also write each run's results without its per-iteration records to DIR/<run>.json: "
-                        "small enough to keep beside a results page, and enough to regenerate its tables")
-    p.add_argument("--against", metavar="SCHEME", default=None,
-                   help="pair the speedups with this scheme instead of the run's reference (the accuracy target "
-                        "stays the run's)")
-    p.set_defaults(func=cmd_report)
     p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
                        "on loopback (real training; no root)")
     from topologies.converge_run import add_converge_arguments, cmd_converge

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from topologies.breakdown import PARTS, add_stragglers
+from topologies.results import by_scheme, repetitions, schemes
 from topologies.stats import Estimate, median_ci, paired_ratios, verdict, versus
 from topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
@@ -102,6 +103,7 @@ def scheme_metrics(s: dict) -> dict:
         extra["breakdown_ms"] = {k: 1e3 * float(np.mean([b.get(k, 0.0) for b in parts])) for k in PARTS}
     sync_p50 = float(np.percentile(sync, 50))
     bound = (s.get("bound") or {}).get("seconds")
+    extra["sync_over_bound"] = None
     if bound:
         # sync is only what the backward pass did not hide, so it may fall below the bound; the
         # calibration iterations (communication alone) say how close to line rate a scheme runs
@@ -110,10 +112,10 @@ def scheme_metrics(s: dict) -> dict:
             extra["comm_over_bound"] = comm / bound
     return {**extra, "sync_p50_ms": 1e3 * sync_p50, "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
-            "lost_fraction_mean": float(np.mean([r["lost_fraction"] for r in recs])),
-            "retransmissions": int(sum(r["retransmissions"] for r in recs)),
+            "missing_fraction": float(np.mean([r["lost_fraction"] for r in recs])),
+            "retransmitted": int(sum(r["retransmissions"] for r in recs)),
             "ordering_efficiency": eff["value"], "ordering_efficiency_detail": eff, "straggler_spread": spread,
-            "switch_selective_drops_by_class": drops_by_class, "switch_tail_drops": tail}
+            "selective_drops": drops_by_class, "tail_drops": tail}
 
 
 def _tta(metrics: dict, target: float) -> float:
@@ -123,8 +125,7 @@ def _tta(metrics: dict, target: float) -> float:
 
 
 def _runs(results: dict, scheme: str) -> list[dict]:
-    return sorted((s for s in results["schemes"] if s["scheme"] == scheme and s.get("metrics")),
-                  key=lambda s: s.get("repeat", 0))
+    return [s for s in by_scheme(results).get(scheme, []) if s.get("metrics")]
 
 
 def _valid(s: dict) -> bool:
@@ -140,7 +141,7 @@ def reference(results: dict) -> str:
 def accuracy_target(results: dict) -> float | None:
     """The run's time-to-accuracy target: the one it was given, else its reference's median
     final accuracy minus 0.5 points (valid runs, if any), None without either."""
-    target = results.get("config", {}).get("target_accuracy")
+    target = results["options"].get("target_accuracy")
     if target is not None:
         return float(target)
     base_runs = _runs(results, reference(results))
@@ -156,10 +157,10 @@ def against(results: dict, scheme: str) -> dict:
         ValueError: ``scheme`` did not run.
     """
     if not _runs(results, scheme):
-        names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+        names = schemes(results)
         raise ValueError(f"{scheme!r} is not one of the run's schemes {names}")
-    config = {**results.get("config", {}), "target_accuracy": accuracy_target(results)}
-    return {**results, "reference": scheme, "config": config}
+    options = {**results["options"], "target_accuracy": accuracy_target(results)}
+    return {**results, "reference": scheme, "options": options}
 
 
 def aggregate(results: dict) -> dict[str, dict]:
@@ -169,7 +170,7 @@ def aggregate(results: dict) -> dict[str, dict]:
     Only valid runs count when a scheme has any (``basis`` says which): an invalid run measured
     the machine, not the network. The speedup pairs run r of the scheme with the reference's
     run r, both valid; the same fallback applies."""
-    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
+    names = schemes(results)
     base_runs = _runs(results, reference(results))
     base_ok = [s for s in base_runs if _valid(s)] or base_runs
     base = {s.get("repeat", 0): s["metrics"]["iteration_p50_ms"] for s in base_ok}
@@ -188,7 +189,7 @@ def aggregate(results: dict) -> dict[str, dict]:
 
         row: dict[str, Any] = {k: est(k) for k in (
             "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "comm_over_bound",
-            "lost_fraction_mean", "ordering_efficiency", "messages_per_iteration", "control_frames_per_iteration",
+            "missing_fraction", "ordering_efficiency", "messages_per_iteration", "control_frames_per_iteration",
             "accuracy", "straggler_spread")}
         if target is not None and any("accuracy_trace" in x for x in m):
             tta = {r.get("repeat", 0): _tta(r["metrics"], target) for r in runs}
@@ -197,9 +198,9 @@ def aggregate(results: dict) -> dict[str, dict]:
             if base_tta:
                 keys = [k for k in tta if k in base_tta]
                 row["tta_speedup"] = median_ci(paired_ratios([base_tta[k] for k in keys], [tta[k] for k in keys]))
-        row["retransmissions"] = median_ci([x["retransmissions"] for x in m])
-        row["selective_drops"] = median_ci([sum(x["switch_selective_drops_by_class"].values()) for x in m])
-        row["tail_drops"] = median_ci([x["switch_tail_drops"] for x in m])
+        row["retransmitted"] = median_ci([x["retransmitted"] for x in m])
+        row["selective_drops"] = median_ci([sum(x["selective_drops"].values()) for x in m])
+        row["tail_drops"] = median_ci([x["tail_drops"] for x in m])
         if base:
             mine = [r["metrics"]["iteration_p50_ms"] for r in runs if r.get("repeat", 0) in base]
             ref = [base[r.get("repeat", 0)] for r in runs if r.get("repeat", 0) in base]
@@ -242,8 +243,8 @@ def summary(results: dict) -> str:
         e_text = f"{e.median:.2f}" if not math.isnan(e.median) else ("flag" if r["e_flags"] else "-")
         flag = ("" if r["valid_runs"] == r["runs"] else "  INVALID: no valid run" if not r["valid_runs"]
                 else f"  ({r['runs'] - r['valid_runs']} invalid run(s) left out)")
-        line = (f"{name:<12}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['lost_fraction_mean'].median:>8.2%}"
-                f"{r['retransmissions'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
+        line = (f"{name:<12}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['missing_fraction'].median:>8.2%}"
+                f"{r['retransmitted'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
                 f"{r['tail_drops'].median:>6.0f}{r['messages_per_iteration'].median:>6.0f}"
                 f"{r['control_frames_per_iteration'].median:>5.0f}")
         if acc:
@@ -259,7 +260,7 @@ def summary(results: dict) -> str:
             lines.append(f"{name}: {versus(sp, ref)} (speedup {sp.text('{:.2f}')})" if sp.low is not None
                          else f"{name}: speedup {sp.text('{:.2f}')}, {verdict(sp)}")
     lines += tta_lines(results, agg)
-    for s in results["schemes"]:
+    for s in results["runs"]:
         v = s.get("validity") or {}
         tag = f"{s['scheme']}" + (f" r{s.get('repeat', 0) + 1}" if repeated else "")
         if v and not v.get("valid", True):
@@ -282,7 +283,7 @@ def tta_lines(results: dict, agg: dict) -> list[str]:
     if not rows:
         return []
     target = next(iter(rows.values()))["tta_target"]
-    given = results.get("config", {}).get("target_accuracy") is not None
+    given = results["options"].get("target_accuracy") is not None
     ref = reference(results)
     out = ["", f"time to accuracy {target:.4f} ({'--target-accuracy' if given else ref + ' final - 0.5 points'}),"
                " training seconds (evaluations left out):"]
@@ -299,9 +300,8 @@ def tta_lines(results: dict, agg: dict) -> list[str]:
 def breakdown_means(results: dict) -> dict[str, dict[str, float]]:
     """Per scheme: the mean of each part of the time breakdown (ms) over its runs."""
     means = {}
-    for name in dict.fromkeys(s["scheme"] for s in results["schemes"]):
-        rows = [s["metrics"]["breakdown_ms"] for s in results["schemes"]
-                if s["scheme"] == name and "breakdown_ms" in s.get("metrics", {})]
+    for name, runs in by_scheme(results).items():
+        rows = [s["metrics"]["breakdown_ms"] for s in runs if "breakdown_ms" in s.get("metrics", {})]
         if rows:
             means[name] = {k: float(np.mean([r[k] for r in rows])) for k in PARTS}
     return means
@@ -315,7 +315,7 @@ def breakdown_lines(results: dict) -> list[str]:
 def cross_lines(results: dict) -> list[str]:
     """One line per run: what the cross traffic delivered (filled by the runner's ``cross``)."""
     out = []
-    for s in results["schemes"]:
+    for s in results["runs"]:
         c = s.get("cross")
         if not c:
             continue
@@ -339,10 +339,10 @@ def cross_lines(results: dict) -> list[str]:
 
 def describe(results: dict) -> str:
     """What was run, for plot titles."""
-    c = results.get("config", {})
-    runs = max((s.get("repeat", 0) for s in results["schemes"]), default=0) + 1
+    c = results["options"]
+    runs = repetitions(results)
     cross = f"cross traffic {c.get('cross_rate', 0):g}x" if c.get("cross_traffic") else "no cross traffic"
-    ran = sorted({s["pattern"] for s in results["schemes"] if s.get("pattern")})  # (as each scheme ran)
+    ran = sorted({s["pattern"] for s in results["runs"] if s.get("pattern")})  # (as each scheme ran)
     pattern = " and ".join(ran) if ran else c.get("pattern", "")
     return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, "
             f"{pattern}, {c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; "
@@ -368,8 +368,8 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     import matplotlib.pyplot as plt
 
     title = describe(results)
-    names = list(dict.fromkeys(s["scheme"] for s in results["schemes"]))
-    runs_of = {n: [s for s in results["schemes"] if s["scheme"] == n] for n in names}
+    runs_of = by_scheme(results)
+    names = list(runs_of)
     made = []
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for n in names:
@@ -406,7 +406,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     width = 0.8 / max(1, len(names))
     for i, n in enumerate(names):
-        counts = [[s.get("metrics", {}).get("switch_selective_drops_by_class", {}).get(str(c), 0) for s in runs_of[n]]
+        counts = [[s.get("metrics", {}).get("selective_drops", {}).get(str(c), 0) for s in runs_of[n]]
                   for c in range(4)]
         med = [float(np.median(v)) for v in counts]
         err = [[m - min(v) for m, v in zip(med, counts)], [max(v) - m for m, v in zip(med, counts)]]
@@ -418,7 +418,7 @@ def plots(run_dir: Path, results: dict) -> list[Path]:
     ax.legend()
     made.append(_save(fig, run_dir / "drops_per_class.png"))
 
-    if any("accuracy_trace" in s.get("metrics", {}) for s in results["schemes"]):
+    if any("accuracy_trace" in s.get("metrics", {}) for s in results["runs"]):
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         colors: dict[str, Any] = {}  # scheme -> matplotlib colour
         for n in names:
@@ -463,10 +463,10 @@ def breakdown_plot(path: Path, results: dict) -> Path | None:
 
 
 def finish(run_dir: Path, results: dict) -> str:
-    for s in results["schemes"]:
+    for s in results["runs"]:
         add_stragglers([r for r in s["iterations"] if r.get("kind") == "measured"])
         s["metrics"] = scheme_metrics(s)
-    results["aggregate"] = _jsonable(aggregate(results))
+    results["summary"] = _jsonable(aggregate(results))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     plots(run_dir, results)
     breakdown_plot(run_dir / "breakdown.png", results)

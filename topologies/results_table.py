@@ -15,6 +15,7 @@ import numpy as np
 
 from hostagent.provenance import provenance_lines
 from topologies.report import aggregate, describe, reference, scheme_metrics
+from topologies.results import slim as slim_results
 from topologies.stats import Estimate, versus
 
 
@@ -79,7 +80,7 @@ def host_tcp_table(results: dict) -> str:
     control connections) apart from the cross traffic's (hosts named ``x``); empty for runs
     recorded before hosts' counters were."""
     runs: dict[str, list[dict]] = {}
-    for s in results["schemes"]:
+    for s in results["runs"]:
         counters = s.get("tcp_counters") or s.get("host_tcp")  # (host_tcp: as 12ac361 named it)
         if counters:
             runs.setdefault(s["scheme"], []).append(counters)
@@ -116,23 +117,21 @@ def refresh_metrics(results: dict) -> dict:
     """``results`` with each run's metrics computed again by this version's code where its
     per-iteration records are there (a run directory's results.json; a slim file keeps the
     metrics it was written with), so a metric added since shows for older runs too."""
-    return {**results, "schemes": [{**s, "metrics": scheme_metrics(s)} if s.get("iterations") else s
-                                   for s in results["schemes"]]}
+    return {**results, "runs": [{**s, "metrics": scheme_metrics(s)} if s.get("iterations") else s
+                                for s in results["runs"]]}
 
 
 def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
     traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads."""
-    keep = ("scheme", "base_scheme", "pattern", "repeat", "policy", "metrics", "validity", "cross", "bound",
-            "tcp_counters", "host_tcp")
-    return {**{k: v for k, v in results.items() if k != "schemes"},
-            "schemes": [{k: s[k] for k in keep if k in s} for s in results["schemes"]]}
+    return slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
+                                       "tcp_counters", "host_tcp"))
 
 
 def markdown(results: dict, source: str = "") -> str:
     """The run as a results-page section: what ran, the table, the calls, provenance."""
-    c = results.get("config", {})
+    c = results["options"]
     targets = [r["tta_target"] for r in aggregate(results).values() if "tta_target" in r]
     target = f", target accuracy {100 * targets[0]:.2f} %" if targets else ""
     lines = [f"**Run**: {describe(results)}; {c.get('iterations')} iterations{target}.", "",

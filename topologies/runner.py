@@ -46,6 +46,7 @@ from hostagent.provenance import provenance
 from topologies.registry import REGISTRY, Registry
 from topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from topologies.progress import Progress
+from topologies.results import document
 from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
                                 wire_dtype_of)
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
@@ -503,8 +504,8 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     registry.save()
     sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes
     net = tnet.build(topo, run_dir, sock_dir)
-    results: dict = {"config": asdict(opts), "topology": topo.name, "reference": reference_scheme(opts),
-                     "provenance": provenance(stamp), "schemes": []}
+    results = document("testbed", asdict(opts), [], provenance=provenance(stamp), reference=reference_scheme(opts),
+                       topology=topo.name)
     try:
         _progress(opts, "starting switches ...")
         tnet.start(net, host_tcp=opts.host_tcp)
@@ -513,7 +514,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
         runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...
         progress = Progress(len(runs), stream=None)
         for i, (r, scheme) in enumerate(runs):
-            results["schemes"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
+            results["runs"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
             _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.repeat > 1 else "")), final=True)
     finally:
         _progress(opts, "tearing down ...")

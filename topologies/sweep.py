@@ -28,7 +28,8 @@ from topologies.report import aggregate, reference
 from topologies.runner import RANGES, RunOptions, reference_scheme, run
 from topologies.stats import verdict
 from topologies.progress import Progress
-from topologies.sweepkit import cell, errorbars, finish_axes, put_estimate, run_values, value_axis
+from topologies.sweepkit import SweepColumn, cell, errorbars, finish_axes, put_estimate, run_values, value_axis
+from topologies.sweepkit import markdown as sweep_table
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ PARAMS: dict[str, SweepParam] = {
 }
 
 CSV_METRICS = ("speedup", "sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "sync_over_bound", "comm_over_bound",
-               "lost_fraction_mean")
+               "missing_fraction")
 
 
 def options_at(base: RunOptions, param: str, value: str) -> RunOptions:
@@ -124,14 +125,20 @@ def rows_of(param: str, value: str, results: dict, run_dir: Path) -> list[dict]:
     return rows
 
 
+#: The testbed sweep's Markdown columns after the value and the scheme (medians [95 % interval]).
+COLUMNS = (
+    SweepColumn("valid", lambda r: f"{r['valid_runs']}/{r['runs']}"),
+    SweepColumn("speedup", lambda r: cell(r, "speedup", "{:.2f}")),
+    SweepColumn("sync p50 (ms)", lambda r: cell(r, "sync_p50_ms", "{:.0f}")),
+    SweepColumn("sync p99 (ms)", lambda r: cell(r, "sync_p99_ms", "{:.0f}")),
+    SweepColumn("comm / bound", lambda r: cell(r, "comm_over_bound", "{:.1f}")),
+    SweepColumn("verdict", lambda r: str(r["verdict"] or "")),
+)
+
+
 def markdown(rows: list[dict], param: str) -> str:
     """The sweep as a Markdown table (medians [95 % interval]), for papers and READMEs."""
-    head = (f"| {param} | scheme | valid | speedup | sync p50 (ms) | sync p99 (ms) | comm / bound | verdict |\n"
-            "|---|---|---|---|---|---|---|---|")
-    body = [f"| {r['value']} | {r['scheme']} | {r['valid_runs']}/{r['runs']} | {cell(r, 'speedup', '{:.2f}')} | "
-            f"{cell(r, 'sync_p50_ms', '{:.0f}')} | {cell(r, 'sync_p99_ms', '{:.0f}')} | "
-            f"{cell(r, 'comm_over_bound', '{:.1f}')} | {r['verdict']} |" for r in rows]
-    return "\n".join([head, *body]) + "\n"
+    return sweep_table(rows, param, COLUMNS)
 
 
 def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
@@ -205,7 +212,7 @@ def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACI
         opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
         opts.validate()
         run_dir, results = run(opts)
-        reasons = [f"{s['scheme']}: {r}" for s in results["schemes"]
+        reasons = [f"{s['scheme']}: {r}" for s in results["runs"]
                    for r in (s.get("validity") or {}).get("reasons", [])]
         trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons, "run_dir": str(run_dir)})
         verdicts[caps[i]] = not reasons

@@ -4,14 +4,15 @@ simulator's (``dlcp sim --sweep``, :mod:`dlcp_sim.sweep`).
 A sweep runs one experiment per value of one option and keeps, per value and scheme, a row of
 medians with their 95 % intervals: written to ``sweep.csv`` after every value (a long sweep
 that stops keeps what it has), then ``sweep.md`` and ``sweep.png``. What differs between the two
-is only what an experiment is and which columns a row has; the loop, the CSV, the table cells
-and the figure's axes and error bars are here, once.
+is only what an experiment is and which columns a row has; the loop, the CSV, the Markdown table
+(:func:`markdown`, given each source's columns) and the figure's axes and error bars are here, once.
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,26 @@ def cell(row: dict, key: str, fmt: str, interval: bool = True) -> str:
     return fmt.format(row[key]) + shown
 
 
+@dataclass(frozen=True)
+class SweepColumn:
+    """A column of a sweep's Markdown table after the value and the scheme: its header, its cell
+    for a row, and whether it is a number (right-aligned)."""
+
+    header: str
+    render: Callable[[dict], str]
+    numeric: bool = False
+
+
+def markdown(rows: Sequence[dict], param: str, columns: Sequence[SweepColumn]) -> str:
+    """A sweep's rows as one Markdown table: the swept value, the scheme, then ``columns``; the
+    testbed's and the simulator's tables differ only in their columns."""
+    head = "| " + " | ".join([param, "scheme", *(c.header for c in columns)]) + " |"
+    rule = "|---|---|" + "".join("---:|" if c.numeric else "---|" for c in columns)
+    body = ["| " + " | ".join([str(r["value"]), str(r["scheme"]), *(c.render(r) for c in columns)]) + " |"
+            for r in rows]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
 def run_values(out: Path, values: Sequence[str], run_one: Callable[[str], list[dict]]) -> list[dict]:
     """``run_one(value)``'s rows for every value in turn, ``out/sweep.csv`` rewritten after each."""
     out.mkdir(parents=True, exist_ok=True)
@@ -120,4 +141,5 @@ def finish_axes(axes: Sequence[Any], xlabel: str, values: list[str], numeric: bo
         ax.legend(fontsize=8)
 
 
-__all__ = ["cell", "errorbars", "finish_axes", "put_estimate", "run_values", "value_axis", "write_csv"]
+__all__ = ["SweepColumn", "cell", "errorbars", "finish_axes", "markdown", "put_estimate", "read_csv", "run_values",
+           "sweep_csv", "value_axis", "write_csv"]

@@ -191,8 +191,8 @@ def test_a_non_editable_install_runs_the_testbed_from_any_directory(wheel, tmp_p
     assert proc.returncode == 0, _tail(proc)
     (run_dir,) = out.iterdir()
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["config"]["workload"] == "mnist1d", results["config"]
-    ran = {r["scheme"]: len(r["iterations"]) for r in results["schemes"]}
+    assert results["options"]["workload"] == "mnist1d", results["options"]
+    ran = {r["scheme"]: len(r["iterations"]) for r in results["runs"]}
     assert set(ran) == {"baseline", "dlcp"} and min(ran.values()) >= 4, ran
     # the runner ran from the venv, outside any checkout (inside one it would record a commit), and
     # no agent fell back on the checkout (a traceback would name its files)

@@ -16,6 +16,7 @@ import pytest
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions, background_flows, bucket_plans, scenario_text
+from topologies.results import CORE_METRICS
 from topologies.schemes import policy_for
 
 pytestmark = pytest.mark.ns3
@@ -119,7 +120,9 @@ def test_repeats_are_seeds_with_intervals_and_a_paired_speedup(tmp_path):
     assert s["dlcp"]["speedup_p50"]["n"] == 3 and s["dlcp"]["speedup_p50"]["verdict"]
     assert "speedup_p50" not in s["baseline"]
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["repeat"] == 3 and len(saved["runs"]["dlcp"]) == 3
+    assert saved["schema"] == 2 and saved["source"] == "simulator" and saved["repeat"] == 3
+    assert [(r["scheme"], r["seed"]) for r in saved["runs"]] == [(s, r) for r in range(3) for s in results]
+    assert set(CORE_METRICS) <= set(saved["runs"][0]["metrics"])  # named as the testbed names them
     # different seeds draw different gradients: the drop classes, so the drops, differ
     drops = {sum(sum(p.selective_drops) for p in r.ports) for r in results["dlcp"]}
     assert len(drops) > 1

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from topologies import netns
+from topologies.results import CORE_METRICS
 from topologies.topos import leafspine, star
 
 pytestmark = [pytest.mark.root, pytest.mark.bmv2]
@@ -38,8 +39,9 @@ def test_star_ps_run_writes_every_field(tmp_path):
     assert "dlcp" in res.stdout and "speedup" in res.stdout
     run_dir = next(tmp_path.iterdir())
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["topology"] == "star" and results["config"]["workers"] == 2
-    scheme = results["schemes"][0]
+    assert results["topology"] == "star" and results["options"]["workers"] == 2
+    assert results["schema"] == 2 and results["source"] == "testbed" and set(results["summary"]) == {"dlcp"}
+    scheme = results["runs"][0]
     kinds = [r["kind"] for r in scheme["iterations"]]
     assert kinds.count("measured") == 2 * 2 and kinds.count("calibration") == 2 * 3
     for r in scheme["iterations"]:
@@ -50,8 +52,7 @@ def test_star_ps_run_writes_every_field(tmp_path):
     server = json.loads(next(run_dir.glob("*/server.jsonl")).read_text())
     assert server["rate_trace"] and {row[3] for row in server["rate_trace"]} <= {"start", "marks", "loss", "ceiling",
                                                                                    "increase"}
-    assert {"sync_p50_ms", "sync_p99_ms", "iteration_p50_ms", "lost_fraction_mean", "retransmissions",
-            "ordering_efficiency", "straggler_spread", "switch_selective_drops_by_class"} <= set(scheme["metrics"])
+    assert set(CORE_METRICS) | {"ordering_efficiency", "straggler_spread"} <= set(scheme["metrics"])
     # validity from real samples: CPU of every process the run started, bottleneck service
     v = scheme["validity"]
     assert {"valid", "reasons", "machine_busy_p50", "processes", "bottlenecks"} <= set(v)
@@ -83,7 +84,7 @@ def test_sweep_writes_a_csv_row_per_value_and_scheme_and_a_figure(tmp_path):
     runs = sorted(d for d in out.iterdir() if d.is_dir())
     assert len(runs) == 2
     first = json.loads((runs[0] / "results.json").read_text())
-    assert first["config"]["cross_traffic"] is False and all(s["cross"] is None for s in first["schemes"])
+    assert first["options"]["cross_traffic"] is False and all(s["cross"] is None for s in first["runs"])
     assert "cross-rate=0.5" in res.stdout and _ours_left() == {"bmv2": [], "netns": [], "links": []}
 
 
@@ -92,7 +93,7 @@ def test_leafspine_sprays_dlcp_data_over_both_spines(tmp_path):
                "--out", tmp_path, *SMALL, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     results = json.loads(next(tmp_path.iterdir()).joinpath("results.json").read_text())
-    switches = results["schemes"][0]["switches"]
+    switches = results["runs"][0]["switches"]
     for spine in ("sp1", "sp2"):
         # queues 1..6 carry only DLCP data here (control uses 7, other traffic 0)
         data = sum(r["forwarded_pkts"] for r in switches[spine]["ports"] if 1 <= r["queue"] <= 6)
@@ -152,7 +153,7 @@ def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
     run_dir = next(tmp_path.iterdir())
     results = json.loads((run_dir / "results.json").read_text())
     assert results["reference"] == "gloo"
-    gloo, ring, half = results["schemes"]
+    gloo, ring, half = results["runs"]
     assert (gloo["scheme"], gloo["base_scheme"], gloo["pattern"]) == ("gloo", "gloo", "ring")
     assert (ring["scheme"], ring["base_scheme"], ring["pattern"]) == ("dlcp:ring", "dlcp", "ring")
     assert gloo["policy"]["lb_mode"] == "flow" and gloo["policy"]["num_drop_classes"] == 1

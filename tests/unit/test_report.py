@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
+from topologies.results import document
 from topologies.stats import median_ci, paired_ratios, verdict
 
 
@@ -45,6 +46,13 @@ def test_paired_ratios_skip_missing_runs():
     assert paired_ratios([2.0, 3.0, float("nan")], [1.0, 0.0, 1.0]) == [2.0]
 
 
+def as_testbed_results(runs: list[dict], options: dict | None = None, reference: str = "baseline",
+                    provenance: dict | None = None) -> dict:
+    """A testbed results file (schema 2, :mod:`topologies.results`) around ``runs``."""
+    return document("testbed", options if options is not None else {"target_accuracy": None}, runs,
+                    provenance=provenance, reference=reference)
+
+
 def _run(scheme: str, repeat: int, iter_s: float, valid: bool = True) -> dict:
     its = [{"kind": "measured", "iteration": i, "rank": r, "sync_time": iter_s / 2, "iteration_time": iter_s,
             "compute_time": 0.5, "comm_span": iter_s / 2, "lost_fraction": 0.0, "retransmissions": 1,
@@ -61,7 +69,7 @@ def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
     runs = []
     for r, (b, d) in enumerate([(1.0, 0.7), (1.1, 0.8), (0.9, 0.7), (1.0, 0.75)]):
         runs += [_run("baseline", r, b), _run("dlcp", r, d, valid=r != 2)]
-    results = {"schemes": runs}
+    results = as_testbed_results(runs)
     agg = aggregate(results)
     sp = agg["dlcp"]["speedup"]
     # run 3 of dlcp was invalid: the speedup pairs the three valid runs only
@@ -130,7 +138,7 @@ def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
         runs.append(_training_run("baseline", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90 + 0.001 * r]))
         # dlcp: iterations 40 % faster, accuracy a little lower but above the target
         runs.append(_training_run("dlcp", r, 0.6, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
-    results: dict[str, Any] = {"config": {"target_accuracy": None}, "schemes": runs}
+    results: dict[str, Any] = as_testbed_results(runs)
     agg = aggregate(results)
     target = agg["baseline"]["tta_target"]
     assert math.isclose(target, 0.901 - 0.01 / 2 - 0.005)  # baseline's median final (mean of workers) - 0.5
@@ -142,7 +150,7 @@ def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
     assert "time to accuracy 0.8910 (baseline final - 0.5 points)" in text
     assert "reached in 3/3 run(s)" in text and "faster" in text.split("time to accuracy")[1]
     # a target nobody reaches is said so, not averaged away
-    results["config"]["target_accuracy"] = 0.99
+    results["options"]["target_accuracy"] = 0.99
     assert "not reached" in summary(results)
 
 
@@ -150,15 +158,15 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     from topologies.results_table import host_tcp_table
 
     def run(scheme: str, agents: int, cross: int) -> dict:
-        return {"scheme": scheme, "tcp_counters": {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
-                                               "h2": {"RetransSegs": 0, "TCPTimeouts": 0},
-                                               "x5": {"RetransSegs": cross, "TCPTimeouts": 1}}}
+        counters = {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
+                    "h2": {"RetransSegs": 0, "TCPTimeouts": 0}, "x5": {"RetransSegs": cross, "TCPTimeouts": 1}}
+        return {"scheme": scheme, "repeat": 0, "tcp_counters": counters}
 
-    results = {"schemes": [run("baseline", 30, 5), run("baseline", 50, 7), run("baseline", 40, 9),
-                           run("gloo", 200, 0), {"scheme": "old"}]}
+    results = as_testbed_results([run("baseline", 30, 5), run("baseline", 50, 7), run("baseline", 40, 9),
+                               run("gloo", 200, 0), {"scheme": "old", "repeat": 0}])
     table = host_tcp_table(results)
     assert "| `baseline` | 40 | 4 | 7 | 1 |" in table and "| `gloo` | 200 | 20 | 0 | 1 |" in table
-    assert "old" not in table and host_tcp_table({"schemes": [{"scheme": "old"}]}) == ""
+    assert "old" not in table and host_tcp_table(as_testbed_results([{"scheme": "old", "repeat": 0}])) == ""
     unread = run("dlcp", 10, 3)
     unread["tcp_counters"]["h2"] = None  # a host whose counters could not be read: no figure, not a zero
-    assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table({"schemes": [unread]})
+    assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table(as_testbed_results([unread]))

@@ -14,7 +14,9 @@ from topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_b
 from topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, mechanisms, split_label
 from topologies.topos import star
 
-from .test_report import _run, _training_run
+from topologies.results import upgrade
+
+from .test_report import _run, _training_run, as_testbed_results
 
 
 def test_a_scheme_may_name_its_pattern_and_gloo_is_always_a_ring():
@@ -102,7 +104,7 @@ def test_speedups_and_the_accuracy_target_are_against_the_reference():
         runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
         runs.append(_training_run("baseline", r, 2.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.95]))
         runs.append(_training_run("dlcp:ring", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
-    results = {"config": {"target_accuracy": None}, "reference": "gloo", "schemes": runs}
+    results = as_testbed_results(runs, reference="gloo")
     agg = aggregate(results)
     assert math.isclose(agg["dlcp:ring"]["speedup"].median, 2.0)
     assert math.isclose(agg["baseline"]["speedup"].median, 0.5)
@@ -111,7 +113,7 @@ def test_speedups_and_the_accuracy_target_are_against_the_reference():
     assert "speedup = gloo's iteration p50" in text and "dlcp:ring: faster than gloo" in text
     assert "baseline: slower than gloo" in text and "(gloo final - 0.5 points)" in text
     # results written before runs had a reference compared with baseline
-    old = {"schemes": [_run("baseline", 0, 1.0), _run("dlcp", 0, 0.5)]}
+    old = upgrade({"schemes": [_run("baseline", 0, 1.0), _run("dlcp", 0, 0.5)]})
     assert math.isclose(aggregate(old)["dlcp"]["speedup"].median, 2.0)
 
 
@@ -126,8 +128,8 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
         runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
         runs.append(_training_run("dlcp", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
         runs[-1]["cross"] = {"udp": {"loss": 0.1}, "tcp": {"retrans_pkts": 40, "goodput_mbps": 2.0}}
-    results = {"config": {"target_accuracy": None, "iterations": 10}, "reference": "gloo", "schemes": runs,
-               "provenance": {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}}
+    made = {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}
+    results = as_testbed_results(runs, {"target_accuracy": None, "iterations": 10}, reference="gloo", provenance=made)
     text = markdown(results)
     row = next(line for line in text.splitlines() if line.startswith("| `dlcp`"))
     assert "| 3/3 | 250 [250, 250] | 500 [500, 500] | 2.00 [2.00, 2.00]x |" in row
@@ -141,7 +143,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     assert cli.main(["report", str(path), "--slim", str(tmp_path / "slim")]) == 0
     full = capsys.readouterr().out
     slim = json.loads((tmp_path / "slim" / f"{tmp_path.name}.json").read_text())
-    assert all("iterations" not in s for s in slim["schemes"])
+    assert all("iterations" not in s for s in slim["runs"])
     assert cli.main(["report", str(tmp_path / "slim" / f"{tmp_path.name}.json")]) == 0
     assert capsys.readouterr().out.split("| scheme")[1] == full.split("| scheme")[1]
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2

@@ -10,21 +10,24 @@ import pytest
 from dlcp.cli import main
 from dlcp_sim.report import is_sim_results, markdown, slim
 from dlcp_sim.scenario import SimOptions
+from topologies.results import document
 
 
-def _run(scheme: str, p50: float, **kw) -> dict:
-    return {"scheme": scheme, "sync_p50_ms": p50, "sync_p99_ms": 2 * p50, "sync_over_bound": p50 / 10,
-            "tail_drops": kw.get("tail", 0), "selective_drops": [0, 0, 0, kw.get("sel", 0), 0, 0, 0, 0],
-            "retransmitted": 5, "late": 1, "duplicates": 1, "missing_fraction": 0.01,
+def _run(scheme: str, repeat: int, p50: float, **kw) -> dict:
+    metrics = {"sync_p50_ms": p50, "sync_p99_ms": 2 * p50, "sync_over_bound": p50 / 10,
+               "tail_drops": kw.get("tail", 0), "selective_drops": {"3": kw.get("sel", 0)},
+               "retransmitted": 5, "late": 1, "duplicates": 1, "missing_fraction": 0.01}
+    return {"scheme": scheme, "repeat": repeat, "seed": 1 + repeat, "metrics": metrics,
             "iterations_detail": [{"x": 1}], "ports": [{"y": 2}]}
 
 
 def _results() -> dict:
-    return {"options": SimOptions(schemes=("baseline", "dlcp", "tcp")).to_dict(), "repeat": 3,
-            "provenance": {"command": "dlcp sim --repeat 3", "commit": "abc1234", "started": "2026-11-26"},
-            "runs": {"baseline": [_run("baseline", v, tail=9) for v in (20.0, 22.0, 24.0)],
-                     "dlcp": [_run("dlcp", v, sel=7) for v in (10.0, 11.0, 12.0)],
-                     "tcp": [_run("tcp", v) for v in (40.0, 44.0, 48.0)]}}
+    sync = {"baseline": (20.0, 22.0, 24.0), "dlcp": (10.0, 11.0, 12.0), "tcp": (40.0, 44.0, 48.0)}
+    runs = [_run(s, r, sync[s][r], tail=9 if s == "baseline" else 0, sel=7 if s == "dlcp" else 0)
+            for r in range(3) for s in sync]
+    return document("simulator", SimOptions(schemes=("baseline", "dlcp", "tcp")).to_dict(), runs,
+                    provenance={"command": "dlcp sim --repeat 3", "commit": "abc1234", "started": "2026-11-26"},
+                    reference="baseline", repeat=3)
 
 
 def test_the_table_pairs_speedups_by_seed_against_the_chosen_scheme():
@@ -42,7 +45,7 @@ def test_the_table_pairs_speedups_by_seed_against_the_chosen_scheme():
 def test_slim_keeps_what_the_tables_need(tmp_path):
     small = slim(_results())
     assert is_sim_results(small) and not is_sim_results({"schemes": []})
-    assert all("ports" not in r and "iterations_detail" not in r for rs in small["runs"].values() for r in rs)
+    assert all("ports" not in r and "iterations_detail" not in r for r in small["runs"])
     assert markdown(small) == markdown(_results())
 
 
@@ -53,7 +56,7 @@ def test_dlcp_report_reads_simulator_results_and_writes_them_slim(tmp_path, caps
     assert main(["report", str(run), "--slim", str(tmp_path / "slim"), "--against", "tcp"]) == 0
     out = capsys.readouterr().out
     assert "**Simulated**" in out and "x tcp (p50)" in out
-    assert json.loads((tmp_path / "slim" / "sim-run.json").read_text())["runs"]["dlcp"][0].keys().isdisjoint({"ports"})
+    assert json.loads((tmp_path / "slim" / "sim-run.json").read_text())["runs"][1].keys().isdisjoint({"ports"})
     assert main(["report", str(run), "--against", "gloo"]) == 2  # a usage error, named
     assert "--against: no scheme 'gloo'" in capsys.readouterr().err
 

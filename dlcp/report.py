@@ -1,0 +1,119 @@
+"""``dlcp report``: any kept result as the Markdown a results page shows, in the order given.
+
+One reader for every kind of result: a run's results.json, testbed's or simulator's (one
+schema, :mod:`topologies.results`), a sweep's sweep.csv (testbed's or simulator's, one table
+writer, :func:`topologies.sweepkit.markdown`), a convergence study's converge.csv and a
+benchmark's tables file (:mod:`hostagent.tables`). It lives in the program's package because it
+reads what every layer below writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dlcp_sim import report as sim_report
+from dlcp_sim.sweep import markdown as sim_sweep_markdown
+from hostagent import tables
+from hostagent.errors import DlcpUserError, UsageError
+from hostagent.provenance import results_file, write_slim
+from topologies import converge
+from topologies import results_table as testbed_report
+from topologies.report import against
+from topologies.results import ResultsError, upgrade
+from topologies.sweep import markdown as testbed_sweep_markdown
+from topologies.sweepkit import read_csv, sweep_csv
+
+
+def add_report_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add report to ``dlcp``'s sub-commands."""
+    p = sub.add_parser("report", help="results as Markdown tables for a results page: runs' results.json (testbed "
+                       "and simulator), sweeps' sweep.csv, convergence studies' converge.csv, benchmarks' tables files")
+    p.add_argument("results", nargs="+", metavar="RESULTS",
+                   help="results files, in the order their sections are printed: results.json (or a run "
+                        "directory), sweep.csv or converge.csv (or the study's directory), a benchmark's --out file")
+    p.add_argument("--slim", metavar="DIR", default=None,
+                   help="also write each run's results without its per-iteration records to DIR/<run>.json: "
+                        "small enough to keep beside a results page, and enough to regenerate its tables")
+    p.add_argument("--against", metavar="SCHEME", default=None,
+                   help="pair the speedups with this scheme instead of the run's reference (the accuracy target "
+                        "stays the run's)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print each file's section in the order given, so a page's sections come out in its order."""
+    for given in args.results:
+        print(section(given, slim_dir=args.slim, against_scheme=args.against))
+    return 0
+
+
+def section(given: str, slim_dir: str | None = None, against_scheme: str | None = None) -> str:
+    """The Markdown of one results file a command line names.
+
+    Raises:
+        UsageError: it is none of the files above, or ``against_scheme`` did not run in it.
+    """
+    if sweep_csv(given) is not None:
+        return _csv_section(given)
+    path = results_file(given)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{given}: not a run's results ({exc})") from None
+    if tables.is_tables(raw):  # a benchmark's
+        return tables.markdown(raw, str(given))
+    try:
+        results = upgrade(raw)
+    except ResultsError as exc:
+        raise UsageError(f"{given}: {exc}") from None
+    source = str(given)
+    try:
+        if results["source"] == "simulator":
+            if slim_dir:
+                source = write_slim(slim_dir, path, sim_report.slim(results))
+            return sim_report.markdown(results, source, against_scheme)
+        results = testbed_report.refresh_metrics(results)
+        if slim_dir:
+            source = write_slim(slim_dir, path, testbed_report.slim(results))
+        if against_scheme:
+            results = against(results, against_scheme)
+        return testbed_report.markdown(results, source)
+    except ValueError as exc:
+        raise UsageError(f"--against: {exc}") from None
+
+
+def _csv_section(given: str) -> str:
+    """A sweep's table (testbed's rows count runs, the simulator's seeds) or a convergence study's."""
+    path = sweep_csv(given)
+    assert path is not None
+    try:
+        rows = read_csv(path)
+    except ValueError:
+        return _converge_section(given, path)
+    except OSError as exc:
+        raise UsageError(f"{given}: {exc}") from None
+    param = str(rows[0]["param"])
+    if "seeds" in rows[0]:
+        return f"Sweep from `{given}`:\n\n{sim_sweep_markdown(rows, param)}"
+    if "runs" in rows[0]:
+        return f"Sweep from `{given}`:\n\n{testbed_sweep_markdown(rows, param)}"
+    raise UsageError(f"{given}: a sweep's CSV with neither the testbed's columns (runs, valid_runs) nor the "
+                     "simulator's (seeds)")
+
+
+def _converge_section(given: str, path: Path) -> str:
+    """Each study in a converge.csv: what it trained, then its table (``converge.md``'s)."""
+    try:
+        studies = converge.studies_in(converge.read_rows(path))
+    except DlcpUserError:
+        raise UsageError(f"{given}: neither a sweep's CSV nor a convergence study's") from None
+    parts = []
+    for s, summaries in studies:
+        parts.append(f"**Study**: {s.workload}, {s.workers} workers, {s.steps} steps ({s.mode}), test accuracy every "
+                     f"{s.eval_every} steps; from `{given}`.\n\n{converge.markdown_table(summaries)}")
+    return "\n".join(parts)
+
+
+__all__ = ["add_report_command", "cmd_report", "section"]

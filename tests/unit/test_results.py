@@ -1,0 +1,101 @@
+"""One results schema for testbed and simulator (:mod:`topologies.results`): files of either
+source, old or new, read as schema 2 with the metrics named alike; what is not a results file
+is refused with its reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlcp.cli import main
+from topologies.results import (CORE_METRICS, SCHEMA, ResultsError, by_scheme, document, load, repetitions, schemes,
+                                slim, upgrade)
+
+DATA = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
+
+
+def _testbed_v1() -> dict:
+    """A testbed results file as written before schema 2: config, schemes, aggregate, old names."""
+    metrics = {"sync_p50_ms": 10.0, "sync_p99_ms": 20.0, "iteration_p50_ms": 30.0, "sync_over_bound": 1.5,
+               "retransmissions": 4, "switch_tail_drops": 2, "switch_selective_drops_by_class": {"1": 3},
+               "lost_fraction_mean": 0.01, "ordering_efficiency": 0.5}
+    return {"config": {"workers": 2, "target_accuracy": None}, "topology": "star", "reference": "gloo",
+            "provenance": {"commit": "abc"}, "aggregate": {"dlcp": {"runs": 2}},
+            "schemes": [{"scheme": s, "repeat": r, "metrics": dict(metrics), "validity": {"valid": True}}
+                        for r in range(2) for s in ("gloo", "dlcp")]}
+
+
+def _simulator_v1() -> dict:
+    """A simulator results file as written before schema 2: runs by scheme, flat per-seed records."""
+    def rec(p50: float) -> dict:
+        return {"scheme": "x", "sync_p50_ms": p50, "sync_p99_ms": p50, "iteration_p50_ms": p50, "sync_over_bound": 1,
+                "retransmitted": 0, "tail_drops": 0, "selective_drops": [0, 5, 0, 0, 0, 0, 0, 0],
+                "missing_fraction": 0.0, "iterations_detail": [{"i": 1}], "ports": [{"p": 1}]}
+
+    return {"options": {"seed": 7, "schemes": ["baseline", "dlcp"]}, "repeat": 2, "provenance": None,
+            "summary": {"dlcp": {"seeds": 2}},
+            "runs": {"baseline": [rec(2.0), rec(2.2)], "dlcp": [rec(1.0), rec(1.1)]}}
+
+
+def test_a_testbed_file_of_schema_1_reads_with_the_shared_names():
+    r = upgrade(_testbed_v1())
+    assert (r["schema"], r["source"], r["reference"], r["topology"]) == (SCHEMA, "testbed", "gloo", "star")
+    assert r["options"]["workers"] == 2 and r["summary"] == {"dlcp": {"runs": 2}}
+    assert "config" not in r and "schemes" not in r and "aggregate" not in r
+    m = r["runs"][1]["metrics"]
+    assert set(CORE_METRICS) <= set(m) and m["retransmitted"] == 4 and m["selective_drops"] == {"1": 3}
+    assert m["missing_fraction"] == 0.01 and "lost_fraction_mean" not in m and m["ordering_efficiency"] == 0.5
+    assert schemes(r) == ["gloo", "dlcp"] and repetitions(r) == 2
+    assert [x["repeat"] for x in by_scheme(r)["dlcp"]] == [0, 1]
+    assert upgrade(r) is r  # schema 2 reads as it is
+
+
+def test_a_simulator_file_of_schema_1_reads_as_one_list_of_runs_in_the_order_they_ran():
+    r = upgrade(_simulator_v1())
+    assert (r["source"], r["reference"], r["repeat"]) == ("simulator", "baseline", 2)
+    assert [(x["scheme"], x["repeat"], x["seed"]) for x in r["runs"]] == [
+        ("baseline", 0, 7), ("dlcp", 0, 7), ("baseline", 1, 8), ("dlcp", 1, 8)]
+    first = r["runs"][0]
+    assert first["metrics"]["selective_drops"] == {str(c): 5 if c == 1 else 0 for c in range(8)}
+    assert "iterations_detail" not in first["metrics"] and first["ports"] == [{"p": 1}]
+    assert all("ports" not in x and "iterations_detail" not in x for x in slim(r, keep=())["runs"])
+    assert by_scheme(r)["dlcp"][1]["metrics"]["sync_p50_ms"] == 1.1
+
+
+def test_every_kept_results_file_reads_in_schema_2_with_the_core_metrics():
+    kept = [p for p in sorted(DATA.glob("*.json")) if "schemes" in (raw := json.loads(p.read_text()))
+            or ("options" in raw and "runs" in raw)]
+    assert kept, "no kept run results under docs/results/data"
+    for path in kept:
+        r = load(path)
+        assert r["source"] in ("testbed", "simulator") and r["runs"], path.name
+        for run in r["runs"]:
+            if run.get("metrics"):
+                assert set(CORE_METRICS) <= set(run["metrics"]), (path.name, run["scheme"])
+                assert isinstance(run["metrics"]["selective_drops"], dict), path.name
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[1, 2]", "not a JSON object"),
+    ('{"schema": 3, "source": "testbed", "runs": []}', "results schema 3; this version of dlcp reads 2 and 1"),
+    ('{"schema": 2, "source": "lab", "runs": []}', "without a known source"),
+    ('{"hello": 1}', "neither schemes nor runs"),
+    ("{not json", "not JSON"),
+])
+def test_what_is_not_a_results_file_is_refused_with_its_reason(tmp_path, capsys, text, reason):
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ResultsError, match=reason.split(";")[0]):
+        load(path)
+    if text.startswith("{") and "not json" not in text:
+        assert main(["report", str(path)]) == 2
+        assert reason in capsys.readouterr().err
+
+
+def test_a_document_needs_a_known_source_and_runs_with_scheme_and_repeat():
+    with pytest.raises(ValueError, match="unknown results source 'lab'"):
+        document("lab", {}, [], provenance=None, reference="baseline")
+    with pytest.raises(ValueError, match="needs a scheme and a repeat"):
+        document("testbed", {}, [{"scheme": "dlcp"}], provenance=None, reference="baseline")

@@ -1,0 +1,174 @@
+"""One results file for every experiment: the testbed's runs (``dlcp run``) and the simulator's
+(``dlcp sim``) write the same shape, and ``dlcp report`` reads it through :func:`load`.
+
+Why one shape: a study compares the testbed with the simulator, and a reader (a results page,
+a plotting script, someone's notebook) should find a run's schemes, repetitions and figures
+in the same place whichever made them. Schema 2, in ``results.json``::
+
+    {
+      "schema": 2,
+      "source": "testbed" | "simulator",   # which made it; what its per-run detail holds
+      "options": {...},                    # what ran: RunOptions or SimOptions as a dict
+      "provenance": {...},                 # command, commit, time (hostagent.provenance)
+      "reference": "baseline",             # the scheme speedups are paired against (None: none ran)
+      "runs": [                            # one per scheme and repetition, in the order they ran
+        {"scheme": "dlcp", "repeat": 0, "seed": 1 | None,
+         "metrics": {<CORE_METRICS>, ... the source's own},
+         ... the source's per-run detail (testbed: iterations, switches, validity, cross, bound,
+             tcp_counters; simulator: iterations_detail, ports)}
+      ],
+      "summary": {"dlcp": {...}, ...}      # per scheme, medians and intervals as written
+    }
+
+Files of schema 1 (the testbed's ``{config, schemes: [...]}`` and the simulator's ``{options,
+runs: {scheme: [...]}}``, written before 2026-11-27) are read by :func:`upgrade`, so kept results
+stay readable. Pure functions: dicts in, dicts out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+#: This module's results schema; a file says which it follows in ``schema``.
+SCHEMA = 2
+#: What can make a results file.
+SOURCES = ("testbed", "simulator")
+
+#: Every run's metrics have these (a source may add its own), named alike in both sources.
+CORE_METRICS: dict[str, str] = {
+    "sync_p50_ms": "sync time (last gradient ready to last average in), median over measured iterations, ms",
+    "sync_p99_ms": "the same, 99th percentile, ms",
+    "iteration_p50_ms": "iteration time, median over measured iterations, ms",
+    "sync_over_bound": "sync p50 over the line-rate bound of the busiest link (None without a bound)",
+    "retransmitted": "data packets sent again",
+    "tail_drops": "packets the switches dropped because a queue was full",
+    "selective_drops": "packets the switches dropped by drop class, {class: count}",
+    "missing_fraction": "share of the gradient packets zero-filled at completion (bounded loss)",
+}
+
+#: Schema 1's testbed metric names that schema 2 names as the simulator did.
+_RENAMED_METRICS = {"retransmissions": "retransmitted", "switch_tail_drops": "tail_drops",
+                    "switch_selective_drops_by_class": "selective_drops", "lost_fraction_mean": "missing_fraction"}
+
+
+class ResultsError(ValueError):
+    """A file that is not a results file this code reads, and why."""
+
+
+def document(source: str, options: dict, runs: list[dict], *, provenance: dict | None, reference: str | None,
+             summary: dict | None = None, **extra: Any) -> dict:
+    """A results file's contents; ``extra`` keeps what a source adds at the top (the testbed's
+    topology name, the simulator's seed count).
+
+    Raises:
+        ValueError: an unknown source, or a run without a scheme or metrics.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"unknown results source {source!r}; one of {SOURCES}")
+    for r in runs:
+        if "scheme" not in r or "repeat" not in r:
+            raise ValueError(f"a run needs a scheme and a repeat: {sorted(r)}")
+    return {"schema": SCHEMA, "source": source, "options": options, "provenance": provenance,
+            "reference": reference, "runs": runs, "summary": summary or {}, **extra}
+
+
+def schemes(results: dict) -> list[str]:
+    """The schemes in the order they first ran."""
+    return list(dict.fromkeys(r["scheme"] for r in results["runs"]))
+
+
+def by_scheme(results: dict) -> dict[str, list[dict]]:
+    """Each scheme's runs by repetition, schemes in the order they first ran."""
+    out: dict[str, list[dict]] = {s: [] for s in schemes(results)}
+    for r in results["runs"]:
+        out[r["scheme"]].append(r)
+    return {s: sorted(rs, key=lambda r: r.get("repeat", 0)) for s, rs in out.items()}
+
+
+def repetitions(results: dict) -> int:
+    """How many times each scheme ran (the most any did)."""
+    return max((r.get("repeat", 0) for r in results["runs"]), default=-1) + 1
+
+
+def slim(results: dict, keep: Iterable[str]) -> dict:
+    """``results`` with each run cut to its scheme, repetition, seed, metrics and the keys in
+    ``keep``: small enough to keep beside a results page, all its tables need."""
+    fields = ("scheme", "repeat", "seed", "metrics", *keep)
+    return {**results, "runs": [{k: r[k] for k in fields if k in r} for r in results["runs"]]}
+
+
+def upgrade(raw: Any) -> dict:
+    """A loaded results file in schema 2, whichever schema it was written in.
+
+    Raises:
+        ResultsError: it is not a results file, or of a schema newer than this code.
+    """
+    if not isinstance(raw, dict):
+        raise ResultsError("not a results file (not a JSON object)")
+    if "schema" in raw:
+        if raw["schema"] != SCHEMA:
+            raise ResultsError(f"results schema {raw['schema']!r}; this version of dlcp reads {SCHEMA} and 1")
+        if raw.get("source") not in SOURCES or not isinstance(raw.get("runs"), list):
+            raise ResultsError(f"schema {SCHEMA} results without a known source or a list of runs")
+        return raw
+    if isinstance(raw.get("schemes"), list):
+        return _testbed_v1(raw)
+    if isinstance(raw.get("options"), dict) and isinstance(raw.get("runs"), dict):
+        return _simulator_v1(raw)
+    raise ResultsError("not a run's results (neither schemes nor runs)")
+
+
+def load(path: Path) -> dict:
+    """The results file at ``path`` in schema 2.
+
+    Raises:
+        ResultsError: unreadable, not JSON, or not a results file.
+    """
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ResultsError(f"cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ResultsError(f"not JSON ({exc})") from None
+    return upgrade(raw)
+
+
+def core_metrics(metrics: dict) -> dict:
+    """Schema 1's testbed metrics under schema 2's names (others pass unchanged); a run without
+    a line-rate bound says so with ``sync_over_bound`` None, as schema 2's runs do."""
+    return {"sync_over_bound": None, **{_RENAMED_METRICS.get(k, k): v for k, v in metrics.items()}}
+
+
+def _testbed_v1(raw: dict) -> dict:
+    """``{config, topology, reference, provenance, schemes: [...], aggregate}``."""
+    runs = [{**s, "metrics": core_metrics(s["metrics"])} if isinstance(s.get("metrics"), dict) else dict(s)
+            for s in raw["schemes"]]
+    rest = {k: v for k, v in raw.items() if k not in ("config", "schemes", "aggregate", "provenance", "reference")}
+    return document("testbed", raw.get("config", {}), runs, provenance=raw.get("provenance"),
+                    reference=raw.get("reference") or "baseline", summary=raw.get("aggregate"), **rest)
+
+
+def _simulator_v1(raw: dict) -> dict:
+    """``{options, repeat, provenance, summary, runs: {scheme: [flat per-seed records]}}``."""
+    detail = ("iterations_detail", "ports")
+    seed = raw["options"].get("seed")
+    runs = []
+    for scheme, records in raw["runs"].items():
+        for i, rec in enumerate(records):
+            metrics = {k: v for k, v in rec.items() if k not in detail and k != "scheme"}
+            if isinstance(metrics.get("selective_drops"), list):
+                metrics["selective_drops"] = {str(c): n for c, n in enumerate(metrics["selective_drops"])}
+            runs.append({"scheme": scheme, "repeat": i, "seed": None if seed is None else seed + i,
+                         "metrics": metrics, **{k: rec[k] for k in detail if k in rec}})
+    runs.sort(key=lambda r: r["repeat"])  # the order they ran: every scheme of a seed, then the next seed
+    rest = {k: v for k, v in raw.items() if k not in ("options", "runs", "summary", "provenance")}
+    reference = "baseline" if "baseline" in raw["runs"] else next(iter(raw["runs"]), "baseline")
+    return document("simulator", raw["options"], runs, provenance=raw.get("provenance"), reference=reference,
+                    summary=raw.get("summary"), **rest)
+
+
+__all__ = ["CORE_METRICS", "SCHEMA", "SOURCES", "ResultsError", "by_scheme", "core_metrics", "document", "load",
+           "repetitions", "schemes", "slim", "upgrade"]

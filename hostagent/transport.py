@@ -133,6 +133,12 @@ class Endpoint(ControlPath):
             for p in self.config.peers:
                 if p.rank != self.rank:
                     self.dp.add_peer(p.rank, _ipv4(p.host), p.data_port)
+            if self.config.source_port_base is not None:  # bind every fixed source port now: a taken one fails here
+                for p in self.config.peers:
+                    for q in range(self.config.policy.top_priority + 1):
+                        if p.rank != self.rank:
+                            self.dp.set_sockopt(p.rank, q, socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                self.config.socket_buffer)
         except (OSError, RuntimeError, ValueError) as exc:
             udp.close()
             lst.close()

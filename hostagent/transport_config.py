@@ -40,6 +40,16 @@ def bottleneck_timers(bottleneck: float, mtu: int) -> dict[str, float]:
 #: The per-packet paths: the compiled one (hostagent/native) and numpy's (the fallback).
 DATAPATHS = ("native", "numpy")
 
+#: Data sockets per destination with fixed source ports: one per priority queue (0..7).
+PORTS_PER_DEST = 8
+
+
+def source_ports(base: int, max_rank: int) -> tuple[int, int]:
+    """The first and last UDP source port of data sockets from ``base`` to ranks 0..``max_rank``
+    (:attr:`TransportConfig.source_port_base`): rank r's priority q leaves from ``base + 8 r + q``."""
+    return base, base + PORTS_PER_DEST * (max_rank + 1) - 1
+
+
 @dataclass(frozen=True)
 class Peer:
     """Where one endpoint of the job listens."""
@@ -178,6 +188,14 @@ class TransportConfig:
     """Which per-packet path runs: ``native``, the compiled one (built by ``make setup``), or
     ``numpy``, the same behaviour in Python (slower; the reference and the fallback)."""
 
+    source_port_base: int | None = None
+    """Send data to rank r at priority q from UDP source port ``source_port_base + 8 r + q``
+    instead of an ephemeral one (None). Why: switches that hash flows (per-flow ECMP) choose a
+    path from the 5-tuple, so with ephemeral ports every run draws its paths anew and two
+    schemes compared in one repetition may meet different collisions; with one base per
+    repetition, every scheme of that repetition takes the same paths, as the simulator's seeds
+    pair them (:func:`source_ports`)."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "secret", parse_secret(self.secret))
         ranks = [p.rank for p in self.peers]
@@ -191,6 +209,15 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.bulk_feedback_packets={self.bulk_feedback_packets} must be >= 1")
         if not 1 <= self.rx_batch <= 65536:
             raise ValueError(f"TransportConfig.rx_batch={self.rx_batch} must be in 1..65536")
+        if self.source_port_base is not None:
+            lo, hi = source_ports(self.source_port_base, max(ranks))
+            if lo < 1024 or hi > 65535:
+                raise ValueError(f"TransportConfig.source_port_base={self.source_port_base}: its ports {lo}..{hi} "
+                                 "must lie in 1024..65535")
+            mine = self.peer(self.rank)
+            if lo <= mine.data_port <= hi or lo <= mine.control_port <= hi:
+                raise ValueError(f"TransportConfig.source_port_base={self.source_port_base}: its ports {lo}..{hi} "
+                                 f"take this rank's data or control port ({mine.data_port}, {mine.control_port})")
         for name in ("connect_timeout", "message_deadline", "idle_timeout", "probe_grace", "feedback_interval",
                      "clean_feedback_interval", "bulk_feedback_interval", "probe_delay", "probe_delay_min",
                      "probe_delay_max"):

@@ -44,7 +44,8 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
                           connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"),
-                          datapath=spec.get("datapath", "native"), **spec.get("timers", {}))
+                          datapath=spec.get("datapath", "native"), source_port_base=spec.get("source_port_base"),
+                          **spec.get("timers", {}))
     return Endpoint(cfg).start()
 
 

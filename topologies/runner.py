@@ -222,16 +222,35 @@ def testbed_rate(capacity_pps: int, mtu: int) -> dict:
 GLOO_STORE_PORT = 29500
 
 
+#: Source ports of repetition r's flows start at FLOW_PORTS + r * FLOW_PORT_STEP (r modulo
+#: FLOW_PORT_DRAWS): below Linux's ephemeral range (32768-60999), so no other socket takes them.
+FLOW_PORTS, FLOW_PORT_STEP, FLOW_PORT_DRAWS = 20000, 1024, 12
+#: Offsets of the cross traffic's senders from a repetition's base (DLCP's data sockets take
+#: the first 8 per rank, :func:`hostagent.transport_config.source_ports`).
+CROSS_UDP_PORT, CROSS_TCP_PORT = 512, 513
+
+
+def flow_port_base(repeat: int) -> int:
+    """The first source port of repetition ``repeat``'s flows: DLCP's data sockets and the
+    cross traffic's senders leave from fixed ports, so where switches hash flows onto paths
+    (the baseline's per-flow ECMP) every scheme of one repetition takes the same paths and the
+    comparison paired by repetition is not a comparison of two draws of collisions; the
+    repetitions draw different paths (as the simulator's seeds do). gloo's connections keep
+    ephemeral ports (gloo chooses them)."""
+    return FLOW_PORTS + FLOW_PORT_STEP * (repeat % FLOW_PORT_DRAWS)
+
+
 def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
                ports: list[tuple[int, int]] | None = None, scheme: str = "dlcp",
-               store_port: int = GLOO_STORE_PORT) -> dict:
+               store_port: int = GLOO_STORE_PORT, repeat: int | None = None) -> dict:
     """What every host agent of a run reads (``topologies.agent``): peers, policy, workload, rates.
 
     ``ports`` gives each rank its own (data, control) ports (agents sharing one address, as on
     loopback); by default every host uses DLCP's ports. GSO/GRO stay off: a BMv2 switch reading
     a veth would see a GSO super-packet as one packet. A gloo ``scheme`` runs DDP over
     ``torch.distributed`` instead of DLCP (``transport``, ``hook``), its store at worker 0's
-    address on ``store_port``.
+    address on ``store_port``. With ``repeat``, DLCP's data leaves from that repetition's fixed
+    source ports (:func:`flow_port_base`).
     """
     spec = {"workers": opts.workers, "pattern": opts.pattern, "peer_ips": peer_ips, "data_port": 17649,
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
@@ -246,6 +265,8 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:
         spec["ports"] = [list(p) for p in ports]
+    if repeat is not None:
+        spec["source_port_base"] = flow_port_base(repeat)
     return spec
 
 
@@ -298,12 +319,12 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
         switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
         progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
             f" r{repeat + 1}]" if opts.repeat > 1 else "]")
-        out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches)
+        out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches, repeat)
     return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat}
 
 
 def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, policy: Policy, sdir: Path,
-                    registry: Registry, label: str, switches: dict) -> dict:
+                    registry: Registry, label: str, switches: dict, repeat: int = 0) -> dict:
     """Run the agents (and cross traffic) of one scheme while the monitor samples; read results."""
     def counters() -> dict:
         # the kernel's count first: a frame still in a capture ring then counts in both
@@ -327,7 +348,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
-    spec = agent_spec(opts, policy, peers, scheme=scheme)
+    spec = agent_spec(opts, policy, peers, scheme=scheme, repeat=repeat)
     (sdir / "agent.json").write_text(json.dumps(spec, indent=2))
     (sdir / "agent.json").chmod(0o600)  # it holds the job secret
     bound = scheme_bound(topo, opts, scheme, spec)
@@ -345,10 +366,13 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             rate = str(opts.capacity_pps * opts.cross_rate)
             (src, dst), (src2, dst2) = pairs
             tos = ["--dscp", str(cross_dscp(policy, opts))]
+            base = flow_port_base(repeat)
             cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", "udp", dst.ip, "5001", rate,
-                                                       "0.5", "0.5", duration, *tos], sdir / "cross-udp.log"))
+                                                       "0.5", "0.5", duration, *tos, "--sport",
+                                                       str(base + CROSS_UDP_PORT)], sdir / "cross-udp.log"))
             cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", "tcp", dst2.ip, "5001",
-                                                        "0.5", "0.5", duration, *tos], sdir / "cross-tcp.log"))
+                                                        "0.5", "0.5", duration, *tos, "--sport",
+                                                        str(base + CROSS_TCP_PORT)], sdir / "cross-tcp.log"))
         for c, name in zip(cross, [f"sink:{short(d)}" for d in sorted(dsts)] + ["cross-udp", "cross-tcp"]
                             if opts.cross_traffic else []):
             monitor.add(name, c.pid)
@@ -404,7 +428,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                                   _silent_losses(before, after)),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
-            "tcp_counters": _tcp_delta(tcp_before, tcp_after)}
+            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat)}
 
 
 def _host_tcp(net) -> dict[str, dict[str, int] | None]:

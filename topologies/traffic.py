@@ -93,14 +93,28 @@ def on_time(elapsed: float, on: float, off: float) -> float:
 # ---------------------------------------------------------------------------- sockets
 
 
-def open_socket(proto: str, dscp: int = 0) -> socket.socket:
+def open_socket(proto: str, dscp: int = 0, sport: int = 0) -> socket.socket:
     """An IPv4 sender socket whose packets carry ``dscp``: the switches map DSCP to a priority
-    queue, so this chooses the queue the cross traffic competes in. ECN bits are left 0."""
+    queue, so this chooses the queue the cross traffic competes in. ECN bits are left 0.
+
+    With ``sport`` it sends from that source port, so a flow-hashing switch gives it the same
+    path in every run with that port (the runner pairs schemes of a repetition this way). A TCP
+    socket then closes with a reset, leaving no TIME_WAIT that would keep the next run from
+    connecting from the same port to the same sink."""
     if not 0 <= dscp <= 63:
         raise ValueError(f"dscp must be in 0..63, got {dscp}")
     kind = {"udp": socket.SOCK_DGRAM, "tcp": socket.SOCK_STREAM}[proto]
     s = socket.socket(socket.AF_INET, kind)
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+    try:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+        if sport:
+            if proto == "tcp":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.bind(("0.0.0.0", sport))
+    except OSError:
+        s.close()
+        raise
     return s
 
 
@@ -135,8 +149,8 @@ def tcp_info(s: socket.socket) -> dict:
 
 def _sender_summary(proto: str, args: argparse.Namespace, src: str | None, start: float, end: float,
                     **fields: object) -> dict:
-    return {"role": "sender", "proto": proto, "src": src, "dst": args.dst, "port": args.port,
-            "dscp": args.dscp, **fields, "active_s": on_time(end - start, args.on, args.off),
+    return {"role": "sender", "proto": proto, "src": src, "sport": args.sport or None, "dst": args.dst,
+            "port": args.port, "dscp": args.dscp, **fields, "active_s": on_time(end - start, args.on, args.off),
             "start": start, "end": end}
 
 
@@ -146,7 +160,7 @@ def run_udp(args: argparse.Namespace, stop: StopFlag) -> dict:
     payload, addr, gap = bytes(UDP_PAYLOAD), (args.dst, args.port), 1.0 / args.rate
     src = source_address(args.dst)
     sent = errors = 0
-    with open_socket("udp", args.dscp) as s:
+    with open_socket("udp", args.dscp, args.sport) as s:
         s.settimeout(NAP_S)
         start = next_t = time.monotonic()
         while not stop.stopped:
@@ -181,7 +195,7 @@ def _connect(args: argparse.Namespace, stop: StopFlag, deadline: float) -> tuple
     handshake is seen at once and the kernel keeps its own SYN retries."""
     error = "not connected"
     while not stop.stopped and time.monotonic() < deadline:
-        s = open_socket("tcp", args.dscp)
+        s = open_socket("tcp", args.dscp, args.sport)
         s.setblocking(False)
         s.connect_ex((args.dst, args.port))
         code = _wait_connected(s, stop, deadline)
@@ -500,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("duration", type=_seconds, metavar="DURATION_S")
         sp.add_argument("--dscp", type=_dscp, default=0, metavar="N",
                         help="IP DSCP of the packets, 0..63 (selects the switches' queue)")
+        sp.add_argument("--sport", type=_port, default=0, metavar="PORT",
+                        help="send from this source port (default: an ephemeral one), so flow hashing gives the "
+                             "flow the same path in every run")
     return p
 
 

@@ -67,6 +67,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "behind_backlog": BEHIND_BACKLOG,
         "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
         "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
+        "source_port_base": config.source_port_base or 0,
     }
 
 

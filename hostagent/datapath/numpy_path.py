@@ -36,7 +36,7 @@ from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, pac
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
 from hostagent.reassembly import REASONS, Assembly, Reassembler
-from hostagent.transport_config import TransportConfig
+from hostagent.transport_config import PORTS_PER_DEST, TransportConfig
 from hostagent.udp_offload import GRO_ANCBUF, GRO_BUFSIZE, DatagramSender, gro_segment_size, split_segments
 
 log = logging.getLogger("hostagent.transport")
@@ -891,7 +891,7 @@ class NumpyDatapath:
         with self._tx_cv:
             d = self._dests[dest]
             self._sender_for(d, priority)
-            d.socks[priority][0].setsockopt(level, name, value)
+            d.socks[min(priority, self.policy.top_priority)][0].setsockopt(level, name, value)
 
     # ------------------------------------------------------------------ the send thread
     def _prepare(self, m: _Tx) -> None:
@@ -1017,14 +1017,22 @@ class NumpyDatapath:
                     self._emit(EventKind.TX_PASS, m.spec.dest, m.spec.message_id, time.monotonic(), pass_no)
 
     def _sender_for(self, d: _Dest, priority: int) -> DatagramSender:
-        entry = d.socks.get(priority)
+        q = min(priority, self.policy.top_priority)  # one socket per queue
+        entry = d.socks.get(q)
         if entry is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_buffer)
-            dscp = self.policy.dscp[min(priority, self.policy.top_priority)]
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (dscp << 2) | _ECT0)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (self.policy.dscp[q] << 2) | _ECT0)
+            if self.config.source_port_base is not None:  # the same path for every run with this base
+                port = self.config.source_port_base + PORTS_PER_DEST * d.rank + q
+                try:
+                    sock.bind(("0.0.0.0", port))
+                except OSError as exc:
+                    sock.close()
+                    raise OSError(exc.errno, f"bind data socket to rank {d.rank} to source port {port}: "
+                                  f"{exc.strerror}") from None
             sock.connect(d.addr)
-            entry = d.socks[priority] = (sock, DatagramSender(sock, use_gso=self.config.offload))
+            entry = d.socks[q] = (sock, DatagramSender(sock, use_gso=self.config.offload))
         return entry[1]
 
     def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, last: bool) -> tuple[int, int]:

@@ -103,6 +103,9 @@ struct Config {
     double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2, answer_gaps = 4;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
+    // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
+    // so flow-hashing switches give every run with one base the same paths
+    uint16_t source_port_base = 0;
 };
 
 // Buffers of one received message; Python allocates them and keeps them alive.

@@ -81,6 +81,7 @@ Config make_config(const nb::dict& d) {
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
+    c.source_port_base = get<uint16_t>(d, "source_port_base");
     return c;
 }
 

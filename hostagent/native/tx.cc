@@ -154,15 +154,26 @@ uint64_t Datapath::sent_packets(uint16_t dest) {
 }
 
 Datapath::Sock& Datapath::sock_for(Dest& d, uint8_t priority) {
-    Sock& s = d.socks[priority];
+    uint8_t p = std::min<uint8_t>(priority, cfg_.top_priority);  // one socket per queue
+    Sock& s = d.socks[p];
     if (s.fd >= 0) return s;
     int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
     int buf = cfg_.socket_buffer;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    uint8_t p = std::min<uint8_t>(priority, cfg_.top_priority);
     int tos = (int(cfg_.dscp[std::min<size_t>(p, cfg_.dscp.size() - 1)]) << 2) | ECT0;
     setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
+    if (cfg_.source_port_base) {
+        sockaddr_in src{};
+        src.sin_family = AF_INET;
+        src.sin_port = htons(uint16_t(cfg_.source_port_base + 8 * d.rank + p));
+        if (::bind(fd, reinterpret_cast<const sockaddr*>(&src), sizeof src) != 0) {
+            int e = errno;
+            ::close(fd);
+            throw std::runtime_error("bind data socket to rank " + std::to_string(d.rank) + " to source port " +
+                                     std::to_string(ntohs(src.sin_port)) + ": " + std::strerror(e));
+        }
+    }
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&d.addr), sizeof d.addr) != 0) {
         int e = errno;
         ::close(fd);

@@ -15,7 +15,7 @@ from hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
-from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig,
+from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig, TransportError,
                                  TransportTimeout)
 from tests.conftest import loopback_peers
 
@@ -390,3 +390,59 @@ def test_a_half_precision_message_done_before_its_sum_is_posted_adds_into_float3
     res = eps[0].recv(1, 3, out=total, accumulate=True).wait(T)
     assert res.data is total
     np.testing.assert_array_equal(total, np.float32(1) + x.astype(np.float32))
+
+
+def _free_udp_range(n: int) -> int:
+    """A base port with ``n`` consecutive UDP ports free on this host right now (below the
+    ephemeral range, where the tests' own sockets do not land)."""
+    for base in range(21000, 32000, 64):
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free range of UDP ports")
+
+
+def test_data_leaves_from_the_fixed_source_ports_so_flow_hashing_repeats(endpoints):
+    # With a source port base, rank r's data to rank d at priority q leaves from base + 8 d + q
+    # (bound when the endpoint starts), on both data paths: a switch hashing the 5-tuple then
+    # gives every run with this base the same paths.
+    base = _free_udp_range(16)
+    a, b = endpoints(2, source_port_base=base)
+    x = _grad(20000)
+    r = b.recv(0, 9)
+    a.send(1, x, message_id=9, loss_bound=0.0).wait(T)
+    assert np.array_equal(r.wait(T).data, x)
+    top = a.config.policy.top_priority
+    assert sorted(a.endpoint_stats()["data_sockets"]) == [(1, q, base + 8 + q) for q in range(top + 1)]
+    assert sorted(b.endpoint_stats()["data_sockets"]) == [(0, q, base + q) for q in range(top + 1)]
+
+
+def test_a_taken_source_port_stops_the_endpoint_at_start_naming_it(datapath):
+    base = _free_udp_range(16)
+    peers = loopback_peers(2)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("0.0.0.0", base + 8 + 3))  # rank 0's socket to rank 1 at priority 3
+    try:
+        with pytest.raises(TransportError, match=f"source port {base + 11}: .*in use"):
+            Endpoint(TransportConfig(rank=0, peers=peers, source_port_base=base, datapath=datapath)).start()
+    finally:
+        taken.close()
+
+
+def test_a_source_port_base_is_checked_against_the_port_range_and_the_own_ports():
+    peers = loopback_peers(3)
+    with pytest.raises(ValueError, match=r"source_port_base=65530: its ports 65530\.\.65553 must lie in 1024"):
+        TransportConfig(rank=0, peers=peers, source_port_base=65530)
+    own = peers[1].data_port
+    with pytest.raises(ValueError, match="take this rank's data or control port"):
+        TransportConfig(rank=1, peers=peers, source_port_base=own - 4)
+    assert TransportConfig(rank=0, peers=peers, source_port_base=None).source_port_base is None

@@ -155,3 +155,24 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     assert "target accuracy 89.00 %" in text and "`gloo` is slower than `dlcp` per iteration: 0.50" in text
     assert cli.main(["report", str(path), "--against", "powersgd"]) == 2
     assert "--against: 'powersgd' is not one of the run's schemes" in capsys.readouterr().err
+
+
+def test_every_scheme_of_a_repetition_sends_from_its_fixed_ports():
+    # Per-flow ECMP hashes the 5-tuple: the schemes of one repetition share source ports, so
+    # they meet the same collisions; repetitions draw others (as the simulator's seeds).
+    from hostagent.transport_config import Peer, TransportConfig, source_ports
+    from topologies.runner import CROSS_TCP_PORT, FLOW_PORT_DRAWS, flow_port_base
+
+    opts = RunOptions(workers=7)
+    ips = [f"10.0.0.{i}" for i in range(1, 9)]
+    bases = [flow_port_base(r) for r in range(FLOW_PORT_DRAWS)]
+    assert len(set(bases)) == FLOW_PORT_DRAWS and flow_port_base(FLOW_PORT_DRAWS) == bases[0]
+    # DLCP's eight ranks and the cross senders stay below the ephemeral range and apart
+    assert all(source_ports(b, 7)[1] < b + CROSS_TCP_PORT // 2 and b + CROSS_TCP_PORT < 32768 for b in bases)
+    assert len({b + k for b in bases for k in range(1024)}) == 1024 * FLOW_PORT_DRAWS
+    for scheme in ("baseline", "bounded", "gloo"):
+        spec = agent_spec(opts, scheme_policy(scheme, opts), ips, scheme=scheme, repeat=3)
+        assert spec["source_port_base"] == flow_port_base(3)
+    assert "source_port_base" not in agent_spec(opts, scheme_policy("dlcp", opts), ips)
+    peers = tuple(Peer(r, ip, spec["data_port"], spec["control_port"]) for r, ip in enumerate(ips))
+    assert TransportConfig(rank=7, peers=peers, source_port_base=spec["source_port_base"]).source_port_base

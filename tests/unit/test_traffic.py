@@ -151,6 +151,32 @@ def test_tcp_sender_and_sink_stopped_by_sigterm(procs):
     assert 0 < s["delivered_mbps"] <= s["goodput_mbps"]
 
 
+def test_a_tcp_sender_from_a_fixed_source_port_can_run_again_at_once(procs):
+    # The runner sends each repetition's cross traffic from fixed ports (the same path under
+    # flow hashing for every scheme of it): the next scheme's sender connects from the same port
+    # to the same sink seconds later, so the last one must leave no TIME_WAIT behind.
+    port, sport = free_shared_port(), free_shared_port()
+    sink = start_sink(port)
+    procs.append(sink)
+    for _ in range(2):
+        sender = start("tcp", LO, str(port), "0.3", "0", "30", "--sport", str(sport))
+        procs.append(sender)
+        time.sleep(0.5)
+        sent, _ = stop(sender)
+        assert "error" not in sent and sent["sent_bytes"] > 0 and sent["sport"] == sport, sent
+    got, _ = stop(sink)
+    assert got["tcp"]["connections"] == 2
+
+
+@pytest.mark.parametrize("proto", ["udp", "tcp"])
+def test_open_socket_binds_the_source_port_it_is_given(proto):
+    sport = free_shared_port()
+    with open_socket(proto, 0, sport) as s:
+        assert s.getsockname()[1] == sport
+    with open_socket(proto) as s:
+        assert s.getsockname()[1] == 0  # unbound: the kernel picks at the first send
+
+
 def test_udp_sender_stops_by_itself_after_duration():
     proc = subprocess.run([sys.executable, "-m", "topologies.traffic", "udp", LO, str(free_shared_port()), "200",
                            "0.1", "0", "0.3"], cwd=ROOT, capture_output=True, text=True, timeout=5, check=False)

@@ -333,8 +333,26 @@ def cross_lines(results: dict) -> list[str]:
             parts.append(f"TCP {good:.2f} Mbit/s goodput" if good is not None else "TCP: no sink report")
             if t.get("retrans_pkts") is not None:
                 parts[-1] += f", {t['retrans_pkts']} retransmitted"
+        shared = path_sharing(s.get("paths") or {})
+        if shared:
+            parts.append(shared)
         out.append(f"  {tag:<14}" + "; ".join(parts))
     return out
+
+
+def path_sharing(paths: dict[str, str]) -> str:
+    """How many of a run's hashed data flows shared a link with each cross flow (the links of
+    its path but the last, into its sink), from the paths the run recorded: what per-flow ECMP
+    dealt this run. Empty without recorded paths."""
+    data = {k: set(v.split()) for k, v in paths.items() if not k.startswith("cross")}
+    parts = []
+    for name in ("cross udp", "cross tcp"):
+        if name in paths:
+            links = set(paths[name].split()[:-1])
+            n = sum(1 for hops in data.values() if hops & links)
+            parts.append(f"{name.split()[1].upper()} via {' '.join(paths[name].split()[:-1])}"
+                         + (f" with {n}/{len(data)} hashed data flows" if data else ""))
+    return ", ".join(parts)
 
 
 def describe(results: dict) -> str:

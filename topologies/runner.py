@@ -37,8 +37,8 @@ from hostagent.model_profiles import PROFILES
 from hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from hostagent.ranges import Range
 from hostagent.ratecontrol import bottleneck_rates
-from hostagent.transport_config import DATAPATHS, bottleneck_timers
-from topologies import traffic
+from hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, bottleneck_timers
+from topologies import paths, traffic
 from topologies.bmv2 import terminate_group
 from topologies.netns import tcp_counters
 from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
@@ -228,6 +228,8 @@ FLOW_PORTS, FLOW_PORT_STEP, FLOW_PORT_DRAWS = 20000, 1024, 12
 #: Offsets of the cross traffic's senders from a repetition's base (DLCP's data sockets take
 #: the first 8 per rank, :func:`hostagent.transport_config.source_ports`).
 CROSS_UDP_PORT, CROSS_TCP_PORT = 512, 513
+#: Where the cross traffic's sinks listen.
+CROSS_SINK_PORT = 5001
 
 
 def flow_port_base(repeat: int) -> int:
@@ -238,6 +240,33 @@ def flow_port_base(repeat: int) -> int:
     repetitions draw different paths (as the simulator's seeds do). gloo's connections keep
     ephemeral ports (gloo chooses them)."""
     return FLOW_PORTS + FLOW_PORT_STEP * (repeat % FLOW_PORT_DRAWS)
+
+
+def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: list[tuple[str, str]],
+               repeat: int) -> dict[str, str]:
+    """The path of every flow of one run whose path a switch hashes from its 5-tuple
+    (:mod:`topologies.paths`), as ``{flow: "switch:port switch:port ..."}``: DLCP's data between
+    every two ranks at each priority (unless sprayed, ``lb_mode`` other than ``flow``, or gloo,
+    whose ports are its own) and the cross traffic's UDP and TCP (``cross``: their source and
+    destination addresses). A parameter server's workers send only to the server and back; a
+    ring's may send to any other. Pure: what the run's fixed source ports make of its network."""
+    base = flow_port_base(repeat)
+    ips = spec["peer_ips"]
+    names = [f"worker{r}" for r in range(spec["workers"])] + ["server"] * (len(ips) - spec["workers"])
+    flows: list[tuple[str, str, str, int, int, int]] = []
+    if not gloo and policy.lb_mode == "flow":
+        flows += [(f"{names[a]}>{names[b]} q{q}", ips[a], ips[b], paths.UDP, base + PORTS_PER_DEST * b + q,
+                   spec["data_port"])
+                  for a in range(len(ips)) for b in range(len(ips))
+                  if a != b and (spec["pattern"] != "ps" or "server" in (names[a], names[b]))
+                  for q in range(policy.top_priority + 1)]
+    for (src, dst), (kind, proto, offset) in zip(cross, (("udp", paths.UDP, CROSS_UDP_PORT),
+                                                          ("tcp", paths.TCP, CROSS_TCP_PORT))):
+        flows.append((f"cross {kind}", src, dst, proto, base + offset, CROSS_SINK_PORT))
+    out = {}
+    for label, src, dst, proto, sport, dport in flows:
+        out[label] = " ".join(f"{short(sw)}:{port}" for sw, port in paths.hops(network, src, dst, proto, sport, dport))
+    return out
 
 
 def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
@@ -359,20 +388,20 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
             for d in dsts:
-                cross.append(_popen_in(net.get(d), [PYTHON, "-m", "topologies.traffic", "sink", "5001"],
+                cross.append(_popen_in(net.get(d), [PYTHON, "-m", "topologies.traffic", "sink", str(CROSS_SINK_PORT)],
                                        sdir / f"sink-{short(d)}.log"))
             time.sleep(0.5)
             duration = str(opts.timeout)
             rate = str(opts.capacity_pps * opts.cross_rate)
             (src, dst), (src2, dst2) = pairs
             tos = ["--dscp", str(cross_dscp(policy, opts))]
-            base = flow_port_base(repeat)
-            cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", "udp", dst.ip, "5001", rate,
-                                                       "0.5", "0.5", duration, *tos, "--sport",
-                                                       str(base + CROSS_UDP_PORT)], sdir / "cross-udp.log"))
-            cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", "tcp", dst2.ip, "5001",
-                                                        "0.5", "0.5", duration, *tos, "--sport",
-                                                        str(base + CROSS_TCP_PORT)], sdir / "cross-tcp.log"))
+            base, sink = flow_port_base(repeat), str(CROSS_SINK_PORT)
+            udp = ["udp", dst.ip, sink, rate, "0.5", "0.5", duration, *tos, "--sport", str(base + CROSS_UDP_PORT)]
+            tcp = ["tcp", dst2.ip, sink, "0.5", "0.5", duration, *tos, "--sport", str(base + CROSS_TCP_PORT)]
+            cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", *udp],
+                                   sdir / "cross-udp.log"))
+            cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", *tcp],
+                                   sdir / "cross-tcp.log"))
         for c, name in zip(cross, [f"sink:{short(d)}" for d in sorted(dsts)] + ["cross-udp", "cross-tcp"]
                             if opts.cross_traffic else []):
             monitor.add(name, c.pid)
@@ -428,7 +457,10 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                                   _silent_losses(before, after)),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
-            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat)}
+            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat),
+            "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy,
+                                scheme in GLOO_SCHEMES,
+                                [(s.ip, d.ip) for s, d in cross_pairs(topo)] if opts.cross_traffic else [], repeat)}
 
 
 def _host_tcp(net) -> dict[str, dict[str, int] | None]:

@@ -100,6 +100,35 @@ def test_dlcp_packets_spray_tcp_flows_stay(rig, mode):
         assert sorted([a, b]) == [0, 50]
 
 
+def test_a_flow_takes_the_member_its_5_tuple_hash_predicts(rig):
+    # topologies.paths predicts each flow's path from its 5-tuple (what a run records with its
+    # fixed source ports): the switch must pick exactly that member, for DLCP data under flow
+    # hashing, other UDP and TCP alike, over three members so the modulo matters.
+    from topologies.paths import TCP as TCP_PROTO
+    from topologies.paths import UDP as UDP_PROTO
+    from topologies.paths import ecmp_member
+
+    members = (2, 3, 4)
+    groups = {1: [{"port": p, "dmac": host_mac(p)} for p in members]}
+    net = rig.network(routes=[{"prefix": "10.0.5.0/24", "group": 1}], groups=groups, policy={"lb_mode": "flow"})
+    flows = [(UDP_PROTO, 20000 + 1024 * k + q, wire.DLCP_UDP_PORT) for k in range(3) for q in range(8)]
+    flows += [(UDP_PROTO, 20512 + k, 5001) for k in range(6)] + [(TCP_PROTO, 20513 + k, 5001) for k in range(6)]
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        caps = {p: capture(rig.host_ifaces[p]) for p in members}
+        pkts = []
+        for proto, sport, dport in flows:
+            l4 = UDP(sport=sport, dport=dport) if proto == UDP_PROTO else TCP(sport=sport, dport=dport)
+            tail = DLCP(job_id=1, seq=sport) / Raw(b"\0" * 64) if dport == wire.DLCP_UDP_PORT else Raw(b"x")
+            pkts.append(Ether(dst=switch_mac(1), src=host_mac(1)) / IP(src="10.0.1.1", dst="10.0.5.9") / l4 / tail)
+        sendp(pkts, iface=rig.host_ifaces[1], verbose=False)
+        seen = {p: received(caps[p], 0.5 if p == members[0] else 0, expect=1) for p in members}
+    got = {(pkt[IP].proto, pkt.sport, pkt.dport): port for port, ps in seen.items() for pkt in ps}
+    want = {f: members[ecmp_member("10.0.1.1", "10.0.5.9", *f, len(members))] for f in flows}
+    assert got == want
+    assert len(set(want.values())) == len(members)  # the flows did spread: the check covers every member
+
+
 def test_a_burst_far_beyond_32_packets_reaches_the_pipeline(rig):
     """BMv2 reads ports through libpcap, whose capture ring held only ~32 frames while the
     port's veth had segmentation offloads on (the switch now starts with them off), and its

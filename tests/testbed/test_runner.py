@@ -42,6 +42,9 @@ def test_star_ps_run_writes_every_field(tmp_path):
     assert results["topology"] == "star" and results["options"]["workers"] == 2
     assert results["schema"] == 2 and results["source"] == "testbed" and set(results["summary"]) == {"dlcp"}
     scheme = results["runs"][0]
+    # its fixed source ports, and the path each hashed flow took from them (dlcp's data is sprayed)
+    assert scheme["flow_port_base"] == 20000 and set(scheme["paths"]) == {"cross udp", "cross tcp"}
+    assert scheme["paths"]["cross udp"].startswith("s1:")
     kinds = [r["kind"] for r in scheme["iterations"]]
     assert kinds.count("measured") == 2 * 2 and kinds.count("calibration") == 2 * 3
     for r in scheme["iterations"]:

@@ -170,3 +170,14 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     unread = run("dlcp", 10, 3)
     unread["tcp_counters"]["h2"] = None  # a host whose counters could not be read: no figure, not a zero
     assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table(as_testbed_results([unread]))
+
+
+def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():
+    from topologies.report import path_sharing
+
+    paths = {"cross udp": "l1:9 sp2:2 l2:4", "cross tcp": "l1:8 sp1:2 l2:4", "worker0>server q0": "l1:9 sp2:2 l2:3",
+             "worker1>server q0": "l1:8 sp1:2 l2:3", "server>worker0 q0": "l2:8 sp1:1 l1:1"}
+    assert path_sharing(paths) == ("UDP via l1:9 sp2:2 with 1/3 hashed data flows, "
+                                   "TCP via l1:8 sp1:2 with 1/3 hashed data flows")
+    assert path_sharing({"cross udp": "s1:1 s2:3"}) == "UDP via s1:1"  # no hashed data flows (sprayed, or gloo)
+    assert path_sharing({}) == ""

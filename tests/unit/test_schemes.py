@@ -176,3 +176,29 @@ def test_every_scheme_of_a_repetition_sends_from_its_fixed_ports():
     assert "source_port_base" not in agent_spec(opts, scheme_policy("dlcp", opts), ips)
     peers = tuple(Peer(r, ip, spec["data_port"], spec["control_port"]) for r, ip in enumerate(ips))
     assert TransportConfig(rank=7, peers=peers, source_port_base=spec["source_port_base"]).source_port_base
+
+
+def test_a_run_records_the_path_of_every_flow_hashed_flow():
+    from topologies.runner import flow_paths
+    from topologies.topos import leafspine
+
+    opts = RunOptions(topology="leafspine", workers=4, pattern="ps")
+    topo = leafspine(4)
+    ips = [h.ip for h in topo.role("worker")] + [topo.role("server")[0].ip]
+    x = [h.ip for h in topo.role("cross")]
+    cross = [(x[0], x[1]), (x[0], x[1])]
+
+    def paths(scheme: str, repeat: int) -> dict[str, str]:
+        policy = scheme_policy(scheme, opts)
+        network = topo.network("/tmp", opts.capacity_pps, opts.buffer, policy.to_dict(), None)
+        spec = agent_spec(opts, policy, ips, scheme=scheme, repeat=repeat)
+        return flow_paths(network, spec, policy, scheme == "gloo", cross, repeat)
+
+    base = paths("baseline", 0)
+    # a parameter server: each worker to the server and back, at each of the 8 priorities, and the cross traffic
+    assert len(base) == 2 * 4 * 8 + 2 and "worker0>worker1 q0" not in base
+    assert base["worker0>server q0"].split()[0].startswith("l1:") and base["worker0>server q0"].endswith("l2:3")
+    spines = {v.split()[1].split(":")[0] for k, v in base.items() if k.startswith("worker0>")}
+    assert spines == {"sp1", "sp2"}  # eight flows of one pair spread over both spines
+    assert paths("bounded", 0) == base and paths("baseline", 1) != base  # one draw per repetition
+    assert set(paths("dlcp", 0)) == set(paths("gloo", 0)) == {"cross udp", "cross tcp"}  # sprayed, or gloo's own

@@ -134,6 +134,31 @@ inline float load_elem(const uint8_t* base, size_t i, Kind kind) {
     return kind == Kind::F16 ? half_to_float(h) : bf16_to_float(h);
 }
 
+// Four floats, one SSE register (GCC's and Clang's vector extension, any target): elementwise
+// operations, each rounded as the scalar one is, so results are the scalar loop's bit for bit.
+typedef float F32x4 __attribute__((vector_size(16)));
+
+// dst[i] += src[i] (float32) for i < count; src unaligned bytes, not overlapping dst.
+inline void add_f32(float* dst, const uint8_t* src, uint32_t count) {
+    uint32_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        F32x4 a, b, x, y;
+        std::memcpy(&a, dst + i, 16);
+        std::memcpy(&b, dst + i + 4, 16);
+        std::memcpy(&x, src + 4 * size_t(i), 16);
+        std::memcpy(&y, src + 4 * size_t(i) + 16, 16);
+        a += x;
+        b += y;
+        std::memcpy(dst + i, &a, 16);
+        std::memcpy(dst + i + 4, &b, 16);
+    }
+    for (; i < count; ++i) {
+        float x;
+        std::memcpy(&x, src + 4 * size_t(i), 4);
+        dst[i] += x;
+    }
+}
+
 inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }
 
 // float32 to IEEE half, rounded to nearest even, exactly as numpy converts (npy_floatbits_to_halfbits):

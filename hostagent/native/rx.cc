@@ -327,11 +327,7 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {
-                    for (uint32_t i = 0; i < count; ++i) {
-                        float x;
-                        std::memcpy(&x, payload + 4 * i, 4);
-                        dst[i] += x;
-                    }
+                    add_f32(dst, payload, count);
                 } else {
                     for (uint32_t i = 0; i < count; ++i) dst[i] += load_elem(payload, i, m->kind);
                 }

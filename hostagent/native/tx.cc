@@ -452,7 +452,10 @@ void Datapath::tx_loop() {
         bool retx = m->retx_pos < m->retx.size();
         // packets per pick: one GSO call's worth (the preemption granularity between priorities)
         uint32_t size = m->datagram_bytes;
-        uint32_t chunk = cfg_.offload ? std::max<uint32_t>(8, std::min<uint32_t>(MAX_SEGMENTS, MAX_GSO_BYTES / size)) : 8;
+        // (exactly one call's worth: with jumbo frames a call takes 7, and 8 made a 7-segment GSO
+        // call and a single datagram of every run, a second system call and skb for one packet)
+        uint32_t per_call = std::min<uint32_t>(MAX_SEGMENTS, MAX_GSO_BYTES / size);
+        uint32_t chunk = cfg_.offload && per_call >= 2 ? per_call : 8;
         double now = now_s();
         double allowed = std::min(d->pacer.allowance(d->rate, now, cfg_.max_inline_wait),
                                   host_pacer_.allowance(cfg_.line_rate, now, cfg_.max_inline_wait));

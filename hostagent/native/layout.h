@@ -6,6 +6,7 @@
 // wire.py either works here unchanged or fails at start with the field's name.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -157,6 +158,39 @@ inline void add_f32(float* dst, const uint8_t* src, uint32_t count) {
         std::memcpy(&x, src + 4 * size_t(i), 4);
         dst[i] += x;
     }
+}
+
+// add_f32, returning the L2 magnitude of dst[0..count) after the addition, computed exactly as
+// packet_magnitudes computes a float32 packet's (8 float lanes, then the tail in double).
+inline float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
+    F32x4 sa = {0, 0, 0, 0}, sb = {0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        F32x4 a, b, x, y;
+        std::memcpy(&a, dst + i, 16);
+        std::memcpy(&b, dst + i + 4, 16);
+        std::memcpy(&x, src + 4 * size_t(i), 16);
+        std::memcpy(&y, src + 4 * size_t(i) + 16, 16);
+        a += x;
+        b += y;
+        std::memcpy(dst + i, &a, 16);
+        std::memcpy(dst + i + 4, &b, 16);
+        sa += a * a;
+        sb += b * b;
+    }
+    float lane[8];
+    std::memcpy(lane, &sa, 16);
+    std::memcpy(lane + 4, &sb, 16);
+    double acc = 0.0;
+    for (int k = 0; k < 8; ++k) acc += lane[k];
+    for (; i < count; ++i) {
+        float x;
+        std::memcpy(&x, src + 4 * size_t(i), 4);
+        dst[i] += x;
+        float r = dst[i];
+        acc += double(r) * r;
+    }
+    return float(std::sqrt(acc));
 }
 
 inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }

@@ -126,6 +126,8 @@ void Datapath::expect(const RxSpec& spec) {
     m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
+    if (!spec.triggers.empty() && cfg_.magnitude == Magnitude::L2 && m->kind == Kind::F32 && m->out_kind == Kind::F32)
+        m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)
     if (m->total_pkts == 0) {
@@ -320,6 +322,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             uint64_t first = uint64_t(seq) * s.per;
             if (!s.accumulate) {
                 std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
+                if (!m->mags.empty())  // (from the datagram, still in cache: the same values)
+                    packet_magnitudes(payload, count, Kind::F32, count, Magnitude::L2, &m->mags[seq]);
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
                 add_rounded<half_to_float, float_to_half>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
@@ -327,7 +331,10 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {
-                    add_f32(dst, payload, count);
+                    if (!m->mags.empty())
+                        m->mags[seq] = add_f32_l2(dst, payload, count);
+                    else
+                        add_f32(dst, payload, count);
                 } else {
                     for (uint32_t i = 0; i < count; ++i) dst[i] += load_elem(payload, i, m->kind);
                 }
@@ -554,7 +561,7 @@ void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
             done_order_.pop_front();
         }
     }
-    if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now);
+    if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now, m);
     if (how != 3) emit(EV_RX_DONE, m->spec.src, m->spec.message_id, now, how);
 }
 

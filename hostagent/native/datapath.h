@@ -122,6 +122,8 @@ struct RxSpec {
     int64_t* pkt_layer = nullptr;
     uint64_t required_elems = 0;
     std::vector<std::pair<uint16_t, uint32_t>> triggers;  // held sends to start at completion
+    float scale = 1.0f;  // accumulate (float32 into float32): out = out * scale + payload, and
+                         // out * scale where no packet came, at completion
 };
 
 struct TxSpec {

@@ -152,7 +152,7 @@ NB_MODULE(_datapath, m) {
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
                 Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
-                std::vector<std::pair<uint16_t, uint32_t>> triggers) {
+                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale) {
                  RxSpec s;
                  s.src = src;
                  s.message_id = mid;
@@ -172,11 +172,13 @@ NB_MODULE(_datapath, m) {
                  s.pkt_layer = layer.data();
                  s.required_elems = required;
                  s.triggers = std::move(triggers);
+                 s.scale = float(scale);
                  nb::gil_scoped_release r;
                  d.expect(s);
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
-             "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a)
+             "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a,
+             "scale"_a = 1.0)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;

@@ -107,6 +107,8 @@ void Datapath::expect(const RxSpec& spec) {
         throw std::invalid_argument("expect: out must have the wire's element type, or float32 to accumulate into");
     if (spec.out_bytes < spec.total_elems * uint64_t(kind_size(oit->second)))
         throw std::invalid_argument("expect: out is smaller than the message");
+    if (spec.scale != 1.0f && !(spec.accumulate && kit->second == Kind::F32 && oit->second == Kind::F32))
+        throw std::invalid_argument("expect: a scale needs a float32 message added into float32");
     uint64_t key = key_of(spec.src, spec.message_id);
     double now = now_s();
     std::lock_guard<std::mutex> g(rx_mu_);
@@ -331,8 +333,12 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {
+                    bool scaled = s.scale != 1.0f;
                     if (!m->mags.empty())
-                        m->mags[seq] = add_f32_l2(dst, payload, count);
+                        m->mags[seq] = scaled ? add_f32_t<true, true>(dst, payload, count, s.scale)
+                                              : add_f32_t<false, true>(dst, payload, count, 1.0f);
+                    else if (scaled)
+                        add_f32_t<true, false>(dst, payload, count, s.scale);
                     else
                         add_f32(dst, payload, count);
                 } else {
@@ -550,6 +556,15 @@ void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
             if (s.received[seq]) continue;
             uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
             std::memset(s.out + size_t(seq) * s.per * m->itemsize, 0, size_t(count) * m->itemsize);
+        }
+    } else if (s.accumulate && s.scale != 1.0f && m->prog.received_pkts < m->total_pkts) {
+        // a scaled sum: where nothing was added, out is scaled all the same (before a chained
+        // send reads it)
+        for (uint32_t seq = 0; seq < m->total_pkts; ++seq) {
+            if (s.received[seq]) continue;
+            uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
+            float* dst = reinterpret_cast<float*>(s.out) + size_t(seq) * s.per;
+            for (uint32_t i = 0; i < count; ++i) dst[i] *= s.scale;
         }
     }
     uint64_t key = key_of(m->spec.src, m->spec.message_id);

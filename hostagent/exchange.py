@@ -573,6 +573,13 @@ class RingAllreduce:
         Example: ``ring.allreduce_inplace(it, [bucket])``
         """
         _check_inplace(buffers, "allreduce_inplace")
+        if self.n > 1 and getattr(self.ep.dp, "supports_scale", False) and all(b.dtype == np.float32 for b in buffers):
+            # the division rides on the reduce-scatter: each receive multiplies the chunk it adds
+            # into by 1/n as it adds (out * (1/n) + partial sum, the same float32 operations as
+            # dividing first), and only the chunk sent first is divided beforehand: no pass of
+            # its own over the other chunks
+            return self._ring(iteration, list(buffers), tensor_ids, priorities, layouts, lost_values,
+                              scale=float(np.float32(1.0 / self.n)))
         for b in buffers:  # (all checked first: a bad one changes none)
             if b.dtype != np.float32:
                 b /= b.dtype.type(self.n)  # in its own type, as fp16_compress_hook divides its half bucket
@@ -600,7 +607,7 @@ class RingAllreduce:
 
     def _ring(self, iteration: int, bufs: list[np.ndarray], tensor_ids: Sequence[int] | None,
               priorities: Sequence[int] | None, layouts: Sequence[Layout | None] | None,
-              lost_values: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+              lost_values: bool = True, scale: float = 1.0) -> list[tuple[np.ndarray, np.ndarray]]:
         """Sum ``bufs`` (float32, float16 or bfloat16, each already divided by the ring's size) over the ring,
         in place; returns per buffer what its reduce-scatter sends lost: (flat indices, float32
         values in the inputs' units, zeros unless ``lost_values``). Each buffer travels in its
@@ -612,6 +619,10 @@ class RingAllreduce:
         into the buffer as it arrives (exactly once), so a chunk is reduced while the next one is
         still on the wire. The last reduce-scatter receive starts the all-gather sends of the
         chunk it completed. Python only waits for the results.
+
+        ``scale`` (float32 buffers, a data path that supports it): every element is multiplied by
+        it before it is summed, as if the buffers had been scaled first: the chunk each member
+        sends first is scaled here, the others by the reduce-scatter receives that add into them.
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
@@ -654,11 +665,15 @@ class RingAllreduce:
             lo, hi, _ = chunk_of(t, c)
             recvs.append(self.ep.recv(src, message_id(iteration, ids[t], step), out=bufs[t][lo:hi],
                                       expect=Expect(hi - lo, bufs[t].dtype, pull if gather else push,
-                                                    iteration=iteration, accumulate=not gather, then_send=then)))
+                                                    iteration=iteration, accumulate=not gather, then_send=then,
+                                                    scale=1.0 if gather else scale)))
 
         others = [self.ranks[(i + k) % n] for k in range(1, n)]  # from the right neighbour on
         for t in range(len(bufs)):
             tid = ids[t]
+            if scale != 1.0:  # the chunk sent at step 0 (the receives scale the others)
+                lo, hi, _ = chunk_of(t, i)
+                bufs[t][lo:hi] *= np.float32(scale)
             # sends first: each but the first is held until the receive that names it completes.
             # Reduce-scatter step s sends chunk (i - s) and receives chunk (i - s - 1), which it
             # adds to and forwards at step s + 1; after n - 1 steps chunk (i + 1) is whole here.

@@ -8,7 +8,7 @@ there is no way to wait forever.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from collections.abc import Callable
 from typing import Any
 
@@ -69,9 +69,12 @@ class MessageStats:
     """Sender side: sequence numbers the receiver never got (None when nothing was lost)."""
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("lost_packets", None)
-        return out
+        # (every field but lost_packets is a scalar: asdict's deep copy gave the same values at
+        # many times the cost, and copied lost_packets before dropping it)
+        return {name: getattr(self, name) for name in _STATS_FIELDS}
+
+
+_STATS_FIELDS = tuple(f.name for f in fields(MessageStats) if f.name != "lost_packets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +169,16 @@ class Expect:
     then_send: tuple[tuple[int, int], ...] = ()
     """Held sends, (destination, message id), that start the moment this message completes
     (see ``Endpoint.send(..., held=True)``): a ring's next step leaves without waiting for Python."""
+    scale: float = 1.0
+    """With ``accumulate`` into float32 from a float32 message: each element of ``out`` is
+    multiplied by ``scale`` (in float32) before its packet is added, and the elements no packet
+    came for are multiplied when the message completes: ``out = out * scale + message`` without
+    a pass of its own over ``out``. Only the compiled data path supports a scale other than 1
+    (``NativeDatapath.supports_scale``)."""
 
     def __post_init__(self) -> None:
+        if self.scale != 1.0 and not self.accumulate:
+            raise ValueError("Expect.scale applies to accumulate receives only")
         if self.total_elems < 0 or not 0 <= self.loss_bound < 1:
             raise ValueError(f"Expect needs total_elems >= 0 and 0 <= loss_bound < 1, got {self.total_elems}, "
                              f"{self.loss_bound}")

@@ -75,6 +75,7 @@ class NativeDatapath:
     """One endpoint's compiled data path: a receive and a send thread outside the interpreter."""
 
     name = "native"
+    supports_scale = True  #: RxSpec.scale other than 1 (accumulating float32)
 
     def __init__(self, config: TransportConfig, udp: socket.socket, gro: bool) -> None:
         self.config = config
@@ -134,7 +135,7 @@ class NativeDatapath:
         self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
                         _raw(b.out.reshape(-1)), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
                         b.pkt_priority, b.pkt_layer,
-                        spec.required_elems, list(spec.triggers))
+                        spec.required_elems, list(spec.triggers), float(spec.scale))
         self._rx_refs[(spec.src, spec.message_id)] = spec
 
     def progress(self, src: int, message_id: int) -> Progress | None:

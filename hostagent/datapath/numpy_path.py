@@ -285,6 +285,8 @@ class NumpyDatapath:
         return auth.message_token(s.key, self.config.job_id, src, message_id, iteration)
 
     def expect(self, spec: RxSpec) -> None:
+        if spec.scale != 1.0:
+            raise ValueError("a scaled receive (RxSpec.scale) needs the compiled data path")
         key = (spec.src, spec.message_id)
         dtype = wire.NUMPY_DTYPES[wire.Dtype(spec.dtype)].newbyteorder("=")
         b = spec.buffers

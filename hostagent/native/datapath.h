@@ -125,6 +125,8 @@ struct RxSpec {
     int64_t* pkt_layer = nullptr;
     uint64_t required_elems = 0;
     std::vector<std::pair<uint16_t, uint32_t>> triggers;  // held sends to start at completion
+    float scale = 1.0f;  // accumulate (float32 into float32): out = out * scale + payload, and
+                         // out * scale where no packet came, at completion
 };
 
 struct TxSpec {
@@ -237,6 +239,9 @@ class Datapath {
         bool in_batch = false;
         bool last_seen = false;  // the pass's LAST packet came (or a resend of it)
         bool watched = false;    // in ends_ (past its bound, waiting out its grace)
+        // the L2 magnitude of each packet as placed (float32 messages that start sends): the
+        // send that forwards the same elements takes them instead of reading them back
+        std::vector<float> mags;
     };
     struct Parked {
         double time;
@@ -310,6 +315,10 @@ class Datapath {
         uint32_t pass_no = 0;
         bool prepared = false, held = false, stopped = false, busy = false, queued = false;
         const uint8_t* src = nullptr;  // payload or snapshot
+        // magnitudes of its packets handed over by the receive that started it (same elements,
+        // same packets), where that receive placed the packet (given_have); empty: none
+        std::vector<float> given_mags;
+        std::vector<uint8_t> given_have;
         int sending_priority() const;
         bool has_packets() const { return !stopped && !held && (next_pos < n_pkts || retx_pos < retx.size()); }
     };
@@ -336,7 +345,8 @@ class Datapath {
 
    private:
     void replay_parked(uint64_t key, double now);
-    void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now);
+    void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now,
+                       const RxMsg* from = nullptr);
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
     // send helpers
     void prepare(TxMsg* m);

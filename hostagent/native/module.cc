@@ -153,7 +153,7 @@ NB_MODULE(_datapath, m) {
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
                 Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
-                std::vector<std::pair<uint16_t, uint32_t>> triggers) {
+                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale) {
                  RxSpec s;
                  s.src = src;
                  s.message_id = mid;
@@ -173,15 +173,22 @@ NB_MODULE(_datapath, m) {
                  s.pkt_layer = layer.data();
                  s.required_elems = required;
                  s.triggers = std::move(triggers);
+                 s.scale = float(scale);
                  nb::gil_scoped_release r;
                  d.expect(s);
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
-             "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a)
+             "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a,
+             "scale"_a = 1.0)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;
-                 if (!d.progress(src, mid, p)) return nb::none();
+                 bool known;
+                 {
+                     nb::gil_scoped_release r;  // (the receive thread may hold its lock for a batch)
+                     known = d.progress(src, mid, p);
+                 }
+                 if (!known) return nb::none();
                  return progress_tuple(p);
              })
         .def("progress_all",
@@ -199,16 +206,19 @@ NB_MODULE(_datapath, m) {
              nb::call_guard<nb::gil_scoped_release>())
         .def("forget", &Datapath::forget, "src"_a, "message_id"_a, "remember"_a,
              nb::call_guard<nb::gil_scoped_release>())
-        .def("expire_parked", &Datapath::expire_parked)
+        .def("expire_parked", &Datapath::expire_parked, nb::call_guard<nb::gil_scoped_release>())
         .def("take_feedback",
              [](Datapath& d, uint16_t src) {
                  uint64_t r, c, l;
-                 d.take_feedback(src, r, c, l);
+                 {
+                     nb::gil_scoped_release g;
+                     d.take_feedback(src, r, c, l);
+                 }
                  return nb::make_tuple(r, c, l);
              })
-        .def("active_senders", &Datapath::active_senders)
-        .def("drain_rate", &Datapath::drain_rate)
-        .def("rx_busy", &Datapath::rx_busy)
+        .def("active_senders", &Datapath::active_senders, nb::call_guard<nb::gil_scoped_release>())
+        .def("drain_rate", &Datapath::drain_rate, nb::call_guard<nb::gil_scoped_release>())
+        .def("rx_busy", &Datapath::rx_busy, nb::call_guard<nb::gil_scoped_release>())
         .def("submit",
              [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
                 uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,
@@ -262,12 +272,17 @@ NB_MODULE(_datapath, m) {
         .def("tx_info",
              [](Datapath& d, uint16_t dest, uint32_t mid) -> nb::object {
                  TxInfo t;
-                 if (!d.tx_info(dest, mid, t)) return nb::none();
+                 bool known;
+                 {
+                     nb::gil_scoped_release r;
+                     known = d.tx_info(dest, mid, t);
+                 }
+                 if (!known) return nb::none();
                  return nb::make_tuple(t.packets, t.next_pos, t.retransmissions, t.pass_no, t.active, t.held);
              })
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
-        .def("set_rate", &Datapath::set_rate)
-        .def("sent_packets", &Datapath::sent_packets)
+        .def("set_rate", &Datapath::set_rate, nb::call_guard<nb::gil_scoped_release>())
+        .def("sent_packets", &Datapath::sent_packets, nb::call_guard<nb::gil_scoped_release>())
         .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
         .def("stats", &Datapath::stats)
         .def("rejected", &Datapath::rejected)

@@ -107,6 +107,8 @@ void Datapath::expect(const RxSpec& spec) {
         throw std::invalid_argument("expect: out must have the wire's element type, or float32 to accumulate into");
     if (spec.out_bytes < spec.total_elems * uint64_t(kind_size(oit->second)))
         throw std::invalid_argument("expect: out is smaller than the message");
+    if (spec.scale != 1.0f && !(spec.accumulate && kit->second == Kind::F32 && oit->second == Kind::F32))
+        throw std::invalid_argument("expect: a scale needs a float32 message added into float32");
     uint64_t key = key_of(spec.src, spec.message_id);
     double now = now_s();
     std::lock_guard<std::mutex> g(rx_mu_);
@@ -126,6 +128,8 @@ void Datapath::expect(const RxSpec& spec) {
     m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
+    if (!spec.triggers.empty() && cfg_.magnitude == Magnitude::L2 && m->kind == Kind::F32 && m->out_kind == Kind::F32)
+        m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)
     if (m->total_pkts == 0) {
@@ -320,6 +324,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             uint64_t first = uint64_t(seq) * s.per;
             if (!s.accumulate) {
                 std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
+                if (!m->mags.empty())  // (from the datagram, still in cache: the same values)
+                    packet_magnitudes(payload, count, Kind::F32, count, Magnitude::L2, &m->mags[seq]);
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
                 add_rounded<half_to_float, float_to_half>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
@@ -327,11 +333,14 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {
-                    for (uint32_t i = 0; i < count; ++i) {
-                        float x;
-                        std::memcpy(&x, payload + 4 * i, 4);
-                        dst[i] += x;
-                    }
+                    bool scaled = s.scale != 1.0f;
+                    if (!m->mags.empty())
+                        m->mags[seq] = scaled ? add_f32_t<true, true>(dst, payload, count, s.scale)
+                                              : add_f32_t<false, true>(dst, payload, count, 1.0f);
+                    else if (scaled)
+                        add_f32_t<true, false>(dst, payload, count, s.scale);
+                    else
+                        add_f32(dst, payload, count);
                 } else {
                     for (uint32_t i = 0; i < count; ++i) dst[i] += load_elem(payload, i, m->kind);
                 }
@@ -548,6 +557,15 @@ void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
             uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
             std::memset(s.out + size_t(seq) * s.per * m->itemsize, 0, size_t(count) * m->itemsize);
         }
+    } else if (s.accumulate && s.scale != 1.0f && m->prog.received_pkts < m->total_pkts) {
+        // a scaled sum: where nothing was added, out is scaled all the same (before a chained
+        // send reads it)
+        for (uint32_t seq = 0; seq < m->total_pkts; ++seq) {
+            if (s.received[seq]) continue;
+            uint32_t count = (m->tail && seq == m->n_full) ? m->tail : s.per;
+            float* dst = reinterpret_cast<float*>(s.out) + size_t(seq) * s.per;
+            for (uint32_t i = 0; i < count; ++i) dst[i] *= s.scale;
+        }
     }
     uint64_t key = key_of(m->spec.src, m->spec.message_id);
     // The message stays readable (progress) until Python forgets it; packets are no longer placed.
@@ -558,7 +576,7 @@ void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
             done_order_.pop_front();
         }
     }
-    if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now);
+    if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now, m);
     if (how != 3) emit(EV_RX_DONE, m->spec.src, m->spec.message_id, now, how);
 }
 

@@ -274,13 +274,19 @@ class ProtocolCore:
         per = elems_per_packet(self.config.mtu, dtype)
         h = RecvHandle(src, message_id, out, expect.accumulate)
         self._setup_in(src, message_id, expect.total_elems, int(code), per, expect.loss_bound,
-                       self.policy.top_priority, expect.iteration, h, out, expect.accumulate, expect.then_send, now)
+                       self.policy.top_priority, expect.iteration, h, out, expect.accumulate, expect.then_send, now,
+                       scale=expect.scale)
         return h
 
     def _setup_in(self, src: int, message_id: int, total: int, code: int, per: int, loss_bound: float,
                   priority: int, iteration: int, handle: RecvHandle | None, out: np.ndarray | None,
-                  accumulate: bool, triggers: tuple[tuple[int, int], ...], now: float) -> Incoming:
+                  accumulate: bool, triggers: tuple[tuple[int, int], ...], now: float,
+                  scale: float = 1.0) -> Incoming:
         """Set a message up for receiving (from a META or an expect); raises ValueError for bad sizes."""
+        if scale != 1.0 and (not accumulate or out is None or out.dtype != np.float32 or code != int(wire.Dtype.FLOAT32)
+                             or not getattr(self.port, "supports_scale", False)):
+            raise ValueError("a scaled receive needs a float32 message added into a float32 out, on the compiled "
+                             "data path")
         if not 0 <= total <= wire.FIELD_MAX["elem_offset"]:
             raise ValueError(f"total_elems={total} outside 0..{wire.FIELD_MAX['elem_offset']}")
         if not 1 <= per <= wire.FIELD_MAX["elem_count"]:
@@ -300,7 +306,7 @@ class ProtocolCore:
         self.inc[key] = msg
         self.recent_done.pop(key, None)
         self.port.expect(RxSpec(src, message_id, self.rx_token(src, message_id, iteration), code, total, per,
-                                buffers, accumulate, required_elements(total, loss_bound), tuple(triggers)))
+                                buffers, accumulate, required_elements(total, loss_bound), tuple(triggers), scale))
         return msg
 
     def announcements(self) -> Queue[tuple[int, int]]:

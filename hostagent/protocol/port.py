@@ -102,6 +102,9 @@ class RxSpec:
     reaches it during recovery)."""
     triggers: tuple[tuple[int, int], ...] = ()
     """Held sends, (destination, message id), to start when this message completes."""
+    scale: float = 1.0
+    """Accumulating: ``out`` is multiplied by this before each packet is added, and where no
+    packet came at completion (:attr:`hostagent.messages.Expect.scale`; compiled path only)."""
 
 
 @dataclass(frozen=True)

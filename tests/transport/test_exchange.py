@@ -306,6 +306,28 @@ def test_a_half_precision_ring_travels_and_sums_in_its_type(endpoints, n_workers
     assert sent.bytes_sent < 0.6 * float32_bytes  # payload at 2 bytes an element (headers aside)
 
 
+@pytest.mark.parametrize("n_workers", [3, 4])
+def test_a_float32_ring_in_place_gives_the_same_bits_on_both_data_paths(endpoints, n_workers):
+    """allreduce_inplace on float32: each member's part multiplied by float32(1/n), each chunk
+    summed in the ring's order. The compiled path multiplies while its reduce-scatter receives
+    add (``Expect.scale``), the numpy path before the ring starts: the same float32 operations,
+    so both leave exactly these bits (3: a factor that is not a power of two)."""
+    rng = np.random.default_rng(11)
+    size = 30011
+    grads = [rng.standard_normal(size).astype(np.float32) for _ in range(n_workers)]
+    eps = endpoints(n_workers, policy=Policy(loss_bound_push=0.0))
+    rings = [RingAllreduce(ep, list(range(n_workers))) for ep in eps]
+    bufs = [g.copy() for g in grads]
+    _run_threads({w: partial(rings[w].allreduce_inplace, 0, [bufs[w]]) for w in range(n_workers)})
+    scaled = [g * np.float32(1.0 / n_workers) for g in grads]
+    bounds = np.linspace(0, size, n_workers + 1).astype(int)
+    for c in range(n_workers):
+        lo, hi = bounds[c], bounds[c + 1]
+        want = _half_ring_sum([x[lo:hi] for x in scaled], n_workers, c)
+        for w in range(n_workers):
+            np.testing.assert_array_equal(bufs[w][lo:hi].view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["float16", "bfloat16"])
 def test_a_half_precision_parameter_server_sums_in_float32_and_answers_in_the_pushes_type(endpoints, dtype):
     """Workers push float16 (bfloat16); the server adds them in float32 and answers in their

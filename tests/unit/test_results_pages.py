@@ -24,7 +24,7 @@ PAGES: dict[str, list[list[str]]] = {
     "sim-background-load.md": [["20261126-sim32-load50.json"], ["20261126-sim-load32.csv"],
                                ["20261126-sim-load144.csv"], ["20261126-sim144-load50.json", "--against", "tcp-dctcp"]],
     "ecn-rule.md": [["20261126-sim-ecn32.csv"], ["20261126-testbed-ecn.csv"]],
-    "testbed-headline.md": [["20261126-headline-cross-rate.csv"], ["20261126-182246-leafspine.json"]],
+    "testbed-headline.md": [["20261126-headline-cross-rate.csv"], ["20261126-211547-leafspine.json"]],
     "sim-144-hosts.md": [["20261126-sim-hosts-ps.csv"], ["20261126-sim-hosts-ring.csv"],
                          ["20261126-sim144-ps.json", "--against", "tcp-dctcp"],
                          ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],

@@ -194,7 +194,8 @@ class TransportConfig:
     path from the 5-tuple, so with ephemeral ports every run draws its paths anew and two
     schemes compared in one repetition may meet different collisions; with one base per
     repetition, every scheme of that repetition takes the same paths, as the simulator's seeds
-    pair them (:func:`source_ports`)."""
+    pair them (:func:`source_ports`). The ports are per host: ranks that share an address and
+    send to a common destination need different bases (a taken port stops the endpoint at start)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "secret", parse_secret(self.secret))

@@ -22,7 +22,7 @@ in the same place whichever made them. Schema 2, in ``results.json``::
 
 Files of schema 1 (the testbed's ``{config, schemes: [...]}`` and the simulator's ``{options,
 runs: {scheme: [...]}}``, written before commit 71a1d02) are read by :func:`upgrade`, so kept results
-stay readable. Pure functions: dicts in, dicts out.
+stay readable. Pure functions, dicts in and dicts out, but :func:`load`, which reads a file.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def section(given: str, slim_dir: str | None = None, against_scheme: str | None 
         raise UsageError(f"{given}: {exc}") from None
     source = str(given)
     try:
-        if results["source"] == "simulator":
+        if sim_report.is_sim_results(results):
             if slim_dir:
                 source = write_slim(slim_dir, path, sim_report.slim(results))
             return sim_report.markdown(results, source, against_scheme)

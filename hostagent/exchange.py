@@ -573,7 +573,7 @@ class RingAllreduce:
         Example: ``ring.allreduce_inplace(it, [bucket])``
         """
         _check_inplace(buffers, "allreduce_inplace")
-        if self.n > 1 and getattr(self.ep.dp, "supports_scale", False) and all(b.dtype == np.float32 for b in buffers):
+        if self.n > 1 and all(b.dtype == np.float32 for b in buffers):
             # the division rides on the reduce-scatter: each receive multiplies the chunk it adds
             # into by 1/n as it adds (out * (1/n) + partial sum, the same float32 operations as
             # dividing first), and only the chunk sent first is divided beforehand: no pass of

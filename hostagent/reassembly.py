@@ -90,9 +90,12 @@ class Assembly:
         received: np.ndarray | None = None,
         pkt_priority: np.ndarray | None = None,
         pkt_layer: np.ndarray | None = None,
+        scale: float = 1.0,
     ) -> None:
         """``accumulate``: add each payload into ``out`` (float32, or the wire's type: see
-        :func:`hostagent.wire.destination_dtypes`) instead of copying it.
+        :func:`hostagent.wire.destination_dtypes`) instead of copying it; with ``scale`` (a
+        float32 message into float32), ``out = out * scale + payload``, and where no packet came
+        ``out * scale`` at completion (:meth:`zero_missing`), as the compiled path adds.
         ``received`` (uint8), ``pkt_priority`` (uint8) and ``pkt_layer`` (int64), one per packet,
         are adopted when given (a data path whose caller owns them), else allocated."""
         if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
@@ -108,6 +111,10 @@ class Assembly:
         self.total_pkts = -(-total_elems // elems_per_packet)
         self.n_full, self.tail = divmod(total_elems, elems_per_packet)
         self.accumulate = accumulate
+        self.scale = np.float32(scale)
+        if scale != 1.0 and not (accumulate and self.wire_dtype == np.float32
+                                 and (out is None or out.dtype == np.float32)):
+            raise ValueError("a scale needs a float32 message added into float32")
         dest = wire.destination_dtypes(self.wire_dtype, accumulate)
         if out is None:
             out = np.zeros(total_elems, dtype=dest[0])
@@ -159,9 +166,23 @@ class Assembly:
         return np.packbits(~self.received).tobytes()
 
     def zero_missing(self) -> None:
-        """Set every element of a missing packet to zero (a sum added into stays as it is)."""
+        """Set every element of a missing packet to zero (a sum added into stays as it is, but
+        is scaled where scaled sums were to be added)."""
         if not self.accumulate:
             self.result()
+        elif self.scale != 1:
+            missing = self.missing_seqs()
+            if missing.size:
+                self._rows[missing[missing < self.n_full]] *= self.scale
+                if self.tail and missing[-1] == self.n_full:
+                    self.data[self.n_full * self.elems_per_packet :] *= self.scale
+
+    def _add(self, dst: np.ndarray, values: np.ndarray) -> None:
+        """``dst += values`` in place, ``dst`` scaled first when the sum is scaled (two float32
+        operations, each rounded, as the compiled path does them)."""
+        if self.scale != 1:
+            dst *= self.scale
+        dst += values
 
     def result(self) -> np.ndarray:
         """The message, with every element of a missing packet set to zero."""
@@ -213,7 +234,7 @@ class Assembly:
                 return False
         src = slots[:, _H : _H + payload].view(self.wire_dtype)
         if self.accumulate:
-            self._rows[s0 : s0 + n] += src
+            self._add(self._rows[s0 : s0 + n], src)
         else:
             self._rows[s0 : s0 + n] = src
         self.received[s0 : s0 + n] = True
@@ -283,18 +304,20 @@ class Assembly:
             if int(seq_f[-1]) - int(seq_f[0]) + 1 == k and (k < 3 or (np.diff(seq_f) == 1).all()):
                 block = self._rows[int(seq_f[0]) : int(seq_f[0]) + k]  # in order: one block copy
                 if self.accumulate:
-                    block += values
+                    self._add(block, values)
                 else:
                     block[:] = values
-            elif self.accumulate:
-                self._rows[seq_f] += values  # seqs are unique here: each packet added once
+            elif self.accumulate:  # seqs are unique here: each packet added once
+                rows = self._rows[seq_f]  # (a copy: fancy indexing)
+                self._add(rows, values)
+                self._rows[seq_f] = rows
             else:
                 self._rows[seq_f] = values
         if rows_f.size < new_seq.size:  # the short last packet
             row = new_rows[~full][0]
             tail = slots[row, _H : _H + self.tail * itemsize].view(self.wire_dtype)
             if self.accumulate:
-                self.data[self.n_full * per :] += tail
+                self._add(self.data[self.n_full * per :], tail)
             else:
                 self.data[self.n_full * per :] = tail
         self.received[new_seq] = True

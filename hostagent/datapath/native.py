@@ -75,7 +75,6 @@ class NativeDatapath:
     """One endpoint's compiled data path: a receive and a send thread outside the interpreter."""
 
     name = "native"
-    supports_scale = True  #: RxSpec.scale other than 1 (accumulating float32)
 
     def __init__(self, config: TransportConfig, udp: socket.socket, gro: bool) -> None:
         self.config = config

@@ -285,8 +285,6 @@ class NumpyDatapath:
         return auth.message_token(s.key, self.config.job_id, src, message_id, iteration)
 
     def expect(self, spec: RxSpec) -> None:
-        if spec.scale != 1.0:
-            raise ValueError("a scaled receive (RxSpec.scale) needs the compiled data path")
         key = (spec.src, spec.message_id)
         dtype = wire.NUMPY_DTYPES[wire.Dtype(spec.dtype)].newbyteorder("=")
         b = spec.buffers
@@ -299,7 +297,8 @@ class NumpyDatapath:
                 del self._rx[key]
             asm = self.reassembler.expect(spec.src, spec.message_id, spec.total_elems, dtype, spec.elems_per_packet,
                                           out=b.out, token=spec.token, accumulate=spec.accumulate,
-                                          received=b.received, pkt_priority=b.pkt_priority, pkt_layer=b.pkt_layer)
+                                          received=b.received, pkt_priority=b.pkt_priority, pkt_layer=b.pkt_layer,
+                                          scale=spec.scale)
             rx = self._rx[key] = _Rx(spec, asm)
             self._done.pop(key, None)
             if asm.total_pkts == 0:

@@ -283,10 +283,9 @@ class ProtocolCore:
                   accumulate: bool, triggers: tuple[tuple[int, int], ...], now: float,
                   scale: float = 1.0) -> Incoming:
         """Set a message up for receiving (from a META or an expect); raises ValueError for bad sizes."""
-        if scale != 1.0 and (not accumulate or out is None or out.dtype != np.float32 or code != int(wire.Dtype.FLOAT32)
-                             or not getattr(self.port, "supports_scale", False)):
-            raise ValueError("a scaled receive needs a float32 message added into a float32 out, on the compiled "
-                             "data path")
+        if scale != 1.0 and (not accumulate or out is None or out.dtype != np.float32
+                             or code != int(wire.Dtype.FLOAT32)):
+            raise ValueError("a scaled receive needs a float32 message added into a float32 out")
         if not 0 <= total <= wire.FIELD_MAX["elem_offset"]:
             raise ValueError(f"total_elems={total} outside 0..{wire.FIELD_MAX['elem_offset']}")
         if not 1 <= per <= wire.FIELD_MAX["elem_count"]:

@@ -104,7 +104,7 @@ class RxSpec:
     """Held sends, (destination, message id), to start when this message completes."""
     scale: float = 1.0
     """Accumulating: ``out`` is multiplied by this before each packet is added, and where no
-    packet came at completion (:attr:`hostagent.messages.Expect.scale`; compiled path only)."""
+    packet came at completion (:attr:`hostagent.messages.Expect.scale`)."""
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,34 @@ def test_a_sum_adds_each_packet_once_whatever_repeats():
         sock.close()
 
 
+def test_a_scaled_sum_gives_the_same_bits_on_both_paths_with_packets_missing():
+    """Expect.scale (a ring's in-place 1/N): each packet adds as ``out * scale + payload`` and,
+    once the message completes, where no packet came ``out * scale``; in order and out of
+    order, the short last packet too, each float32 operation rounded alone on both paths."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(PER * 9 + 7).astype(np.float32)
+    x = rng.standard_normal(base.size).astype(np.float32)
+    scale = np.float32(1 / 3)
+    dgs = _datagrams(x, 9)
+    arrive = [0, 1, 2, 6, 4, 9, 9]  # a run in order, then out of order, the tail, a repeat; 3, 5, 7, 8 never come
+    want = base * scale
+    for seq in set(arrive):
+        lo = seq * PER
+        want[lo : lo + PER] = base[lo : lo + PER] * scale + x[lo : lo + PER]
+    paths, sock = _paths()
+    for dp in paths:
+        out = base.copy()
+        buffers = RxBuffers.allocate(out, len(dgs), 0)
+        dp.expect(RxSpec(1, 9, auth.message_token(KEY1, 1, 1, 9, 0), int(wire.dtype_code(np.float32)), base.size,
+                         PER, buffers, True, 0, (), float(scale)))
+        for i in arrive:
+            _one(dp, dgs[i], now=1.0)
+        assert dp.complete(1, 9, False)
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=type(dp).__name__)
+        dp.stop()
+    sock.close()
+
+
 def _sums_on_both_paths(base: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """``x`` sent as one message (packets shuffled, one repeated twice) and added into a copy of
     ``base`` of its own type, on each data path: what each path's sum came to."""

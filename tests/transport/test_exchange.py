@@ -309,9 +309,9 @@ def test_a_half_precision_ring_travels_and_sums_in_its_type(endpoints, n_workers
 @pytest.mark.parametrize("n_workers", [3, 4])
 def test_a_float32_ring_in_place_gives_the_same_bits_on_both_data_paths(endpoints, n_workers):
     """allreduce_inplace on float32: each member's part multiplied by float32(1/n), each chunk
-    summed in the ring's order. The compiled path multiplies while its reduce-scatter receives
-    add (``Expect.scale``), the numpy path before the ring starts: the same float32 operations,
-    so both leave exactly these bits (3: a factor that is not a power of two)."""
+    summed in the ring's order. Both data paths multiply while their reduce-scatter receives
+    add (``Expect.scale``), each operation rounded in float32: exactly the bits of scaling
+    first (3: a factor that is not a power of two)."""
     rng = np.random.default_rng(11)
     size = 30011
     grads = [rng.standard_normal(size).astype(np.float32) for _ in range(n_workers)]

@@ -47,7 +47,7 @@ from hostagent.messages import (Expect, MessageStats, PeerFailed, PeerUnreachabl
 from hostagent.protocol.core import IDLE_TICK, ProtocolCore
 from hostagent.reassembly import REASONS
 from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
-from hostagent.udp_offload import enable_gro
+from hostagent.udp_offload import enable_arrival_stamps, enable_gro
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class Endpoint(ControlPath):
             set_receive_buffer(udp, self.config.socket_buffer)
             udp.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
             udp.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+            enable_arrival_stamps(udp)
             if bound is None:
                 udp.bind((self.me.host, self.me.data_port))
                 lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

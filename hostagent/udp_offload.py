@@ -62,11 +62,16 @@ MAX_GSO_BYTES = 65507
 #: :func:`split_segments` to present the short last datagram as a padded row of the same view.
 GRO_BUFSIZE = 2 * 65536
 
+#: SO_TIMESTAMPNS (Linux): each read carries its arrival time, a ``struct timespec`` on the
+#: real-time clock (:data:`TIMESPEC`).
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+TIMESPEC = struct.Struct("=qq")
+
 #: ``ancbufsize`` for ``recvmsg``/``recvmsg_into`` on a GRO socket: the UDP_GRO cmsg plus IP_TOS
-#: and SO_RXQ_OVFL (each ``CMSG_SPACE(4)`` = 24 bytes on 64-bit Linux), and one spare. Too small
+#: and SO_RXQ_OVFL (each ``CMSG_SPACE(4)`` bytes), one spare, and the arrival stamp. Too small
 #: a buffer truncates cmsgs (``MSG_CTRUNC``) and a lost UDP_GRO cmsg makes a coalesced read look
 #: like one datagram.
-GRO_ANCBUF: int = socket.CMSG_SPACE(4) * 4
+GRO_ANCBUF: int = socket.CMSG_SPACE(4) * 4 + socket.CMSG_SPACE(TIMESPEC.size)
 
 #: Errors of a GSO ``sendmsg`` that mean "this socket/route cannot do GSO": the device lacks
 #: checksum offload or the route uses xfrm (EIO), the socket has no UDP checksum or the segment
@@ -336,6 +341,21 @@ def enable_gro(sock: socket.socket) -> bool:
     """
     try:
         sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
+
+
+def enable_arrival_stamps(sock: socket.socket) -> bool:
+    """Have the kernel stamp each read with its arrival time (SO_TIMESTAMPNS); False if refused.
+
+    Why: a receive thread that is behind still has datagrams queued in the socket. Their stamps
+    say up to when everything that arrived has been read, so an end of pass is answered as soon
+    as the message's grace has passed in arrival time, not only when the socket runs dry (a
+    socket that other messages keep busy may never run dry).
+    """
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     except OSError:
         return False
     return True

@@ -163,8 +163,8 @@ class NativeDatapath:
     def drain_rate(self, now: float) -> float:
         return self._dp.drain_rate(now)
 
-    def rx_busy(self) -> bool:
-        return self._dp.rx_busy()
+    def rx_seen_until(self) -> float:
+        return self._dp.rx_seen_until()
 
     def submit(self, spec: TxSpec) -> None:
         snapshot = None if spec.snapshot is None else _raw(spec.snapshot)

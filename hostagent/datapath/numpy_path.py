@@ -37,7 +37,8 @@ from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
 from hostagent.reassembly import REASONS, Assembly, Reassembler
 from hostagent.transport_config import PORTS_PER_DEST, TransportConfig
-from hostagent.udp_offload import GRO_ANCBUF, GRO_BUFSIZE, DatagramSender, gro_segment_size, split_segments
+from hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender, gro_segment_size,
+                                   split_segments)
 
 log = logging.getLogger("hostagent.transport")
 
@@ -178,7 +179,8 @@ class NumpyDatapath:
         self._rng = np.random.default_rng(config.loss.seed)
         self._delayed: list[tuple[float, bytes]] = []
         self._drain = DrainMeter()
-        self._rx_holding = False
+        self._seen_until = 0.0  # every datagram that arrived before this (monotonic s) is read and placed
+        self._reading = threading.Lock()  # held by the receive thread from a batch's reads until it is placed
         self._reads_since = 0.0  # reads (socket-buffer entries) since the last overrun was accounted
         self.counters: dict[str, int] = dict.fromkeys(
             ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
@@ -365,15 +367,19 @@ class NumpyDatapath:
     def drain_rate(self, now: float) -> float:
         return self._drain.current(now)
 
-    def rx_busy(self) -> bool:
-        """Datagrams still wait in the data socket, or in a batch the receive thread read but has
-        not placed: a bitmap now would list packets that have arrived."""
-        if self._rx_holding:
-            return True
-        try:
-            return struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
-        except (OSError, ValueError):
-            return False
+    def rx_seen_until(self) -> float:
+        """Every datagram that reached the host before this time has been read and placed (the
+        kernel's arrival stamps, when the receive thread last found the socket empty, or now if
+        it is empty and no batch is being placed): a bitmap for a message quiet since before it
+        lists no packet that has arrived."""
+        now = time.monotonic()
+        with self._reading:
+            try:
+                if struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] == 0:
+                    return now
+            except (OSError, ValueError):
+                pass
+            return self._seen_until
 
     def _sender(self, rank: int) -> _Sender:
         s = self._senders.get(rank)
@@ -434,58 +440,70 @@ class NumpyDatapath:
             if credit_due_at:
                 wait_ms = min(wait_ms, max(0, math.ceil((credit_due_at - time.monotonic()) * 1000)))
             if not poller.poll(wait_ms):
+                self._seen_until = time.monotonic()  # nothing unread when poll gave up
                 self._release_delayed()
                 credit_due_at = self._send_credits(time.monotonic())
                 continue
-            t_batch = time.monotonic()
-            self._rx_holding = True
-            k = reads = 0
-            nbytes_batch = 0
-            dry = False
-            while k < cfg.rx_batch and nbytes_batch < batch_bytes:
-                try:
-                    nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
-                except (BlockingIOError, InterruptedError):
-                    dry = True
-                    break
-                except OSError as exc:
-                    if self._running:
-                        log.warning("rank %d: data socket error: %s", cfg.rank, exc)
-                    dry = True
-                    break
-                reads += 1
-                tos = 0
-                for level, kind, value in ancdata:
-                    if level == socket.IPPROTO_IP:
-                        tos = value[0]
-                    elif kind == SO_RXQ_OVFL and len(value) >= 4:
-                        overflows = int.from_bytes(value[:4], "little")
-                seg = gro_segment_size(ancdata) if self.gro else None
-                if seg is None or nbytes <= seg:
-                    lengths[k] = nbytes  # one datagram (longer than a row: rejected as truncated)
-                    m = 1
-                elif seg == width:  # GRO read of full-size datagrams: already in their rows
-                    m = -(-nbytes // seg)
-                    lengths[k : k + m] = seg
-                    lengths[k + m - 1] = nbytes - (m - 1) * seg
-                    self.counters["gro_reads"] += 1
-                else:  # GRO of another size (another MTU): copy the datagrams into rows
-                    rows, row_lengths = split_segments(slots.reshape(-1)[k * width : k * width + nbytes].copy(),
-                                                       nbytes, seg)
-                    m = min(len(row_lengths), len(lengths) - k)
-                    cut = min(rows.shape[1], width)
-                    slots[k : k + m] = 0
-                    slots[k : k + m, :cut] = rows[:m, :cut]
-                    lengths[k : k + m] = np.where(row_lengths[:m] > width, width + 1, row_lengths[:m])
-                    self.counters["gro_reads"] += 1
-                ce[k : k + m] = (tos & 0b11) == _CE
-                k += m
-                nbytes_batch += nbytes
-            self.counters["rx_reads"] += reads
-            if k:
-                self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+            self._reading.acquire()
+            try:
+                t_batch = time.monotonic()
+                real_off = time.time() - t_batch  # the kernel stamps arrivals on the real-time clock
+                arrived = 0.0  # the latest arrival stamp read in this batch
+                k = reads = 0
+                nbytes_batch = 0
+                dry = False
+                while k < cfg.rx_batch and nbytes_batch < batch_bytes:
+                    before = time.monotonic()
+                    try:
+                        nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
+                    except (BlockingIOError, InterruptedError):
+                        dry = True
+                        arrived = before  # the socket was empty: all that came before this read is read
+                        break
+                    except OSError as exc:
+                        if self._running:
+                            log.warning("rank %d: data socket error: %s", cfg.rank, exc)
+                        dry = True
+                        break
+                    reads += 1
+                    tos = 0
+                    for level, kind, value in ancdata:
+                        if level == socket.IPPROTO_IP:
+                            tos = value[0]
+                        elif kind == SO_RXQ_OVFL and len(value) >= 4:
+                            overflows = int.from_bytes(value[:4], "little")
+                        elif kind == SO_TIMESTAMPNS and len(value) >= 16:
+                            sec, nsec = TIMESPEC.unpack_from(value)
+                            arrived = max(arrived, sec + nsec * 1e-9 - real_off)
+                    seg = gro_segment_size(ancdata) if self.gro else None
+                    if seg is None or nbytes <= seg:
+                        lengths[k] = nbytes  # one datagram (longer than a row: rejected as truncated)
+                        m = 1
+                    elif seg == width:  # GRO read of full-size datagrams: already in their rows
+                        m = -(-nbytes // seg)
+                        lengths[k : k + m] = seg
+                        lengths[k + m - 1] = nbytes - (m - 1) * seg
+                        self.counters["gro_reads"] += 1
+                    else:  # GRO of another size (another MTU): copy the datagrams into rows
+                        rows, row_lengths = split_segments(slots.reshape(-1)[k * width : k * width + nbytes].copy(),
+                                                           nbytes, seg)
+                        m = min(len(row_lengths), len(lengths) - k)
+                        cut = min(rows.shape[1], width)
+                        slots[k : k + m] = 0
+                        slots[k : k + m, :cut] = rows[:m, :cut]
+                        lengths[k : k + m] = np.where(row_lengths[:m] > width, width + 1, row_lengths[:m])
+                        self.counters["gro_reads"] += 1
+                    ce[k : k + m] = (tos & 0b11) == _CE
+                    k += m
+                    nbytes_batch += nbytes
+                self.counters["rx_reads"] += reads
+                if k:
+                    self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+                # the socket is a queue: what arrived before the last datagram read is placed now
+                self._seen_until = max(self._seen_until, min(arrived, time.monotonic()))
+            finally:
+                self._reading.release()
             credit_due_at = self._send_credits(time.monotonic())
-            self._rx_holding = False
             self._reads_since += reads
             if overflows != self.counters["rx_overflows"]:
                 self._on_overflow((overflows - self.counters["rx_overflows"]) & 0xFFFFFFFF)

@@ -186,7 +186,10 @@ class Datapath {
     void take_feedback(uint16_t src, uint64_t& received, uint64_t& ce, uint64_t& lost);
     int active_senders(double now, double window);
     double drain_rate(double now);
-    bool rx_busy();
+    // Every datagram that reached the host before this time (monotonic s) has been read and
+    // placed: the receive thread's kernel arrival stamps, the time it last found the socket
+    // empty, or now if the socket is empty and no read is being placed.
+    double rx_seen_until();
 
     // send side
     void submit(const TxSpec& spec);
@@ -334,13 +337,13 @@ class Datapath {
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
     // Complete the watched messages whose grace ran out (rx_mu_ held); returns the next due
-    // time (0: none). ``dry``: the socket held nothing unread at the end of the last batch.
-    double end_passes(double now, bool dry);
+    // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
+    double end_passes(double now, double seen_until);
 
    public:
-    double end_passes_for_test(double now, bool dry) {  // the receive thread's check, on a given clock
+    double end_passes_for_test(double now, double seen_until) {  // the receive thread's check, on a given clock
         std::lock_guard<std::mutex> g(rx_mu_);
-        return end_passes(now, dry);
+        return end_passes(now, seen_until);
     }
 
    private:
@@ -375,7 +378,8 @@ class Datapath {
     std::unordered_map<uint64_t, std::vector<Parked>> parked_;
     std::map<uint16_t, SenderFb> fb_;
     std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
-    std::atomic<bool> rx_holding_{false};
+    std::atomic<double> rx_seen_until_{0.0};
+    std::mutex read_mu_;  // held by the receive thread from a read until its datagrams are placed
     std::map<uint16_t, sockaddr_in> peer_addr_;  // peers' data addresses (set before start)
     int credit_fd_ = -1;
     uint32_t rcvbuf_ = 0;

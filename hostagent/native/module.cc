@@ -218,7 +218,7 @@ NB_MODULE(_datapath, m) {
              })
         .def("active_senders", &Datapath::active_senders, nb::call_guard<nb::gil_scoped_release>())
         .def("drain_rate", &Datapath::drain_rate, nb::call_guard<nb::gil_scoped_release>())
-        .def("rx_busy", &Datapath::rx_busy, nb::call_guard<nb::gil_scoped_release>())
+        .def("rx_seen_until", &Datapath::rx_seen_until, nb::call_guard<nb::gil_scoped_release>())
         .def("submit",
              [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
                 uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,
@@ -290,7 +290,7 @@ NB_MODULE(_datapath, m) {
         .def("data_sockets", &Datapath::data_sockets)
         .def("gso_off_reasons", &Datapath::gso_off_reasons)
         .def("end_passes_for_test",
-             [](Datapath& d, double now, bool dry) { return d.end_passes_for_test(now, dry); })
+             [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); })
         .def("ingest_for_test",
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 double now) {

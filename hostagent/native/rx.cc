@@ -221,16 +221,17 @@ int Datapath::active_senders(double now, double window) {
     return n;
 }
 
+double Datapath::rx_seen_until() {
+    double now = now_s();
+    std::lock_guard<std::mutex> g(read_mu_);  // no read half placed
+    int n = 0;
+    if (ioctl(cfg_.rx_fd, FIONREAD, &n) == 0 && n == 0) return now;  // nothing unread since before now
+    return rx_seen_until_.load(std::memory_order_acquire);
+}
+
 double Datapath::drain_rate(double now) {
     std::lock_guard<std::mutex> g(rx_mu_);
     return (drain_rate_ > 0 && now - drain_measured_at_ <= cfg_.drain_fresh) ? drain_rate_ : 0.0;
-}
-
-bool Datapath::rx_busy() {
-    if (rx_holding_) return true;
-    int n = 0;
-    if (ioctl(cfg_.rx_fd, FIONREAD, &n) == 0) return n > 0;
-    return false;
 }
 
 // ------------------------------------------------------------------ validation and placement
@@ -516,11 +517,13 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
     touched.clear();
 }
 
-double Datapath::end_passes(double now, bool dry) {
+double Datapath::end_passes(double now, double seen_until) {
     // The same rule as the protocol core's answer to an end of pass (answer_grace, answer_due),
     // here so that a ring's bounded step completes and starts the next one without a round
     // through Python: no data of the message for max(floor, 4 mean packet gaps) (at most the
-    // cap), and nothing unread in the socket unless it stayed busy for max_busy_defer more.
+    // cap), and every datagram that reached the host before then read (a receiver that is
+    // behind must not complete without packets waiting in its socket), unless the reader stayed
+    // behind for max_busy_defer more (a flood must not hold every completion back).
     double next = 0;
     size_t keep = 0;
     for (size_t i = 0; i < ends_.size(); ++i) {
@@ -530,13 +533,16 @@ double Datapath::end_passes(double now, bool dry) {
         const Progress& p = m->prog;
         double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
         double grace = std::max(cfg_.answer_grace, std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
-        double due = p.last_arrival + grace + (dry ? 0.0 : cfg_.max_busy_defer);
-        if (now >= due) {
+        double due = p.last_arrival + grace;
+        if (now >= due && (seen_until >= due || now >= due + cfg_.max_busy_defer)) {
             m->watched = false;
             finish_locked(m, 2, true, now);
             continue;
         }
-        next = next == 0 ? due : std::min(next, due);
+        // not yet quiet: wake at the grace; quiet but the reader behind: every batch looks
+        // again (it moves seen_until), and the fallback wakes it at the latest
+        double wake = now < due ? due : due + cfg_.max_busy_defer;
+        next = next == 0 ? wake : std::min(next, wake);
         ends_[keep++] = ends_[i];
     }
     ends_.resize(keep);
@@ -620,7 +626,8 @@ void Datapath::rx_loop() {
     std::vector<uint8_t> buf(size_t(READS) * READ_BYTES);
     std::vector<mmsghdr> msgs(READS);
     std::vector<iovec> iov(READS);
-    constexpr size_t CTL = CMSG_SPACE(sizeof(int)) * 4;
+    // IP_TOS, SO_RXQ_OVFL, UDP_GRO and the arrival stamp (SCM_TIMESTAMPNS), with room to spare
+    constexpr size_t CTL = CMSG_SPACE(sizeof(int)) * 4 + CMSG_SPACE(sizeof(timespec)) * 2;
     std::vector<std::array<uint8_t, CTL>> ctl(READS);
     struct Dg {
         const uint8_t* p;
@@ -668,14 +675,15 @@ void Datapath::rx_loop() {
             if (due > 0) wait_ms = std::min(wait_ms, std::max(0, int(std::ceil((due - now_s()) * 1000.0))));
         int r = poll(&pfd, 1, wait_ms);
         if (r <= 0) {
+            double empty_at = now_s();  // nothing unread when poll gave up
             release_delayed();
             std::lock_guard<std::mutex> g(rx_mu_);
-            next_end = end_passes(now_s(), true);
+            rx_seen_until_.store(empty_at, std::memory_order_release);
+            next_end = end_passes(now_s(), empty_at);
             credit_due = send_credits(now_s());
             continue;
         }
         double t_batch = now_s();
-        rx_holding_ = true;
         uint64_t batch_dgrams = 0, batch_bytes = 0, batch_reads = 0;
         int64_t overflow = -1;
         bool dry = false;
@@ -690,12 +698,20 @@ void Datapath::rx_loop() {
                 msgs[i].msg_hdr.msg_controllen = CTL;
                 msgs[i].msg_len = 0;
             }
+            // The kernel stamps arrivals on the real-time clock: this read's offset to ours.
+            std::unique_lock<std::mutex> reading(read_mu_);
+            double before = now_s();
+            timespec real;
+            clock_gettime(CLOCK_REALTIME, &real);
+            double real_off = double(real.tv_sec) + double(real.tv_nsec) * 1e-9 - before;
             int k = recvmmsg(cfg_.rx_fd, msgs.data(), READS, MSG_DONTWAIT, nullptr);
             if (k <= 0) {
                 dry = true;
+                if (before > rx_seen_until_.load()) rx_seen_until_.store(before, std::memory_order_release);
                 break;
             }
             double now = now_s();
+            double arrived = 0;  // the latest arrival stamp of this read (0: none)
             dgs.clear();
             for (int i = 0; i < k; ++i) {
                 uint32_t len = msgs[i].msg_len;
@@ -711,6 +727,10 @@ void Datapath::rx_loop() {
                         int v;
                         std::memcpy(&v, CMSG_DATA(c), sizeof v);
                         seg = v;
+                    } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+                        timespec ts;
+                        std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
+                        arrived = std::max(arrived, double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9 - real_off);
                     }
                 }
                 rx_reads_ += 1;
@@ -755,7 +775,12 @@ void Datapath::rx_loop() {
                 for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched);
                 end_batch(touched, now);
                 credit_due = send_credits(now);
+                // The socket is a queue: all that arrived before this read's last datagram is
+                // read now, or all that arrived before the read began if it emptied the socket.
+                double seen = k < READS ? before : std::min(arrived, now);
+                if (seen > rx_seen_until_.load()) rx_seen_until_.store(seen, std::memory_order_release);
             }
+            reading.unlock();
             if (k < READS) {
                 dry = true;
                 break;
@@ -809,7 +834,6 @@ void Datapath::rx_loop() {
                 for (auto& kv : fb_) kv.second.good_since /= 2;
             }
         }
-        rx_holding_ = false;
         bool behind = !dry && (batch_dgrams >= cfg_.rx_batch || batch_bytes >= batch_limit);
         if (behind) {
             uint32_t mem[9] = {0};
@@ -821,7 +845,7 @@ void Datapath::rx_loop() {
         release_delayed();
         {
             std::lock_guard<std::mutex> g(rx_mu_);
-            next_end = end_passes(now_s(), dry);
+            next_end = end_passes(now_s(), rx_seen_until_.load());
         }
     }
 }

@@ -52,7 +52,7 @@ MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message
 RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
 RECENT_DONE = 4096  # finished messages remembered, to answer a repeated PROBE
 IDLE_TICK = 0.05  # the longest the timers wait between runs (s)
-URGENT_TICK = 0.001  # how soon an answer held by a busy receive socket is looked at again (s)
+URGENT_TICK = 0.001  # how soon an answer held for a reader that is behind is looked at again (s)
 HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
 ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long after its last packet
 
@@ -520,7 +520,7 @@ class ProtocolCore:
         data path's events and every control record call for a run at once besides.
         """
         wake = now + IDLE_TICK
-        busy: bool | None = None
+        seen_until: float | None = None
         progress = self.port.progress_all() if self.inc else {}
         for msg in list(self.inc.values()):
             p = progress.get(msg.key)
@@ -543,10 +543,10 @@ class ProtocolCore:
                 if now < due:
                     wake = min(wake, due)
                     continue
-                if busy is None:
-                    busy = self.port.rx_busy()
-                if not answer_due(msg, now, self.config.probe_grace, busy):
-                    wake = min(wake, now + URGENT_TICK)  # the socket is busy: look again shortly
+                if seen_until is None:
+                    seen_until = self.port.rx_seen_until()
+                if not answer_due(msg, now, self.config.probe_grace, seen_until):
+                    wake = min(wake, now + URGENT_TICK)  # the reader is behind: look again shortly
                     continue
                 msg.probe_pending = False
                 msg.probe_since = None

@@ -17,11 +17,12 @@ from hostagent.protocol.port import Progress, RxBuffers
 MAX_ANSWER_GRACE = 0.1
 #: ... and after at least this many of the message's own mean gaps between packets.
 ANSWER_GAPS = 4
-#: An answer waits for the receive socket to drain at most this long past its grace: a socket
-#: that a flood of junk keeps busy must not hold every answer back until the deadline. Long,
-#: because a receiver that is merely behind (descheduled on a loaded host) also has a busy
-#: socket, and a bitmap sent then lists packets still queued in it: they would be resent, and
-#: their window released twice.
+#: An answer waits for the receive thread to catch up with its grace (to have read everything
+#: that arrived until then) at most this long past the grace: a reader that a flood of junk
+#: keeps behind must not hold every answer back until the deadline. Long, because a receiver
+#: that is merely behind (descheduled on a loaded host) still has the message's packets queued
+#: in its socket, and a bitmap sent then lists them: they would be resent, and their window
+#: released twice.
 MAX_BUSY_DEFER = 0.2
 
 
@@ -133,13 +134,20 @@ def answer_grace(floor: float, msg: Incoming) -> float:
     return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, ANSWER_GAPS * gap))
 
 
-def answer_due(msg: Incoming, now: float, floor: float, rx_busy: bool) -> bool:
+def answer_due(msg: Incoming, now: float, floor: float, seen_until: float) -> bool:
     """Whether a pending answer goes out now: the message has been quiet for its grace, and the
-    receive socket holds nothing unread (so a bitmap does not list packets already here), or it
-    has stayed busy for MAX_BUSY_DEFER past the grace (a flood must not silence every answer)."""
-    if not msg.probe_pending or now - msg.last_arrival < answer_grace(floor, msg):
+    receive thread has read everything that arrived until the grace's end (``seen_until``, from
+    the kernel's arrival stamps: so a bitmap lists no packet already here), or it has stayed
+    behind for MAX_BUSY_DEFER past the grace (a flood must not silence every answer).
+
+    Why arrival time and not "the socket is empty": on a host receiving many messages at once
+    the socket is rarely empty, though the reader keeps up; waiting for it to run dry held each
+    answer back by tens of milliseconds (a ring's reliable all-gather, under loss, waited so at
+    every step)."""
+    grace = answer_grace(floor, msg)
+    if not msg.probe_pending or now - msg.last_arrival < grace:
         return False
-    if not rx_busy:
+    if seen_until >= msg.last_arrival + grace:
         return True
     since = msg.probe_since if msg.probe_since is not None else now
-    return now - max(since, msg.last_arrival) >= answer_grace(floor, msg) + MAX_BUSY_DEFER
+    return now - max(since, msg.last_arrival) >= grace + MAX_BUSY_DEFER

@@ -339,7 +339,8 @@ def test_a_message_set_up_twice_is_refused_by_both_paths():
 
 def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     """Past its bound with its LAST packet in, a message completes in the receive thread once
-    no data of it came for the grace (answer_grace's rule), and later if the socket was busy,
+    no data of it came for the grace (answer_grace's rule) and the receive thread has read all
+    that arrived until then (later if it is behind),
     so a ring's bounded step starts the next without Python. Without its LAST it waits (the
     protocol core probes then)."""
     from hostagent.datapath.native import NativeDatapath
@@ -359,11 +360,11 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
         for i in keep:
             _one(dp, dgs[i], now=1.0 + i * 1e-5)
     t_last = 1.0 + 9e-5
-    assert dp.end_passes_for_test(t_last + 0.001, dry=True) > 0  # within the grace: still waiting
+    assert dp.end_passes_for_test(t_last + 0.001, t_last + 0.001) > 0  # within the grace: still waiting
     assert _state(dp, 1, 5) == 0
-    assert dp.end_passes_for_test(t_last + 0.003, dry=False) > 0  # the socket is busy: wait longer
+    assert dp.end_passes_for_test(t_last + 0.003, t_last + 0.001) > 0  # the reader is behind: wait longer
     assert _state(dp, 1, 5) == 0
-    dp.end_passes_for_test(t_last + 0.003, dry=True)
+    dp.end_passes_for_test(t_last + 0.003, t_last + 0.0021)  # it has read past the grace
     assert _state(dp, 1, 5) == 2  # bounded
     assert _state(dp, 1, 6) == 0  # no LAST: the data path does not guess the pass is over
     hole = slice(4 * PER, 5 * PER)
@@ -371,3 +372,36 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     np.testing.assert_array_equal(np.delete(outs[5], np.r_[hole]), np.delete(x, np.r_[hole]))
     dp.stop()
     sock.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
+    """``rx_seen_until``: every datagram that reached the host before it has been read and placed
+    (an answer to an end of pass waits for it, not for an empty socket). It moves with the
+    kernel's arrival stamps while datagrams come, and to the time the socket was found empty,
+    on the same clock as ``time.monotonic``; never past the present."""
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+    from hostagent.udp_offload import enable_arrival_stamps
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    assert enable_arrival_stamps(rx)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, rx, False)
+    dp.start()
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            for _ in range(200):  # junk: read, rejected, and still read
+                tx.sendto(b"\0" * 600, rx.getsockname())
+            give_up = time.monotonic() + 10
+            while dp.rx_seen_until() < t0 and time.monotonic() < give_up:
+                time.sleep(0.001)
+            assert t0 <= dp.rx_seen_until() <= time.monotonic()
+    finally:
+        dp.stop()
+        tx.close()
+        rx.close()

@@ -33,7 +33,7 @@ class FakePort:
         self.prog: dict[tuple[int, int], Progress] = {}
         self.tx: dict[tuple[int, int], TxSpec] = {}
         self.feedback: dict[int, tuple[int, int, int]] = {}
-        self.busy = False
+        self.seen_until = float("inf")  # the receive thread has read all that arrived (set lower: behind)
         self.sent: dict[int, int] = defaultdict(int)
         self.rates: dict[int, float] = {}
         self.keys: dict[int, bytes | None] = {}
@@ -61,7 +61,7 @@ class FakePort:
     def take_feedback(self, src): return self.feedback.pop(src, (0, 0, 0))
     def active_senders(self, now, window): return 0
     def drain_rate(self, now): return 0.0
-    def rx_busy(self): return self.busy
+    def rx_seen_until(self): return self.seen_until
     def submit(self, spec):
         self.tx[(spec.dest, spec.message_id)] = spec
         spec.drop_class[:] = np.arange(len(spec.drop_class)) % 4  # classes 0 1 2 3 0 1 ...
@@ -228,19 +228,35 @@ def test_below_the_bound_the_answer_is_a_bitmap_and_the_pace_of_the_first_pass_i
     assert h.wait(0).stats.how == "exact" and kinds(core, 1) == ["STOP"]
 
 
-def test_a_busy_socket_delays_an_answer_but_not_past_its_bound():
-    """A receive socket with unread data (a batch the data path has not placed yet) holds the
-    answer, or the bitmap would list packets already here; but a socket that stays busy (a flood
+def test_a_reader_behind_delays_an_answer_but_not_past_its_bound():
+    """A receive thread that has not yet read what arrived until the grace's end holds the
+    answer, or the bitmap would list packets already here; but one that stays behind (a flood
     of junk) must not hold it for ever: the answer goes MAX_BUSY_DEFER past its grace."""
     core, port = make_core(probe_grace=0.002)
     h = _expect(core, 20, 0.0)
     port.deliver(1, 9, range(10), now=1.0)
     core.on_events([(EventKind.RX_LAST, 1, 9, 1.0, 0)], now=1.0)
-    port.busy = True
+    port.seen_until = 1.001  # read up to a millisecond after the last packet: inside the grace
     core.handle_timer(1.0 + 0.002 + MAX_BUSY_DEFER / 2)
     assert kinds(core, 1) == []
     core.handle_timer(1.0 + 0.002 + MAX_BUSY_DEFER + 1e-6)
     assert kinds(core, 1) == ["BITMAP"] and not h.done()
+
+
+def test_a_reader_that_keeps_up_answers_at_the_grace_however_busy_the_socket():
+    """Other messages keep the socket from running dry, but the reader has read everything that
+    arrived until the grace's end: the answer goes out then, not when the socket empties (which
+    held every answer of a ring's all-gather back by tens of milliseconds under loss)."""
+    core, port = make_core(probe_grace=0.002)
+    _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(10), now=1.0)
+    core.on_events([(EventKind.RX_LAST, 1, 9, 1.0, 0)], now=1.0)
+    port.seen_until = 1.0019
+    core.handle_timer(1.0021)
+    assert kinds(core, 1) == []  # packets that arrived in the grace's last 0.1 ms may be unread
+    port.seen_until = 1.0020
+    core.handle_timer(1.0021)
+    assert kinds(core, 1) == ["BITMAP"]
 
 
 def test_a_message_quiet_for_the_idle_timeout_completes_under_its_bound_without_a_pass_end():
@@ -371,7 +387,7 @@ def test_marks_after_a_bitmaps_loss_cut_wait_for_its_window():
 
 def test_the_timers_sleep_until_their_next_deadline():
     """Idle: IDLE_TICK; data streaming in: the next clean report; a pass ended: the probe; an
-    answer due: the end of its grace; a socket busy when an answer is due: a millisecond. (The
+    answer due: the end of its grace; a reader behind when an answer is due: a millisecond. (The
     control thread sleeps this long, so a bulk transfer costs the application nothing, and the
     end of a pass is still answered when its grace is over.)"""
     core, port = make_core(bulk_feedback_interval=0.02)
@@ -384,7 +400,7 @@ def test_the_timers_sleep_until_their_next_deadline():
     assert core.handle_timer(0.002) == pytest.approx(core.answer_timer(2).probe_delay())
     core.on_events([(EventKind.RX_LAST, 1, 9, 0.003, 0)], now=0.003)
     assert core.handle_timer(0.003) == pytest.approx(core.config.probe_grace)
-    port.busy = True
+    port.seen_until = 0.003  # the reader is behind
     assert core.handle_timer(0.003 + core.config.probe_grace) == pytest.approx(URGENT_TICK)
 
 

@@ -395,9 +395,9 @@ def packet_magnitudes(data: np.ndarray, elems_per_packet: int, kind: str = "l2")
     parts = [(full, out[:n_full])]
     if tail:
         parts.append((flat[n_full * elems_per_packet :].reshape(1, tail), out[n_full:]))
-    if full.size >= PARALLEL_MAGNITUDE_ELEMS and _threads() > 1:
+    if full.size >= PARALLEL_MAGNITUDE_ELEMS and magnitude_threads() > 1:
         # rows are independent: split them, same results (numpy drops the GIL in the reduction)
-        k = _threads()
+        k = magnitude_threads()
         cuts = [n_full * i // k for i in range(k + 1)]
         parts = [(full[a:b], out[a:b]) for a, b in zip(cuts, cuts[1:])] + parts[1:]
         futures = [_pool().submit(_magnitudes_into, block, dest, kind) for block, dest in parts[1:]]
@@ -418,7 +418,10 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()  # senders on several threads may packetize at once
 
 
-def _threads() -> int:
+def magnitude_threads() -> int:
+    """Threads that share the magnitudes of a message of PARALLEL_MAGNITUDE_ELEMS or more (both
+    data paths): they must all be known before its first packet leaves, so on a large message
+    this pass is the send's latency."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -426,7 +429,7 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="dlcp-magnitudes")
+            _POOL = ThreadPoolExecutor(max_workers=magnitude_threads() - 1, thread_name_prefix="dlcp-magnitudes")
         return _POOL
 
 

@@ -27,6 +27,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEO
                                         max_datagram)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from hostagent.policy import PARALLEL_MAGNITUDE_ELEMS, magnitude_threads
 from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
@@ -59,6 +60,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "rx_batch": config.rx_batch, "batch_bytes": 1 << 30, "socket_buffer": config.socket_buffer,
         "park_limit": config.park_limit, "top_priority": pol.top_priority, "dscp": list(pol.dscp),
         "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,
+        "parallel_magnitude_elems": PARALLEL_MAGNITUDE_ELEMS, "magnitude_threads": magnitude_threads(),
         "line_rate": config.rate.line_rate, "burst_bytes": float(config.rate.burst_bytes),
         "max_inline_wait": MAX_INLINE_WAIT,
         "drop_p": [float(p) for p in loss.drop_probabilities], "delay": loss.delay, "delay_p": loss.delay_probability,

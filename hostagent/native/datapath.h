@@ -89,6 +89,10 @@ struct Config {
     std::vector<uint8_t> dscp;
     std::vector<double> shares;
     Magnitude magnitude = Magnitude::L2;
+    // a message of at least this many elements has its magnitudes computed by this many
+    // threads (hostagent.policy.PARALLEL_MAGNITUDE_ELEMS, magnitude_threads)
+    uint64_t parallel_magnitude_elems = 4000000;
+    uint32_t magnitude_threads = 1;
     // pacing
     double line_rate = 1.25e9;
     double burst_bytes = 256 * 1024;

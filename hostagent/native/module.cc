@@ -65,6 +65,8 @@ Config make_config(const nb::dict& d) {
     c.dscp = get<std::vector<uint8_t>>(d, "dscp");
     c.shares = get<std::vector<double>>(d, "shares");
     c.magnitude = get<std::string>(d, "magnitude") == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2;
+    c.parallel_magnitude_elems = get<uint64_t>(d, "parallel_magnitude_elems");
+    c.magnitude_threads = get<uint32_t>(d, "magnitude_threads");
     c.line_rate = get<double>(d, "line_rate");
     c.burst_bytes = get<double>(d, "burst_bytes");
     c.max_inline_wait = get<double>(d, "max_inline_wait");

@@ -262,7 +262,21 @@ void Datapath::prepare(TxMsg* m) {
             }
             drop_classes(mags.data(), n, cfg_.shares, classes.data());
         } else if (n) {
-            packet_magnitudes(m->src, size_t(s.total_elems), m->kind, s.per, cfg_.magnitude, mags.data());
+            // Every magnitude is needed before the first packet leaves (classes are quantiles):
+            // on a large message, share the pass between threads (rows are independent).
+            uint32_t k = s.total_elems >= cfg_.parallel_magnitude_elems ? std::min(cfg_.magnitude_threads, n) : 1;
+            std::vector<std::thread> helpers;
+            for (uint32_t j = 1; j < k; ++j) {
+                uint32_t a = uint32_t(uint64_t(n) * j / k), b = uint32_t(uint64_t(n) * (j + 1) / k);
+                size_t lo = size_t(a) * s.per, cnt = std::min<size_t>(size_t(b) * s.per, size_t(s.total_elems)) - lo;
+                helpers.emplace_back([this, m, lo, cnt, a, &s, &mags] {
+                    packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, s.per, cfg_.magnitude, &mags[a]);
+                });
+            }
+            uint32_t first = uint32_t(uint64_t(n) / k);
+            packet_magnitudes(m->src, std::min<size_t>(size_t(first) * s.per, size_t(s.total_elems)), m->kind, s.per,
+                              cfg_.magnitude, mags.data());
+            for (auto& t : helpers) t.join();
             drop_classes(mags.data(), n, cfg_.shares, classes.data());
         }
         m->given_mags.clear();

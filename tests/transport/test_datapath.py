@@ -291,6 +291,43 @@ def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_
                                       x[h.elem_offset : h.elem_offset + h.elem_count])
 
 
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_classes(which, monkeypatch):
+    """A message of PARALLEL_MAGNITUDE_ELEMS or more has its magnitudes computed by several
+    threads, each a run of whole packets (the last with the short tail): the classes it sends
+    are those of one pass over the whole message. (The threshold is lowered here so that 38
+    packets split three ways.)"""
+    import hostagent.datapath.native as native_mod
+    import hostagent.policy as policy_mod
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    x = np.random.default_rng(5).standard_normal(PER * 37 + 11).astype(np.float32)
+    want = drop_classes(packet_magnitudes(x, PER, "l2"), Policy())  # one thread: below the real threshold
+    for mod in (native_mod, policy_mod):
+        monkeypatch.setattr(mod, "PARALLEL_MAGNITUDE_ELEMS", 1)
+    monkeypatch.setattr(native_mod, "magnitude_threads", lambda: 3)
+    monkeypatch.setattr(policy_mod, "magnitude_threads", lambda: 3)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
+    dp.set_rate(1, 1e9)
+    dp.start()
+    try:
+        classes = np.full(38, 255, np.uint8)
+        got = _capture(dp, rx, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, classes), 38)
+    finally:
+        dp.stop()
+        sock.close()
+        rx.close()
+    hdr = sorted((wire.unpack_header(d) for d in got), key=lambda h: h.seq)
+    assert [h.drop_class for h in hdr] == want.tolist() == classes.tolist()
+    assert len(set(want.tolist())) == 4  # every class present: a wrong split would show
+
+
 def test_the_compiled_tags_equal_the_policys():
     """Drop classes from the compiled path are the policy's for the same magnitudes (ties by
     packet order included), and its magnitudes equal numpy's to float32 rounding."""

@@ -154,7 +154,7 @@ def test_packet_magnitudes_split_across_threads_equal_one_thread(monkeypatch, dt
     monkeypatch.setattr(P, "PARALLEL_MAGNITUDE_ELEMS", 10**12)
     one = P.packet_magnitudes(x, 357, kind)
     monkeypatch.setattr(P, "PARALLEL_MAGNITUDE_ELEMS", 1000)
-    monkeypatch.setattr(P, "_threads", lambda: 3)
+    monkeypatch.setattr(P, "magnitude_threads", lambda: 3)
     monkeypatch.setattr(P, "_POOL", None)
     split = P.packet_magnitudes(x, 357, kind)
     assert split.shape == (1002,) and np.array_equal(split, one)

@@ -130,10 +130,12 @@ class TransportConfig:
     ``max(idle_timeout, 8 * srtt)`` completes even without the sender's PROBE."""
 
     probe_grace: float = 0.002
-    """A PROBE (or the end of a pass) is answered once no data of the message arrived for this
-    long, or for four of the message's own mean packet gaps if longer
-    (:func:`hostagent.control_path.answer_grace`), so packets still in flight are not
-    reported missing."""
+    """The reordering window a receiver assumes for a sender before it has measured that
+    sender's path. A PROBE (or the end of a pass) is answered once no data of the message
+    arrived for the window, or for four of the message's own mean packet gaps if longer
+    (:func:`hostagent.protocol.incoming.answer_grace`), so packets still in flight are not
+    reported missing; the window then follows the reordering measured on the path
+    (:data:`hostagent.protocol.incoming.REORDER_MIN` and the rule beside it)."""
 
     feedback_interval: float = 0.002
     """How often a receiver reports congestion (CE marks, socket overruns) to a sender."""

@@ -28,7 +28,8 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEO
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from hostagent.policy import PARALLEL_MAGNITUDE_ELEMS, magnitude_threads
-from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER
+from hostagent.protocol.incoming import (ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER, REORDER_DECAY, REORDER_MARGIN,
+                                         REORDER_MIN)
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
 
@@ -69,6 +70,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "behind_backlog": BEHIND_BACKLOG,
         "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
         "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
+        "reorder_min": REORDER_MIN, "reorder_margin": REORDER_MARGIN, "reorder_decay": REORDER_DECAY,
         "source_port_base": config.source_port_base or 0,
     }
 
@@ -167,6 +169,9 @@ class NativeDatapath:
 
     def rx_seen_until(self) -> float:
         return self._dp.rx_seen_until()
+
+    def reorder_window(self, src: int) -> float:
+        return self._dp.reorder_window(src)
 
     def submit(self, spec: TxSpec) -> None:
         snapshot = None if spec.snapshot is None else _raw(spec.snapshot)

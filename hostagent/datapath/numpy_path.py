@@ -33,6 +33,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_afte
                                        initial_window, max_datagram)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
+from hostagent.protocol.incoming import narrow_reorder, widen_reorder
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
 from hostagent.reassembly import REASONS, Assembly, Reassembler
@@ -81,6 +82,8 @@ class _Rx:
     # which leaves ahead of its run, does not count)
     levels: dict[int, list[int]] = field(default_factory=dict)  # priority -> [min seq, max seq, count]
     holes_blamed: int = 0
+    last_at: float = 0.0  # when the first LAST came (0: none yet)
+    late: bool = False  # a first-pass packet came after a LAST: the path reorders
 
     def holes(self) -> int:
         return sum(hi - lo + 1 - n for lo, hi, n in self.levels.values()) - self.holes_blamed
@@ -104,6 +107,7 @@ class _Sender:
     wake_sent: bool = False
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
+    reorder: float = -1.0  # the reordering window measured on its path (s; < 0: none yet)
 
 
 @dataclass
@@ -381,6 +385,17 @@ class NumpyDatapath:
                 pass
             return self._seen_until
 
+    def reorder_window(self, src: int) -> float:
+        """The grace's floor for messages from ``src``: its path's reordering window."""
+        with self._lock:
+            s = self._senders.get(src)
+            return self.config.probe_grace if s is None or s.reorder < 0 else s.reorder
+
+    def _widen(self, src: int, late: float) -> None:
+        """A first-pass packet of ``src`` came ``late`` s after its message's LAST (lock held)."""
+        s = self._sender(src)
+        s.reorder = widen_reorder(self.config.probe_grace if s.reorder < 0 else s.reorder, late)
+
     def _sender(self, rank: int) -> _Sender:
         s = self._senders.get(rank)
         if s is None:
@@ -398,6 +413,9 @@ class NumpyDatapath:
         its held sends start."""
         rx.state = how
         key = rx.asm.key
+        if rx.last_at and not rx.late:  # a pass ended and nothing of it came after: narrow the window
+            s = self._sender(key[0])
+            s.reorder = narrow_reorder(self.config.probe_grace if s.reorder < 0 else s.reorder)
         # The sender's transmissions this message will never bring (packets that never came, the
         # first sending of each that came as a resend) count as read for its credits, or its
         # window would shrink by every loss.
@@ -448,7 +466,8 @@ class NumpyDatapath:
             try:
                 t_batch = time.monotonic()
                 real_off = time.time() - t_batch  # the kernel stamps arrivals on the real-time clock
-                arrived = 0.0  # the latest arrival stamp read in this batch
+                arrived = 0.0  # the latest arrival stamp read in this batch (0: none)
+                empty_at = 0.0  # when a read found the socket empty (0: it never did)
                 k = reads = 0
                 nbytes_batch = 0
                 dry = False
@@ -458,7 +477,7 @@ class NumpyDatapath:
                         nbytes, ancdata, _flags, _addr = sock.recvmsg_into([flat[k * width :]], GRO_ANCBUF)
                     except (BlockingIOError, InterruptedError):
                         dry = True
-                        arrived = before  # the socket was empty: all that came before this read is read
+                        empty_at = before  # all that came before this read is read
                         break
                     except OSError as exc:
                         if self._running:
@@ -498,9 +517,11 @@ class NumpyDatapath:
                     nbytes_batch += nbytes
                 self.counters["rx_reads"] += reads
                 if k:
-                    self._on_datagrams(slots[:k], lengths[:k], ce[:k])
+                    # the batch's arrival time (its latest stamp) dates what it brings: a reader
+                    # that is behind must not stretch a message's grace
+                    self._on_datagrams(slots[:k], lengths[:k], ce[:k], arrived or time.monotonic())
                 # the socket is a queue: what arrived before the last datagram read is placed now
-                self._seen_until = max(self._seen_until, min(arrived, time.monotonic()))
+                self._seen_until = max(self._seen_until, empty_at, min(arrived, time.monotonic()))
             finally:
                 self._reading.release()
             credit_due_at = self._send_credits(time.monotonic())
@@ -566,8 +587,9 @@ class NumpyDatapath:
             slots[i, : len(d)] = np.frombuffer(d, np.uint8)
         self._ingest(slots, np.array([len(d) for d in due]), np.zeros(len(due), dtype=bool), now)
 
-    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray) -> dict[int, int]:
-        """Loss injection, then reassembly; returns accepted datagrams per sender."""
+    def _on_datagrams(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray, at: float) -> dict[int, int]:
+        """Loss injection, then reassembly (``at``: when the batch reached the host); returns
+        accepted datagrams per sender."""
         loss = self.config.loss
         if loss.enabled:
             n = len(lengths)
@@ -591,7 +613,7 @@ class NumpyDatapath:
             if len(idx) < n or loss.reorder:
                 slots, lengths, ce = slots[idx], lengths[idx], ce[idx]
         if len(lengths):
-            return self._ingest(slots, lengths, ce, time.monotonic())
+            return self._ingest(slots, lengths, ce, at)
         return {}
 
     def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray, now: float) -> dict[int, int]:
@@ -652,15 +674,19 @@ class NumpyDatapath:
                 retx = {}
                 for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
                     retx[k] = retx.get(k, 0) + 1
+            firsts: set[tuple[int, int]] = set()  # messages with first-pass packets in this batch
             if res.run:
                 rx = self._rx.get(keys[0])
                 if rx is not None:
                     self._note_first_pass(rx, hdr["priority"], hdr["seq"])
+                if np.count_nonzero(good & ((hdr["flags"] & _RETX) == 0)):
+                    firsts.add(keys[0])
             else:
                 first = good & ((hdr["flags"] & _RETX) == 0)
                 if first.any():
                     fkeys = (hdr["sender_rank"][first].astype(np.int64) << 32) | hdr["message_id"][first]
                     for k in np.unique(fkeys).tolist():
+                        firsts.add((k >> 32, k & 0xFFFFFFFF))
                         rx = self._rx.get((k >> 32, k & 0xFFFFFFFF))
                         if rx is not None:
                             sel = fkeys == k
@@ -674,7 +700,12 @@ class NumpyDatapath:
                     rx.first_arrival = now
                 n_retx = retx.get(asm.key, 0)
                 rx.retx_seen += n_retx
+                if rx.last_at and asm.key in firsts and now > rx.last_at:
+                    # a first-pass packet after the pass's LAST (read in a later batch): reordered
+                    self._widen(asm.key[0], now - rx.last_at)
+                    rx.late = True
                 if asm.key in last:
+                    rx.last_at = rx.last_at or now
                     self._emit(EventKind.RX_LAST, asm.key[0], asm.key[1], now)
                 if n_retx:
                     self._emit(EventKind.RX_RETX, asm.key[0], asm.key[1], now, n_retx)
@@ -803,6 +834,11 @@ class NumpyDatapath:
             if key in self._done:  # a straggler of a finished message: not malformed
                 self.counters["late"] += 1
                 kept[i] = True
+                rx = self._rx.get(key)
+                if rx is not None and rx.last_at and not int(hdr["flags"][r]) & _RETX:
+                    # a first-pass packet after its message completed at the end of its pass:
+                    # the window was too narrow (a bitmap listed it, or a bound left it out)
+                    self._widen(key[0], now - rx.last_at)
                 continue
             s = self._sender(key[0])
             if s.key is None or key[0] == self.config.rank or s.parked >= self.config.park_limit:

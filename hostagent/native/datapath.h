@@ -105,6 +105,10 @@ struct Config {
     // end of pass (hostagent.protocol.incoming.answer_grace's rule): a message past its bound
     // whose last packet came completes once no data of it came for its grace
     double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2, answer_gaps = 4;
+    // the reordering window (hostagent.protocol.incoming.ReorderRule): answer_grace until a
+    // path is measured; a first-pass packet that comes `late` after its message's LAST widens
+    // it to margin * late; a message whose pass ended without one narrows it by decay, to min
+    double reorder_min = 0.0002, reorder_margin = 1.25, reorder_decay = 0.9;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
     // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
@@ -194,6 +198,7 @@ class Datapath {
     // placed: the receive thread's kernel arrival stamps, the time it last found the socket
     // empty, or now if the socket is empty and no read is being placed.
     double rx_seen_until();
+    double reorder_window(uint16_t src);  // the grace's floor for messages from src (s)
 
     // send side
     void submit(const TxSpec& spec);
@@ -243,8 +248,11 @@ class Datapath {
         // per batch
         uint32_t batch_new = 0, batch_retx = 0;
         bool batch_last = false;
+        double batch_first_at = 0, batch_last_at = 0;  // arrival times of its packets in the batch
         bool in_batch = false;
         bool last_seen = false;  // the pass's LAST packet came (or a resend of it)
+        double last_at = 0;      // when the first LAST came (0: none yet)
+        bool late = false;       // a first-pass packet came after a LAST: the path reorders
         bool watched = false;    // in ends_ (past its bound, waiting out its grace)
         // the L2 magnitude of each packet as placed (float32 messages that start sends): the
         // send that forwards the same elements takes them instead of reading them back
@@ -269,6 +277,7 @@ class Datapath {
         bool overrun = false;     // our socket dropped datagrams since its last credit
         bool has_tx_key = false;
         uint8_t tx_key[16];
+        double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
     };
 
     // ---- send state
@@ -334,7 +343,9 @@ class Datapath {
     void tx_loop();
     void emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a);
     // receive helpers (rx_mu_ held)
-    uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched);
+    // ``at``: when the datagram reached the host (its read's kernel stamp; < 0: ``now``)
+    uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
+                       double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
     double send_credits(double now);
     bool window_full(Dest* d, double now, double& wait);

@@ -80,6 +80,9 @@ Config make_config(const nb::dict& d) {
     c.max_answer_grace = get<double>(d, "max_answer_grace");
     c.answer_gaps = get<double>(d, "answer_gaps");
     c.max_busy_defer = get<double>(d, "max_busy_defer");
+    c.reorder_min = get<double>(d, "reorder_min");
+    c.reorder_margin = get<double>(d, "reorder_margin");
+    c.reorder_decay = get<double>(d, "reorder_decay");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
@@ -221,6 +224,7 @@ NB_MODULE(_datapath, m) {
         .def("active_senders", &Datapath::active_senders, nb::call_guard<nb::gil_scoped_release>())
         .def("drain_rate", &Datapath::drain_rate, nb::call_guard<nb::gil_scoped_release>())
         .def("rx_seen_until", &Datapath::rx_seen_until, nb::call_guard<nb::gil_scoped_release>())
+        .def("reorder_window", &Datapath::reorder_window, nb::call_guard<nb::gil_scoped_release>())
         .def("submit",
              [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
                 uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,

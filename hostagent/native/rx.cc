@@ -229,6 +229,12 @@ double Datapath::rx_seen_until() {
     return rx_seen_until_.load(std::memory_order_acquire);
 }
 
+double Datapath::reorder_window(uint16_t src) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    auto it = fb_.find(src);
+    return it == fb_.end() || it->second.reorder < 0 ? cfg_.answer_grace : it->second.reorder;
+}
+
 double Datapath::drain_rate(double now) {
     std::lock_guard<std::mutex> g(rx_mu_);
     return (drain_rate_ > 0 && now - drain_measured_at_ <= cfg_.drain_fresh) ? drain_rate_ : 0.0;
@@ -236,8 +242,10 @@ double Datapath::drain_rate(double now) {
 
 // ------------------------------------------------------------------ validation and placement
 
-uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched) {
+uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
+                             double at) {
     const HeaderLayout& L = cfg_.layout;
+    if (at < 0) at = now;
     data_pkts_received_ += 1;
     data_bytes_received_ += len;
     ce_marked_ += ce;
@@ -276,13 +284,20 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             rejected_[BAD_TOKEN] += 1;
             return BAD_TOKEN;
         }
+        if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0) {
+            // a first-pass packet after its message completed at the end of its pass: the
+            // window was too narrow (a bitmap listed it, or a bound left it out)
+            double w = fb->reorder < 0 ? cfg_.answer_grace : fb->reorder;
+            fb->reorder = std::min(cfg_.max_answer_grace,
+                                   std::max(w, cfg_.reorder_margin * std::max(0.0, at - it->second->last_at)));
+        }
         if (done_.count(key)) {
             late_ += 1;
         } else if (fb->parked >= cfg_.park_limit) {
             rejected_[UNKNOWN_MESSAGE] += 1;
             return UNKNOWN_MESSAGE;
         } else {
-            parked_[key].push_back(Parked{now, std::vector<uint8_t>(d, d + len)});
+            parked_[key].push_back(Parked{at, std::vector<uint8_t>(d, d + len)});
             fb->parked += 1;
             parked_total_ += 1;
             parked_now_ += 1;
@@ -312,10 +327,20 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         bool retx = flags & cfg_.flag_retx;
         if (!m->in_batch) {
             m->in_batch = true;
+            m->batch_first_at = m->batch_last_at = at;
             touched.push_back(m);
         }
+        m->batch_first_at = std::min(m->batch_first_at, at);
+        m->batch_last_at = std::max(m->batch_last_at, at);
         if (flags & cfg_.flag_last) m->batch_last = true;
         if (retx) m->batch_retx += 1;
+        if (!retx && m->last_at > 0 && at > m->last_at) {
+            // a first-pass packet that reached the host after the pass's LAST: reordered
+            SenderFb& f = fb_[sender];
+            double w = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
+            f.reorder = std::min(cfg_.max_answer_grace, std::max(w, cfg_.reorder_margin * (at - m->last_at)));
+            m->late = true;
+        }
         if (s.received[seq]) {
             m->prog.duplicates += 1;
             duplicates_ += 1;
@@ -498,12 +523,17 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
         m->batch_new = m->batch_retx = 0;
         m->batch_last = false;
         if (n_new == 0) continue;  // only duplicates: nothing new to report
+        // Arrival times are when the packets reached the host (the kernel's stamps), not when
+        // they were read: a reader that is behind must not stretch a message's grace, which
+        // is measured against the stamps of what it has read (rx_seen_until).
+        double at = m->batch_last_at;
         Progress& p = m->prog;
-        p.last_arrival = now;
-        if (p.first_arrival == 0) p.first_arrival = now;
+        p.last_arrival = std::max(p.last_arrival, at);
+        if (p.first_arrival == 0) p.first_arrival = m->batch_first_at;
         p.retx_seen += n_retx;
-        if (last) emit(EV_RX_LAST, m->spec.src, m->spec.message_id, now, 0);
-        if (n_retx) emit(EV_RX_RETX, m->spec.src, m->spec.message_id, now, n_retx);
+        if (last) emit(EV_RX_LAST, m->spec.src, m->spec.message_id, at, 0);
+        if (n_retx) emit(EV_RX_RETX, m->spec.src, m->spec.message_id, at, n_retx);
+        if (last && m->last_at == 0) m->last_at = at;
         if (last) m->last_seen = true;
         if (p.received_pkts == m->total_pkts) {
             finish_locked(m, 1, true, now);
@@ -532,8 +562,10 @@ double Datapath::end_passes(double now, double seen_until) {
         RxMsg* m = it->second;
         const Progress& p = m->prog;
         double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
-        double grace = std::max(cfg_.answer_grace, std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
-        double due = p.last_arrival + grace;
+        const SenderFb& f = fb_[m->spec.src];
+        double floor = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
+        double grace = std::max(floor, std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
+        double due = p.last_arrival + grace;  // (arrival time)
         if (now >= due && (seen_until >= due || now >= due + cfg_.max_busy_defer)) {
             m->watched = false;
             finish_locked(m, 2, true, now);
@@ -552,6 +584,11 @@ double Datapath::end_passes(double now, double seen_until) {
 void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
     m->prog.state = how;
     const RxSpec& s = m->spec;
+    if (m->last_at > 0 && !m->late) {  // a pass ended and nothing of it came after: narrow the window
+        SenderFb& f = fb_[s.src];
+        double w = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
+        f.reorder = std::max(cfg_.reorder_min, w * cfg_.reorder_decay);
+    }
     // The sender's transmissions this message will never bring: packets that never came, and the
     // first sending of each packet that came as a resend. They count as read for its credits,
     // or its window would shrink by every loss (a bound's losses are never resent at all).
@@ -596,7 +633,7 @@ void Datapath::replay_parked(uint64_t key, double now) {
     fb_[src].parked -= items.size();
     parked_now_ -= int64_t(items.size());
     std::vector<RxMsg*> touched;
-    for (auto& p : items) ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched);
+    for (auto& p : items) ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched, p.time);
     end_batch(touched, now);
 }
 
@@ -633,6 +670,7 @@ void Datapath::rx_loop() {
         const uint8_t* p;
         uint32_t len;
         bool ce;
+        double at;  // when it reached the host
     };
     std::vector<Dg> dgs;
     std::vector<RxMsg*> touched;
@@ -670,10 +708,13 @@ void Datapath::rx_loop() {
 
     double next_end = 0;  // when the earliest watched end of pass is due (0: none)
     while (running_) {
-        int wait_ms = delayed_.empty() ? 50 : 5;
+        // to the microsecond: an end of pass is due a reordering window after its LAST, which on
+        // a path that does not reorder is a fraction of a millisecond
+        double wait = delayed_.empty() ? 0.05 : 0.005;
         for (double due : {next_end, credit_due})
-            if (due > 0) wait_ms = std::min(wait_ms, std::max(0, int(std::ceil((due - now_s()) * 1000.0))));
-        int r = poll(&pfd, 1, wait_ms);
+            if (due > 0) wait = std::min(wait, std::max(0.0, due - now_s()));
+        timespec ts{time_t(wait), long((wait - double(time_t(wait))) * 1e9)};
+        int r = ppoll(&pfd, 1, &ts, nullptr);
         if (r <= 0) {
             double empty_at = now_s();  // nothing unread when poll gave up
             release_delayed();
@@ -716,6 +757,7 @@ void Datapath::rx_loop() {
             for (int i = 0; i < k; ++i) {
                 uint32_t len = msgs[i].msg_len;
                 int tos = 0, seg = 0;
+                double at = now;  // without a stamp: when it was read
                 for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
                     if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
                         tos = *reinterpret_cast<const uint8_t*>(CMSG_DATA(c));
@@ -730,7 +772,8 @@ void Datapath::rx_loop() {
                     } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                         timespec ts;
                         std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
-                        arrived = std::max(arrived, double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9 - real_off);
+                        at = std::min(now, double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9 - real_off);
+                        arrived = std::max(arrived, at);
                     }
                 }
                 rx_reads_ += 1;
@@ -741,9 +784,9 @@ void Datapath::rx_loop() {
                 if (cfg_.gro && seg > 0 && len > uint32_t(seg)) {
                     gro_reads_ += 1;
                     for (uint32_t off = 0; off < len; off += seg)
-                        dgs.push_back(Dg{base + off, std::min<uint32_t>(seg, len - off), ce});
+                        dgs.push_back(Dg{base + off, std::min<uint32_t>(seg, len - off), ce, at});
                 } else {
-                    dgs.push_back(Dg{base, len, ce});
+                    dgs.push_back(Dg{base, len, ce, at});
                 }
             }
             batch_dgrams += dgs.size();
@@ -772,7 +815,7 @@ void Datapath::rx_loop() {
             }
             {
                 std::lock_guard<std::mutex> g(rx_mu_);
-                for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched);
+                for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched, x.at);
                 end_batch(touched, now);
                 credit_due = send_credits(now);
                 // The socket is a queue: all that arrived before this read's last datagram is

@@ -539,13 +539,14 @@ class ProtocolCore:
                 continue
             wake = min(wake, msg.deadline)
             if msg.probe_pending:
-                due = msg.last_arrival + answer_grace(self.config.probe_grace, msg)
+                floor = self.port.reorder_window(msg.src)
+                due = msg.last_arrival + answer_grace(floor, msg)
                 if now < due:
                     wake = min(wake, due)
                     continue
                 if seen_until is None:
                     seen_until = self.port.rx_seen_until()
-                if not answer_due(msg, now, self.config.probe_grace, seen_until):
+                if not answer_due(msg, now, floor, seen_until):
                     wake = min(wake, now + URGENT_TICK)  # the reader is behind: look again shortly
                     continue
                 msg.probe_pending = False

@@ -17,6 +17,29 @@ from hostagent.protocol.port import Progress, RxBuffers
 MAX_ANSWER_GRACE = 0.1
 #: ... and after at least this many of the message's own mean gaps between packets.
 ANSWER_GAPS = 4
+#: The reordering window of a sender's path, the floor of the grace (both data paths keep it per
+#: sender, the way RACK (RFC 8985) adapts its reordering window). It starts at ``probe_grace``.
+#: A first-pass packet that comes ``late`` seconds after its message's LAST packet (the path
+#: reordered it past the end of the pass) widens it to REORDER_MARGIN x late at once; a message
+#: whose pass ended with nothing of it coming after narrows it by REORDER_DECAY, down to
+#: REORDER_MIN. Why: a fixed floor long enough for a sprayed fabric (2 ms on the testbed) was
+#: paid at every step of a ring on a path that never reorders; a window too short costs a few
+#: packets resent (p = 0) or left out (p > 0) once, and widens on the spot.
+REORDER_MIN = 0.0002
+REORDER_MARGIN = 1.25
+REORDER_DECAY = 0.9
+
+
+def widen_reorder(window: float, late: float) -> float:
+    """The window after a first-pass packet came ``late`` seconds after its message's LAST."""
+    return min(MAX_ANSWER_GRACE, max(window, REORDER_MARGIN * late))
+
+
+def narrow_reorder(window: float) -> float:
+    """The window after a message whose pass ended without a packet coming after its LAST."""
+    return max(REORDER_MIN, window * REORDER_DECAY)
+
+
 #: An answer waits for the receive thread to catch up with its grace (to have read everything
 #: that arrived until then) at most this long past the grace: a reader that a flood of junk
 #: keeps behind must not hold every answer back until the deadline. Long, because a receiver
@@ -121,8 +144,9 @@ def packet_gap(msg: Incoming) -> float | None:
 
 def answer_grace(floor: float, msg: Incoming) -> float:
     """How long no data of ``msg`` must have arrived before its end of pass (LAST or a PROBE)
-    is answered: ``floor`` (``probe_grace``), or four of the message's own mean gaps between
-    packets if that is longer (at most MAX_ANSWER_GRACE).
+    is answered: ``floor`` (the sender's reordering window, which starts at ``probe_grace``),
+    or four of the message's own mean gaps between packets if that is longer (at most
+    MAX_ANSWER_GRACE).
 
     Why: when a switch sprays a message over paths whose queues differ, its LAST overtakes
     packets still queued on another path; they arrive within a few packet times of that path.

@@ -442,3 +442,42 @@ def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
         dp.stop()
         tx.close()
         rx.close()
+
+
+def test_both_paths_learn_a_senders_reordering_window_alike():
+    """The grace's floor per sender (RACK's reordering window): ``probe_grace`` until measured;
+    a first-pass packet that comes after its message's LAST widens it to 1.25 x its lateness at
+    once, also when the message was already complete; a resend (RETX) never does; a message
+    whose pass ended with nothing after it narrows it by 0.9, down to REORDER_MIN."""
+    from hostagent.protocol.incoming import REORDER_MIN
+
+    paths, sock = _paths(probe_grace=0.002)
+    x = np.arange(1, PER * 10 + 1, dtype=np.float32)
+    windows = []
+    for dp in paths:
+        seen = [dp.reorder_window(1)]
+        dgs = _datagrams(x, 5)
+        dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
+        _expect(dp, 1, 5, x.size)
+        for i in [0, 1, 2, 3, 5, 6, 7, 8, 9]:  # 4 overtaken by the LAST
+            _one(dp, dgs[i], now=1.0)
+        _one(dp, _with(dgs[4], flags=wire.Flags.RETX), now=1.001)  # a resend completes it: no reordering seen
+        seen.append(dp.reorder_window(1))
+        _one(dp, dgs[4], now=1.004)  # the original, 4 ms after the LAST, to a complete message
+        seen.append(dp.reorder_window(1))
+        for mid in range(6, 40):  # in order: each narrows the window
+            dgs = _datagrams(x, mid)
+            dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
+            _expect(dp, 1, mid, x.size)
+            for d in dgs:
+                _one(dp, d, now=2.0 + mid)
+            seen.append(dp.reorder_window(1))
+        windows.append(seen)
+        dp.stop()
+    sock.close()
+    native, numpy_ = windows
+    np.testing.assert_allclose(native, numpy_, rtol=1e-6)
+    assert native[0] == 0.002 and native[1] == pytest.approx(0.9 * 0.002)
+    assert native[2] == pytest.approx(1.25 * 0.004)
+    assert native[3] == pytest.approx(0.9 * 1.25 * 0.004)
+    assert native[-1] == REORDER_MIN

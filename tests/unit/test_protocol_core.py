@@ -34,6 +34,7 @@ class FakePort:
         self.tx: dict[tuple[int, int], TxSpec] = {}
         self.feedback: dict[int, tuple[int, int, int]] = {}
         self.seen_until = float("inf")  # the receive thread has read all that arrived (set lower: behind)
+        self.reorder = 0.002  # every sender's reordering window (the grace's floor)
         self.sent: dict[int, int] = defaultdict(int)
         self.rates: dict[int, float] = {}
         self.keys: dict[int, bytes | None] = {}
@@ -62,6 +63,7 @@ class FakePort:
     def active_senders(self, now, window): return 0
     def drain_rate(self, now): return 0.0
     def rx_seen_until(self): return self.seen_until
+    def reorder_window(self, src): return self.reorder
     def submit(self, spec):
         self.tx[(spec.dest, spec.message_id)] = spec
         spec.drop_class[:] = np.arange(len(spec.drop_class)) % 4  # classes 0 1 2 3 0 1 ...

@@ -198,10 +198,11 @@ class NativeDatapath:
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)
 
-    def end_passes_for_test(self, now: float, dry: bool) -> float:
+    def end_passes_for_test(self, now: float, seen_until: float) -> float:
         """The receive thread's completion of bounded messages at the end of their pass, on a
-        given clock; returns when the next is due (0: none)."""
-        return float(self._dp.end_passes_for_test(now, dry))
+        given clock, the reader having read all that arrived before ``seen_until``; returns
+        when the next is due (0: none)."""
+        return float(self._dp.end_passes_for_test(now, seen_until))
 
     def ingest_for_test(self, slots: np.ndarray, lengths: np.ndarray, now: float) -> None:
         """Validate and place a batch of datagrams (rows of ``slots``) as the receive thread

@@ -244,41 +244,42 @@ def _state(dp, src: int, message_id: int) -> int:
     return p.state
 
 
-def _capture(dp, dest_sock: socket.socket, spec: TxSpec, n: int) -> list[bytes]:
-    dp.submit(spec)
-    out: list[bytes] = []
-    dest_sock.settimeout(5)
-    while len(out) < n:
-        out.append(dest_sock.recv(65536))
-    return out
-
-
-@pytest.mark.parametrize("which", ["native", "numpy"])
-def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_classes(which):
-    """Packets of a fused message go out by their own priority (ties in order), each with the
-    drop class the policy gives its magnitude; a LAST flag ends the pass."""
+def _capture(which: str, spec: TxSpec, n: int) -> list[bytes]:
+    """Send ``spec`` from a started data path (``which``) of rank 0 and return the first ``n``
+    datagrams that a plain socket standing in for rank 1 receives."""
     from hostagent.datapath.native import NativeDatapath
     from hostagent.datapath.numpy_path import NumpyDatapath
 
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
-    peers = local_peers(2, 42000)
-    cfg = TransportConfig(rank=0, peers=peers, offload=False)
+    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
     dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
     dp.set_rate(1, 1e9)
     dp.start()
     try:
-        x = np.random.default_rng(3).standard_normal(PER * 5).astype(np.float32)
-        prio = np.array([1, 1, 1, 6, 6], np.uint8)
-        layers = np.array([4, 4, 4, 2, 2], np.uint16)
-        classes = np.zeros(5, np.uint8)
-        got = _capture(dp, rx, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, prio, layers, classes), 5)
+        dp.submit(spec)
+        out: list[bytes] = []
+        rx.settimeout(5)
+        while len(out) < n:
+            out.append(rx.recv(65536))
+        return out
     finally:
         dp.stop()
         sock.close()
         rx.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_classes(which):
+    """Packets of a fused message go out by their own priority (ties in order), each with the
+    drop class the policy gives its magnitude; a LAST flag ends the pass."""
+    x = np.random.default_rng(3).standard_normal(PER * 5).astype(np.float32)
+    prio = np.array([1, 1, 1, 6, 6], np.uint8)
+    layers = np.array([4, 4, 4, 2, 2], np.uint16)
+    classes = np.zeros(5, np.uint8)
+    got = _capture(which, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, prio, layers, classes), 5)
     hdr = [wire.unpack_header(d) for d in got]
     assert [h.seq for h in hdr] == [3, 4, 0, 1, 2]
     assert [h.priority for h in hdr] == [6, 6, 1, 1, 1] and [h.layer for h in hdr] == [2, 2, 4, 4, 4]
@@ -299,8 +300,6 @@ def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_cla
     packets split three ways.)"""
     import hostagent.datapath.native as native_mod
     import hostagent.policy as policy_mod
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
 
     x = np.random.default_rng(5).standard_normal(PER * 37 + 11).astype(np.float32)
     want = drop_classes(packet_magnitudes(x, PER, "l2"), Policy())  # one thread: below the real threshold
@@ -308,21 +307,8 @@ def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_cla
         monkeypatch.setattr(mod, "PARALLEL_MAGNITUDE_ELEMS", 1)
     monkeypatch.setattr(native_mod, "magnitude_threads", lambda: 3)
     monkeypatch.setattr(policy_mod, "magnitude_threads", lambda: 3)
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.bind(("127.0.0.1", 0))
-    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
-    dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
-    dp.set_rate(1, 1e9)
-    dp.start()
-    try:
-        classes = np.full(38, 255, np.uint8)
-        got = _capture(dp, rx, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, classes), 38)
-    finally:
-        dp.stop()
-        sock.close()
-        rx.close()
+    classes = np.full(38, 255, np.uint8)
+    got = _capture(which, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, classes), 38)
     hdr = sorted((wire.unpack_header(d) for d in got), key=lambda h: h.seq)
     assert [h.drop_class for h in hdr] == want.tolist() == classes.tolist()
     assert len(set(want.tolist())) == 4  # every class present: a wrong split would show

@@ -463,7 +463,31 @@ def test_both_paths_learn_a_senders_reordering_window_alike():
     sock.close()
     native, numpy_ = windows
     np.testing.assert_allclose(native, numpy_, rtol=1e-6)
+    assert native[-2] == native[-1]  # at the floor: it stays there
     assert native[0] == 0.002 and native[1] == pytest.approx(0.9 * 0.002)
     assert native[2] == pytest.approx(1.25 * 0.004)
     assert native[3] == pytest.approx(0.9 * 1.25 * 0.004)
     assert native[-1] == REORDER_MIN
+
+
+def test_only_a_datagram_with_its_messages_token_moves_the_reordering_window_and_never_past_the_cap():
+    """A forged late packet (wrong token) changes nothing; a genuine one replayed long after its
+    message's LAST widens the window at most to MAX_ANSWER_GRACE (security design: what junk
+    cannot move)."""
+    from hostagent.protocol.incoming import MAX_ANSWER_GRACE
+
+    paths, sock = _paths(probe_grace=0.002)
+    x = np.arange(1, PER * 10 + 1, dtype=np.float32)
+    for dp in paths:
+        dgs = _datagrams(x, 5)
+        dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
+        _expect(dp, 1, 5, x.size)
+        for d in dgs:
+            _one(dp, d, now=1.0)
+        start = dp.reorder_window(1)
+        _one(dp, _with(dgs[3], token=12345), now=1.05)  # forged
+        assert dp.reorder_window(1) == start
+        _one(dp, dgs[3], now=30.0)  # replayed half a minute later
+        assert dp.reorder_window(1) == MAX_ANSWER_GRACE
+        dp.stop()
+    sock.close()

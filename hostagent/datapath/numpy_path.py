@@ -107,7 +107,7 @@ class _Sender:
     wake_sent: bool = False
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
-    reorder: float = -1.0  # the reordering window measured on its path (s; < 0: none yet)
+    reorder: float = 0.0  # the reordering window measured on its path (s; starts at probe_grace)
 
 
 @dataclass
@@ -281,7 +281,7 @@ class NumpyDatapath:
 
     def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
         with self._lock:
-            s = self._senders.setdefault(rank, _Sender())
+            s = self._senders.setdefault(rank, _Sender(reorder=self.config.probe_grace))
             s.key, s.tx_key = rx_key, tx_key
 
     def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
@@ -389,17 +389,17 @@ class NumpyDatapath:
         """The grace's floor for messages from ``src``: its path's reordering window."""
         with self._lock:
             s = self._senders.get(src)
-            return self.config.probe_grace if s is None or s.reorder < 0 else s.reorder
+            return self.config.probe_grace if s is None else s.reorder
 
     def _widen(self, src: int, late: float) -> None:
         """A first-pass packet of ``src`` came ``late`` s after its message's LAST (lock held)."""
         s = self._sender(src)
-        s.reorder = widen_reorder(self.config.probe_grace if s.reorder < 0 else s.reorder, late)
+        s.reorder = widen_reorder(s.reorder, late)
 
     def _sender(self, rank: int) -> _Sender:
         s = self._senders.get(rank)
         if s is None:
-            s = self._senders[rank] = _Sender()
+            s = self._senders[rank] = _Sender(reorder=self.config.probe_grace)
         return s
 
     def _remember(self, key: tuple[int, int]) -> None:
@@ -415,7 +415,7 @@ class NumpyDatapath:
         key = rx.asm.key
         if rx.last_at and not rx.late:  # a pass ended and nothing of it came after: narrow the window
             s = self._sender(key[0])
-            s.reorder = narrow_reorder(self.config.probe_grace if s.reorder < 0 else s.reorder)
+            s.reorder = narrow_reorder(s.reorder)
         # The sender's transmissions this message will never bring (packets that never came, the
         # first sending of each that came as a resend) count as read for its credits, or its
         # window would shrink by every loss.
@@ -519,7 +519,8 @@ class NumpyDatapath:
                 if k:
                     # the batch's arrival time (its latest stamp) dates what it brings: a reader
                     # that is behind must not stretch a message's grace
-                    self._on_datagrams(slots[:k], lengths[:k], ce[:k], arrived or time.monotonic())
+                    now = time.monotonic()
+                    self._on_datagrams(slots[:k], lengths[:k], ce[:k], min(arrived, now) if arrived else now)
                 # the socket is a queue: what arrived before the last datagram read is placed now
                 self._seen_until = max(self._seen_until, empty_at, min(arrived, time.monotonic()))
             finally:

@@ -354,6 +354,12 @@ class Datapath {
     // Complete the watched messages whose grace ran out (rx_mu_ held); returns the next due
     // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
     double end_passes(double now, double seen_until);
+    // src's reordering window (rx_mu_ held): answer_grace until measured; widened by a
+    // first-pass packet `late` s after its LAST, narrowed by a clean pass
+    // (hostagent.protocol.incoming.widen_reorder, narrow_reorder)
+    double& window_of(uint16_t src);
+    void widen_window(uint16_t src, double late);
+    void narrow_window(uint16_t src);
 
    public:
     double end_passes_for_test(double now, double seen_until) {  // the receive thread's check, on a given clock

@@ -235,6 +235,22 @@ double Datapath::reorder_window(uint16_t src) {
     return it == fb_.end() || it->second.reorder < 0 ? cfg_.answer_grace : it->second.reorder;
 }
 
+double& Datapath::window_of(uint16_t src) {
+    double& w = fb_[src].reorder;
+    if (w < 0) w = cfg_.answer_grace;
+    return w;
+}
+
+void Datapath::widen_window(uint16_t src, double late) {
+    double& w = window_of(src);
+    w = std::min(cfg_.max_answer_grace, std::max(w, cfg_.reorder_margin * std::max(0.0, late)));
+}
+
+void Datapath::narrow_window(uint16_t src) {
+    double& w = window_of(src);
+    w = std::max(cfg_.reorder_min, w * cfg_.reorder_decay);
+}
+
 double Datapath::drain_rate(double now) {
     std::lock_guard<std::mutex> g(rx_mu_);
     return (drain_rate_ > 0 && now - drain_measured_at_ <= cfg_.drain_fresh) ? drain_rate_ : 0.0;
@@ -284,13 +300,10 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             rejected_[BAD_TOKEN] += 1;
             return BAD_TOKEN;
         }
-        if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0) {
+        if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0)
             // a first-pass packet after its message completed at the end of its pass: the
             // window was too narrow (a bitmap listed it, or a bound left it out)
-            double w = fb->reorder < 0 ? cfg_.answer_grace : fb->reorder;
-            fb->reorder = std::min(cfg_.max_answer_grace,
-                                   std::max(w, cfg_.reorder_margin * std::max(0.0, at - it->second->last_at)));
-        }
+            widen_window(sender, at - it->second->last_at);
         if (done_.count(key)) {
             late_ += 1;
         } else if (fb->parked >= cfg_.park_limit) {
@@ -336,9 +349,7 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         if (retx) m->batch_retx += 1;
         if (!retx && m->last_at > 0 && at > m->last_at) {
             // a first-pass packet that reached the host after the pass's LAST: reordered
-            SenderFb& f = fb_[sender];
-            double w = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
-            f.reorder = std::min(cfg_.max_answer_grace, std::max(w, cfg_.reorder_margin * (at - m->last_at)));
+            widen_window(sender, at - m->last_at);
             m->late = true;
         }
         if (s.received[seq]) {
@@ -562,9 +573,7 @@ double Datapath::end_passes(double now, double seen_until) {
         RxMsg* m = it->second;
         const Progress& p = m->prog;
         double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
-        const SenderFb& f = fb_[m->spec.src];
-        double floor = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
-        double grace = std::max(floor, std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
+        double grace = std::max(window_of(m->spec.src), std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
         double due = p.last_arrival + grace;  // (arrival time)
         if (now >= due && (seen_until >= due || now >= due + cfg_.max_busy_defer)) {
             m->watched = false;
@@ -584,11 +593,7 @@ double Datapath::end_passes(double now, double seen_until) {
 void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
     m->prog.state = how;
     const RxSpec& s = m->spec;
-    if (m->last_at > 0 && !m->late) {  // a pass ended and nothing of it came after: narrow the window
-        SenderFb& f = fb_[s.src];
-        double w = f.reorder < 0 ? cfg_.answer_grace : f.reorder;
-        f.reorder = std::max(cfg_.reorder_min, w * cfg_.reorder_decay);
-    }
+    if (m->last_at > 0 && !m->late) narrow_window(s.src);  // a pass ended and nothing of it came after
     // The sender's transmissions this message will never bring: packets that never came, and the
     // first sending of each packet that came as a resend. They count as read for its credits,
     // or its window would shrink by every loss (a bound's losses are never resent at all).

@@ -318,6 +318,24 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
+def _reap(monitor: RunMonitor, procs: dict[str, subprocess.Popen]) -> bool:
+    """Reap the processes that have exited, each read by ``monitor`` first (a zombie still has
+    its CPU times, a reaped process has not); True while any still runs."""
+    running = False
+    for label, p in procs.items():
+        if p.returncode is not None:
+            continue
+        try:
+            exited = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # already reaped elsewhere
+            exited = True
+        if exited:
+            monitor.read(label)
+        if p.poll() is None:
+            running = True
+    return running
+
+
 def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: Path, registry: Registry,
                 index: int, repeat: int, sock_dir: Path) -> dict:
     """One run of the scheme ``label`` names (``dlcp``, ``dlcp:ring``, ``gloo``): its switch
@@ -421,7 +439,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         registry.save()
         worker_procs = procs[1:] if opts.pattern == "ps" else procs
         t0 = time.monotonic()
-        while any(p.poll() is None for p in worker_procs):
+        while _reap(monitor, {f"worker{rank}": p for rank, p in enumerate(worker_procs)}):
             if time.monotonic() - t0 > opts.timeout:
                 raise DlcpUserError(f"scheme {scheme}: workers did not finish within {opts.timeout:g} s (--timeout) "
                                     f"(logs in {sdir})")
@@ -454,7 +472,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},
             "switches": _counter_delta(before, after),
             "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker")),
-                                  _silent_losses(before, after)),
+                                  _silent_losses(before, after), monitor.lives),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
             "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat),
@@ -500,7 +518,7 @@ def _silent_losses(before: dict, after: dict) -> dict:
 
 
 def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: RunOptions, workers: int,
-              silent: dict | None = None) -> dict:
+              silent: dict | None = None, lives: dict | None = None) -> dict:
     """The verdict over the measured iterations (from the first one's start to the last one's end)."""
     measured = [r for r in iterations if r.get("kind") == "measured" and "t_start" in r]
     if not measured:
@@ -508,7 +526,7 @@ def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: Ru
     agents = [f"worker{r}" for r in range(workers)] + (["server"] if opts.pattern == "ps" else [])
     capacity = {(short(sw), port): float(opts.capacity_pps) for sw, port in bottlenecks}
     return judge(samples, min(r["t_start"] for r in measured), max(r["t_end"] for r in measured), capacity,
-                 agents, silent=silent).as_dict()
+                 agents, silent=silent, lives=lives).as_dict()
 
 
 def _cpu_trace(samples: list) -> dict:

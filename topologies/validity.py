@@ -25,6 +25,12 @@ packets), which the hosts would take for congestion:
   thread waited for CPU, then dropped (``admitted`` against ``forwarded``).
 
 A port that was hardly ever backlogged gives no rate verdict, and the report says so.
+
+A process that lived through fewer than two samples (a short run, or a monitor thread starved
+on a saturated machine) is judged by its mean CPU over its life instead: the monitor reads it
+when it is added, and the runner has it read again after it exits and before it is reaped (a
+zombie still has its CPU times). An agent read neither way makes the run invalid: nothing
+then says that it did not set the pace.
 """
 
 from __future__ import annotations
@@ -73,6 +79,20 @@ class Sample:
 
 
 @dataclass
+class ProcessLife:
+    """A process's first and latest CPU reading: its mean load when no two samples saw it."""
+
+    t0: float
+    cpu0: float
+    t1: float
+    cpu1: float
+
+    def busy(self) -> float | None:
+        """Mean CPU use between the two readings, % of one core (None when they coincide)."""
+        return 100.0 * (self.cpu1 - self.cpu0) / (self.t1 - self.t0) if self.t1 > self.t0 else None
+
+
+@dataclass
 class Validity:
     """The verdict on one scheme's run, with the numbers behind it."""
 
@@ -81,7 +101,8 @@ class Validity:
     machine_busy_p50: float
     machine_busy_p90: float
     processes: dict[str, float]
-    """label -> median CPU use, % of one core."""
+    """label -> median CPU use, % of one core (the mean over its life for a process that lived
+    through fewer than two samples)."""
     bottlenecks: list[dict]
     """Per bottleneck port: backlogged windows, median rate while backlogged, capacity, ratio."""
     window_s: float
@@ -148,7 +169,8 @@ _WHERE = {"ingress": "frames before its pipeline (BMv2's capture ring overflowed
 
 def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, float],
           agents: list[str], rules: ValidityRules = ValidityRules(),
-          silent: Mapping[str, Mapping[Port, tuple[int, int]]] | None = None) -> Validity:
+          silent: Mapping[str, Mapping[Port, tuple[int, int]]] | None = None,
+          lives: Mapping[str, ProcessLife] | None = None) -> Validity:
     """The verdict over the measured window [t0, t1] (monotonic seconds).
 
     ``capacity``: packets/s of each bottleneck port; ``agents``: the labels of the processes
@@ -180,8 +202,14 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
     if p50 >= rules.machine_busy_max:
         reasons.append(f"machine saturated: median CPU {p50:.0f} % of all cores >= {rules.machine_busy_max:.0f} %")
     procs = {k: float(np.median(v)) for k, v in process_busy(win).items() if len(v)}
+    for label, life in (lives or {}).items():
+        mean = life.busy()
+        if label not in procs and mean is not None:
+            procs[label] = mean
     for label in agents:
-        if procs.get(label, 0.0) >= rules.process_busy_max:
+        if label not in procs:
+            reasons.append(f"{label}'s CPU use was never read: nothing says it did not set the pace")
+        elif procs[label] >= rules.process_busy_max:
             reasons.append(f"{label} CPU-bound: median {procs[label]:.0f} % of a core")
     ports = []
     for port, cap in sorted(capacity.items()):
@@ -216,7 +244,9 @@ class RunMonitor:
 
     ``processes``: label -> pid; ``read_ports``: a callable returning {port: (service intervals,
     microseconds)} for every bottleneck port (read from the switches). A process that exits is
-    simply no longer sampled; a failed switch read is logged and skipped, never fatal.
+    simply no longer sampled; a failed switch read is logged and skipped, never fatal. Besides
+    the samples, :attr:`lives` keeps each process's first and latest reading (when added, at
+    every sample, when :meth:`read` is asked for it, at :meth:`stop`).
     """
 
     processes: dict[str, int]
@@ -228,9 +258,24 @@ class RunMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
         self._procs: dict[str, Any] = {}  # label -> psutil.Process
+        self._lives_mu = threading.Lock()
+        self.lives: dict[str, ProcessLife] = {}
 
     def add(self, label: str, pid: int) -> None:
         self.processes[label] = pid
+        self.read(label)
+
+    def read(self, label: str) -> None:
+        """Read one process's CPU time now, into :attr:`lives` (call it for a process that has
+        exited before it is reaped: its CPU time at exit is then the last reading)."""
+        self._note(time.monotonic(), self._proc_times([label]))
+
+    def _note(self, t: float, times: dict[str, float]) -> None:
+        with self._lives_mu:
+            for label, cpu in times.items():
+                life = self.lives.get(label)
+                self.lives[label] = ProcessLife(t, cpu, t, cpu) if life is None else \
+                    ProcessLife(life.t0, life.cpu0, t, cpu)
 
     def start(self) -> RunMonitor:
         self._thread.start()
@@ -239,13 +284,15 @@ class RunMonitor:
     def stop(self) -> list[Sample]:
         self._stop.set()
         self._thread.join(5)
+        self._note(time.monotonic(), self._proc_times())
         return self.samples
 
-    def _proc_times(self) -> dict[str, float]:
+    def _proc_times(self, labels: list[str] | None = None) -> dict[str, float]:
         import psutil
 
         out = {}
-        for label, pid in list(self.processes.items()):
+        for label in list(self.processes) if labels is None else labels:
+            pid = self.processes[label]
             try:
                 proc = self._procs.get(label)
                 if proc is None or proc.pid != pid:
@@ -262,7 +309,9 @@ class RunMonitor:
         except Exception as exc:  # a switch that does not answer must not end the run
             log.warning("run monitor: reading bottleneck counters failed: %s", exc)
             ports = {}
-        return Sample(time.monotonic(), _machine_times(), self._proc_times(), ports)
+        sample = Sample(time.monotonic(), _machine_times(), self._proc_times(), ports)
+        self._note(sample.t, sample.procs)
+        return sample
 
     def _loop(self) -> None:
         while True:

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from topologies.validity import RunMonitor, Sample, ValidityRules, judge, losses, machine_busy
+from topologies.runner import _reap
+from topologies.validity import ProcessLife, RunMonitor, Sample, ValidityRules, judge, losses, machine_busy
 
 PORT = ("l1", 8)
 
@@ -112,3 +113,41 @@ def test_monitor_samples_a_real_busy_process_and_keeps_going_when_reads_fail():
     assert max(cpu) > 20  # a spinning process shows as busy (an idle one is near 0; on an
     # oversubscribed machine a spinning one gets only its share of a core)
     assert all(0 <= b <= 100 for b in machine_busy(samples))
+
+
+def test_a_process_no_two_samples_saw_is_judged_by_its_life_and_one_never_read_invalidates():
+    samples = _samples(60, 40, 1990, 0.5)
+    for s in samples[1:]:  # worker1 was read by the first sample only
+        s.procs.pop("worker1", None)
+    samples[0].procs["worker1"] = 0.0
+    lives = {"worker1": ProcessLife(0.0, 0.0, 4.0, 3.9)}  # its reading at exit: 3.9 s of CPU in 4 s
+    v = judge(samples, 0.0, 10.0, {PORT: 2000.0}, ["worker0", "worker1"], lives=lives)
+    assert abs(v.processes["worker1"] - 97.5) < 1e-6 and abs(v.processes["worker0"] - 40) < 1e-6
+    assert not v.valid and v.reasons == ["worker1 CPU-bound: median 98 % of a core"]
+    # a sampled process keeps its median; its life is only the fallback
+    v = judge(samples, 0.0, 10.0, {PORT: 2000.0}, ["worker0"], lives={"worker0": ProcessLife(0.0, 0.0, 1.0, 1.0)})
+    assert v.valid and abs(v.processes["worker0"] - 40) < 1e-6
+    v = judge(samples, 0.0, 10.0, {PORT: 2000.0}, ["worker0", "worker2"])
+    assert not v.valid and v.reasons == ["worker2's CPU use was never read: nothing says it did not set the pace"]
+
+
+def test_a_process_that_exits_between_samples_is_read_at_exit_before_it_is_reaped():
+    # it spins 0.3 s of its own CPU once told to go, then exits; the monitor samples only at
+    # its start and stop (an hour apart), as a starved one on a saturated machine might
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\n"
+                              "t = time.process_time()\nwhile time.process_time() - t < 0.3: pass"],
+                             stdin=subprocess.PIPE)
+    mon = RunMonitor({}, dict, interval=3600).start()
+    mon.add("worker0", child.pid)
+    assert mon.lives["worker0"].t1 == mon.lives["worker0"].t0  # read once, when added
+    assert child.stdin is not None
+    child.stdin.write(b"go\n")
+    child.stdin.close()
+    while _reap(mon, {"worker0": child}):
+        time.sleep(0.05)
+    assert child.returncode == 0
+    samples = mon.stop()
+    assert len(samples) == 2 and "worker0" not in samples[-1].procs  # gone before the last sample
+    life = mon.lives["worker0"]
+    assert life.cpu1 - life.cpu0 >= 0.29 and life.t1 > life.t0
+    assert _reap(mon, {"worker0": child}) is False  # an exited process stays exited

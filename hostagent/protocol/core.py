@@ -242,17 +242,11 @@ class ProtocolCore:
             h = RecvHandle(src, message_id, out)
             res = self.done_in.pop(key)
             if out is not None:
-                # a sum may go into float32 or the message's own type, as when it arrives later
-                fits = wire.destination_dtypes(res.data.dtype, accumulate) if accumulate else (res.data.dtype,)
-                if out.shape != res.data.shape or out.dtype not in fits:
-                    h._fail(ValueError(f"message {message_id} from rank {src} has {res.data.size} "
-                                       f"{res.data.dtype}, out is {out.shape} {out.dtype}"))
+                try:
+                    res = _deliver_into(out, accumulate, res, src, message_id)
+                except ValueError as exc:
+                    h._fail(exc)
                     return h
-                if accumulate:
-                    out += res.data
-                else:
-                    out[:] = res.data
-                res = RecvResult(out, *_rest(res))
             h._resolve(res)
             return h
         if key in self.waiting or (key in self.inc and self.inc[key].handle is not None):
@@ -340,15 +334,12 @@ class ProtocolCore:
             self.done_in[key] = result
             return
         if h.out is not None and h.out is not result.data:
-            if h.out.shape == result.data.shape and h.out.dtype == result.data.dtype:
-                if h.accumulate:
-                    h.out += result.data
-                else:
-                    h.out[:] = result.data
-                result = RecvResult(h.out, *_rest(result))
-            else:
-                h._fail(ValueError(f"message {msg.message_id} from rank {msg.src} has {result.data.size} "
-                                   f"{result.data.dtype}; out is {h.out.shape} {h.out.dtype}"))
+            # announced before its recv was posted: received into a buffer of its own, now
+            # copied or added into ``out``
+            try:
+                result = _deliver_into(h.out, h.accumulate, result, msg.src, msg.message_id)
+            except ValueError as exc:
+                h._fail(exc)
                 return
         h._resolve(result)
 
@@ -762,6 +753,25 @@ def _wire_array(data: Any) -> np.ndarray:
         raise ValueError("send needs a C-contiguous array (no hidden copy of a gradient); "
                          "call np.ascontiguousarray first")
     return data
+
+
+def _deliver_into(out: np.ndarray, accumulate: bool, res: RecvResult, src: int, message_id: int) -> RecvResult:
+    """A message received into a buffer of its own, copied (or with ``accumulate`` added) into
+    the ``out`` its recv gave, under the rule of a message placed there as it arrives: a sum
+    may go into float32 or the message's own type (:func:`hostagent.wire.destination_dtypes`).
+
+    Raises:
+        ValueError: ``out`` has another size, or a type the message cannot go into.
+    """
+    fits = wire.destination_dtypes(res.data.dtype, accumulate)
+    if out.shape != res.data.shape or out.dtype not in fits:
+        raise ValueError(f"message {message_id} from rank {src} has {res.data.size} {res.data.dtype}; "
+                         f"out is {out.shape} {out.dtype}")
+    if accumulate:
+        out += res.data
+    else:
+        out[:] = res.data
+    return RecvResult(out, *_rest(res))
 
 
 def _rest(result: RecvResult) -> tuple:

@@ -6,6 +6,7 @@ packets it wants at exactly the time it wants; the clock is a number each call t
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import numpy as np
@@ -310,6 +311,42 @@ def test_a_meta_sets_the_message_up_for_a_recv_posted_before_it():
     port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
     core.on_events([(EventKind.RX_DONE, 1, 9, 0.01, 1)], now=0.01)
     assert h.wait(0).stats.iteration == 77
+
+
+@pytest.mark.parametrize("done_first", [False, True], ids=["in progress", "complete"])
+def test_a_half_precision_message_announced_before_its_recv_is_added_into_a_float32_sum(done_first):
+    """A PS server posts a push's recv (a float32 sum) only once the worker's META has set the
+    message up in a buffer of its own type: at the end it is added into the sum all the same, as
+    it would have been placed there, whether it was still arriving or already complete."""
+    core, port = make_core()
+    per = 2 * PER  # float16 packs twice as many per packet
+    meta = wire.Header(ptype=wire.PacketType.META, job_id=1, message_id=9, sender_rank=1, iteration=1,
+                       dtype=wire.Dtype.FLOAT16)
+    core.on_record(meta, wire.META_BODY.pack(per, per, 0.0), now=0.0)
+    spec = port.rx[(1, 9)]
+    assert spec.buffers.out.dtype == np.float16
+    spec.buffers.out[:] = np.arange(per) % 7  # what arrived
+    spec.buffers.received[:] = 1
+    port.prog[(1, 9)] = Progress(1, per, 0, 0, 0.0, 0.01, 0)
+    total = np.ones(per, np.float32)
+    if done_first:
+        port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+        core.on_events([(EventKind.RX_DONE, 1, 9, 0.01, 1)], now=0.01)
+    h = core.recv(1, 9, now=0.01, out=total, accumulate=True)
+    if not done_first:
+        port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+        core.on_events([(EventKind.RX_DONE, 1, 9, 0.01, 1)], now=0.01)
+    res = h.wait(0)
+    assert res.data is total
+    np.testing.assert_array_equal(total, 1 + np.arange(per) % 7)
+    # a type it cannot go into still fails, naming the message
+    core.on_record(dataclasses.replace(meta, message_id=10), wire.META_BODY.pack(per, per, 0.0), now=0.0)
+    port.prog[(1, 10)] = Progress(1, per, 0, 0, 0.0, 0.01, 0)
+    bad = core.recv(1, 10, now=0.01, out=np.zeros(per, np.float64), accumulate=True)
+    port.prog[(1, 10)] = port.prog[(1, 10)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 10, 0.01, 1)], now=0.01)
+    with pytest.raises(ValueError, match="message 10 from rank 1 has .* float16; out is .* float64"):
+        bad.wait(0)
 
 
 def test_a_failed_peer_fails_exactly_its_own_messages():

@@ -306,12 +306,13 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
         # "ring": the all-gather forwarded around the ring (the default); "ring-direct": sent by each owner
         ex = PSWorker(ep, n) if pattern == "ps" else RingAllreduce(
             ep, list(range(n)), gather="direct" if pattern == "ring-direct" else "ring")
+        pulls = [np.empty_like(b) for b in bufs]  # the averages land here, every iteration (gloo's are in place)
         for it in range(iterations + WARMUP):
             s0 = ep.stats
             t0 = time.perf_counter()
             if isinstance(ex, PSWorker):
                 ex.exchange_detailed(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
-                                     [b.layout for b in plan])
+                                     [b.layout for b in plan], out=pulls)
             else:
                 # as the DDP hook without error feedback
                 ex.allreduce_inplace(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],

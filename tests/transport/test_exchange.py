@@ -347,3 +347,50 @@ def test_a_half_precision_parameter_server_sums_in_float32_and_answers_in_the_pu
             (avg, _), = out[w]
             assert avg.dtype == dtype
             np.testing.assert_array_equal(avg.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_worker_pulls_into_its_own_buffers_iteration_after_iteration(endpoints):
+    """``out``: the averages land in the caller's arrays (reused, as a training loop or the
+    benchmark reuses them), each iteration's its own."""
+    n, sizes = 2, [1000, 120_000]
+    eps = endpoints(n + 1, policy=Policy(loss_bound_push=0.0))
+    server = PSServer(eps[n], list(range(n)))
+    workers = [PSWorker(eps[w], server_rank=n) for w in range(n)]
+    outs = [[np.full(s, np.nan, np.float32) for s in sizes] for _ in range(n)]
+    for it in range(3):
+        rng = np.random.default_rng(it)
+        grads = [[rng.standard_normal(s).astype(np.float32) for s in sizes] for _ in range(n)]
+        fns: dict[int | str, Callable[[], object]] = {"server": partial(server.serve_iteration, it, len(sizes))}
+        fns.update({w: partial(workers[w].exchange_detailed, it, grads[w], out=outs[w]) for w in range(n)})
+        res = _run_threads(fns)
+        for w in range(n):
+            for t in range(len(sizes)):
+                avg, _ = res[w][t]
+                assert np.shares_memory(avg, outs[w][t])
+                np.testing.assert_allclose(outs[w][t], (grads[0][t] + grads[1][t]) / 2, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_pull_buffers_are_refused_before_anything_is_posted(endpoints):
+    eps = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    server, worker = PSServer(eps[1], [0]), PSWorker(eps[0], server_rank=1)
+    grads = [np.arange(10, dtype=np.float32), np.ones(5, np.float32)]
+    good = [np.empty(10, np.float32), np.empty(5, np.float32)]
+    frozen = np.empty(5, np.float32)
+    frozen.flags.writeable = False
+    both = np.empty(15, np.float32)
+    cases: list[tuple[list[np.ndarray], str]] = [
+        ([good[0]], "1 pull buffers for 2 tensors"),
+        ([good[0], np.empty(5, np.float64)], "pull buffer 1 must be"),
+        ([good[0], np.empty(6, np.float32)], "pull buffer 1 must be"),
+        ([good[0], frozen], "pull buffer 1 must be"),
+        ([good[0], grads[1]], "overlaps a pushed array"),
+        ([both[:10], both[9:14]], "overlaps another pull buffer")]
+    for out, match in cases:
+        with pytest.raises(ValueError, match=match):
+            worker.exchange_detailed(0, grads, out=out)
+    # nothing of those calls was posted or sent: the same iteration then runs cleanly
+    res = _run_threads({"server": partial(server.serve_iteration, 0, 2),
+                        0: partial(worker.exchange_detailed, 0, grads, out=good)})
+    np.testing.assert_array_equal(good[0], grads[0])
+    np.testing.assert_array_equal(good[1], grads[1])
+    assert len(res[0]) == 2

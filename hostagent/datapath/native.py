@@ -63,6 +63,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,
         "parallel_magnitude_elems": PARALLEL_MAGNITUDE_ELEMS, "magnitude_threads": magnitude_threads(),
         "line_rate": config.rate.line_rate, "burst_bytes": float(config.rate.burst_bytes),
+        "pacing_slack": config.rate.pacing_slack,
         "max_inline_wait": MAX_INLINE_WAIT,
         "drop_p": [float(p) for p in loss.drop_probabilities], "delay": loss.delay, "delay_p": loss.delay_probability,
         "reorder": loss.reorder, "seed": loss.seed,

@@ -201,7 +201,7 @@ class NumpyDatapath:
         self._tx: dict[tuple[int, int], _Tx] = {}
         self._active: list[_Tx] = []
         self._fired: set[tuple[int, int]] = set()
-        self._host_pacer = Pacer(config.rate.burst_bytes)
+        self._host_pacer = Pacer(config.rate.burst_bytes, config.rate.pacing_slack)
         self._stage: np.ndarray | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -276,8 +276,10 @@ class NumpyDatapath:
     def add_peer(self, rank: int, ipv4: str, port: int) -> None:
         with self._tx_cv:
             if rank not in self._dests:
-                self._dests[rank] = _Dest(rank, (ipv4, port), min(self.config.rate.line_rate, 0.5e9),
-                                          Pacer(self.config.rate.burst_bytes), window=initial_window(self.config))
+                rate = self.config.rate
+                self._dests[rank] = _Dest(rank, (ipv4, port), min(rate.line_rate, 0.5e9),
+                                          Pacer(rate.burst_bytes, rate.pacing_slack),
+                                          window=initial_window(self.config))
 
     def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
         with self._lock:

@@ -96,6 +96,7 @@ struct Config {
     // pacing
     double line_rate = 1.25e9;
     double burst_bytes = 256 * 1024;
+    double pacing_slack = 0;  // a deficit up to rate x this leaves on credit (RateConfig.pacing_slack)
     double max_inline_wait = 0.0005;
     // loss injection (receiver side)
     std::vector<double> drop_p;
@@ -281,9 +282,9 @@ class Datapath {
     };
 
     // ---- send state
-    struct Pacer {
-        double burst, tokens, last = -1;
-        explicit Pacer(double b = 0) : burst(b), tokens(b) {}
+    struct Pacer {  // ratecontrol.Pacer, the same rule
+        double burst, tokens, slack, last = -1;
+        explicit Pacer(double b = 0, double sl = 0) : burst(b), tokens(b), slack(sl) {}
         void refill(double rate, double now) {
             if (last >= 0) tokens = std::min(burst, tokens + (now - last) * rate);
             last = now;
@@ -291,7 +292,7 @@ class Datapath {
         double wait_time(double nbytes, double rate, double now) {
             refill(rate, now);
             double deficit = nbytes - tokens;
-            return deficit <= 0 ? 0.0 : deficit / rate;
+            return deficit <= rate * slack ? 0.0 : deficit / rate;
         }
         double allowance(double rate, double now, double horizon) {
             refill(rate, now);

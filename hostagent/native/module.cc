@@ -69,6 +69,7 @@ Config make_config(const nb::dict& d) {
     c.magnitude_threads = get<uint32_t>(d, "magnitude_threads");
     c.line_rate = get<double>(d, "line_rate");
     c.burst_bytes = get<double>(d, "burst_bytes");
+    c.pacing_slack = get<double>(d, "pacing_slack");
     c.max_inline_wait = get<double>(d, "max_inline_wait");
     c.drop_p = get<std::vector<double>>(d, "drop_p");
     c.delay = get<double>(d, "delay");

@@ -46,11 +46,12 @@ bool gso_refused(int err) { return err == EIO || err == EINVAL || err == ENOPROT
 // ------------------------------------------------------------------ lifecycle and peers
 
 Datapath::Datapath(Config cfg) : cfg_(std::move(cfg)), H_(cfg_.layout.size), rng_(cfg_.seed),
-                                 host_pacer_(cfg_.burst_bytes) {
+                                 host_pacer_(cfg_.burst_bytes, cfg_.pacing_slack) {
     if (H_ <= 0) throw std::invalid_argument("header layout has no size");
     if (cfg_.max_datagram < uint32_t(H_)) throw std::invalid_argument("max_datagram is smaller than a header");
     if (cfg_.dscp.empty()) throw std::invalid_argument("dscp table is empty");
     if (cfg_.line_rate <= 0 || cfg_.burst_bytes <= 0) throw std::invalid_argument("line_rate and burst must be > 0");
+    if (cfg_.pacing_slack < 0) throw std::invalid_argument("pacing_slack must be >= 0");
     event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
 }
@@ -121,7 +122,7 @@ void Datapath::add_peer(uint16_t rank, const std::string& ipv4, uint16_t port) {
         auto* d = new Dest();
         d->rank = rank;
         d->addr = addr;
-        d->pacer = Pacer(cfg_.burst_bytes);
+        d->pacer = Pacer(cfg_.burst_bytes, cfg_.pacing_slack);
         d->rate = std::min(cfg_.line_rate, 0.5e9);
         d->window = std::max<uint32_t>(1, cfg_.initial_window);
         dests_[rank] = d;

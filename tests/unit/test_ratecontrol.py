@@ -105,6 +105,34 @@ def test_pacer_token_bucket():
     assert p.tokens == 1000.0  # capped at the burst
 
 
+def test_a_pacer_with_slack_lets_a_short_deficit_leave_on_credit_and_keeps_the_mean_rate():
+    rate, slack = 1000.0, 0.5  # bytes/s, s: up to 500 bytes of debt are no wait
+    p = Pacer(burst_bytes=1000, slack=slack)
+    assert p.wait_time(1400, rate, now=0.0) == 0.0  # 400 short: on credit
+    p.consume(1400)
+    assert p.wait_time(100, rate, now=0.0) == 0.0  # 500 short: still on credit
+    p.consume(100)
+    assert p.wait_time(100, rate, now=0.0) == pytest.approx(0.6)  # 600 short: all of it waited
+    # a sender that sends 128 bytes whenever allowed, sleeping whatever it is told (binary
+    # fractions, so the fake clock adds up exactly): fewer sleeps than without slack, never
+    # ahead of burst + slack x rate, the same mean rate
+    rate = 1024.0
+    for sl, expect_sleeps in ((0.0, 800), (slack, 160)):
+        p, now, sent, sleeps = Pacer(burst_bytes=1024, slack=sl), 0.0, 0, 0
+        while now < 100.0:
+            w = p.wait_time(128, rate, now)
+            if w > 0:
+                now, sleeps = now + w, sleeps + 1
+                continue
+            p.consume(128)
+            sent += 128
+            assert sent <= 1024 + rate * now + rate * sl + 128
+        assert sent == pytest.approx(1024 + rate * now, abs=rate * sl + 128)
+        assert sleeps == expect_sleeps
+    with pytest.raises(ValueError, match="pacing_slack"):
+        RateConfig(pacing_slack=-1e-6)
+
+
 def test_pacer_allowance_is_what_may_leave_within_a_horizon():
     """What a sender's pick may take (tokens now plus what the horizon refills), never more;
     a debt from an earlier send is subtracted, so a pick after an overdraft is small."""

@@ -10,6 +10,7 @@ Prints, with the command, the commit and the machine's load beside every row:
   2. **collectives**: 4 processes averaging 57 MB in 12 tensors (fused into DDP's buckets) per
      iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
      and with p = 0.05 under 2 % injected loss; sync time per iteration (the slowest process).
+     DLCP's processes are configured as hosts on 25 Gb/s links (``LINE_RATE``), as in part 1.
   3. **DDP training steps**: 4 workers, stock DDP over gloo against DDP with ``dlcp_hook`` (ring
      and parameter server, the default policy): the digits MLP, and the MNIST-1D CNN when
      ``mnist1d`` is installed.
@@ -27,7 +28,8 @@ p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of pa
 the first iteration; one sender >= 2 GB/s and >= 85 % of the bare pair, at most half the numpy
 path's CPU per 100 MB; DDP step through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
 
-Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick] [--out FILE]
+Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick] [--line-rate GBPS]
+[--out FILE]
 (--out keeps the tables as JSON; `dlcp report FILE` prints them as Markdown for a results page)
 """
 
@@ -58,6 +60,11 @@ from hostagent.tables import Column, Record, Table  # noqa: E402
 TENSOR_ELEMS = [9_408, 36_864, 147_456, 294_912, 589_824, 1_179_648, 2_359_296, 2_359_296,
                 4_718_592, 2_048_000, 131_072, 375_632]
 GOODPUT_ELEMS = 25_000_000  # 100 MB per message
+#: Every DLCP process here is configured as a host on a 25 Gb/s link (``RateConfig.for_link``).
+#: Loopback has no link, and gloo paces nothing: at RateConfig's 10 Gb/s default the parameter
+#: server's 228 MB of replies per iteration alone would take 182 ms of pacing, a network
+#: bottleneck that is not there (parts 1 and 2; part 3 runs ``dlcp_torch.init``'s defaults).
+LINE_RATE = 25e9 / 8
 WARMUP = 2  # iterations or messages before timing starts: the first ones meet cold buffers and rates
 
 
@@ -212,7 +219,7 @@ def _gloo_p2p_proc(rank: int, port: int, messages: int, q) -> None:
     dist.destroy_process_group()
 
 
-def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25e9 / 8) -> dict:
+def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = LINE_RATE) -> dict:
     """MB/s of one 100 MB message (median) and CPU ms both processes spent per 100 MB."""
     mb = GOODPUT_ELEMS * 4 / 1e6
     if kind == "bare":
@@ -236,10 +243,12 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = 25
 
 
 def goodput_table(args) -> Table:
-    title = "1. one sender -> one receiver, 100 MB messages, MTU 1500, 25 Gb/s configured, separate processes"
+    title = (f"1. one sender -> one receiver, 100 MB messages, MTU 1500, {args.line_rate:g} Gb/s configured, "
+             "separate processes")
     print(title)
     kinds = {"bare GSO -> GRO pair": "bare", "DLCP native": "native", "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
-    res = interleaved({k: partial(goodput_row, v, args.messages) for k, v in kinds.items()}, args.rounds, "MB/s")
+    res = interleaved({k: partial(goodput_row, v, args.messages, line_rate=args.line_rate * 1e9 / 8)
+                       for k, v in kinds.items()}, args.rounds, "MB/s")
     s = summary(res, "MB/s", "bare GSO -> GRO pair")
     cpu = summary(res, "cpu", "DLCP numpy")
     table = Table(title, [Column(""), Column("MB/s", "{:.0f}"), Column("range"), Column("of bare", "{:.2f}"),
@@ -287,15 +296,17 @@ def _gloo_collective_proc(rank: int, port: int, iterations: int, q) -> None:
 
 
 def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float, iterations: int, mtu: int,
-                          datapath: str, q) -> None:
+                          datapath: str, line_rate: float, q) -> None:
     from hostagent.exchange import PSServer, PSWorker, RingAllreduce
     from hostagent.policy import Policy
+    from hostagent.ratecontrol import RateConfig
     from hostagent.transport import Endpoint, LossInjection, TransportConfig
 
     n = 4
     policy = Policy(loss_bound_push=p)
     inj = LossInjection(drop_probabilities=(loss,) * 4, seed=rank) if loss else LossInjection()
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj, datapath=datapath)).start()
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj, datapath=datapath,
+                                  rate=RateConfig.for_link(line_rate))).start()
     ep.connect()
     plan = _buckets()
     bufs = [np.random.default_rng(rank).standard_normal(b.total).astype(np.float32) for b in plan]
@@ -327,7 +338,7 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
     ep.close()
 
 
-def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
+def collective_row(scheme: str, iterations: int, mtu: int, line_rate: float = LINE_RATE) -> dict:
     """Sync ms per iteration (the slowest process's, median over iterations)."""
     if scheme == "gloo":
         port = free_port_pairs(1)[0][1]
@@ -337,7 +348,7 @@ def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
         n = 5 if pattern == "ps" else 4  # the server is a fifth process
         peers = _peers(n)
         rows = _run(_dlcp_collective_proc, lambda r: (r, peers, pattern, float(p), float(loss), iterations, mtu,
-                                                       datapath), n)
+                                                       datapath, line_rate), n)
         rows = [r for r in rows if r.get("times")]
     per_it = [max(r["times"][i] for r in rows) for i in range(iterations)]
     sent = sum(r.get("sent", 0) for r in rows)
@@ -348,7 +359,8 @@ def collective_row(scheme: str, iterations: int, mtu: int) -> dict:
 
 def collective_table(args) -> Table:
     title = (f"2. collectives: 4 processes, {sum(TENSOR_ELEMS) * 4 / 1e6:.0f} MB in {len(TENSOR_ELEMS)} tensors "
-             f"fused into DDP's buckets, MTU {args.mtu}, {args.iterations} timed iterations per round")
+             f"fused into DDP's buckets, MTU {args.mtu}, DLCP's hosts {args.line_rate:g} Gb/s, "
+             f"{args.iterations} timed iterations per round")
     print(title)
     schemes = {
         "gloo all_reduce": "gloo",
@@ -360,8 +372,8 @@ def collective_table(args) -> Table:
     }
     if args.numpy:
         schemes["DLCP ring lossless, numpy"] = "numpy:ring:0:0"
-    res = interleaved({k: partial(collective_row, v, args.iterations, args.mtu) for k, v in schemes.items()},
-                      args.rounds, "ms")
+    res = interleaved({k: partial(collective_row, v, args.iterations, args.mtu, args.line_rate * 1e9 / 8)
+                       for k, v in schemes.items()}, args.rounds, "ms")
     s = summary(res, "ms", "gloo all_reduce")
     table = Table(title, [Column(""), Column("sync ms", "{:.1f}"), Column("range"), Column("x gloo", "{:.2f}"),
                           Column("resent %", "{:.2f}"), Column("overruns"), *LOAD_COLUMNS],
@@ -527,6 +539,8 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=5, help="timed 100 MB messages per goodput row (default 5)")
     ap.add_argument("--steps", type=int, default=50, help="timed DDP steps per row (default 50)")
     ap.add_argument("--mtu", type=int, default=9000, help="MTU of the collectives (default 9000)")
+    ap.add_argument("--line-rate", type=float, default=LINE_RATE * 8 / 1e9, metavar="GBPS",
+                    help="the link DLCP's hosts are configured for in parts 1-2 (default 25; RateConfig's own is 10)")
     ap.add_argument("--numpy", action="store_true", help="add the numpy path's ring to part 2")
     ap.add_argument("--quick", action="store_true", help="1 round and fewer iterations: a smoke run")
     ap.add_argument("--part", choices=("all", "goodput", "collective", "ddp", "testbed"), default="all")

@@ -103,12 +103,12 @@ def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator
 _CREDIT_INPUT = struct.Struct("!IHIQc")
 
 
-def credit_token(key: bytes, job_id: int, granter: int, sequence: int, consumed: int, overrun: bool = False) -> int:
+def credit_token(key: bytes, job_id: int, granter: int, sequence: int, consumed: int, release: bool = False) -> int:
     """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`) from ``granter``:
     keyed BLAKE2b of a different input than a data token's (a trailing ``C``, or ``O`` for a
-    credit flagged :data:`hostagent.wire.Flags.OVERRUN`), so no data header can be turned into a
+    credit flagged :data:`hostagent.wire.Flags.RELEASE`), so no data header can be turned into a
     credit and no credit's flag can be flipped."""
-    tail = b"O" if overrun else b"C"
+    tail = b"O" if release else b"C"
     digest = hashlib.blake2b(_CREDIT_INPUT.pack(job_id, granter, sequence, consumed, tail), digest_size=4,
                              key=key).digest()
     return int.from_bytes(digest, "big")

@@ -378,10 +378,12 @@ class Endpoint(ControlPath):
             "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "duplicate_pkts": d.get("duplicates", 0),
-            # receiver-driven credits (hostagent.datapath.credits): granted (of them, after an
-            # overrun of our socket), received, and how often a full window held this endpoint's
-            # sending, and gave up waiting for a credit
+            # receiver-driven credits (hostagent.datapath.credits): granted (of them, releases after
+            # an overrun of our socket, and releases of a sender whose packets were lost on the
+            # way), received, and how often a full window held this endpoint's sending, and gave up
+            # waiting for a credit
             "credits_sent": d.get("credits_sent", 0), "overrun_credits_sent": d.get("overrun_credits_sent", 0),
+            "loss_releases_sent": d.get("loss_releases_sent", 0),
             "credits_received": d.get("credits_received", 0),
             "credit_waits": d.get("credit_waits", 0), "credit_timeouts": d.get("credit_timeouts", 0),
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,

@@ -66,9 +66,10 @@ class Flags(enum.IntFlag):
     RETX = 0x01  #: a retransmission (always priority top, drop class 0)
     ECN_ECHO = 0x02  #: receiver saw CE marks (rate control reacts)
     LAST = 0x04  #: the last data packet of a sending pass: the receiver may answer as to a PROBE
-    #: on a CREDIT: the receiver's socket overran since its last credit, and the sender's packets
-    #: stopped coming: whatever the sender sent and the receiver did not consume was lost
-    OVERRUN = 0x08
+    #: on a CREDIT: the sender's packets stopped coming while a message of its is incomplete, after
+    #: the receiver's socket overran or with the receiver caught up (lost on the way): whatever
+    #: the sender sent and the receiver did not consume was lost (``datapath.credits.release_due``)
+    RELEASE = 0x08
 
 
 class Dtype(enum.IntEnum):

@@ -62,8 +62,9 @@ def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = Fals
     CREDIT_QUIET (``quiet_for`` seconds since its last packet). Also, with nothing consumed,
     when the receiver's socket overran since the sender's last credit (``overrun``: the kernel
     dropped datagrams, and a message from this sender is incomplete) and the sender went quiet:
-    that credit carries :data:`hostagent.wire.Flags.OVERRUN`, and the sender counts what it sent
-    and was not consumed as lost (:func:`acked_after_credit`).
+    that credit carries :data:`hostagent.wire.Flags.RELEASE`, and the sender counts what it sent
+    and was not consumed as lost (:func:`acked_after_credit`); :func:`release_due` says when a
+    quiet sender's packets were lost on the way instead.
 
     Why not a credit whenever the socket runs dry (the rule before): a receiver reading a slow
     stream finds its socket dry after nearly every packet, and sent a credit per data packet.
@@ -76,17 +77,36 @@ def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = Fals
     return pending > 0 and (pending >= max(1, window // 4) or quiet_for >= CREDIT_QUIET)
 
 
-def acked_after_credit(acked: int, sent: int, consumed: int, overrun: bool) -> int:
+def release_due(incomplete: bool, released: bool, last_arrival: float, seen_until: float) -> bool:
+    """Whether a sender's next credit releases all it sent (:data:`hostagent.wire.Flags.RELEASE`)
+    because its packets stopped coming while a message of its is incomplete: nothing of it
+    arrived for CREDIT_QUIET up to ``seen_until``, the time up to which the receive thread has
+    read everything that reached the host (arrival stamps, so a reader that was descheduled does
+    not take its own delay for the sender's silence), and no release went since its last packet.
+
+    Why: a sender counts each packet it sent as unconsumed until a credit says otherwise, and a
+    packet lost on the way is never consumed. The loss of a few percent of several long passes
+    in flight to one receiver fills its window, the sender stops, its passes cannot end, and
+    only CREDIT_TIMEOUT (200 ms) let it go on: the parameter server's replies under 2 % loss
+    stalled so once or twice an iteration. A receiver that has read everything and heard nothing
+    for CREDIT_QUIET knows those packets are not coming (or are still on the way: at most a
+    window, which its drained socket has room for, as after an overrun).
+    """
+    return incomplete and not released and last_arrival >= 0 and seen_until - last_arrival >= CREDIT_QUIET
+
+
+def acked_after_credit(acked: int, sent: int, consumed: int, release: bool) -> int:
     """A sender's count of its packets a receiver has done with, after a credit saying it
     ``consumed`` that many (counts only grow: a late credit takes nothing back).
 
-    An OVERRUN credit also releases everything sent before it: the receiver's socket dropped
-    datagrams and this sender's stopped coming, so what was not consumed was lost (or is still
-    in the network, at most a window, which a drained socket has room for). Why: without it a
-    sender whose whole window the kernel dropped waits out CREDIT_TIMEOUT for every window.
+    A RELEASE credit also releases everything sent before it: the receiver's socket dropped
+    datagrams (an overrun) or this sender's packets stopped coming while a message of its is
+    incomplete (:func:`release_due`), so what was not consumed was lost (or is still in the
+    network, at most a window, which a drained socket has room for). Why: without it a sender
+    whose whole window the kernel dropped, or the network lost, waits out CREDIT_TIMEOUT.
     """
-    return max(acked, sent if overrun else consumed)
+    return max(acked, sent if release else consumed)
 
 
 __all__ = ["CREDIT_QUIET", "CREDIT_SHARE", "CREDIT_TIMEOUT", "MIN_WINDOW", "acked_after_credit", "credit_due",
-           "credit_window", "initial_window", "max_datagram"]
+           "credit_window", "initial_window", "max_datagram", "release_due"]

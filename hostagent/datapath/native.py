@@ -55,7 +55,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "credit_timeout": CREDIT_TIMEOUT, "credit_quiet": CREDIT_QUIET, "credit_share": CREDIT_SHARE,
         "min_window": MIN_WINDOW, "max_window": wire.MAX_CREDIT_WINDOW,
         "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST),
-        "flag_overrun": int(wire.Flags.OVERRUN), "kinds": KINDS,
+        "flag_release": int(wire.Flags.RELEASE), "kinds": KINDS,
         "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
         "max_datagram": max_datagram(config),
         "rx_batch": config.rx_batch, "batch_bytes": 1 << 30, "socket_buffer": config.socket_buffer,

@@ -30,7 +30,7 @@ import numpy as np
 
 from hostagent import auth, wire
 from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due, credit_window,
-                                       initial_window, max_datagram)
+                                       initial_window, max_datagram, release_due)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
 from hostagent.protocol.incoming import narrow_reorder, widen_reorder
@@ -104,6 +104,8 @@ class _Sender:
     ce: int = 0
     lost: int = 0
     last_seen: float = -1.0
+    last_arrival: float = -1.0  # the arrival stamp of its latest packet
+    released: bool = False  # a RELEASE credit went since its latest packet (release_due)
     wake_sent: bool = False
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
@@ -190,7 +192,7 @@ class NumpyDatapath:
             ("data_pkts_received", "data_bytes_received", "ce_marked", "parked", "late", "rx_overflows",
              "rx_dropped_estimate", "rx_dropped_reads", "gro_reads", "rx_reads", "injected_delays", "data_pkts_sent",
              "data_bytes_sent", "retransmitted_pkts", "send_errors", "gso_calls", "credits_sent", "credits_received",
-             "overrun_credits_sent", "credit_waits", "credit_timeouts"), 0)
+             "overrun_credits_sent", "loss_releases_sent", "credit_waits", "credit_timeouts"), 0)
         self._credit_sock: socket.socket | None = None
         self._rcvbuf = udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         self._max_datagram = max_datagram(config)
@@ -462,7 +464,7 @@ class NumpyDatapath:
             if not poller.poll(wait_ms):
                 self._seen_until = time.monotonic()  # nothing unread when poll gave up
                 self._release_delayed()
-                credit_due_at = self._send_credits(time.monotonic())
+                credit_due_at = self._send_credits(time.monotonic(), self._seen_until)
                 continue
             self._reading.acquire()
             try:
@@ -527,7 +529,7 @@ class NumpyDatapath:
                 self._seen_until = max(self._seen_until, empty_at, min(arrived, time.monotonic()))
             finally:
                 self._reading.release()
-            credit_due_at = self._send_credits(time.monotonic())
+            credit_due_at = self._send_credits(time.monotonic(), self._seen_until)
             self._reads_since += reads
             if overflows != self.counters["rx_overflows"]:
                 self._on_overflow((overflows - self.counters["rx_overflows"]) & 0xFFFFFFFF)
@@ -659,6 +661,7 @@ class NumpyDatapath:
                 s.consumed += cnt
                 s.good_since += cnt
                 s.last_seen = now
+                s.last_arrival, s.released = max(s.last_arrival, now), False
                 n_marks = int(np.count_nonzero(marks[sel]))
                 s.ce += n_marks
                 if n_marks and not s.wake_sent:
@@ -726,7 +729,7 @@ class NumpyDatapath:
         for h, length in zip(hdr, lengths.tolist()):
             granter, seq = int(h["sender_rank"]), int(h["iteration"])
             consumed = (int(h["total_pkts"]) << 32) | int(h["elem_offset"])
-            overrun = bool(int(h["flags"]) & wire.Flags.OVERRUN)
+            release = bool(int(h["flags"]) & wire.Flags.RELEASE)
             with self._lock:
                 s = self._senders.get(granter)
                 key = s.key if s is not None else None
@@ -735,22 +738,23 @@ class NumpyDatapath:
             elif length != wire.HEADER_SIZE:
                 rejected["count_mismatch"] += 1
             elif (key is None or granter == self.config.rank
-                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed, overrun)):
+                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed, release)):
                 rejected["bad_token"] += 1
             else:
                 self.counters["credits_received"] += 1
                 with self._tx_cv:
                     d = self._dests.get(granter)
                     if d is not None and seq > d.credit_seq:  # a replay or a late one grants nothing
-                        d.credit_seq, d.acked = seq, acked_after_credit(d.acked, d.sent, consumed, overrun)
+                        d.credit_seq, d.acked = seq, acked_after_credit(d.acked, d.sent, consumed, release)
                         d.window, d.held_since = max(1, int(h["elem_count"])), -1.0
                         self._tx_cv.notify_all()
 
-    def _send_credits(self, now: float) -> float:
+    def _send_credits(self, now: float, seen_until: float) -> float:
         """Grant every sender whose packets we took from the socket a window, by the rules of
         :mod:`hostagent.datapath.credits` (a quarter of its window used, or its packets quiet; or
-        our socket overran while a message of its is incomplete). Returns when a quiet sender's
-        credit falls due (0: none waits)."""
+        our socket overran while a message of its is incomplete; or, with everything that arrived
+        up to ``seen_until`` read, its packets stopped coming while a message of its is
+        incomplete). Returns when a quiet sender's credit falls due (0: none waits)."""
         sock = self._credit_sock
         if sock is None:
             return 0.0
@@ -758,30 +762,35 @@ class NumpyDatapath:
         with self._lock:
             senders = sum(1 for r, s in self._senders.items() if s.key is not None and r != self.config.rank)
             grant = credit_window(self._rcvbuf, self._max_datagram, senders)
-            waiting = ({rx.spec.src for rx in self._rx.values() if not rx.state}
-                       if any(s.overrun for s in self._senders.values()) else set())
+            waiting = {rx.spec.src for rx in self._rx.values() if not rx.state}
             out = []
             for rank, s in self._senders.items():
-                pending = s.consumed - s.credited
-                overrun = s.overrun and rank in waiting
-                if s.key is None or s.tx_key is None or rank == self.config.rank or not (pending or overrun):
+                if s.key is None or s.tx_key is None or rank == self.config.rank:
                     continue
-                if not credit_due(pending, grant, now - max(s.last_seen, s.last_credit), overrun):
-                    due = max(s.last_seen, s.last_credit) + CREDIT_QUIET
-                    wake = due if wake == 0 else min(wake, due)
+                pending = s.consumed - s.credited
+                quiet_for = now - max(s.last_seen, s.last_credit)
+                overrun = s.overrun and rank in waiting
+                lost = release_due(rank in waiting, s.released, s.last_arrival, seen_until)
+                if not lost and not ((pending or overrun) and credit_due(pending, grant, quiet_for, overrun)):
+                    dues = ([max(s.last_seen, s.last_credit) + CREDIT_QUIET] if pending or overrun else []) + \
+                           ([s.last_arrival + CREDIT_QUIET] if rank in waiting and not s.released
+                            and s.last_arrival >= 0 else [])
+                    if dues:
+                        wake = min(dues) if wake == 0 else min(wake, *dues)
                     continue
                 d = self._dests.get(rank)
                 if d is None:
                     continue
+                release = overrun or lost
                 s.credit_seq += 1
                 h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=self.config.job_id, message_id=0,
                                 sender_rank=self.config.rank, priority=self.policy.top_priority, iteration=s.credit_seq,
-                                flags=wire.Flags.OVERRUN if overrun else wire.Flags.NONE,
+                                flags=wire.Flags.RELEASE if release else wire.Flags.NONE,
                                 elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF,
                                 token=auth.credit_token(s.tx_key, self.config.job_id, self.config.rank, s.credit_seq,
-                                                        s.consumed, overrun))
-                out.append((s, s.consumed, overrun, wire.pack_header(h), d.addr))
-        for s, consumed, overrun, datagram, addr in out:
+                                                        s.consumed, release))
+                out.append((s, s.consumed, overrun, lost, wire.pack_header(h), d.addr))
+        for s, consumed, overrun, lost, datagram, addr in out:
             try:
                 sock.sendto(datagram, addr)
             except OSError:
@@ -790,6 +799,10 @@ class NumpyDatapath:
             if overrun:
                 s.overrun = False
                 self.counters["overrun_credits_sent"] += 1
+            elif lost:
+                self.counters["loss_releases_sent"] += 1
+            if overrun or lost:
+                s.released = True
             self.counters["credits_sent"] += 1
         return wake
 

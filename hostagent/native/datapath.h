@@ -67,7 +67,7 @@ struct Event {
 
 struct Config {
     HeaderLayout layout;
-    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4, flag_overrun = 8;
+    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4, flag_release = 8;
     std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
     uint32_t job_id = 0;
     uint16_t rank = 0;
@@ -276,6 +276,8 @@ class Datapath {
         uint32_t credit_seq = 0;
         double last_credit = -1;  // when we last credited it
         bool overrun = false;     // our socket dropped datagrams since its last credit
+        double last_arrival = -1;  // the arrival stamp of its latest packet
+        bool released = false;     // a RELEASE credit went since its latest packet (release_due)
         bool has_tx_key = false;
         uint8_t tx_key[16];
         double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
@@ -427,7 +429,7 @@ class Datapath {
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
             rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0, gro_reads_ = 0, injected_delays_ = 0,
             accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
-            overrun_credits_sent_ = 0;
+            overrun_credits_sent_ = 0, loss_releases_sent_ = 0;
     std::atomic<int64_t> credit_waits_{0}, credit_timeouts_{0}, max_in_flight_{0}, max_window_{0};
     int64_t rejected_[N_REASONS] = {};
     std::map<int, int64_t> injected_drops_;

@@ -49,7 +49,7 @@ Config make_config(const nb::dict& d) {
     c.max_window = get<uint32_t>(d, "max_window");
     c.flag_retx = get<uint8_t>(d, "flag_retx");
     c.flag_last = get<uint8_t>(d, "flag_last");
-    c.flag_overrun = get<uint8_t>(d, "flag_overrun");
+    c.flag_release = get<uint8_t>(d, "flag_release");
     for (auto& kv : get<std::map<int, int>>(d, "kinds")) c.kinds[uint8_t(kv.first)] = Kind(kv.second);
     c.job_id = get<uint32_t>(d, "job_id");
     c.rank = get<uint16_t>(d, "rank");
@@ -109,12 +109,12 @@ NB_MODULE(_datapath, m) {
           "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
 
     m.def("credit_token",
-          [](nb::bytes key, uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed, bool overrun) {
+          [](nb::bytes key, uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed, bool release) {
               if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
               return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, granter, sequence, consumed,
-                                  overrun);
+                                  release);
           },
-          "key"_a, "job"_a, "granter"_a, "sequence"_a, "consumed"_a, "overrun"_a = false);
+          "key"_a, "job"_a, "granter"_a, "sequence"_a, "consumed"_a, "release"_a = false);
 
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {

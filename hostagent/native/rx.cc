@@ -406,6 +406,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
     fb->consumed += 1;
     fb->good_since += 1;
     fb->last_seen = now;
+    fb->last_arrival = std::max(fb->last_arrival, at);
+    fb->released = false;
     if (ce) {
         fb->ce += 1;
         if (!fb->wake_sent) {
@@ -426,13 +428,13 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     auto fit = fb_.find(granter);
     uint32_t seq = rd(d, L.iteration);
     uint64_t consumed = (uint64_t(rd(d, L.total_pkts)) << 32) | rd(d, L.elem_offset);
-    bool overrun = rd(d, L.flags) & cfg_.flag_overrun;
+    bool release = rd(d, L.flags) & cfg_.flag_release;
     if (rd(d, L.job_id) != cfg_.job_id) {
         reason = WRONG_JOB;
     } else if (len != uint32_t(H_)) {
         reason = COUNT_MISMATCH;
     } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank ||
-               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed, overrun)) {
+               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed, release)) {
         reason = BAD_TOKEN;
     }
     if (reason != OK) {
@@ -446,8 +448,8 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     Dest* dst = it->second;
     if (seq > dst->credit_seq) {  // newer than any seen: a replay or a late one grants nothing
         dst->credit_seq = seq;
-        // acked_after_credit: an OVERRUN credit also releases all we sent (what was not consumed was lost)
-        dst->acked = std::max(dst->acked, overrun ? dst->sent.load() : consumed);
+        // acked_after_credit: a RELEASE credit also releases all we sent (what was not consumed was lost)
+        dst->acked = std::max(dst->acked, release ? dst->sent.load() : consumed);
         dst->window = std::max<uint32_t>(1, rd(d, L.elem_count));
         dst->held_since = -1;
         tx_cv_.notify_all();
@@ -462,9 +464,10 @@ double Datapath::send_credits(double now) {
     // socket's memory limit in datagrams, shared among every authenticated peer, so the windows
     // together fit); a credit goes when a quarter of it was used since the last (credit_due),
     // or when the sender's packets stopped coming for credit_quiet (it may be held by its
-    // window); or, flagged OVERRUN, when our socket dropped datagrams since its last credit, a
-    // message of its is incomplete and it went quiet. Returns when a quiet sender's credit falls
-    // due (0: none waits).
+    // window); flagged RELEASE when a message of its is incomplete and either our socket dropped
+    // datagrams since its last credit, or (release_due) everything that arrived up to
+    // rx_seen_until is read and nothing of it came for credit_quiet before that. Returns when a
+    // quiet sender's credit or release falls due (0: none waits).
     if (credit_fd_ < 0) return 0;
     int senders = 0;
     for (auto& kv : fb_)
@@ -474,27 +477,30 @@ double Datapath::send_credits(double now) {
     uint32_t grant = uint32_t(std::min<uint64_t>(cfg_.max_window, std::max<uint64_t>(cfg_.min_window, grant64)));
     double wake = 0;
     const HeaderLayout& L = cfg_.layout;
-    std::unordered_set<uint16_t> waiting;  // senders with an incomplete message (asked for only after an overrun)
-    for (auto& kv : fb_)
-        if (kv.second.overrun) {
-            for (auto& m : rx_)
-                if (m.second->prog.state == 0) waiting.insert(m.second->spec.src);
-            break;
-        }
+    std::unordered_set<uint16_t> waiting;  // senders with an incomplete message
+    for (auto& m : rx_)
+        if (m.second->prog.state == 0) waiting.insert(m.second->spec.src);
+    double seen_until = rx_seen_until_.load(std::memory_order_acquire);
+    auto wake_at = [&wake](double at) { wake = wake == 0 ? at : std::min(wake, at); };
     for (auto& kv : fb_) {
         SenderFb& s = kv.second;
         if (!s.authed || !s.has_tx_key || kv.first == cfg_.rank) continue;
         uint64_t pending = s.consumed - s.credited;
-        bool overrun = s.overrun && waiting.count(kv.first);
-        if (pending == 0 && !overrun) continue;
+        bool incomplete = waiting.count(kv.first) > 0;
+        bool overrun = s.overrun && incomplete;
+        // release_due: its packets stopped coming while a message of its is incomplete
+        bool watch = incomplete && !s.released && s.last_arrival >= 0;
+        bool lost = watch && seen_until - s.last_arrival >= cfg_.credit_quiet;
         double quiet_since = std::max(s.last_seen, s.last_credit);
         bool quiet = now - quiet_since >= cfg_.credit_quiet;
-        bool due = (overrun && quiet) || (pending > 0 && (pending >= std::max<uint32_t>(1, grant / 4) || quiet));
+        bool due = lost || (overrun && quiet) ||
+                   (pending > 0 && (pending >= std::max<uint32_t>(1, grant / 4) || quiet));
         if (!due) {
-            double at = quiet_since + cfg_.credit_quiet;
-            wake = wake == 0 ? at : std::min(wake, at);
+            if (pending > 0 || overrun) wake_at(quiet_since + cfg_.credit_quiet);
+            if (watch) wake_at(s.last_arrival + cfg_.credit_quiet);
             continue;
         }
+        bool release = overrun || lost;
         auto ait = peer_addr_.find(kv.first);
         if (ait == peer_addr_.end()) continue;
         uint8_t h[256];
@@ -506,11 +512,11 @@ double Datapath::send_credits(double now) {
         wr(h, L.sender_rank, cfg_.rank);
         wr(h, L.job_id, cfg_.job_id);
         wr(h, L.iteration, s.credit_seq);
-        wr(h, L.flags, overrun ? cfg_.flag_overrun : 0);
+        wr(h, L.flags, release ? cfg_.flag_release : 0);
         wr(h, L.elem_count, grant);
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
-        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed, overrun));
+        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed, release));
         ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
                            sizeof(sockaddr_in));
         if (r == ssize_t(H_)) {
@@ -519,7 +525,10 @@ double Datapath::send_credits(double now) {
             if (overrun) {
                 s.overrun = false;
                 overrun_credits_sent_ += 1;
+            } else if (lost) {
+                loss_releases_sent_ += 1;
             }
+            if (release) s.released = true;
             credits_sent_ += 1;
         }
     }

@@ -102,13 +102,13 @@ uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uin
 }
 
 uint32_t credit_token(const uint8_t key[16], uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed,
-                      bool overrun) {
+                      bool release) {
     uint8_t in[19];
     in[0] = uint8_t(job >> 24); in[1] = uint8_t(job >> 16); in[2] = uint8_t(job >> 8); in[3] = uint8_t(job);
     in[4] = uint8_t(granter >> 8); in[5] = uint8_t(granter);
     in[6] = uint8_t(sequence >> 24); in[7] = uint8_t(sequence >> 16); in[8] = uint8_t(sequence >> 8); in[9] = uint8_t(sequence);
     for (int i = 0; i < 8; ++i) in[10 + i] = uint8_t(consumed >> (56 - 8 * i));
-    in[18] = overrun ? 'O' : 'C';
+    in[18] = release ? 'O' : 'C';
     uint8_t d[4];
     blake2b_keyed(d, 4, key, 16, in, sizeof in);
     return (uint32_t(d[0]) << 24) | (uint32_t(d[1]) << 16) | (uint32_t(d[2]) << 8) | d[3];

@@ -17,9 +17,9 @@ void blake2b_keyed(uint8_t* out, size_t outlen, const uint8_t* key, size_t keyle
 uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uint32_t message_id, uint32_t iteration);
 
 // The 32-bit token of a CREDIT, as hostagent.auth.credit_token computes it (input "!IHIQc" with
-// a trailing 'C', or 'O' for an OVERRUN credit, so no data header can be turned into a credit
+// a trailing 'C', or 'O' for a RELEASE credit, so no data header can be turned into a credit
 // and no credit's flag can be flipped).
 uint32_t credit_token(const uint8_t key[16], uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed,
-                      bool overrun = false);
+                      bool release = false);
 
 }  // namespace dlcp

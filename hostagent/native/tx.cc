@@ -708,6 +708,7 @@ std::map<std::string, int64_t> Datapath::stats() {
     out["data_pkts_received"] = data_pkts_received_;
     out["credits_sent"] = credits_sent_;
     out["overrun_credits_sent"] = overrun_credits_sent_;
+    out["loss_releases_sent"] = loss_releases_sent_;
     out["credits_received"] = credits_received_;
     out["data_bytes_received"] = data_bytes_received_;
     out["ce_marked"] = ce_marked_;

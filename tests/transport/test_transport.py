@@ -313,6 +313,21 @@ def test_a_small_window_is_credited_every_quarter_and_never_times_out(endpoints)
     assert tx["credit_timeouts"] == 0
 
 
+def test_a_window_filled_by_packets_lost_on_the_way_is_released_by_the_quiet_receiver(endpoints):
+    # A small window (64 KB socket) and a fifth of the packets lost on the way (injected before
+    # the receiver reads them, as a network loses them): a lost packet is never consumed, so the
+    # sender's window fills with them and it stops mid-pass. The receiver, caught up and hearing
+    # nothing for CREDIT_QUIET while the message is incomplete, releases it (release_due)
+    # instead of leaving it to the 200 ms credit timeout, every few window's worth.
+    loss = LossInjection(drop_probabilities=(0.2,) * 4, seed=3)
+    eps, packets = _slow_stream(endpoints, socket_buffer=64 * 1024, per_rank={0: {"loss": loss}})
+    window = credit_window(2 * 64 * 1024, max_datagram(eps[0].config), 1)
+    rx, tx = eps[0].endpoint_stats(), eps[1].endpoint_stats()
+    assert packets // 5 > 2 * window  # the losses alone fill the window more than twice
+    assert rx["loss_releases_sent"] >= 2
+    assert tx["credit_timeouts"] == 0
+
+
 def test_ecn_marks_are_counted_and_echoed(endpoints):
     # A CE-marked datagram (as a switch above its ECN threshold would send) reaches the
     # receiver's counters; the sender's controller then cuts its rate.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hostagent import auth
-from hostagent.datapath.credits import CREDIT_QUIET, acked_after_credit, credit_due
+from hostagent.datapath.credits import CREDIT_QUIET, acked_after_credit, credit_due, release_due
 
 KEY = bytes(range(16))
 
@@ -27,14 +27,23 @@ def test_after_an_overrun_a_quiet_sender_is_credited_even_with_nothing_consumed(
     assert not credit_due(0, 100, CREDIT_QUIET / 2, overrun=True)  # its packets may still be coming
 
 
-def test_an_overrun_credit_releases_all_sent_and_no_credit_takes_anything_back():
-    assert acked_after_credit(acked=10, sent=90, consumed=40, overrun=False) == 40
-    assert acked_after_credit(acked=10, sent=90, consumed=40, overrun=True) == 90
-    assert acked_after_credit(acked=50, sent=90, consumed=40, overrun=False) == 50  # a late credit
+def test_a_release_credit_releases_all_sent_and_no_credit_takes_anything_back():
+    assert acked_after_credit(acked=10, sent=90, consumed=40, release=False) == 40
+    assert acked_after_credit(acked=10, sent=90, consumed=40, release=True) == 90
+    assert acked_after_credit(acked=50, sent=90, consumed=40, release=False) == 50  # a late credit
 
 
-def test_the_overrun_flag_is_bound_into_the_credit_token():
-    # An on-path attacker flipping OVERRUN on a real credit would release a sender's window.
+def test_the_release_flag_is_bound_into_the_credit_token():
+    # An on-path attacker flipping RELEASE on a real credit would release a sender's window.
     plain = auth.credit_token(KEY, 1, 2, 7, 1234)
-    assert auth.credit_token(KEY, 1, 2, 7, 1234, overrun=True) != plain
-    assert auth.credit_token(KEY, 1, 2, 7, 1234, overrun=False) == plain
+    assert auth.credit_token(KEY, 1, 2, 7, 1234, release=True) != plain
+    assert auth.credit_token(KEY, 1, 2, 7, 1234, release=False) == plain
+
+
+def test_a_quiet_sender_with_an_incomplete_message_is_released_once_the_reader_caught_up():
+    t = 10.0  # its latest packet arrived then
+    assert release_due(True, False, t, t + CREDIT_QUIET)
+    assert not release_due(True, False, t, t + CREDIT_QUIET / 2)  # the rest may be on its way
+    assert not release_due(False, False, t, t + 1.0)  # nothing of it is missing
+    assert not release_due(True, True, t, t + 1.0)  # released already since its latest packet
+    assert not release_due(True, False, -1.0, t)  # nothing of it ever arrived

@@ -162,11 +162,11 @@ def _check_pull_buffers(flats: Sequence[np.ndarray], out: Sequence[np.ndarray] |
                 or not o.flags.c_contiguous or not o.flags.writeable:
             raise ValueError(f"pull buffer {i} must be a writable contiguous 1-D {f.dtype} array of {f.size} "
                              f"elements, got {getattr(o, 'dtype', type(o).__name__)} {getattr(o, 'shape', '')}")
-        if any(np.may_share_memory(o, g) for g in flats):
+        if any(np.shares_memory(o, g) for g in flats):
             raise ValueError(f"pull buffer {i} overlaps a pushed array: a push is read until the server "
                              "has it, while its average may already arrive")
     for i, o in enumerate(out):
-        if any(np.may_share_memory(o, other) for other in out[i + 1:]):
+        if any(np.shares_memory(o, other) for other in out[i + 1:]):
             raise ValueError(f"pull buffer {i} overlaps another pull buffer")
     return list(out)
 

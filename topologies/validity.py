@@ -274,8 +274,10 @@ class RunMonitor:
         with self._lives_mu:
             for label, cpu in times.items():
                 life = self.lives.get(label)
-                self.lives[label] = ProcessLife(t, cpu, t, cpu) if life is None else \
-                    ProcessLife(life.t0, life.cpu0, t, cpu)
+                if life is None:
+                    self.lives[label] = ProcessLife(t, cpu, t, cpu)
+                elif t >= life.t1:  # (the sampler and the runner's thread may note out of order)
+                    self.lives[label] = ProcessLife(life.t0, life.cpu0, t, cpu)
 
     def start(self) -> RunMonitor:
         self._thread.start()

@@ -769,14 +769,16 @@ class NumpyDatapath:
                     continue
                 pending = s.consumed - s.credited
                 quiet_for = now - max(s.last_seen, s.last_credit)
-                overrun = s.overrun and rank in waiting
-                lost = release_due(rank in waiting, s.released, s.last_arrival, seen_until)
-                if not lost and not ((pending or overrun) and credit_due(pending, grant, quiet_for, overrun)):
-                    dues = ([max(s.last_seen, s.last_credit) + CREDIT_QUIET] if pending or overrun else []) + \
-                           ([s.last_arrival + CREDIT_QUIET] if rank in waiting and not s.released
-                            and s.last_arrival >= 0 else [])
-                    if dues:
-                        wake = min(dues) if wake == 0 else min(wake, *dues)
+                incomplete = rank in waiting
+                overrun = s.overrun and incomplete
+                lost = release_due(incomplete, s.released, s.last_arrival, seen_until)
+                if not (lost or credit_due(pending, grant, quiet_for, overrun)):
+                    # when a quiet credit, or a release, may fall due
+                    watch = incomplete and not s.released and s.last_arrival >= 0
+                    for due, needed in ((max(s.last_seen, s.last_credit) + CREDIT_QUIET, pending or overrun),
+                                        (s.last_arrival + CREDIT_QUIET, watch)):
+                        if needed:
+                            wake = due if wake == 0 else min(wake, due)
                     continue
                 d = self._dests.get(rank)
                 if d is None:

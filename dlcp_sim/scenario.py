@@ -24,7 +24,7 @@ from hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, drop_classes, packe
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig, bottleneck_timers
-from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD
+from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
 from topologies.bound import job_traffic, port_loads
 from topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
 from topologies.schemes import check_schemes, policy_for
@@ -385,14 +385,15 @@ def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
 
 
 def _agent_end_of_pass(tc: dict[str, Any]) -> list[str]:
-    """Scenario lines of the agent's end of pass: LAST on a pass's last packet answered as a
-    PROBE, a PROBE only when no answer came within the answer timer's delay, and the answer after
-    the message's own quiet (:func:`hostagent.protocol.incoming.answer_grace`).
+    """Scenario lines of the agent's end of pass: LAST on a pass's final LAST_PACKETS packets,
+    answered as a PROBE, a PROBE only when no answer came within the answer timer's delay, and
+    the answer after the message's own quiet (:func:`hostagent.protocol.incoming.answer_grace`).
 
     Why not the simulator's own timers (:func:`timers_us`): those wait out a full buffer's drain
     before answering, 91 ms at 700 packets/s; the agent waits four of the message's packet gaps.
     """
-    return ["last_flag 1", f"answer_gaps {ANSWER_GAPS:g}", f"answer_grace_max_us {MAX_ANSWER_GRACE * 1e6:g}",
+    return ["last_flag 1", f"last_packets {LAST_PACKETS}", f"answer_gaps {ANSWER_GAPS:g}",
+            f"answer_grace_max_us {MAX_ANSWER_GRACE * 1e6:g}",
             f"probe_delay_min_us {tc['probe_delay_min'] * 1e6:g}",
             f"probe_delay_max_us {tc['probe_delay_max'] * 1e6:g}",
             f"answer_idle_us {tc['probe_grace'] * 1e6:g}"]

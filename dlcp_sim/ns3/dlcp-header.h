@@ -10,7 +10,7 @@
 namespace ns3 {
 
 enum DlcpType : uint8_t { DATA = 0, PROBE = 1, BITMAP = 2, STOP = 3, FEEDBACK = 4 };
-//! `flags` bits: LAST on the last data packet of a pass (wire.Flags.LAST); RIDING on a STOP or
+//! `flags` bits: LAST on the last data packets of a pass (wire.Flags.LAST); RIDING on a STOP or
 //! BITMAP that carries a congestion report (seq: packets received, aux2: marked), as the agent's
 //! report rides in the same control frame as the record it goes with.
 enum DlcpFlag : uint8_t { FLAG_LAST = 1, FLAG_RIDING = 2 };

@@ -56,14 +56,16 @@ struct TransportParams {
   uint32_t burstBytes = 0;       // token-bucket depth of the pacers (0: one packet at a time)
   Time answerIdle = MicroSeconds(20);
   Time probeTimeout = MicroSeconds(200);
-  // The agent's end of pass instead (lastFlag; hostagent.protocol): the last data packet of a
-  // pass carries LAST and the receiver answers it as it would a PROBE; the sender PROBEs only if
+  // The agent's end of pass instead (lastFlag; hostagent.protocol): the last lastPackets data
+  // packets of a pass (wire.LAST_PACKETS) carry LAST and the receiver answers it as it would a
+  // PROBE; the sender PROBEs only if
   // no answer came within its probe delay (ratecontrol.AnswerTimer: the smoothed answer time +
   // 4 deviations within [probeDelayMin, probeDelayMax], initialAnswer before any), and again
   // after max(4 x that, 50 ms). The receiver answers once the message was quiet for
   // max(answerIdle, answerGaps x its mean packet gap), at most answerGraceMax
   // (incoming.answer_grace; answerGaps 0: answerIdle alone).
   bool lastFlag = false;
+  uint32_t lastPackets = 1;
   Time probeDelayMin = MilliSeconds(1), probeDelayMax = MilliSeconds(500);
   double answerGaps = 0;
   Time answerGraceMax = MilliSeconds(100);
@@ -296,6 +298,7 @@ class DlcpHost : public GradientHost {
     uint32_t seq = first ? m.next++ : m.retx.front();
     if (!first) m.retx.pop_front();
     bool last = !m.HasPacket();  // the pass ends with this packet
+    size_t left = first ? m.plan->npkts - m.next : m.retx.size();  // of the pass after this packet
     DlcpHeader h;
     h.type = DATA;
     h.priority = m.plan->priority[seq];
@@ -306,7 +309,7 @@ class DlcpHost : public GradientHost {
     h.seq = seq;
     h.npkts = m.plan->npkts;
     h.aux = m.ppm;
-    h.flags = tp.lastFlag && last ? FLAG_LAST : 0;
+    h.flags = tp.lastFlag && left < tp.lastPackets ? FLAG_LAST : 0;
     Transmit(m.dst, h, tp.datagram);
     stats.dataSent++;
     if (!first) stats.retransmitted++;

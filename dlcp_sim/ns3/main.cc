@@ -156,6 +156,7 @@ Scenario Parse(std::istream& in) {
     }
     else if (key == "slow_start") ls >> sc.tp.slowStart;
     else if (key == "last_flag") ls >> sc.tp.lastFlag;
+    else if (key == "last_packets") ls >> sc.tp.lastPackets;
     else if (key == "answer_gaps") ls >> sc.tp.answerGaps;
     else if (key == "answer_grace_max_us" || key == "probe_delay_min_us" || key == "probe_delay_max_us") {
       double us;

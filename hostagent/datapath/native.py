@@ -54,7 +54,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "credit_ptype": int(wire.PacketType.CREDIT), "initial_window": initial_window(config),
         "credit_timeout": CREDIT_TIMEOUT, "credit_quiet": CREDIT_QUIET, "credit_share": CREDIT_SHARE,
         "min_window": MIN_WINDOW, "max_window": wire.MAX_CREDIT_WINDOW,
-        "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST),
+        "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST), "last_packets": wire.LAST_PACKETS,
         "flag_release": int(wire.Flags.RELEASE), "kinds": KINDS,
         "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
         "max_datagram": max_datagram(config),

@@ -680,19 +680,22 @@ class NumpyDatapath:
                 retx = {}
                 for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
                     retx[k] = retx.get(k, 0) + 1
-            firsts: set[tuple[int, int]] = set()  # messages with first-pass packets in this batch
+            firsts: set[tuple[int, int]] = set()  # messages with first-pass packets not marked LAST in this batch
             if res.run:
                 rx = self._rx.get(keys[0])
                 if rx is not None:
                     self._note_first_pass(rx, hdr["priority"], hdr["seq"])
-                if np.count_nonzero(good & ((hdr["flags"] & _RETX) == 0)):
+                if np.count_nonzero(good & ((hdr["flags"] & (_RETX | _LAST)) == 0)):
                     firsts.add(keys[0])
             else:
                 first = good & ((hdr["flags"] & _RETX) == 0)
+                unmarked = first & ((hdr["flags"] & _LAST) == 0)
+                if unmarked.any():
+                    ukeys = (hdr["sender_rank"][unmarked].astype(np.int64) << 32) | hdr["message_id"][unmarked]
+                    firsts.update((k >> 32, k & 0xFFFFFFFF) for k in np.unique(ukeys).tolist())
                 if first.any():
                     fkeys = (hdr["sender_rank"][first].astype(np.int64) << 32) | hdr["message_id"][first]
                     for k in np.unique(fkeys).tolist():
-                        firsts.add((k >> 32, k & 0xFFFFFFFF))
                         rx = self._rx.get((k >> 32, k & 0xFFFFFFFF))
                         if rx is not None:
                             sel = fkeys == k
@@ -707,7 +710,7 @@ class NumpyDatapath:
                 n_retx = retx.get(asm.key, 0)
                 rx.retx_seen += n_retx
                 if rx.last_at and asm.key in firsts and now > rx.last_at:
-                    # a first-pass packet after the pass's LAST (read in a later batch): reordered
+                    # a first-pass packet after the pass's LAST packets (read in a later batch): reordered
                     self._widen(asm.key[0], now - rx.last_at)
                     rx.late = True
                 if asm.key in last:
@@ -1047,17 +1050,27 @@ class NumpyDatapath:
                                   self._host_pacer.allowance(cfg.rate.line_rate, now, MAX_INLINE_WAIT))
                     chunk = max(1, min(chunk, int(allowed // pkt), d.window - (d.sent - d.acked)))
                     before = m.sending_priority()
+                    # A pass's LAST packets leave in one call: a call that would leave fewer than
+                    # LAST_PACKETS behind takes them too (within the credit window).
+                    room = max(chunk, d.window - (d.sent - d.acked))
                     if retx:
-                        seqs = m.retx[m.retx_pos : m.retx_pos + chunk]
-                        m.retx_pos += len(seqs)
+                        stop = min(m.retx_pos + chunk, len(m.retx))
+                        if len(m.retx) - stop < wire.LAST_PACKETS and len(m.retx) - m.retx_pos <= room:
+                            stop = len(m.retx)
+                        seqs = m.retx[m.retx_pos : stop]
+                        m.retx_pos = stop
+                        after = len(m.retx) - stop
                     else:
                         stop = min(m.next_pos + chunk, m.packets)
+                        if m.packets - stop < wire.LAST_PACKETS and m.packets - m.next_pos <= room:
+                            stop = m.packets
                         if m.prio_in_order is not None and stop > m.next_pos:
                             same = m.prio_in_order[m.next_pos : stop] == m.prio_in_order[m.next_pos]
                             if not same.all():
                                 stop = m.next_pos + int(np.argmin(same))
                         seqs = m.send_order[m.next_pos : stop]
                         m.next_pos = stop
+                        after = m.packets - stop
                     finished = not m.has_packets()
                     if not finished and m.sending_priority() != before:
                         self._reorder()
@@ -1072,7 +1085,7 @@ class NumpyDatapath:
                         self._tx_cv.notify_all()
                 continue
             try:
-                sent, nbytes = self._send_packets(m, d, seqs, retx, finished)
+                sent, nbytes = self._send_packets(m, d, seqs, retx, after)
             finally:
                 with self._tx_cv:
                     m.busy = False
@@ -1108,10 +1121,11 @@ class NumpyDatapath:
             entry = d.socks[q] = (sock, DatagramSender(sock, use_gso=self.config.offload))
         return entry[1]
 
-    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, last: bool) -> tuple[int, int]:
+    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, after: int) -> tuple[int, int]:
         """Send ``seqs`` of ``m`` (all of one priority) in one paced burst: full-size packets as
         rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
-        by one; the packet that leaves last carries LAST when ``last``."""
+        by one. ``after`` packets of the pass are still to go after these; the packets that
+        leave within the pass's final ``wire.LAST_PACKETS`` carry LAST."""
         batch = m.batch
         assert batch is not None and m.payload_rows is not None  # prepared before any packet is sent
         per = batch.elems_per_packet
@@ -1145,14 +1159,17 @@ class NumpyDatapath:
         if w > 0:
             time.sleep(w)
         use_gso = sender.gso and n_full > 1
-        if last and k:
-            # LAST goes on the packet that really leaves last: with a GSO run, the short packet
-            # leaves first and the run's final row last.
-            last_pos = k - 2 if use_gso and short_pos == k - 1 else k - 1
+        marked = max(0, min(k, wire.LAST_PACKETS - after))
+        if marked:
+            # LAST goes on the packets that really leave last: with a GSO run, the short packet
+            # leaves first and the run's final rows last.
+            departure = ([short_pos] + [i for i in range(k) if i != short_pos]) if use_gso and short_pos >= 0 \
+                else list(range(k))
+            pos = np.array(departure[k - marked :], np.int64)
             if retx:
-                hdr["flags"][last_pos] |= _LAST
+                hdr["flags"][pos] |= _LAST
             else:
-                batch.headers["flags"][seqs[last_pos]] |= _LAST
+                batch.headers["flags"][seqs[pos]] |= _LAST
         calls0, errors0 = sender.syscalls, sender.errors
         n = nbytes = 0
         order = [short_pos] if short_pos >= 0 else []

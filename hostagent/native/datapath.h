@@ -68,6 +68,7 @@ struct Event {
 struct Config {
     HeaderLayout layout;
     uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4, flag_release = 8;
+    uint32_t last_packets = 3;  // a pass's final packets that carry flag_last (wire.LAST_PACKETS)
     std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
     uint32_t job_id = 0;
     uint16_t rank = 0;
@@ -380,7 +381,8 @@ class Datapath {
     TxMsg* pick(double now, double& wait);
     void activate_locked(TxMsg* m);
     void reorder_locked();
-    std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs, bool retx, bool last);
+    std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs, bool retx,
+                                                 uint32_t after);
     Sock& sock_for(Dest& d, uint8_t priority);
     uint64_t sendmmsg_plain(Sock& s, std::vector<struct iovec>& iov, size_t first, size_t count, uint32_t& sent);
 

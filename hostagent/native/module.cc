@@ -49,6 +49,7 @@ Config make_config(const nb::dict& d) {
     c.max_window = get<uint32_t>(d, "max_window");
     c.flag_retx = get<uint8_t>(d, "flag_retx");
     c.flag_last = get<uint8_t>(d, "flag_last");
+    c.last_packets = get<uint32_t>(d, "last_packets");
     c.flag_release = get<uint8_t>(d, "flag_release");
     for (auto& kv : get<std::map<int, int>>(d, "kinds")) c.kinds[uint8_t(kv.first)] = Kind(kv.second);
     c.job_id = get<uint32_t>(d, "job_id");

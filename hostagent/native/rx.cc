@@ -347,8 +347,9 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         m->batch_last_at = std::max(m->batch_last_at, at);
         if (flags & cfg_.flag_last) m->batch_last = true;
         if (retx) m->batch_retx += 1;
-        if (!retx && m->last_at > 0 && at > m->last_at) {
-            // a first-pass packet that reached the host after the pass's LAST: reordered
+        if (!retx && !(flags & cfg_.flag_last) && m->last_at > 0 && at > m->last_at) {
+            // a first-pass packet that reached the host after the pass's LAST packets: reordered
+            // (its other LAST packets come after the first by design)
             widen_window(sender, at - m->last_at);
             m->late = true;
         }

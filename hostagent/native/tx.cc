@@ -513,12 +513,20 @@ void Datapath::tx_loop() {
         if (in_flight < d->window) chunk = std::min<uint32_t>(chunk, uint32_t(d->window - in_flight));
         int before = m->sending_priority();
         seqs.clear();
+        // A pass's LAST packets leave in one call: a call that would leave fewer than
+        // last_packets behind takes them too (within the credit window).
+        uint32_t room = in_flight < d->window ? uint32_t(d->window - in_flight) : chunk;
+        uint32_t after;  // packets of the pass still to go after this call
         if (retx) {
             size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
+            if (m->retx.size() - stop < cfg_.last_packets && m->retx.size() - m->retx_pos <= room)
+                stop = m->retx.size();
             seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
             m->retx_pos = stop;
+            after = uint32_t(m->retx.size() - stop);
         } else {
             uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
+            if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;
             if (!m->prio_in_order.empty()) {  // one priority per run
                 uint8_t p0 = m->prio_in_order[m->next_pos];
                 uint32_t j = m->next_pos;
@@ -527,6 +535,7 @@ void Datapath::tx_loop() {
             }
             seqs.assign(m->send_order.begin() + m->next_pos, m->send_order.begin() + stop);
             m->next_pos = stop;
+            after = m->n_pkts - stop;
         }
         bool finished_pass = !m->has_packets();
         if (!finished_pass && m->sending_priority() != before) reorder_locked();
@@ -551,7 +560,7 @@ void Datapath::tx_loop() {
         }
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
-        if (sk) sent = send_packets(m, *sk, seqs, retx, finished_pass);
+        if (sk) sent = send_packets(m, *sk, seqs, retx, after);
         g.lock();
         m->busy = false;
         d->pacer.tokens -= double(sent.second);
@@ -599,7 +608,7 @@ uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first
 }
 
 std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs,
-                                                     bool retx, bool last) {
+                                                     bool retx, uint32_t after) {
     const HeaderLayout& L = cfg_.layout;
     size_t k = seqs.size();
     if (k == 0) return {0, 0};
@@ -620,7 +629,7 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
         hrows = m->hdr.data();
         for (size_t i = 0; i < k; ++i) hp[i] = hrows + size_t(seqs[i]) * H_;
     }
-    // the short last packet of a message leaves first, so LAST lands on the run's final row
+    // the short last packet of a message leaves first, so LAST lands on the run's final rows
     int short_pos = -1;
     if (m->tail)
         for (size_t i = 0; i < k; ++i)
@@ -630,8 +639,10 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
     if (short_pos >= 0) order.push_back(size_t(short_pos));
     for (size_t i = 0; i < k; ++i)
         if (int(i) != short_pos) order.push_back(i);
-    if (last) {
-        uint8_t* h = const_cast<uint8_t*>(hp[order.back()]);
+    // LAST on the packets that leave within the pass's final last_packets (wire.LAST_PACKETS)
+    for (size_t j = 0; j < k; ++j) {
+        if (uint64_t(k - 1 - j) + after >= cfg_.last_packets) continue;
+        uint8_t* h = const_cast<uint8_t*>(hp[order[j]]);
         wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
     }
     std::vector<iovec> iov(2 * k);

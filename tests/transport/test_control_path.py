@@ -162,7 +162,7 @@ def test_receive_backlog_reads_how_full_the_socket_is():
 
 
 def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
-    """The last packet of each pass carries Flags.LAST, so a receiver missing packets sends its
+    """The last packets of each pass carry Flags.LAST, so a receiver missing packets sends its
     bitmap at once: loss is recovered without the sender's PROBE (its timer is the fallback)."""
     from hostagent.transport import LossInjection
 
@@ -176,10 +176,10 @@ def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
         assert st.how == "stopped"
     bitmaps = b.stats.ctl_records_sent["BITMAP"]
     assert bitmaps >= 10  # every message lost something and asked for it
-    # A PROBE is needed only when a pass's LAST packet itself is lost (about 7 % of the passes
-    # here, loss injection being random) or the answer is later than the sender's measured
-    # answer time (a loaded machine), never once per pass: each message's first pass and each
-    # retransmission round a bitmap asked for.
+    # A PROBE is needed only when all of a pass's LAST packets are lost (wire.LAST_PACKETS of
+    # them: 1 pass in 1,000 here, loss injection being random) or the answer is later than the
+    # sender's measured answer time (a loaded machine), never once per pass: each message's first
+    # pass and each retransmission round a bitmap asked for.
     passes = 10 + bitmaps
     assert a.stats.ctl_records_sent["PROBE"] < passes / 2
 

@@ -244,9 +244,10 @@ def _state(dp, src: int, message_id: int) -> int:
     return p.state
 
 
-def _capture(which: str, spec: TxSpec, n: int) -> list[bytes]:
+def _capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None) -> list[bytes]:
     """Send ``spec`` from a started data path (``which``) of rank 0 and return the first ``n``
-    datagrams that a plain socket standing in for rank 1 receives."""
+    datagrams that a plain socket standing in for rank 1 receives, then (``resend``) those of
+    a retransmission of these sequence numbers."""
     from hostagent.datapath.native import NativeDatapath
     from hostagent.datapath.numpy_path import NumpyDatapath
 
@@ -264,6 +265,10 @@ def _capture(which: str, spec: TxSpec, n: int) -> list[bytes]:
         rx.settimeout(5)
         while len(out) < n:
             out.append(rx.recv(65536))
+        if resend:
+            dp.retransmit(spec.dest, spec.message_id, np.array(resend, np.int64))
+            while len(out) < n + len(resend):
+                out.append(rx.recv(65536))
         return out
     finally:
         dp.stop()
@@ -285,11 +290,28 @@ def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_
     assert [h.priority for h in hdr] == [6, 6, 1, 1, 1] and [h.layer for h in hdr] == [2, 2, 4, 4, 4]
     want = drop_classes(packet_magnitudes(x, PER, "l2"), Policy())
     assert [h.drop_class for h in sorted(hdr, key=lambda h: h.seq)] == want.tolist() == classes.tolist()
-    assert [bool(h.flags & wire.Flags.LAST) for h in hdr] == [False] * 4 + [True]
+    assert [bool(h.flags & wire.Flags.LAST) for h in hdr] == [False] * 2 + [True] * 3  # the last level's 3
     assert all(h.token == 99 and h.iteration == 2 and h.tensor_id == 3 for h in hdr)
     for h, d in zip(hdr, got):
         np.testing.assert_array_equal(np.frombuffer(d[wire.HEADER_SIZE :], np.float32),
                                       x[h.elem_offset : h.elem_offset + h.elem_count])
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_a_pass_ends_with_its_last_three_packets_marked_last_whatever_the_send_calls(which):
+    """wire.LAST_PACKETS: the final three packets of a pass carry LAST, so one lost packet does
+    not leave the receiver waiting for a PROBE. Nine packets go out eight to a call without
+    offload, which would leave the ninth alone: the call takes it too. A resend pass ends the
+    same way, its packets RETX."""
+    assert wire.LAST_PACKETS == 3
+    x = np.random.default_rng(4).standard_normal(PER * 8 + 10).astype(np.float32)
+    got = _capture(which, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, np.zeros(9, np.uint8)), 9,
+                   resend=[5, 1, 7, 8])
+    hdr = [wire.unpack_header(d) for d in got]
+    assert sorted(h.seq for h in hdr[:9]) == list(range(9)) and sorted(h.seq for h in hdr[9:]) == [1, 5, 7, 8]
+    last = [bool(h.flags & wire.Flags.LAST) for h in hdr]  # (in the order they left: a short packet first)
+    assert last == [False] * 6 + [True] * 3 + [False] + [True] * 3
+    assert [bool(h.flags & wire.Flags.RETX) for h in hdr] == [False] * 9 + [True] * 4
 
 
 @pytest.mark.parametrize("which", ["native", "numpy"])
@@ -468,6 +490,32 @@ def test_both_paths_learn_a_senders_reordering_window_alike():
     assert native[2] == pytest.approx(1.25 * 0.004)
     assert native[3] == pytest.approx(0.9 * 1.25 * 0.004)
     assert native[-1] == REORDER_MIN
+
+
+def test_a_passs_other_last_packets_coming_after_its_first_are_not_reordering():
+    """The final LAST_PACKETS of a pass all carry LAST and arrive after the first of them by
+    design: read one per batch, later and later, they do not widen the reordering window (each
+    such pass narrows it, on both paths); a packet without LAST after them still widens it."""
+    paths, sock = _paths(probe_grace=0.002)
+    x = np.arange(1, PER * 10 + 1, dtype=np.float32)
+    for dp in paths:
+        for mid in (5, 6):
+            dgs = _datagrams(x, mid)
+            for i in range(10 - wire.LAST_PACKETS, 10):
+                dgs[i] = _with(dgs[i], flags=wire.Flags.LAST)
+            _expect(dp, 1, mid, x.size)
+            before = dp.reorder_window(1)
+            for i, d in enumerate(dgs):
+                _one(dp, d, now=mid + i * 5e-4)
+            assert dp.reorder_window(1) == pytest.approx(0.9 * before), type(dp).__name__
+        dgs = _datagrams(x, 7)
+        dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
+        _expect(dp, 1, 7, x.size)
+        for i in [0, 1, 2, 3, 4, 5, 6, 7, 9, 8]:  # 8 after the LAST, 3 ms late
+            _one(dp, dgs[i], now=7.003 if i == 8 else 7.0)
+        assert dp.reorder_window(1) == pytest.approx(1.25 * 0.003), type(dp).__name__
+        dp.stop()
+    sock.close()
 
 
 def test_only_a_datagram_with_its_messages_token_moves_the_reordering_window_and_never_past_the_cap():

@@ -357,7 +357,8 @@ class Endpoint(ControlPath):
             ctl_bytes_sent=self.ctl_stats["bytes_sent"], ctl_frames_received=self.ctl_stats["frames_received"],
             ctl_bytes_received=self.ctl_stats["bytes_received"], ctl_records_sent=Counter(c.ctl_records_sent),
             ctl_records_received=Counter(self.ctl_records_received), probes_unknown=c.probes_unknown,
-            ctl_rejected=Counter(self.ctl_rejected), gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
+            holes_reported=c.holes_reported, holes_resent=c.holes_resent, ctl_rejected=Counter(self.ctl_rejected),
+            gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
 
     def endpoint_stats(self) -> dict[str, Any]:
         """Totals as a JSON-ready dict (the data path's rejections by reason included)."""
@@ -390,6 +391,8 @@ class Endpoint(ControlPath):
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
             "probes_unknown": s.probes_unknown, "ctl_rejected": dict(s.ctl_rejected),
+            # reliable messages' holes reported before their pass ended (NACK), and resent for them
+            "holes_reported": s.holes_reported, "holes_resent": s.holes_resent,
             "authenticated_peers": authed, "drain_bytes_per_s": self.dp.drain_rate(time.monotonic()),
             "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self.dp.gro,
             "gso_off": sorted(d.get("gso_off", [])) if self.config.offload else [],

@@ -260,6 +260,10 @@ class EndpointStats:
     ctl_records_sent: Counter = field(default_factory=Counter)
     ctl_records_received: Counter = field(default_factory=Counter)
     probes_unknown: int = 0
+    holes_reported: int = 0
+    """Packets this endpoint reported missing before their pass ended (NACK, reliable messages)."""
+    holes_resent: int = 0
+    """Packets resent during their first pass because the receiver reported them (NACK)."""
     ctl_rejected: Counter = field(default_factory=Counter)
     """Control connections refused or dropped, by reason (wrong_address, bad_proof, ...)."""
     gso_calls: int = 0

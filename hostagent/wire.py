@@ -57,6 +57,9 @@ class PacketType(enum.IntEnum):
     BATCH = 7  #: several control records in one frame (control path only; never on the data path)
     HELLO = 8  #: a step of the handshake that opens a control connection (control path only)
     CREDIT = 9  #: receiver grants a sender a window: data packets it may have unconsumed (data path only)
+    #: receiver lists holes before the pass ends: first-pass packets missing while later ones of
+    #: their priority level came (control path only; body as BITMAP's, the holes' bitmap)
+    NACK = 10
 
 
 class Flags(enum.IntFlag):
@@ -317,7 +320,7 @@ def header_fields_for_p4() -> list[tuple[str, int]]:
 
 
 # --- control frames -------------------------------------------------------------------
-# Control packets (META, PROBE, BITMAP, STOP, FEEDBACK) travel on a TCP connection per peer,
+# Control packets (META, PROBE, BITMAP, NACK, STOP, FEEDBACK) travel on a TCP connection per peer,
 # each as one frame: a 4-byte big-endian length of what follows, a DLCP header, then a body.
 
 #: Frame length prefix.
@@ -333,7 +336,7 @@ META_BODY = struct.Struct("!IHd")
 #: sender knows exactly what was lost (error feedback uses it).
 STOP_BODY = struct.Struct("!I")
 #: BITMAP body: elements the receiver holds, then the missing-packet bitmap (bit ``seq``
-#: set, MSB first, when ``seq`` is missing).
+#: set, MSB first, when ``seq`` is missing). A NACK's body is the same, its bitmap the holes.
 BITMAP_PREFIX = struct.Struct("!I")
 #: FEEDBACK body: data packets received and CE-marked since the previous feedback, packets
 #: the receiver counted as lost (its socket-buffer overruns), and the rate in KB/s this sender

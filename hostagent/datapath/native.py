@@ -174,6 +174,9 @@ class NativeDatapath:
     def reorder_window(self, src: int) -> float:
         return self._dp.reorder_window(src)
 
+    def holes(self, src: int, message_id: int) -> np.ndarray:
+        return np.array(self._dp.holes(src, message_id), np.int64)
+
     def submit(self, spec: TxSpec) -> None:
         snapshot = None if spec.snapshot is None else _raw(spec.snapshot)
         self._dp.submit(spec.dest, spec.message_id, _raw(spec.payload.reshape(-1)), spec.dtype, spec.payload.size,
@@ -184,6 +187,9 @@ class NativeDatapath:
 
     def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
         return self._dp.retransmit(dest, message_id, [int(s) for s in seqs])
+
+    def resend(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        return self._dp.resend(dest, message_id, [int(s) for s in seqs])
 
     def tx_info(self, dest: int, message_id: int) -> TxInfo | None:
         t = self._dp.tx_info(dest, message_id)

@@ -85,8 +85,11 @@ class _Rx:
     last_at: float = 0.0  # when the first LAST came (0: none yet)
     late: bool = False  # a first-pass packet came after a LAST: the path reorders
 
+    def gaps(self) -> int:
+        return sum(hi - lo + 1 - n for lo, hi, n in self.levels.values())
+
     def holes(self) -> int:
-        return sum(hi - lo + 1 - n for lo, hi, n in self.levels.values()) - self.holes_blamed
+        return self.gaps() - self.holes_blamed
 
 
 @dataclass
@@ -329,12 +332,12 @@ class NumpyDatapath:
                 return None
             a = rx.asm
             return Progress(a.received_pkts, a.received_elems, a.duplicates, rx.retx_seen, rx.first_arrival,
-                            rx.last_arrival, rx.state)
+                            rx.last_arrival, rx.state, rx.gaps())
 
     def progress_all(self) -> dict[tuple[int, int], Progress]:
         with self._lock:
             return {k: Progress(rx.asm.received_pkts, rx.asm.received_elems, rx.asm.duplicates, rx.retx_seen,
-                                rx.first_arrival, rx.last_arrival, rx.state) for k, rx in self._rx.items()}
+                                rx.first_arrival, rx.last_arrival, rx.state, rx.gaps()) for k, rx in self._rx.items()}
 
     def complete(self, src: int, message_id: int, fire: bool) -> bool:
         with self._lock:
@@ -394,6 +397,16 @@ class NumpyDatapath:
         with self._lock:
             s = self._senders.get(src)
             return self.config.probe_grace if s is None else s.reorder
+
+    def holes(self, src: int, message_id: int) -> np.ndarray:
+        with self._lock:
+            rx = self._rx.get((src, message_id))
+            if rx is None or rx.state or not rx.levels:
+                return np.zeros(0, np.int64)
+            received = rx.spec.buffers.received
+            found = [lo + np.flatnonzero(received[lo : hi + 1] == 0) for lo, hi, n in rx.levels.values()
+                     if hi - lo + 1 > n]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
     def _widen(self, src: int, late: float) -> None:
         """A first-pass packet of ``src`` came ``late`` s after its message's LAST (lock held)."""
@@ -923,6 +936,27 @@ class NumpyDatapath:
                 self._activate(m)
             return m.pass_no
 
+    def resend(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        with self._tx_cv:
+            m = self._tx.get((dest, message_id))
+            if m is None:
+                return 0
+            seqs = np.unique(np.asarray(seqs, dtype=np.int64))
+            if len(seqs) and (seqs[0] < 0 or seqs[-1] >= m.packets):
+                raise ValueError("resend: sequence number beyond the message")
+            if m.stopped or m.send_order is None or m.next_pos >= m.packets:
+                return 0  # (a first pass that is over: the answer to its end lists what is missing)
+            position = np.empty(m.packets, np.int64)
+            position[m.send_order] = np.arange(m.packets)
+            pending = m.retx[m.retx_pos :]
+            new = np.setdiff1d(seqs[position[seqs] < m.next_pos], pending)
+            if not len(new):
+                return 0
+            m.retx = np.concatenate([pending, new])
+            m.retx_pos = 0
+            self._activate(m)
+            return len(new)
+
     def tx_info(self, dest: int, message_id: int) -> TxInfo | None:
         with self._tx_cv:
             m = self._tx.get((dest, message_id))
@@ -1051,15 +1085,17 @@ class NumpyDatapath:
                     chunk = max(1, min(chunk, int(allowed // pkt), d.window - (d.sent - d.acked)))
                     before = m.sending_priority()
                     # A pass's LAST packets leave in one call: a call that would leave fewer than
-                    # LAST_PACKETS behind takes them too (within the credit window).
+                    # LAST_PACKETS behind takes them too (within the credit window). A pass is the
+                    # first pass with any holes resent during it (resend), or a retransmission.
                     room = max(chunk, d.window - (d.sent - d.acked))
                     if retx:
+                        rest = m.packets - m.next_pos  # of the first pass, behind its resent holes
                         stop = min(m.retx_pos + chunk, len(m.retx))
-                        if len(m.retx) - stop < wire.LAST_PACKETS and len(m.retx) - m.retx_pos <= room:
+                        if len(m.retx) - stop + rest < wire.LAST_PACKETS and len(m.retx) - m.retx_pos <= room:
                             stop = len(m.retx)
                         seqs = m.retx[m.retx_pos : stop]
                         m.retx_pos = stop
-                        after = len(m.retx) - stop
+                        after = len(m.retx) - stop + rest
                     else:
                         stop = min(m.next_pos + chunk, m.packets)
                         if m.packets - stop < wire.LAST_PACKETS and m.packets - m.next_pos <= room:

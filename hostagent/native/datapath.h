@@ -20,6 +20,7 @@
 // start from this code at once, so a ring's next step leaves without a round trip through Python.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -164,6 +165,7 @@ struct Progress {
     uint32_t retx_seen = 0;
     double first_arrival = 0, last_arrival = 0;
     int state = 0;  // 0 receiving, 1 exact, 2 bounded, 3 completed by Python
+    uint32_t gaps = 0;  // first-pass packets skipped below the highest of their level (filled or not)
 };
 
 struct TxInfo {
@@ -201,10 +203,16 @@ class Datapath {
     // empty, or now if the socket is empty and no read is being placed.
     double rx_seen_until();
     double reorder_window(uint16_t src);  // the grace's floor for messages from src (s)
+    // first-pass packets missing between the lowest and highest received of their priority
+    // level, sorted (empty: unknown, finished, or none)
+    std::vector<uint32_t> holes(uint16_t src, uint32_t mid);
 
     // send side
     void submit(const TxSpec& spec);
     uint32_t retransmit(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs);
+    // queue the packets of seqs that the first pass has sent and that are not queued already,
+    // ahead of the rest of the pass, without a new pass (holes reported before its end)
+    uint32_t resend(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs);
     bool tx_info(uint16_t dest, uint32_t mid, TxInfo& out);
     void retire(uint16_t dest, uint32_t mid);  // stop sending; returns once no thread reads its buffers
     void set_rate(uint16_t dest, double rate);
@@ -241,11 +249,17 @@ class Datapath {
         RxMsg() {
             for (int i = 0; i < 8; ++i) { lvl_min[i] = UINT32_MAX; lvl_max[i] = 0; lvl_count[i] = 0; }
         }
-        int64_t holes() const {
+        int64_t gaps() const {
             int64_t h = 0;
             for (int i = 0; i < 8; ++i)
                 if (lvl_count[i]) h += int64_t(lvl_max[i]) - int64_t(lvl_min[i]) + 1 - int64_t(lvl_count[i]);
-            return h - int64_t(holes_blamed);
+            return h;
+        }
+        int64_t holes() const { return gaps() - int64_t(holes_blamed); }
+        Progress progress() const {
+            Progress p = prog;
+            p.gaps = uint32_t(std::max<int64_t>(0, gaps()));
+            return p;
         }
         // per batch
         uint32_t batch_new = 0, batch_retx = 0;
@@ -327,6 +341,7 @@ class Datapath {
         uint32_t datagram_bytes = 0;
         std::vector<uint8_t> hdr;  // n_pkts header rows
         std::vector<uint32_t> send_order;
+        std::vector<uint32_t> position;  // of each packet in send_order (made by the first resend)
         std::vector<uint8_t> prio_in_order;  // empty when every packet has one priority
         uint32_t next_pos = 0;
         std::vector<uint32_t> retx;

@@ -94,7 +94,7 @@ Config make_config(const nb::dict& d) {
 
 nb::tuple progress_tuple(const Progress& p) {
     return nb::make_tuple(p.received_pkts, p.received_elems, p.duplicates, p.retx_seen, p.first_arrival,
-                          p.last_arrival, p.state);
+                          p.last_arrival, p.state, p.gaps);
 }
 
 }  // namespace
@@ -227,6 +227,7 @@ NB_MODULE(_datapath, m) {
         .def("drain_rate", &Datapath::drain_rate, nb::call_guard<nb::gil_scoped_release>())
         .def("rx_seen_until", &Datapath::rx_seen_until, nb::call_guard<nb::gil_scoped_release>())
         .def("reorder_window", &Datapath::reorder_window, nb::call_guard<nb::gil_scoped_release>())
+        .def("holes", &Datapath::holes, nb::call_guard<nb::gil_scoped_release>())
         .def("submit",
              [](Datapath& d, uint16_t dest, uint32_t mid, Bytes1D payload, uint8_t dtype, uint64_t total, uint32_t per,
                 uint32_t token, uint32_t iteration, uint32_t tensor_id, uint32_t layer, uint8_t priority,
@@ -276,6 +277,11 @@ NB_MODULE(_datapath, m) {
              [](Datapath& d, uint16_t dest, uint32_t mid, std::vector<uint32_t> seqs) {
                  nb::gil_scoped_release r;
                  return d.retransmit(dest, mid, seqs);
+             })
+        .def("resend",
+             [](Datapath& d, uint16_t dest, uint32_t mid, std::vector<uint32_t> seqs) {
+                 nb::gil_scoped_release r;
+                 return d.resend(dest, mid, seqs);
              })
         .def("tx_info",
              [](Datapath& d, uint16_t dest, uint32_t mid) -> nb::object {

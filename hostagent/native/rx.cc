@@ -143,7 +143,7 @@ bool Datapath::progress(uint16_t src, uint32_t mid, Progress& out) {
     std::lock_guard<std::mutex> g(rx_mu_);
     auto it = rx_.find(key_of(src, mid));
     if (it == rx_.end()) return false;
-    out = it->second->prog;
+    out = it->second->progress();
     return true;
 }
 
@@ -151,7 +151,7 @@ std::vector<std::tuple<uint16_t, uint32_t, Progress>> Datapath::progress_all() {
     std::lock_guard<std::mutex> g(rx_mu_);
     std::vector<std::tuple<uint16_t, uint32_t, Progress>> out;
     out.reserve(rx_.size());
-    for (auto& kv : rx_) out.emplace_back(kv.second->spec.src, kv.second->spec.message_id, kv.second->prog);
+    for (auto& kv : rx_) out.emplace_back(kv.second->spec.src, kv.second->spec.message_id, kv.second->progress());
     return out;
 }
 
@@ -233,6 +233,22 @@ double Datapath::reorder_window(uint16_t src) {
     std::lock_guard<std::mutex> g(rx_mu_);
     auto it = fb_.find(src);
     return it == fb_.end() || it->second.reorder < 0 ? cfg_.answer_grace : it->second.reorder;
+}
+
+std::vector<uint32_t> Datapath::holes(uint16_t src, uint32_t mid) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    std::vector<uint32_t> out;
+    auto it = rx_.find(key_of(src, mid));
+    if (it == rx_.end() || it->second->prog.state != 0) return out;
+    const RxMsg* m = it->second;
+    for (int l = 0; l < 8; ++l) {
+        if (!m->lvl_count[l] || m->lvl_max[l] - m->lvl_min[l] + 1 <= m->lvl_count[l]) continue;
+        for (uint32_t seq = m->lvl_min[l]; seq <= m->lvl_max[l]; ++seq)
+            if (!m->spec.received[seq]) out.push_back(seq);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
 }
 
 double& Datapath::window_of(uint16_t src) {

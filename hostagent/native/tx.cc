@@ -385,6 +385,37 @@ uint32_t Datapath::retransmit(uint16_t dest, uint32_t mid, const std::vector<uin
     return m->pass_no;
 }
 
+uint32_t Datapath::resend(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs) {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    auto it = tx_.find(key_of(dest, mid));
+    if (it == tx_.end()) return 0;
+    TxMsg* m = it->second;
+    for (uint32_t s : seqs)
+        if (s >= m->n_pkts) throw std::invalid_argument("resend: sequence number beyond the message");
+    // (a first pass that is over: the answer to its end lists what is missing)
+    if (m->stopped || !m->prepared || m->next_pos >= m->n_pkts) return 0;
+    if (m->position.empty()) {
+        m->position.resize(m->n_pkts);
+        for (uint32_t i = 0; i < m->n_pkts; ++i) m->position[m->send_order[i]] = i;
+    }
+    std::vector<uint32_t> pending(m->retx.begin() + m->retx_pos, m->retx.end());
+    std::vector<uint8_t> queued(m->n_pkts, 0);
+    for (uint32_t s : pending) queued[s] = 1;
+    uint32_t added = 0;
+    for (uint32_t s : seqs) {
+        if (queued[s] || m->position[s] >= m->next_pos) continue;
+        queued[s] = 1;
+        pending.push_back(s);
+        added += 1;
+    }
+    if (!added) return 0;
+    std::sort(pending.begin() + (pending.size() - added), pending.end());
+    m->retx.swap(pending);
+    m->retx_pos = 0;
+    activate_locked(m);
+    return added;
+}
+
 bool Datapath::tx_info(uint16_t dest, uint32_t mid, TxInfo& out) {
     std::lock_guard<std::mutex> g(tx_mu_);
     auto it = tx_.find(key_of(dest, mid));
@@ -514,16 +545,18 @@ void Datapath::tx_loop() {
         int before = m->sending_priority();
         seqs.clear();
         // A pass's LAST packets leave in one call: a call that would leave fewer than
-        // last_packets behind takes them too (within the credit window).
+        // last_packets behind takes them too (within the credit window). A pass is the first
+        // pass with any holes resent during it (resend), or a retransmission.
         uint32_t room = in_flight < d->window ? uint32_t(d->window - in_flight) : chunk;
         uint32_t after;  // packets of the pass still to go after this call
         if (retx) {
+            uint32_t rest = m->n_pkts - m->next_pos;  // of the first pass, behind its resent holes
             size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
-            if (m->retx.size() - stop < cfg_.last_packets && m->retx.size() - m->retx_pos <= room)
+            if (m->retx.size() - stop + rest < cfg_.last_packets && m->retx.size() - m->retx_pos <= room)
                 stop = m->retx.size();
             seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
             m->retx_pos = stop;
-            after = uint32_t(m->retx.size() - stop);
+            after = uint32_t(m->retx.size() - stop) + rest;
         } else {
             uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
             if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;

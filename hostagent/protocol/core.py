@@ -40,7 +40,8 @@ from hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, Re
                                 TransportClosed, TransportError, TransportTimeout)
 from hostagent.packetizer import MessageMeta, elems_per_packet
 from hostagent.policy import required_elements, retransmission_set
-from hostagent.protocol.incoming import Incoming, answer_due, answer_grace, packet_gap
+from hostagent.protocol.incoming import (HOLE_CHECK_INTERVAL, Incoming, answer_due, answer_grace, overdue_holes,
+                                        packet_gap)
 from hostagent.protocol.outgoing import Outgoing
 from hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
@@ -373,6 +374,8 @@ class ProtocolCore:
             self._on_stop(src, h.message_id, body, now)
         elif t == wire.PacketType.BITMAP:
             self._on_bitmap(src, h.message_id, body, now)
+        elif t == wire.PacketType.NACK:
+            self._on_nack(src, h.message_id, body, now)
         elif t == wire.PacketType.FEEDBACK:
             self._on_feedback(h, body, now)
 
@@ -414,6 +417,7 @@ class ProtocolCore:
             return
         m.stopped = True
         self._rtt_sample(src, m, now)
+        self._pass_losses(src, m, m.packets, 0, now)  # holes a NACK reported, all resent in time
         info = self.port.tx_info(src, message_id)
         self.port.retire(src, message_id)
         lost = 0.0 if m.total_elems == 0 else 1.0 - held / m.total_elems
@@ -437,11 +441,7 @@ class ProtocolCore:
         seqs = retransmission_set(missing, m.drop_class, m.elem_counts(), held, m.total_elems, m.loss_bound)
         new_lost = max(0, len(missing) - m.reported_missing)
         m.reported_missing = len(missing)
-        if new_lost:
-            rc = self._rate_for(src, now)
-            rc.sent = self.port.sent_packets(src)
-            rc.on_feedback(n - len(missing), 0, new_lost, now, timed=False)
-            self._note_rate(src, now, "loss")
+        self._pass_losses(src, m, n - len(missing), new_lost, now)
         m.awaiting_reply = False
         m.probe_sent_at = None
         if len(seqs):
@@ -451,6 +451,33 @@ class ProtocolCore:
             self.port.retransmit(src, message_id, seqs.astype(np.int64))
         else:  # nothing needed (the receiver's count moved on): probe again right away
             m.pass_done_at = 0.0
+
+    def _on_nack(self, src: int, message_id: int, body: bytes, now: float) -> None:
+        """Holes the receiver found before the pass ended: resent at once, ahead of the rest of
+        the pass (the data path resends only what the pass has sent); losses for the rate at
+        the answer to the pass's end (:meth:`_pass_losses`)."""
+        m = self.out.get((src, message_id))
+        if m is None or m.stopped:
+            return
+        bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.BITMAP_PREFIX.size))[: m.packets]
+        holes = np.flatnonzero(bits)
+        n = self.port.resend(src, message_id, holes)
+        self.stats.holes_resent += n
+        m.holes_lost += n
+        if n and m.first_retx_at is None:
+            m.first_retx_at = now
+
+    def _pass_losses(self, src: int, m: Outgoing, received: int, lost: int, now: float) -> None:
+        """A pass's losses (the answer to its end, with the holes NACKs reported during it) cut
+        the rate once, as one BITMAP's did before there were NACKs: a cut per NACK would halve a
+        sender's rate several times a pass under random loss."""
+        lost += m.holes_lost
+        m.holes_lost = 0
+        if lost:
+            rc = self._rate_for(src, now)
+            rc.sent = self.port.sent_packets(src)
+            rc.on_feedback(received, 0, lost, now, timed=False)
+            self._note_rate(src, now, "loss")
 
     def _on_feedback(self, h: wire.Header, body: bytes, now: float) -> None:
         received, marked, lost, share_kBps = wire.FEEDBACK_BODY.unpack_from(body)
@@ -529,6 +556,10 @@ class ProtocolCore:
                         f"{msg.received_elems / max(1, msg.total_elems):.1%} received"))
                 continue
             wake = min(wake, msg.deadline)
+            if msg.loss_bound == 0 and msg.gaps and not msg.probe_pending and msg.first_bitmap_at is None:
+                if seen_until is None:
+                    seen_until = self.port.rx_seen_until()
+                wake = min(wake, self._look_for_holes(msg, now, seen_until))
             if msg.probe_pending:
                 floor = self.port.reorder_window(msg.src)
                 due = msg.last_arrival + answer_grace(floor, msg)
@@ -604,6 +635,32 @@ class ProtocolCore:
             wake = min(wake, now + self.config.bulk_feedback_interval)
         self.port.expire_parked(now - self.config.message_deadline)
         return max(0.0, wake - now)
+
+    def _look_for_holes(self, msg: Incoming, now: float, seen_until: float) -> float:
+        """A reliable message in its first pass: report the holes that stayed open for a
+        reordering window (HOLE_CHECK_INTERVAL, :func:`overdue_holes`) in a NACK. Returns when
+        to look again."""
+        window = self.port.reorder_window(msg.src)
+        every = max(window, HOLE_CHECK_INTERVAL)
+        if msg.holes_looked_at is not None:
+            if now < msg.holes_looked_at + every:
+                return msg.holes_looked_at + every
+            if seen_until < msg.holes_looked_at + window:  # the reader is behind: look again shortly
+                return now + URGENT_TICK
+        holes = self.port.holes(msg.src, msg.message_id)
+        if msg.holes_looked_at is not None:
+            report = overdue_holes(msg.holes_seen, holes, msg.holes_reported)
+            if len(report):
+                if msg.holes_reported is None:
+                    msg.holes_reported = np.zeros(msg.total_pkts, bool)
+                msg.holes_reported[report] = True
+                bits = np.zeros(msg.total_pkts, np.uint8)
+                bits[report] = 1
+                self.queue(msg.src, wire.PacketType.NACK, msg.message_id,
+                           wire.BITMAP_PREFIX.pack(msg.received_elems) + np.packbits(bits).tobytes())
+                self.stats.holes_reported += len(report)
+        msg.holes_seen, msg.holes_looked_at = holes, now
+        return now + every
 
     # ------------------------------------------------------------------ inputs: peers
     def peer_failed(self, rank: int, why: str) -> bool:

@@ -49,6 +49,22 @@ def narrow_reorder(window: float) -> float:
 MAX_BUSY_DEFER = 0.2
 
 
+#: How often the holes of a reliable message (p = 0) still in its first pass are looked at (s;
+#: at least the sender's reordering window). A hole seen at two looks, with the receive thread
+#: having read all that arrived for a reordering window after the first, is reported at once
+#: (NACK) and resent during the pass, instead of a whole round trip after its end. Why: a
+#: ring's all-gather is reliable, and under loss every step waited for one recovery round
+#: after its pass (bitmap, resend behind the receiver's backlog) before the next could start.
+HOLE_CHECK_INTERVAL = 0.002
+
+
+def overdue_holes(seen: np.ndarray, holes: np.ndarray, reported: np.ndarray | None) -> np.ndarray:
+    """Holes to report now: missing at the previous look (``seen``) and still missing
+    (``holes``), not reported before (``reported``: bool per packet, or None)."""
+    both = np.intersect1d(seen, holes, assume_unique=True)
+    return both if reported is None else both[~reported[both]]
+
+
 class Incoming:
     """One message being received."""
 
@@ -81,6 +97,10 @@ class Incoming:
         self.probe_since: float | None = None  # when the pending answer was first asked for
         self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
         self.probes = 0
+        self.gaps = 0  # first-pass packets skipped (Progress.gaps): 0, no hole to look for
+        self.holes_seen = np.zeros(0, np.int64)  # the holes at the last look (p = 0, first pass)
+        self.holes_looked_at: float | None = None
+        self.holes_reported: np.ndarray | None = None  # bool per packet: reported in a NACK
 
     @property
     def key(self) -> tuple[int, int]:
@@ -89,6 +109,7 @@ class Incoming:
     def update(self, p: Progress) -> None:
         """Take the data path's counters."""
         self.received_pkts, self.received_elems, self.duplicates = p.received_pkts, p.received_elems, p.duplicates
+        self.gaps = p.gaps
         if p.first_arrival > 0:
             self.first_arrival = p.first_arrival
             self.last_arrival = max(self.last_arrival, p.last_arrival)

@@ -42,6 +42,7 @@ class Outgoing:
         self.awaiting_reply = False
         self.probes = 0
         self.reported_missing = 0
+        self.holes_lost = 0  # packets resent for a NACK, for the rate at the answer to the pass's end
         self.stopped = False
         self.first_retx_at: float | None = None
 

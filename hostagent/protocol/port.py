@@ -53,6 +53,9 @@ class Progress(NamedTuple):
     first_arrival: float  #: 0 before the first packet
     last_arrival: float
     state: int  #: 0 receiving, 1 exact, 2 bounded (completed by the data path), 3 completed by the core
+    gaps: int = 0
+    """First-pass packets skipped below the highest received of their priority level, filled by
+    a resend since or not (``DataPort.holes`` lists those still missing): 0, nothing to look for."""
 
 
 class TxInfo(NamedTuple):
@@ -154,10 +157,19 @@ class DataPort(Protocol):
     def drain_rate(self, now: float) -> float: ...
     def rx_seen_until(self) -> float: ...
     def reorder_window(self, src: int) -> float: ...
+    def holes(self, src: int, message_id: int) -> np.ndarray:
+        """The message's holes, sorted: first-pass packets missing between the lowest and highest
+        received of their priority level (a level leaves in sequence order; the short last
+        packet, which leaves ahead of its run, is not counted as the highest). Empty when the
+        message is unknown or finished."""
 
     # send side
     def submit(self, spec: TxSpec) -> None: ...
     def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int: ...
+    def resend(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        """Resend the packets among ``seqs`` that this pass has sent and that are not queued to
+        resend already, ahead of the rest of the pass and without starting a new pass (holes a
+        receiver reported before the pass ended). Returns how many were queued."""
     def tx_info(self, dest: int, message_id: int) -> TxInfo | None: ...
     def retire(self, dest: int, message_id: int) -> None: ...
     def set_rate(self, dest: int, rate: float) -> None: ...

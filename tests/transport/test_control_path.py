@@ -184,6 +184,24 @@ def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
     assert a.stats.ctl_records_sent["PROBE"] < passes / 2
 
 
+def test_a_reliable_messages_holes_are_resent_during_its_pass(endpoints):
+    """A reliable message (p = 0) whose pass lasts tens of milliseconds (20 MB/s): the receiver
+    reports holes as they stay open (NACK) and the sender resends them during the pass, so the
+    answer to the pass's end has little left to ask for; every element exact."""
+    from hostagent.ratecontrol import RateConfig
+    from hostagent.transport import LossInjection
+
+    slow = RateConfig(initial_rate=20e6, line_rate=20e6, burst_bytes=16 * 1024)
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), rate=slow,
+                     per_rank={1: {"loss": LossInjection(drop_probabilities=(0.05,) * 4, seed=5)}})
+    x = _grad(PER * 400, 1)  # 400 packets: about 30 ms at 20 MB/s
+    h = b.recv(0, 1)
+    a.send(1, x, 1).wait(20)
+    np.testing.assert_array_equal(h.wait(20).data, x)
+    assert b.stats.holes_reported > 0 and a.stats.holes_resent > 0
+    assert a.stats.holes_resent <= b.stats.holes_reported
+
+
 def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints):
     """Packets for messages not known yet are parked per sender: rank 2 filling its budget with
     junk leaves rank 0's early packets their room, so rank 0's message needs no resend."""

@@ -315,6 +315,69 @@ def test_a_pass_ends_with_its_last_three_packets_marked_last_whatever_the_send_c
 
 
 @pytest.mark.parametrize("which", ["native", "numpy"])
+def test_holes_reported_during_a_pass_are_resent_ahead_of_its_rest_and_only_if_sent(which, monkeypatch):
+    """DataPort.resend (a receiver's NACK): of the holes asked for, those the pass has sent go
+    out again at once, RETX, ahead of the rest of the pass; one not sent yet is left to the pass;
+    the pass still ends with LAST on its final three first-pass packets, not on a resend. The
+    credit window (8 packets, no credits from this plain receiver) holds the pass after 8 until
+    the credit timeout (1 s here), so the resend comes in the middle of the pass."""
+    from hostagent.datapath import native, numpy_path
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    monkeypatch.setattr(native, "CREDIT_TIMEOUT", 1.0)
+    monkeypatch.setattr(numpy_path, "CREDIT_TIMEOUT", 1.0)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False, socket_buffer=4096)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
+    dp.set_rate(1, 1e9)
+    dp.start()
+    x = np.arange(PER * 12, dtype=np.float32)
+    try:
+        dp.submit(TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, np.zeros(12, np.uint8)))
+        rx.settimeout(5)
+        got = [wire.unpack_header(rx.recv(65536)) for _ in range(8)]  # the window's worth
+        assert [h.seq for h in got] == list(range(8))
+        assert dp.resend(1, 7, np.array([3, 0, 10])) == 2  # 10 is not sent yet
+        assert dp.resend(1, 7, np.array([0])) == 0  # queued already
+        with pytest.raises(ValueError, match="beyond"):
+            dp.resend(1, 7, np.array([12]))
+        got += [wire.unpack_header(rx.recv(65536)) for _ in range(6)]
+    finally:
+        dp.stop()
+        sock.close()
+        rx.close()
+    assert [h.seq for h in got[8:]] == [0, 3, 8, 9, 10, 11]
+    assert [bool(h.flags & wire.Flags.RETX) for h in got[8:]] == [True, True] + [False] * 4
+    assert [bool(h.flags & wire.Flags.LAST) for h in got] == [False] * 11 + [True] * 3
+
+
+def test_both_paths_list_the_same_holes_per_priority_level():
+    """DataPort.holes: per priority level, the first-pass packets missing between the lowest and
+    highest received (a level is one run of sequence numbers, in order); not the short last
+    packet's run ahead of it, not a hole a resend filled; Progress.gaps counts them all."""
+    x = np.arange(1, PER * 12 + 10, dtype=np.float32)  # 13 packets, the last one short
+    prio = [5] * 6 + [2] * 7  # two levels: 0-5 leave first, then 6-12
+    paths, sock = _paths()
+    for dp in paths:
+        dgs = [_with(d, priority=prio[i]) for i, d in enumerate(_datagrams(x, 5))]
+        _expect(dp, 1, 5, x.size)
+        assert len(dp.holes(1, 5)) == 0 and dp.holes(1, 99).size == 0
+        for i in [0, 2, 3, 5, 12, 6, 7, 10]:  # 12: the short last packet, ahead of its run
+            _one(dp, dgs[i], now=1.0)
+        assert dp.holes(1, 5).tolist() == [1, 4, 8, 9], type(dp).__name__
+        assert dp.progress(1, 5).gaps == 4
+        _one(dp, _with(dgs[8], flags=wire.Flags.RETX), now=1.1)  # a resend fills one
+        assert dp.holes(1, 5).tolist() == [1, 4, 9]
+        assert dp.progress(1, 5).gaps == 4  # (skipped in the first pass: still counted)
+        dp.stop()
+    sock.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
 def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_classes(which, monkeypatch):
     """A message of PARALLEL_MAGNITUDE_ELEMS or more has its magnitudes computed by several
     threads, each a run of whole packets (the last with the short tail): the classes it sends

@@ -65,12 +65,21 @@ class FakePort:
     def drain_rate(self, now): return 0.0
     def rx_seen_until(self): return self.seen_until
     def reorder_window(self, src): return self.reorder
+    def holes(self, src, mid):  # one priority level: missing below the highest received
+        spec = self.rx.get((src, mid))
+        if spec is None or self.prog[(src, mid)].state:
+            return np.zeros(0, np.int64)
+        got = np.flatnonzero(spec.buffers.received)
+        return np.flatnonzero(spec.buffers.received[: got[-1]] == 0) if len(got) else np.zeros(0, np.int64)
     def submit(self, spec):
         self.tx[(spec.dest, spec.message_id)] = spec
         spec.drop_class[:] = np.arange(len(spec.drop_class)) % 4  # classes 0 1 2 3 0 1 ...
     def retransmit(self, dest, mid, seqs):
         self.calls.append(("retransmit", dest, mid, [int(s) for s in seqs]))
         return 0
+    def resend(self, dest, mid, seqs):
+        self.calls.append(("resend", dest, mid, [int(s) for s in seqs]))
+        return len(seqs)
     def tx_info(self, dest, mid):
         spec = self.tx.get((dest, mid))
         return None if spec is None else TxInfo(len(spec.drop_class), len(spec.drop_class), 0, 0, False, False)
@@ -90,9 +99,12 @@ class FakePort:
             spec.buffers.received[s] = 1
             spec.buffers.out[s * PER : (s + 1) * PER] = s
         elems = sum(min(PER, spec.total_elems - s * PER) for s in new)
+        got = np.flatnonzero(spec.buffers.received)
+        gaps = int(got[-1] + 1 - len(got)) if len(got) and not retx else p.gaps
         self.prog[(src, mid)] = p._replace(received_pkts=p.received_pkts + len(new),
                                            received_elems=p.received_elems + elems, retx_seen=p.retx_seen + retx,
-                                           first_arrival=p.first_arrival or now, last_arrival=now)
+                                           first_arrival=p.first_arrival or now, last_arrival=now,
+                                           gaps=max(p.gaps, gaps))
 
 
 def make_core(**config) -> tuple[ProtocolCore, FakePort]:
@@ -183,6 +195,78 @@ def test_a_send_past_its_deadline_fails_naming_the_message_and_is_retired():
 
 def _expect(core: ProtocolCore, packets: int, p: float, iteration: int = 0, out=None):
     return core.recv(1, 9, now=0.0, out=out, expect=Expect(PER * packets, np.float32, p, iteration=iteration))
+
+
+def _nacked(core: ProtocolCore) -> list[list[int]]:
+    """The holes of each NACK queued for rank 1."""
+    return [np.flatnonzero(np.unpackbits(np.frombuffer(b, np.uint8, offset=wire.BITMAP_PREFIX.size))).tolist()
+            for h, b in records(core, 1) if h.ptype == wire.PacketType.NACK]
+
+
+def test_a_reliable_messages_holes_are_reported_once_they_stayed_open_for_a_reordering_window():
+    """p = 0, first pass: a hole (a later packet of its level came) seen at two looks, the
+    reader having read all that arrived for a reordering window after the first, goes out in a
+    NACK, once; a hole a late packet filled in between never does; a reader that is behind
+    holds the report. Nothing is looked at while no packet was skipped."""
+    from hostagent.protocol.incoming import HOLE_CHECK_INTERVAL
+
+    core, port = make_core()
+    port.reorder = 0.001
+    _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(5), now=0.001)
+    assert core.handle_timer(0.001) > HOLE_CHECK_INTERVAL and not _nacked(core)  # no gap: no look
+    port.deliver(1, 9, [6, 7, 9, 10], now=0.002)  # 5 and 8 skipped
+    assert core.handle_timer(0.002) == pytest.approx(HOLE_CHECK_INTERVAL)  # first look: 5, 8
+    assert not _nacked(core)
+    port.deliver(1, 9, [8], now=0.003)  # 8 was only late
+    port.deliver(1, 9, [11, 13], now=0.003)
+    port.seen_until = 0.0025  # the reader is behind: not all that came until 0.003 was read
+    assert core.handle_timer(0.004) == pytest.approx(URGENT_TICK)
+    assert not _nacked(core)
+    port.seen_until = float("inf")
+    core.handle_timer(0.0045)
+    assert _nacked(core) == [[5]]  # 12 opened since the first look: next time
+    core.handle_timer(0.0066)
+    assert _nacked(core) == [[12]]
+    core.handle_timer(0.0090)
+    assert _nacked(core) == []  # each hole once
+    assert core.stats.holes_reported == 2 and core.stats.ctl_records_sent["NACK"] == 2
+
+
+def test_no_holes_are_reported_for_a_bounded_message_or_after_the_end_of_the_pass():
+    """A message with a loss bound needs no early resend (its bound covers the holes); once the
+    pass ended (LAST) the answer to it lists what is missing, and NACKs stop."""
+    for p, last in ((0.1, False), (0.0, True)):
+        core, port = make_core()
+        _expect(core, 20, p)
+        port.deliver(1, 9, [0, 1, 3, 4], now=0.001)
+        if last:
+            core.on_events([(EventKind.RX_LAST, 1, 9, 0.001, 0)], now=0.001)
+        for t in (0.001, 0.004, 0.008):
+            core.handle_timer(t)
+        assert not any(h.ptype == wire.PacketType.NACK for h, _ in records(core, 1))
+
+
+def test_a_nack_resends_its_holes_at_once_and_counts_them_as_losses_once_the_pass_is_answered():
+    """Sender: the holes of a NACK go to the data path's resend (which keeps only what the
+    pass has sent); the rate reacts to them once, with the answer to the pass's end (here a
+    STOP: every hole came in time), not at each NACK."""
+    core, port = make_core()
+    core.send(1, np.zeros(PER * 20, np.float32), 7, now=0.0)
+    bits = np.zeros(20, np.uint8)
+    bits[[2, 5]] = 1
+    nack = wire.Header(ptype=wire.PacketType.NACK, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(nack, wire.BITMAP_PREFIX.pack(PER * 12) + np.packbits(bits).tobytes(), now=0.01)
+    assert ("resend", 1, 7, [2, 5]) in port.calls
+    assert core.stats.holes_resent == 2
+    assert port.rates.get(1, core.config.rate.initial_rate) == core.config.rate.initial_rate
+    unknown = dataclasses.replace(nack, message_id=8)
+    core.on_record(unknown, wire.BITMAP_PREFIX.pack(0) + b"\xff", now=0.02)  # no such message: ignored
+    assert core.stats.holes_resent == 2
+    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(stop, wire.STOP_BODY.pack(PER * 20), now=0.03)
+    assert port.rates[1] < core.config.rate.initial_rate and core.rate_log[-1].cause == "loss"
+    assert len([r for r in core.rate_log if r.cause == "loss"]) == 1
 
 
 def test_an_expected_message_is_set_up_with_its_iterations_token():

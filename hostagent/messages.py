@@ -61,6 +61,10 @@ class MessageStats:
     recovery_started: float | None = None
     """Monotonic time of its first recovery round (receiver: first BITMAP; sender: first pass
     over with packets missing), None when nothing needed recovering."""
+    first_resend_at: float | None = None
+    """Receiver: monotonic time its first resent packet reached the host (None: none came).
+    With the sender's ``recovery_started`` (its first BITMAP in) it splits a recovery round into
+    the answer's way, the resend's way and the rest."""
     finished_at: float = 0.0
     """Monotonic time it completed."""
     iteration: int = 0

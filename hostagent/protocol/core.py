@@ -518,6 +518,8 @@ class ProtocolCore:
                         old = self.srtt.get(peer)
                         self.srtt[peer] = sample if old is None else 0.875 * old + 0.125 * sample
                         msg.bitmap_sent_at = None
+                    if msg.first_resend_at is None:
+                        msg.first_resend_at = t
                     msg.retx_seen += a
             elif kind == EventKind.TX_PASS:
                 m = self.out.get(key)

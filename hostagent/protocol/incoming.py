@@ -96,6 +96,7 @@ class Incoming:
         self.probe_pending = False
         self.probe_since: float | None = None  # when the pending answer was first asked for
         self.bitmap_sent_at: float | None = None  # for the receiver's RTT estimate
+        self.first_resend_at: float | None = None  # when its first resent packet arrived
         self.probes = 0
         self.gaps = 0  # first-pass packets skipped (Progress.gaps): 0, no hole to look for
         self.holes_seen = np.zeros(0, np.int64)  # the holes at the last look (p = 0, first pass)
@@ -148,7 +149,8 @@ class Incoming:
             packets=self.total_pkts, bytes=b.out.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             lost_fraction=self.lost_fraction, retransmissions=self.retx_seen, duplicates=self.duplicates,
             probes=self.probes, completion_time=now - self.started, how=how, started=self.started,
-            first_arrival=self.first_arrival, recovery_started=self.first_bitmap_at, finished_at=now,
+            first_arrival=self.first_arrival, recovery_started=self.first_bitmap_at,
+            first_resend_at=self.first_resend_at, finished_at=now,
             iteration=self.iteration,
         )
         return RecvResult(b.out, stats, None if exact else received, self.elems_per_packet, b.pkt_priority,

@@ -313,6 +313,8 @@ def test_below_the_bound_the_answer_is_a_bitmap_and_the_pace_of_the_first_pass_i
     port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
     core.on_events([(EventKind.RX_DONE, 1, 9, 0.050, 1)], now=0.050)
     assert h.wait(0).stats.how == "exact" and kinds(core, 1) == ["STOP"]
+    st = h.wait(0).stats  # the round: its bitmap at 30 ms, its first resend in at 50 ms
+    assert st.recovery_started == pytest.approx(0.030) and st.first_resend_at == pytest.approx(0.050)
 
 
 def test_a_reader_behind_delays_an_answer_but_not_past_its_bound():

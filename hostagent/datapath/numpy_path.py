@@ -1109,9 +1109,11 @@ class NumpyDatapath:
                         m.next_pos = stop
                         after = m.packets - stop
                         pass_size = m.packets
-                    # a pass shorter than LAST_PACKETS repeats its last packet: a lone resend
-                    # lost would leave the receiver waiting for a PROBE
-                    repeat = wire.LAST_PACKETS - pass_size if after == 0 and pass_size < wire.LAST_PACKETS else 0
+                    # a resend pass shorter than LAST_PACKETS repeats its last packet: a lone
+                    # resend lost would leave the receiver waiting for a PROBE (a first pass does
+                    # not: a small message's bytes would double or triple)
+                    repeat = (wire.LAST_PACKETS - pass_size if retx and after == 0 and pass_size < wire.LAST_PACKETS
+                              else 0)
                     finished = not m.has_packets()
                     if not finished and m.sending_priority() != before:
                         self._reorder()
@@ -1168,7 +1170,7 @@ class NumpyDatapath:
         rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
         by one. ``after`` packets of the pass are still to go after these; the packets that
         leave within the pass's final ``wire.LAST_PACKETS`` carry LAST, and the one that leaves
-        last goes ``repeat`` more times (a pass shorter than LAST_PACKETS)."""
+        last goes ``repeat`` more times (a resend pass shorter than LAST_PACKETS)."""
         batch = m.batch
         assert batch is not None and m.payload_rows is not None  # prepared before any packet is sent
         per = batch.elems_per_packet

@@ -572,9 +572,10 @@ void Datapath::tx_loop() {
             after = m->n_pkts - stop;
             pass_size = m->n_pkts;
         }
-        // a pass shorter than last_packets repeats its last packet: a lone resend lost would
-        // leave the receiver waiting for a PROBE
-        uint32_t repeat = after == 0 && pass_size < cfg_.last_packets ? cfg_.last_packets - pass_size : 0;
+        // a resend pass shorter than last_packets repeats its last packet: a lone resend lost
+        // would leave the receiver waiting for a PROBE (a first pass does not: a small
+        // message's bytes would double or triple)
+        uint32_t repeat = retx && after == 0 && pass_size < cfg_.last_packets ? cfg_.last_packets - pass_size : 0;
         bool finished_pass = !m->has_packets();
         if (!finished_pass && m->sending_priority() != before) reorder_locked();
         uint32_t pass_no = m->pass_no;

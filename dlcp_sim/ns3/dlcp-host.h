@@ -461,8 +461,6 @@ class DlcpHost : public GradientHost {
                      [m](uint32_t a, uint32_t b) { return m->plan->dropClass[a] < m->plan->dropClass[b]; });
     missing.resize(std::min<size_t>(missing.size(), required - have));
     m->retx.assign(missing.begin(), missing.end());
-    // the agent's send paths: a pass shorter than lastPackets repeats its last packet
-    while (tp.lastFlag && !m->retx.empty() && m->retx.size() < tp.lastPackets) m->retx.push_back(m->retx.back());
     m->probeTimer.Cancel();
     Pump();
   }

@@ -1096,7 +1096,6 @@ class NumpyDatapath:
                         seqs = m.retx[m.retx_pos : stop]
                         m.retx_pos = stop
                         after = len(m.retx) - stop + rest
-                        pass_size = len(m.retx) + rest
                     else:
                         stop = min(m.next_pos + chunk, m.packets)
                         if m.packets - stop < wire.LAST_PACKETS and m.packets - m.next_pos <= room:
@@ -1108,12 +1107,6 @@ class NumpyDatapath:
                         seqs = m.send_order[m.next_pos : stop]
                         m.next_pos = stop
                         after = m.packets - stop
-                        pass_size = m.packets
-                    # a resend pass shorter than LAST_PACKETS repeats its last packet: a lone
-                    # resend lost would leave the receiver waiting for a PROBE (a first pass does
-                    # not: a small message's bytes would double or triple)
-                    repeat = (wire.LAST_PACKETS - pass_size if retx and after == 0 and pass_size < wire.LAST_PACKETS
-                              else 0)
                     finished = not m.has_packets()
                     if not finished and m.sending_priority() != before:
                         self._reorder()
@@ -1128,7 +1121,7 @@ class NumpyDatapath:
                         self._tx_cv.notify_all()
                 continue
             try:
-                sent, nbytes = self._send_packets(m, d, seqs, retx, after, repeat)
+                sent, nbytes = self._send_packets(m, d, seqs, retx, after)
             finally:
                 with self._tx_cv:
                     m.busy = False
@@ -1164,13 +1157,11 @@ class NumpyDatapath:
             entry = d.socks[q] = (sock, DatagramSender(sock, use_gso=self.config.offload))
         return entry[1]
 
-    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, after: int,
-                      repeat: int = 0) -> tuple[int, int]:
+    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, after: int) -> tuple[int, int]:
         """Send ``seqs`` of ``m`` (all of one priority) in one paced burst: full-size packets as
         rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
         by one. ``after`` packets of the pass are still to go after these; the packets that
-        leave within the pass's final ``wire.LAST_PACKETS`` carry LAST, and the one that leaves
-        last goes ``repeat`` more times (a resend pass shorter than LAST_PACKETS)."""
+        leave within the pass's final ``wire.LAST_PACKETS`` carry LAST."""
         batch = m.batch
         assert batch is not None and m.payload_rows is not None  # prepared before any packet is sent
         per = batch.elems_per_packet
@@ -1204,12 +1195,12 @@ class NumpyDatapath:
         if w > 0:
             time.sleep(w)
         use_gso = sender.gso and n_full > 1
-        # LAST goes on the packets that really leave last: with a GSO run, the short packet
-        # leaves first and the run's final rows last.
-        departure = ([short_pos] + [i for i in range(k) if i != short_pos]) if use_gso and short_pos >= 0 \
-            else list(range(k))
         marked = max(0, min(k, wire.LAST_PACKETS - after))
         if marked:
+            # LAST goes on the packets that really leave last: with a GSO run, the short packet
+            # leaves first and the run's final rows last.
+            departure = ([short_pos] + [i for i in range(k) if i != short_pos]) if use_gso and short_pos >= 0 \
+                else list(range(k))
             pos = np.array(departure[k - marked :], np.int64)
             if retx:
                 hdr["flags"][pos] |= _LAST
@@ -1233,9 +1224,6 @@ class NumpyDatapath:
             n, nbytes = n + n2, nbytes + b2
         else:
             n, nbytes = self._one_by_one(sender, batch, hrows, hidx, seqs, list(range(k)))
-        if repeat and k:  # copies of the packet that left last (it carries LAST)
-            n2, b2 = self._one_by_one(sender, batch, hrows, hidx, seqs, [departure[-1]] * repeat)
-            n, nbytes = n + n2, nbytes + b2
         self.counters["gso_calls"] += sender.syscalls - calls0 if sender.gso else 0
         if sender.errors != errors0:  # e.g. ICMP unreachable from a dead peer; its TCP loss tells
             self.counters["send_errors"] += sender.errors - errors0

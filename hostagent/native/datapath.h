@@ -397,7 +397,7 @@ class Datapath {
     void activate_locked(TxMsg* m);
     void reorder_locked();
     std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs, bool retx,
-                                                 uint32_t after, uint32_t repeat);
+                                                 uint32_t after);
     Sock& sock_for(Dest& d, uint8_t priority);
     uint64_t sendmmsg_plain(Sock& s, std::vector<struct iovec>& iov, size_t first, size_t count, uint32_t& sent);
 

@@ -548,7 +548,7 @@ void Datapath::tx_loop() {
         // last_packets behind takes them too (within the credit window). A pass is the first
         // pass with any holes resent during it (resend), or a retransmission.
         uint32_t room = in_flight < d->window ? uint32_t(d->window - in_flight) : chunk;
-        uint32_t after, pass_size;  // packets of the pass still to go after this call; in all
+        uint32_t after;  // packets of the pass still to go after this call
         if (retx) {
             uint32_t rest = m->n_pkts - m->next_pos;  // of the first pass, behind its resent holes
             size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
@@ -557,7 +557,6 @@ void Datapath::tx_loop() {
             seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
             m->retx_pos = stop;
             after = uint32_t(m->retx.size() - stop) + rest;
-            pass_size = uint32_t(m->retx.size()) + rest;
         } else {
             uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
             if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;
@@ -570,12 +569,7 @@ void Datapath::tx_loop() {
             seqs.assign(m->send_order.begin() + m->next_pos, m->send_order.begin() + stop);
             m->next_pos = stop;
             after = m->n_pkts - stop;
-            pass_size = m->n_pkts;
         }
-        // a resend pass shorter than last_packets repeats its last packet: a lone resend lost
-        // would leave the receiver waiting for a PROBE (a first pass does not: a small
-        // message's bytes would double or triple)
-        uint32_t repeat = retx && after == 0 && pass_size < cfg_.last_packets ? cfg_.last_packets - pass_size : 0;
         bool finished_pass = !m->has_packets();
         if (!finished_pass && m->sending_priority() != before) reorder_locked();
         uint32_t pass_no = m->pass_no;
@@ -599,7 +593,7 @@ void Datapath::tx_loop() {
         }
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
-        if (sk) sent = send_packets(m, *sk, seqs, retx, after, repeat);
+        if (sk) sent = send_packets(m, *sk, seqs, retx, after);
         g.lock();
         m->busy = false;
         d->pacer.tokens -= double(sent.second);
@@ -647,7 +641,7 @@ uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first
 }
 
 std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs,
-                                                     bool retx, uint32_t after, uint32_t repeat) {
+                                                     bool retx, uint32_t after) {
     const HeaderLayout& L = cfg_.layout;
     size_t k = seqs.size();
     if (k == 0) return {0, 0};
@@ -684,8 +678,6 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
         uint8_t* h = const_cast<uint8_t*>(hp[order[j]]);
         wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
     }
-    for (uint32_t r = 0; r < repeat; ++r) order.push_back(order.back());  // (copies of the last, LAST too)
-    k = order.size();
     std::vector<iovec> iov(2 * k);
     std::vector<uint32_t> len(k);
     for (size_t j = 0; j < k; ++j) {

@@ -245,11 +245,11 @@ class Assembly:
         return True
 
     def _ingest_rows(self, slots: np.ndarray, lengths: np.ndarray, h: np.ndarray,
-                     rows: np.ndarray, reason: np.ndarray) -> tuple[int, int]:
+                     rows: np.ndarray, reason: np.ndarray, placed: np.ndarray | None = None) -> tuple[int, int]:
         """Validate rows already known to belong to this message; copy the good new ones.
 
-        ``h`` holds the headers of ``rows``. Sets ``reason`` for bad rows. Returns
-        ``(accepted, duplicates)``.
+        ``h`` holds the headers of ``rows``. Sets ``reason`` for bad rows and ``placed`` (if
+        given) for the rows that placed a new packet. Returns ``(accepted, duplicates)``.
         """
         seq = h["seq"].astype(np.int64)
         in_range = seq < self.total_pkts
@@ -291,6 +291,8 @@ class Assembly:
         self.duplicates += duplicates
         if not new_seq.size:
             return 0, duplicates
+        if placed is not None:
+            placed[new_rows] = True
         full = new_seq < self.n_full
         rows_f, seq_f = (new_rows, new_seq) if full.all() else (new_rows[full], new_seq[full])
         if rows_f.size:
@@ -359,6 +361,9 @@ class BatchResult:
     run: bool = False
     """The whole batch was one in-order run of new packets of ``touched[0]``: every datagram
     was accepted, none is a retransmission (the fast path)."""
+    placed: np.ndarray | None = None
+    """Per datagram: True where it placed a new packet (None for a run: every one did). A
+    duplicate is accepted (reason 0) but places nothing."""
 
     @property
     def rejected(self) -> int:
@@ -462,6 +467,7 @@ class Reassembler:
         ):
             reason[(reason == 0) & bad] = _CODE[name]
         ok = np.flatnonzero(reason == 0)
+        placed = np.zeros(n, dtype=bool)
         accepted = duplicates = parked = 0
         touched: list[Assembly] = []
         if ok.size:
@@ -496,15 +502,15 @@ class Reassembler:
                         reason[rows[kept]] = 0
                         parked += int(kept.sum())
                     continue
-                a, d = asm._ingest_rows(slots, lengths, hdr if rows.size == n else hdr[rows], rows, reason)
+                a, d = asm._ingest_rows(slots, lengths, hdr if rows.size == n else hdr[rows], rows, reason, placed)
                 accepted += a
                 duplicates += d
                 if a:
                     touched.append(asm)
-        return self._finish(reason, accepted, duplicates, tuple(touched), parked)
+        return self._finish(reason, accepted, duplicates, tuple(touched), parked, placed)
 
     def _finish(self, reason: np.ndarray, accepted: int, duplicates: int,
-                touched: tuple[Assembly, ...], parked: int = 0) -> BatchResult:
+                touched: tuple[Assembly, ...], parked: int = 0, placed: np.ndarray | None = None) -> BatchResult:
         self.stats.accepted += accepted
         self.stats.duplicates += duplicates
         if reason.any():
@@ -512,4 +518,5 @@ class Reassembler:
             for code, count in zip(codes.tolist(), counts.tolist()):
                 self.stats.rejected[REASONS[code]] += count
                 log.debug("rejected %d datagram(s): %s", count, REASONS[code])
-        return BatchResult(accepted, duplicates, reason, touched, parked)
+        return BatchResult(accepted, duplicates, reason, touched, parked,
+                           placed=placed if placed is not None else np.zeros(len(reason), dtype=bool))

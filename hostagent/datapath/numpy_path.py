@@ -689,7 +689,9 @@ class NumpyDatapath:
             else:
                 lmask = good & ((hdr["flags"] & _LAST) != 0)
                 last = set(zip(hdr["sender_rank"][lmask].tolist(), hdr["message_id"][lmask].tolist()))
-                rmask = good & ((hdr["flags"] & _RETX) != 0)
+                # resends that brought a packet (_finish counts the first sending of each as
+                # never coming; a duplicate resend was consumed as it was read, and counts no more)
+                rmask = good & ((hdr["flags"] & _RETX) != 0) & (res.placed if res.placed is not None else True)
                 retx = {}
                 for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
                     retx[k] = retx.get(k, 0) + 1

@@ -362,7 +362,6 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         m->batch_first_at = std::min(m->batch_first_at, at);
         m->batch_last_at = std::max(m->batch_last_at, at);
         if (flags & cfg_.flag_last) m->batch_last = true;
-        if (retx) m->batch_retx += 1;
         if (!retx && !(flags & cfg_.flag_last) && m->last_at > 0 && at > m->last_at) {
             // a first-pass packet that reached the host after the pass's LAST packets: reordered
             // (its other LAST packets come after the first by design)
@@ -414,6 +413,9 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             m->prog.received_pkts += 1;
             m->prog.received_elems += count;
             m->batch_new += 1;
+            // a resend that brought a packet: finish_locked counts the first sending of each as
+            // never coming (a duplicate resend was consumed as it was read, and counts no more)
+            if (retx) m->batch_retx += 1;
             accepted_ += 1;
         }
         fb = &fb_[sender];

@@ -122,6 +122,31 @@ def test_every_datagram_is_judged_alike_by_both_paths():
     sock.close()
 
 
+def test_a_resend_read_twice_in_one_batch_counts_once_on_both_paths():
+    """Progress.retx_seen counts resends that brought a packet: a copy read in the same batch
+    as the first is a duplicate, consumed as it was read. (When a message finishes, the data
+    paths count the first sending of each resent packet as never coming, from retx_seen: a
+    duplicate counted there released one packet too many of the sender's window.)"""
+    x = np.arange(1, PER * 4 + 1, dtype=np.float32)
+    dgs = _datagrams(x, 5)
+    width = wire.HEADER_SIZE + PER * 4
+    resend = _with(dgs[2], flags=wire.Flags.RETX)
+    paths, sock = _paths()
+    seen = []
+    for dp in paths:
+        _expect(dp, 1, 5, x.size)
+        for i in (0, 1, 3):
+            _one(dp, dgs[i], now=1.0)
+        rows = np.zeros((2, width), np.uint8)
+        rows[:, : len(resend)] = np.frombuffer(resend, np.uint8)
+        dp.ingest_for_test(rows, np.array([len(resend)] * 2), 1.01)
+        p = dp.progress(1, 5)
+        seen.append((p.retx_seen, p.duplicates, p.state))
+        dp.stop()
+    sock.close()
+    assert seen[0] == seen[1] == (1, 1, 1), seen
+
+
 def test_a_sum_adds_each_packet_once_whatever_repeats():
     """A reduction placed by the data path (Expect.accumulate): duplicates, resends and reorder
     never add a packet twice; a float16 payload adds into float32."""

@@ -27,7 +27,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEO
                                         max_datagram)
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
-from hostagent.policy import PARALLEL_MAGNITUDE_ELEMS, magnitude_threads
+from hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
 from hostagent.protocol.incoming import (ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER, REORDER_DECAY, REORDER_MARGIN,
                                          REORDER_MIN)
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
@@ -62,6 +62,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "park_limit": config.park_limit, "top_priority": pol.top_priority, "dscp": list(pol.dscp),
         "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,
         "parallel_magnitude_elems": PARALLEL_MAGNITUDE_ELEMS, "magnitude_threads": magnitude_threads(),
+        "sampled_classes_packets": SAMPLED_CLASSES_PACKETS, "class_sample": CLASS_SAMPLE,
         "line_rate": config.rate.line_rate, "burst_bytes": float(config.rate.burst_bytes),
         "pacing_slack": config.rate.pacing_slack,
         "max_inline_wait": MAX_INLINE_WAIT,

@@ -9,7 +9,8 @@
 //  * tx: of all messages with packets left, sends the one whose next packet has the highest
 //    priority (retransmissions first), paced per destination by a token bucket at the rate
 //    Python sets and by a host pacer, by UDP GSO where the kernel takes it (sendmmsg
-//    otherwise); builds the headers and, when a message becomes ready, its drop classes.
+//    otherwise); builds the headers and, when a message becomes ready, its drop classes (a
+//    large message's, packet by packet as they first leave: hostagent.policy.class_sample).
 //
 // Python keeps the policy, the protocol (completion under the bound, probes, bitmaps,
 // feedback, rate decisions: hostagent.protocol) and the API. It learns what happened through
@@ -95,6 +96,7 @@ struct Config {
     // threads (hostagent.policy.PARALLEL_MAGNITUDE_ELEMS, magnitude_threads)
     uint64_t parallel_magnitude_elems = 4000000;
     uint32_t magnitude_threads = 1;
+    ClassSampling class_sampling;  // which packets set a message's class boundaries (policy's)
     // pacing
     double line_rate = 1.25e9;
     double burst_bytes = 256 * 1024;
@@ -151,7 +153,7 @@ struct TxSpec {
     uint8_t priority = 0;
     const uint8_t* pkt_priority = nullptr;  // per packet, or null: `priority` for all
     const uint16_t* pkt_layer = nullptr;    // per packet, or null: `layer` for all
-    uint8_t* drop_class_out = nullptr;      // filled when the message becomes ready
+    uint8_t* drop_class_out = nullptr;      // filled when the message becomes ready (sampled: as each packet leaves)
     uint8_t* snapshot = nullptr;            // if set: the payload is copied here when ready and sent from it
     bool held = false;
     uint64_t order = 0;
@@ -354,6 +356,10 @@ class Datapath {
         // same packets), where that receive placed the packet (given_have); empty: none
         std::vector<float> given_mags;
         std::vector<uint8_t> given_have;
+        // classes at send time (a large message's boundaries came from a sample): each
+        // packet's class is computed as it first leaves; `classed` says which have one
+        std::vector<float> boundaries;
+        std::vector<uint8_t> classed;
         int sending_priority() const;
         bool has_packets() const { return !stopped && !held && (next_pos < n_pkts || retx_pos < retx.size()); }
     };
@@ -370,6 +376,9 @@ class Datapath {
     bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
+    // send side: give the packets `seqs` of a message whose classes wait for its sending
+    // their class (header and drop_class_out), from their magnitudes (m->busy, unlocked)
+    void classify(TxMsg* m, const std::vector<uint32_t>& seqs);
     // Complete the watched messages whose grace ran out (rx_mu_ held); returns the next due
     // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
     double end_passes(double now, double seen_until);

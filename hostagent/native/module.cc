@@ -68,6 +68,9 @@ Config make_config(const nb::dict& d) {
     c.magnitude = get<std::string>(d, "magnitude") == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2;
     c.parallel_magnitude_elems = get<uint64_t>(d, "parallel_magnitude_elems");
     c.magnitude_threads = get<uint32_t>(d, "magnitude_threads");
+    c.class_sampling.sampled_min = get<uint32_t>(d, "sampled_classes_packets");
+    c.class_sampling.sample = get<uint32_t>(d, "class_sample");
+    if (c.class_sampling.sample == 0) throw std::invalid_argument("class_sample must be > 0");
     c.line_rate = get<double>(d, "line_rate");
     c.burst_bytes = get<double>(d, "burst_bytes");
     c.pacing_slack = get<double>(d, "pacing_slack");
@@ -128,10 +131,13 @@ NB_MODULE(_datapath, m) {
           "data"_a, "kind"_a, "per"_a, "how"_a, "out"_a);
 
     m.def("drop_classes",
-          [](F32 mags, std::vector<double> shares, U8 out) {
-              drop_classes(mags.data(), mags.shape(0), shares, out.data());
+          [](F32 mags, std::vector<double> shares, uint32_t sampled_classes_packets, uint32_t class_sample, U8 out) {
+              if (class_sample == 0) throw std::invalid_argument("class_sample must be > 0");
+              if (out.shape(0) < mags.shape(0)) throw std::invalid_argument("drop_classes: out too short");
+              drop_classes(mags.data(), mags.shape(0), shares, ClassSampling{sampled_classes_packets, class_sample},
+                           out.data());
           },
-          "magnitudes"_a, "shares"_a, "out"_a);
+          "magnitudes"_a, "shares"_a, "sampled_classes_packets"_a, "class_sample"_a, "out"_a);
 
     nb::class_<Datapath>(m, "Datapath")
         .def("__init__", [](Datapath* self, nb::dict cfg) { new (self) Datapath(make_config(cfg)); })

@@ -53,23 +53,58 @@ void packet_magnitudes(const uint8_t* data, size_t n_elems, Kind kind, uint32_t 
     }
 }
 
-void drop_classes(const float* mags_in, size_t n, const std::vector<double>& shares, uint8_t* out) {
-    const size_t classes = shares.size();
-    std::fill(out, out + n, uint8_t(0));
-    if (classes <= 1 || n == 0) return;
-    std::vector<float> mags(mags_in, mags_in + n);
-    for (float& m : mags)
-        if (std::isnan(m)) m = -std::numeric_limits<float>::infinity();
-    // boundaries: numpy's round(cumsum(shares) * n), half to even, without the last
+namespace {
+// numpy's round(cumsum(shares) * n), half to even, without the last: the class boundaries
+// counted in packets of n
+std::vector<long> boundary_counts(const std::vector<double>& shares, size_t n) {
     std::vector<long> bounds;
     double cum = 0.0;
     int mode = std::fegetround();
     std::fesetround(FE_TONEAREST);
-    for (size_t i = 0; i + 1 < classes; ++i) {
+    for (size_t i = 0; i + 1 < shares.size(); ++i) {
         cum += shares[i];
         bounds.push_back(long(std::nearbyint(cum * double(n))));
     }
     std::fesetround(mode);
+    return bounds;
+}
+}  // namespace
+
+std::vector<float> class_boundaries(const float* sample, size_t k, const std::vector<double>& shares) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> s(sample, sample + k);
+    for (float& m : s)
+        if (std::isnan(m)) m = -inf;
+    std::vector<float> out;
+    for (long b : boundary_counts(shares, k)) {
+        if (b <= 0) {
+            out.push_back(inf);  // no packet within the top 0
+        } else if (b >= long(k)) {
+            out.push_back(-inf);  // every packet within
+        } else {
+            std::nth_element(s.begin(), s.begin() + (long(k) - b), s.end());
+            out.push_back(s[size_t(long(k) - b)]);  // the b-th largest
+        }
+    }
+    return out;
+}
+
+void drop_classes(const float* mags_in, size_t n, const std::vector<double>& shares, const ClassSampling& sampling,
+                  uint8_t* out) {
+    const size_t classes = shares.size();
+    std::fill(out, out + n, uint8_t(0));
+    if (classes <= 1 || n == 0) return;
+    if (uint32_t stride = sampling.stride(n); stride > 1) {
+        std::vector<float> sample;
+        for (size_t r = 0; r < n / stride; ++r) sample.push_back(mags_in[sampling.index(r, stride)]);
+        std::vector<float> b = class_boundaries(sample.data(), sample.size(), shares);
+        for (size_t i = 0; i < n; ++i) out[i] = class_of(mags_in[i], b);
+        return;
+    }
+    std::vector<float> mags(mags_in, mags_in + n);
+    for (float& m : mags)
+        if (std::isnan(m)) m = -std::numeric_limits<float>::infinity();
+    std::vector<long> bounds = boundary_counts(shares, n);
     std::vector<float> scratch;
     std::vector<uint8_t> top(n);
     for (long b : bounds) {

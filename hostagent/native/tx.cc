@@ -261,7 +261,20 @@ void Datapath::prepare(TxMsg* m) {
                 size_t lo = size_t(p) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
                 packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &mags[p]);
             }
-            drop_classes(mags.data(), n, cfg_.shares, classes.data());
+            drop_classes(mags.data(), n, cfg_.shares, cfg_.class_sampling, classes.data());
+        } else if (uint32_t stride = cfg_.class_sampling.stride(n); stride > 1 && cfg_.shares.size() > 1) {
+            // Boundaries from a sample (the policy's rule for a large message): its first packet
+            // leaves without a pass over the whole message; classify() gives each packet its
+            // class as it first leaves, from memory the copy into the socket reads next.
+            std::vector<float> sample;
+            for (size_t r = 0; r < n / stride; ++r) {
+                size_t lo = cfg_.class_sampling.index(r, stride) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
+                float v;
+                packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &v);
+                sample.push_back(v);
+            }
+            m->boundaries = class_boundaries(sample.data(), sample.size(), cfg_.shares);
+            m->classed.assign(n, 0);
         } else if (n) {
             // Every magnitude is needed before the first packet leaves (classes are quantiles):
             // on a large message, share the pass between threads (rows are independent).
@@ -278,13 +291,13 @@ void Datapath::prepare(TxMsg* m) {
             packet_magnitudes(m->src, std::min<size_t>(size_t(first) * s.per, size_t(s.total_elems)), m->kind, s.per,
                               cfg_.magnitude, mags.data());
             for (auto& t : helpers) t.join();
-            drop_classes(mags.data(), n, cfg_.shares, classes.data());
+            drop_classes(mags.data(), n, cfg_.shares, cfg_.class_sampling, classes.data());
         }
         m->given_mags.clear();
         m->given_mags.shrink_to_fit();
         m->given_have.clear();
         m->given_have.shrink_to_fit();
-        if (s.drop_class_out) std::memcpy(s.drop_class_out, classes.data(), n);
+        if (s.drop_class_out && m->classed.empty()) std::memcpy(s.drop_class_out, classes.data(), n);
     }
     m->hdr.assign(size_t(n) * H_, 0);
     uint8_t tmpl[256];
@@ -591,6 +604,7 @@ void Datapath::tx_loop() {
             std::lock_guard<std::mutex> lk(tx_mu_);
             w = std::max(d->pacer.wait_time(total, d->rate, now), host_pacer_.wait_time(total, cfg_.line_rate, now));
         }
+        if (!m->classed.empty()) classify(m, seqs);
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
         if (sk) sent = send_packets(m, *sk, seqs, retx, after);
@@ -612,6 +626,20 @@ void Datapath::tx_loop() {
         }
         tx_cv_.notify_all();
         if (finished_pass && !m->stopped) emit(EV_TX_PASS, m->spec.dest, m->spec.message_id, now_s(), pass_no);
+    }
+}
+
+void Datapath::classify(TxMsg* m, const std::vector<uint32_t>& seqs) {
+    const TxSpec& s = m->spec;
+    for (uint32_t seq : seqs) {
+        if (m->classed[seq]) continue;
+        size_t lo = size_t(seq) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
+        float v;
+        packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &v);
+        uint8_t c = class_of(v, m->boundaries);
+        wr(m->hdr.data() + size_t(seq) * H_, cfg_.layout.drop_class, c);
+        if (s.drop_class_out) s.drop_class_out[seq] = c;
+        m->classed[seq] = 1;
     }
 }
 

@@ -16,7 +16,7 @@ from bench import rogue
 from hostagent import auth, wire
 from hostagent.datapath import native_available
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy, drop_classes, packet_magnitudes
+from hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
 from hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
 from hostagent.reassembly import REASONS
 from hostagent.transport_config import TransportConfig, local_peers
@@ -424,6 +424,35 @@ def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_cla
     assert len(set(want.tolist())) == 4  # every class present: a wrong split would show
 
 
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_a_large_message_sends_the_policys_sampled_classes(which, monkeypatch):
+    """A message of SAMPLED_CLASSES_PACKETS or more takes its class boundaries from a sample of
+    its packets; the compiled path computes each packet's class as it sends it. Both paths
+    send (and report in drop_class_out) exactly the policy's classes. (The thresholds are
+    lowered here so that 38 packets are a large message, one of every 4 in the sample.)"""
+    import hostagent.datapath.native as native_mod
+    import hostagent.policy as policy_mod
+
+    x = np.random.default_rng(6).standard_normal(PER * 37 + 11).astype(np.float32)
+    x[PER * 5: PER * 9] = 0  # four packets tied at zero
+    for mod in (native_mod, policy_mod):
+        monkeypatch.setattr(mod, "SAMPLED_CLASSES_PACKETS", 16)
+        monkeypatch.setattr(mod, "CLASS_SAMPLE", 8)
+    assert policy_mod.class_sample_stride(38) == 4
+    mags = packet_magnitudes(x, PER, "l2")
+    want = drop_classes(mags, Policy())
+    sampled = policy_mod.class_boundaries(mags[policy_mod.class_sample(38)], Policy())
+    assert want.tolist() == policy_mod.classes_from_boundaries(mags, sampled, Policy()).tolist()
+    monkeypatch.setattr(policy_mod, "SAMPLED_CLASSES_PACKETS", 10**9)
+    assert want.tolist() != drop_classes(mags, Policy()).tolist()  # the sample's rule is not the exact one here
+    monkeypatch.setattr(policy_mod, "SAMPLED_CLASSES_PACKETS", 16)
+    classes = np.full(38, 255, np.uint8)
+    got = _capture(which, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, None, None, classes), 38)
+    hdr = sorted((wire.unpack_header(d) for d in got), key=lambda h: h.seq)
+    assert [h.drop_class for h in hdr] == want.tolist() == classes.tolist()
+    assert {int(c) for c in want[5:9]} == {3}  # the tied zeros go together, to the last class
+
+
 def test_the_compiled_tags_equal_the_policys():
     """Drop classes from the compiled path are the policy's for the same magnitudes (ties by
     packet order included), and its magnitudes equal numpy's to float32 rounding."""
@@ -431,7 +460,8 @@ def test_the_compiled_tags_equal_the_policys():
 
     rng = np.random.default_rng(0)
     for n, per, classes, kind in [(10_000, 357, 4, "l2"), (1, 7, 4, "l2"), (12_345, 100, 3, "maxabs"),
-                                  (100_000, 2231, 8, "l2"), (5_000, 50, 1, "l2")]:
+                                  (100_000, 2231, 8, "l2"), (5_000, 50, 1, "l2"),
+                                  (500_000, 100, 4, "l2"), (80_000, 11, 8, "maxabs")]:  # sampled boundaries
         policy = Policy(num_drop_classes=classes, drop_thresholds=tuple(range(64, 64 - 8 * (classes - 1), -8)),
                         magnitude=kind)
         x = rng.standard_normal(n).astype(np.float32)
@@ -442,7 +472,7 @@ def test_the_compiled_tags_equal_the_policys():
         np.testing.assert_allclose(native, mags, rtol=1e-5)
         for m in (mags, np.round(mags).astype(np.float32)):  # rounded: many ties
             out = np.empty(len(m), np.uint8)
-            _datapath.drop_classes(m, list(policy.shares()), out)
+            _datapath.drop_classes(m, list(policy.shares()), SAMPLED_CLASSES_PACKETS, CLASS_SAMPLE, out)
             np.testing.assert_array_equal(out, drop_classes(m, policy))
 
 

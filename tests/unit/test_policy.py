@@ -117,6 +117,42 @@ def test_drop_class_shares_are_exact():
     assert P.drop_classes(np.ones(3), Policy(num_drop_classes=1, drop_thresholds=())).tolist() == [0, 0, 0]
 
 
+def test_a_large_messages_classes_come_from_a_sample_of_its_packets():
+    """From SAMPLED_CLASSES_PACKETS packets on, a sample of about CLASS_SAMPLE packets sets the
+    boundaries: the shares hold to the sample's precision (a periodic pattern too), a packet's
+    class depends only on its own magnitude and the sample's, and below the threshold the rule
+    is exact."""
+    rng = np.random.default_rng(3)
+    pol = Policy(drop_class_shares=(0.4, 0.3, 0.2, 0.1))
+    n = 70_000  # a 100 MB message at MTU 1500
+    assert P.class_sample_stride(n) == n // P.CLASS_SAMPLE and P.class_sample_stride(P.SAMPLED_CLASSES_PACKETS - 1) == 1
+    mags = rng.lognormal(0, 2, n).astype(np.float32)
+    classes = P.drop_classes(mags, pol)
+    shares = np.bincount(classes, minlength=4) / n
+    np.testing.assert_allclose(shares, pol.shares(), atol=0.05)
+    assert np.all(np.diff([mags[classes == c].min() for c in range(4)]) < 0)  # larger magnitudes, lower class
+    sample = P.class_sample(n)
+    stride = P.class_sample_stride(n)
+    assert sample.size == n // stride and np.array_equal(sample // stride, np.arange(sample.size))  # one per run
+    assert len(set((sample % stride).tolist())) > stride // 2  # at offsets that vary
+    other = mags.copy()
+    keep = np.zeros(n, bool)
+    keep[sample] = True
+    other[~keep] = rng.permutation(other[~keep])  # the sample untouched, the rest moved about
+    moved = P.drop_classes(other, pol)
+    bounds = P.class_boundaries(mags[sample], pol)
+    np.testing.assert_array_equal(moved, P.classes_from_boundaries(other, bounds, pol))
+    np.testing.assert_array_equal(moved[keep], classes[keep])
+    # ties go together (all-zero gradients are one class), NaN ranks last
+    tied = np.zeros(n, np.float32)
+    assert set(P.drop_classes(tied, pol).tolist()) == {0}
+    tied[::20] = np.nan  # 5 %, every 20th: within the smallest 10 % (a fixed stride of 68 took 20 %)
+    got = P.drop_classes(tied, pol)
+    assert set(got[::20].tolist()) == {3} and set(np.delete(got, np.s_[::20]).tolist()) == {0}
+    exact = P.SAMPLED_CLASSES_PACKETS - 1
+    assert np.bincount(P.drop_classes(mags[:exact], Policy()), minlength=4).tolist() == [1024, 1024, 1023, 1024]
+
+
 def _classes_by_sorting(mags: np.ndarray, pol: Policy) -> np.ndarray:
     """The definition: rank packets by magnitude, largest first, ties in packet order."""
     n = mags.size

@@ -558,7 +558,7 @@ class ProtocolCore:
                         f"{msg.received_elems / max(1, msg.total_elems):.1%} received"))
                 continue
             wake = min(wake, msg.deadline)
-            if msg.loss_bound == 0 and msg.gaps and not msg.probe_pending and msg.first_bitmap_at is None:
+            if msg.holes_to_look_for:
                 if seen_until is None:
                     seen_until = self.port.rx_seen_until()
                 wake = min(wake, self._look_for_holes(msg, now, seen_until))
@@ -661,7 +661,7 @@ class ProtocolCore:
                 self.queue(msg.src, wire.PacketType.NACK, msg.message_id,
                            wire.BITMAP_PREFIX.pack(msg.received_elems) + np.packbits(bits).tobytes())
                 self.stats.holes_reported += len(report)
-        msg.holes_seen, msg.holes_looked_at = holes, now
+        msg.holes_seen, msg.holes_looked_at, msg.gaps_at_look = holes, now, msg.gaps
         return now + every
 
     # ------------------------------------------------------------------ inputs: peers

@@ -101,11 +101,21 @@ class Incoming:
         self.gaps = 0  # first-pass packets skipped (Progress.gaps): 0, no hole to look for
         self.holes_seen = np.zeros(0, np.int64)  # the holes at the last look (p = 0, first pass)
         self.holes_looked_at: float | None = None
+        self.gaps_at_look = 0  # ``gaps`` at the last look
         self.holes_reported: np.ndarray | None = None  # bool per packet: reported in a NACK
 
     @property
     def key(self) -> tuple[int, int]:
         return self.src, self.message_id
+
+    @property
+    def holes_to_look_for(self) -> bool:
+        """A reliable message in its first pass with a packet skipped, unless the last look
+        found no hole and nothing was skipped since (a hole once filled stays filled: only a
+        new skip opens one)."""
+        return (self.loss_bound == 0 and self.gaps > 0 and not self.probe_pending and self.first_bitmap_at is None
+                and not (self.holes_looked_at is not None and not len(self.holes_seen)
+                         and self.gaps == self.gaps_at_look))
 
     def update(self, p: Progress) -> None:
         """Take the data path's counters."""

@@ -66,6 +66,7 @@ class FakePort:
     def rx_seen_until(self): return self.seen_until
     def reorder_window(self, src): return self.reorder
     def holes(self, src, mid):  # one priority level: missing below the highest received
+        self.calls.append(("holes", src, mid))
         spec = self.rx.get((src, mid))
         if spec is None or self.prog[(src, mid)].state:
             return np.zeros(0, np.int64)
@@ -95,16 +96,21 @@ class FakePort:
         spec = self.rx[(src, mid)]
         p = self.prog[(src, mid)]
         new = [s for s in seqs if not spec.buffers.received[s]]
+        before = np.flatnonzero(spec.buffers.received)
+        top = int(before[-1]) if len(before) else -1
         for s in new:
             spec.buffers.received[s] = 1
             spec.buffers.out[s * PER : (s + 1) * PER] = s
         elems = sum(min(PER, spec.total_elems - s * PER) for s in new)
         got = np.flatnonzero(spec.buffers.received)
-        gaps = int(got[-1] + 1 - len(got)) if len(got) and not retx else p.gaps
+        # skipped, counted as the data paths count them: each packet passed over by a later one
+        # of the first pass (filled or not since)
+        above = [s for s in new if s > top]
+        gaps = p.gaps + (max(above) - top - len(above) if above and not retx else 0)
         self.prog[(src, mid)] = p._replace(received_pkts=p.received_pkts + len(new),
                                            received_elems=p.received_elems + elems, retx_seen=p.retx_seen + retx,
                                            first_arrival=p.first_arrival or now, last_arrival=now,
-                                           gaps=max(p.gaps, gaps))
+                                           gaps=gaps)
 
 
 def make_core(**config) -> tuple[ProtocolCore, FakePort]:
@@ -231,6 +237,27 @@ def test_a_reliable_messages_holes_are_reported_once_they_stayed_open_for_a_reor
     core.handle_timer(0.0090)
     assert _nacked(core) == []  # each hole once
     assert core.stats.holes_reported == 2 and core.stats.ctl_records_sent["NACK"] == 2
+
+
+def test_holes_are_not_looked_for_again_once_a_look_found_none_until_a_packet_is_skipped():
+    """Every hole filled (late packets): the next look finds none, and the data path is not
+    asked again until a new packet is skipped."""
+    core, port = make_core()
+    port.reorder = 0.001
+    _expect(core, 20, 0.0)
+    port.deliver(1, 9, [0, 1, 3], now=0.001)  # 2 skipped
+    core.handle_timer(0.001)
+    port.deliver(1, 9, [2, 4], now=0.0015)  # 2 was late
+    looks = lambda: sum(1 for c in port.calls if c[0] == "holes")  # noqa: E731
+    core.handle_timer(0.0035)
+    assert looks() == 2 and not _nacked(core)
+    for t in (0.006, 0.009, 0.012):
+        core.handle_timer(t)
+    assert looks() == 2  # none open, nothing skipped since
+    port.deliver(1, 9, [6], now=0.013)  # 5 skipped
+    core.handle_timer(0.013)
+    core.handle_timer(0.016)
+    assert looks() == 4 and _nacked(core) == [[5]]
 
 
 def test_no_holes_are_reported_for_a_bounded_message_or_after_the_end_of_the_pass():

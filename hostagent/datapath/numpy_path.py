@@ -120,6 +120,7 @@ class _Tx:
     spec: TxSpec
     batch: PacketBatch | None = None
     send_order: np.ndarray | None = None
+    position: np.ndarray | None = None  #: of each packet in send_order (made by the first resend)
     prio_in_order: np.ndarray | None = None
     header_rows: np.ndarray | None = None
     payload_rows: np.ndarray | None = None
@@ -926,12 +927,21 @@ class NumpyDatapath:
     def _reorder(self) -> None:
         self._active.sort(key=lambda m: (-m.sending_priority(), m.spec.order))
 
+    def _find_tx(self, dest: int, message_id: int, seqs: np.ndarray, caller: str) -> _Tx | None:
+        """The message sent to ``dest`` as ``message_id`` (None: none), after checking that
+        every one of ``seqs`` is one of its packets (tx lock held)."""
+        m = self._tx.get((dest, message_id))
+        if m is not None and len(seqs) and (seqs.min() < 0 or seqs.max() >= m.packets):
+            raise ValueError(f"{caller}: sequence number beyond the message")
+        return m
+
     def retransmit(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        seqs = np.asarray(seqs, dtype=np.int64)
         with self._tx_cv:
-            m = self._tx.get((dest, message_id))
+            m = self._find_tx(dest, message_id, seqs, "retransmit")
             if m is None:
                 return 0
-            m.retx = np.asarray(seqs, dtype=np.int64)
+            m.retx = seqs
             m.retx_pos = 0
             m.pass_no += 1
             if len(m.retx) and not m.stopped:
@@ -939,19 +949,18 @@ class NumpyDatapath:
             return m.pass_no
 
     def resend(self, dest: int, message_id: int, seqs: np.ndarray) -> int:
+        seqs = np.unique(np.asarray(seqs, dtype=np.int64))
         with self._tx_cv:
-            m = self._tx.get((dest, message_id))
+            m = self._find_tx(dest, message_id, seqs, "resend")
             if m is None:
                 return 0
-            seqs = np.unique(np.asarray(seqs, dtype=np.int64))
-            if len(seqs) and (seqs[0] < 0 or seqs[-1] >= m.packets):
-                raise ValueError("resend: sequence number beyond the message")
             if m.stopped or m.send_order is None or m.next_pos >= m.packets:
                 return 0  # (a first pass that is over: the answer to its end lists what is missing)
-            position = np.empty(m.packets, np.int64)
-            position[m.send_order] = np.arange(m.packets)
+            if m.position is None:
+                m.position = np.empty(m.packets, np.int64)
+                m.position[m.send_order] = np.arange(m.packets)
             pending = m.retx[m.retx_pos :]
-            new = np.setdiff1d(seqs[position[seqs] < m.next_pos], pending)
+            new = np.setdiff1d(seqs[m.position[seqs] < m.next_pos], pending)
             if not len(new):
                 return 0
             m.retx = np.concatenate([pending, new])

@@ -379,6 +379,9 @@ class Datapath {
     // send side: give the packets `seqs` of a message whose classes wait for its sending
     // their class (header and drop_class_out), from their magnitudes (m->busy, unlocked)
     void classify(TxMsg* m, const std::vector<uint32_t>& seqs);
+    // the message sent to dest as mid (null: none), after checking that every seq is one of its
+    // packets (std::invalid_argument naming `caller` if not); tx_mu_ held
+    TxMsg* find_tx_locked(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs, const char* caller);
     // Complete the watched messages whose grace ran out (rx_mu_ held); returns the next due
     // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
     double end_passes(double now, double seen_until);

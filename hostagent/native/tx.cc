@@ -384,13 +384,20 @@ void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& t
     }
 }
 
+Datapath::TxMsg* Datapath::find_tx_locked(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs,
+                                          const char* caller) {
+    auto it = tx_.find(key_of(dest, mid));
+    if (it == tx_.end()) return nullptr;
+    for (uint32_t s : seqs)
+        if (s >= it->second->n_pkts)
+            throw std::invalid_argument(std::string(caller) + ": sequence number beyond the message");
+    return it->second;
+}
+
 uint32_t Datapath::retransmit(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs) {
     std::lock_guard<std::mutex> g(tx_mu_);
-    auto it = tx_.find(key_of(dest, mid));
-    if (it == tx_.end()) return 0;
-    TxMsg* m = it->second;
-    for (uint32_t s : seqs)
-        if (s >= m->n_pkts) throw std::invalid_argument("retransmit: sequence number beyond the message");
+    TxMsg* m = find_tx_locked(dest, mid, seqs, "retransmit");
+    if (!m) return 0;
     m->retx.assign(seqs.begin(), seqs.end());
     m->retx_pos = 0;
     m->pass_no += 1;
@@ -400,11 +407,8 @@ uint32_t Datapath::retransmit(uint16_t dest, uint32_t mid, const std::vector<uin
 
 uint32_t Datapath::resend(uint16_t dest, uint32_t mid, const std::vector<uint32_t>& seqs) {
     std::lock_guard<std::mutex> g(tx_mu_);
-    auto it = tx_.find(key_of(dest, mid));
-    if (it == tx_.end()) return 0;
-    TxMsg* m = it->second;
-    for (uint32_t s : seqs)
-        if (s >= m->n_pkts) throw std::invalid_argument("resend: sequence number beyond the message");
+    TxMsg* m = find_tx_locked(dest, mid, seqs, "resend");
+    if (!m) return 0;
     // (a first pass that is over: the answer to its end lists what is missing)
     if (m->stopped || !m->prepared || m->next_pos >= m->n_pkts) return 0;
     if (m->position.empty()) {

@@ -368,8 +368,10 @@ def test_holes_reported_during_a_pass_are_resent_ahead_of_its_rest_and_only_if_s
         assert [h.seq for h in got] == list(range(8))
         assert dp.resend(1, 7, np.array([3, 0, 10])) == 2  # 10 is not sent yet
         assert dp.resend(1, 7, np.array([0])) == 0  # queued already
-        with pytest.raises(ValueError, match="beyond"):
+        with pytest.raises(ValueError, match="resend: sequence number beyond"):
             dp.resend(1, 7, np.array([12]))
+        with pytest.raises(ValueError, match="retransmit: sequence number beyond"):  # and nothing changed
+            dp.retransmit(1, 7, np.array([2, 12]))
         got += [wire.unpack_header(rx.recv(65536)) for _ in range(6)]
     finally:
         dp.stop()

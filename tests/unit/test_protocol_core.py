@@ -102,7 +102,6 @@ class FakePort:
             spec.buffers.received[s] = 1
             spec.buffers.out[s * PER : (s + 1) * PER] = s
         elems = sum(min(PER, spec.total_elems - s * PER) for s in new)
-        got = np.flatnonzero(spec.buffers.received)
         # skipped, counted as the data paths count them: each packet passed over by a later one
         # of the first pass (filled or not since)
         above = [s for s in new if s > top]

@@ -6,7 +6,10 @@
 // one process of each role.
 //
 //   bare_pair recv PORT SEG MESSAGES BYTES   prints one line per message: "bytes seconds cpu_s"
-//   bare_pair send PORT SEG MESSAGES BYTES   prints one line per message: "cpu_s"
+//   bare_pair send PORT SEG MESSAGES BYTES [RATE]   prints one line per message: "cpu_s"
+//
+// RATE (bytes/s, 0 or none: unpaced) paces the sender by a token bucket of 256 KB, the burst
+// DLCP's hosts pace with: the same line-rate configuration without DLCP's protocol.
 //
 // Every SEG-byte segment starts with the message's number (uint32), so the receiver counts each
 // message's bytes apart; a message spans its first to its last arriving byte. The sender pauses
@@ -109,7 +112,13 @@ static int receiver(int port, int messages) {
   return 0;
 }
 
-static int sender(int port, int seg, int messages, long total) {
+static void sleep_s(double s) {
+  timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<time_t>(s)) * 1e9)};
+  nanosleep(&ts, nullptr);
+}
+
+static int sender(int port, int seg, int messages, long total, double rate) {
+  constexpr double kBurst = 256 * 1024;
   int s = socket(AF_INET, SOCK_DGRAM, 0);
   sockaddr_in a = loopback(port);
   if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) { perror("connect"); return 1; }
@@ -119,9 +128,13 @@ static int sender(int port, int seg, int messages, long total) {
   usleep(300000);  // the receiver binds first
   for (int m = 0; m < messages; m++) {
     for (long off = 0; off < total; off += seg) memcpy(data.data() + off, &m, 4);
-    double c0 = cpu();
+    double c0 = cpu(), t0 = now();
     for (long off = 0; off < total; off += per_call) {
       long len = total - off < per_call ? total - off : per_call;
+      if (rate > 0) {  // at most kBurst ahead of rate x elapsed
+        double ahead = (off + len - kBurst) / rate - (now() - t0);
+        if (ahead > 0) sleep_s(ahead);
+      }
       iovec iov{data.data() + off, static_cast<size_t>(len)};
       char ctrl[CMSG_SPACE(sizeof(uint16_t))] = {};
       msghdr mh{};
@@ -145,15 +158,16 @@ static int sender(int port, int seg, int messages, long total) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s recv|send PORT SEG MESSAGES BYTES\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: %s recv|send PORT SEG MESSAGES BYTES [RATE]\n", argv[0]);
     return 2;
   }
   int port = atoi(argv[2]), seg = atoi(argv[3]), messages = atoi(argv[4]);
   long total = atol(argv[5]);
-  if (seg < 8 || seg > 65507 || messages < 1 || total < seg) {
+  double rate = argc == 7 ? atof(argv[6]) : 0;
+  if (seg < 8 || seg > 65507 || messages < 1 || total < seg || rate < 0) {
     fprintf(stderr, "bad arguments\n");
     return 2;
   }
-  return strcmp(argv[1], "recv") == 0 ? receiver(port, messages) : sender(port, seg, messages, total);
+  return strcmp(argv[1], "recv") == 0 ? receiver(port, messages) : sender(port, seg, messages, total, rate);
 }

@@ -4,9 +4,10 @@ Prints, with the command, the commit and the machine's load beside every row:
 
   1. **one sender -> one receiver**: 100 MB messages between two processes at MTU 1500 with a
      25 Gb/s line-rate configuration: a bare UDP GSO sender into a GRO receiver in C++
-     (``bench/bare_pair.cc``, compiled here with g++: this machine's limit for one sender), DLCP's
-     compiled path, DLCP's numpy path (the path before the compiled one), and gloo's send/recv;
-     goodput and the CPU both processes spent per 100 MB.
+     (``bench/bare_pair.cc``, compiled here with g++: this machine's limit for one sender), the
+     same pair paced at the configured line rate (the configuration's limit), DLCP's compiled
+     path, DLCP's numpy path (the path before the compiled one), and gloo's send/recv; goodput
+     and the CPU both processes spent per 100 MB.
   2. **collectives**: 4 processes averaging 57 MB in 12 tensors (fused into DDP's buckets) per
      iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
      and with p = 0.05 under 2 % injected loss; sync time per iteration (the slowest process).
@@ -163,12 +164,14 @@ def _bare_binary() -> Path:
     return BARE_BIN
 
 
-def _bare_pair(mtu: int, messages: int) -> tuple[list[tuple[int, float, float]], list[float]]:
-    """Run the C++ bare pair: per message the receiver's (bytes, seconds, cpu) and the sender's cpu."""
+def _bare_pair(mtu: int, messages: int, rate: float = 0) -> tuple[list[tuple[int, float, float]], list[float]]:
+    """Run the C++ bare pair: per message the receiver's (bytes, seconds, cpu) and the sender's cpu.
+    ``rate`` (bytes/s) paces its sender as DLCP's hosts are paced (0: unpaced)."""
     exe, port = str(_bare_binary()), free_port_pairs(1)[0][0]
     n, total, seg = messages + WARMUP, str(GOODPUT_ELEMS * 4), str(mtu - 28)
     rx = subprocess.Popen([exe, "recv", str(port), seg, str(n), total], stdout=subprocess.PIPE, text=True)
-    tx = subprocess.run([exe, "send", str(port), seg, str(n), total], capture_output=True, text=True, check=True)
+    tx = subprocess.run([exe, "send", str(port), seg, str(n), total, f"{rate:.0f}"], capture_output=True, text=True,
+                        check=True)
     out, _ = rx.communicate(timeout=120)
     got = [(int(b), float(t), float(c)) for b, t, c in (line.split() for line in out.splitlines())]
     return got[WARMUP:], [float(c) for c in tx.stdout.split()][WARMUP:]
@@ -226,8 +229,8 @@ def _gloo_p2p_proc(rank: int, port: int, messages: int, q) -> None:
 def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = LINE_RATE) -> dict:
     """MB/s of one 100 MB message (median) and CPU ms both processes spent per 100 MB."""
     mb = GOODPUT_ELEMS * 4 / 1e6
-    if kind == "bare":
-        rx, tx = _bare_pair(mtu, messages)
+    if kind in ("bare", "bare-paced"):
+        rx, tx = _bare_pair(mtu, messages, line_rate if kind == "bare-paced" else 0)
         rates = [b / 1e6 / t for b, t, _ in rx]  # what arrived (a bare pair resends nothing)
         cpu = statistics.median(c for _, _, c in rx) + statistics.median(tx)
         lost = sum(GOODPUT_ELEMS * 4 - b for b, _, _ in rx) // (mtu - 28)
@@ -253,27 +256,32 @@ def goodput_table(args) -> Table:
     title = (f"1. one sender -> one receiver, 100 MB messages, MTU 1500, {args.line_rate:g} Gb/s configured, "
              "separate processes")
     print(title)
-    kinds = {"bare GSO -> GRO pair": "bare", "DLCP native": "native", "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
+    kinds = {"bare GSO -> GRO pair": "bare", "bare pair, paced": "bare-paced", "DLCP native": "native",
+             "DLCP numpy": "numpy", "gloo send/recv": "gloo"}
     res = interleaved({k: partial(goodput_row, v, args.messages, line_rate=args.line_rate * 1e9 / 8)
                        for k, v in kinds.items()}, args.rounds, "MB/s")
     s = summary(res, "MB/s", "bare GSO -> GRO pair")
     cpu = summary(res, "cpu", "DLCP numpy")
     table = Table(title, [Column(""), Column("MB/s", "{:.0f}"), Column("range"), Column("of bare", "{:.2f}"),
-                          Column("stream MB/s", "{:.0f}"), Column("of bare", "{:.2f}"),
+                          Column("stream MB/s", "{:.0f}"), Column("of bare", "{:.2f}"), Column("of paced", "{:.2f}"),
                           Column("cpu ms/100MB", "{:.0f}"), Column("of numpy", "{:.2f}"), Column("retx"),
                           Column("overruns"), *LOAD_COLUMNS],
                   notes=["MB/s: a message's size over the time from send() to its completion (gloo: the receive's "
                          "call to its return); stream: from its first packet's arrival at the receiver to its "
                          "completion there, the bare pair's own measure. of bare / of numpy: the median over rounds "
-                         "of the ratio within a round. cpu: user + system of both processes per 100 MB. The bare "
-                         "pair (bench/bare_pair.cc, C++) has no protocol: no pacing, headers, checks or recovery; "
-                         "its rate counts what arrived, its overruns column the segments lost."])
-    bare = res["bare GSO -> GRO pair"]
+                         "of the ratio within a round; of paced: the stream's ratio to the paced pair's. cpu: user + "
+                         "system of both processes per 100 MB. The bare pair (bench/bare_pair.cc, C++) has no "
+                         "protocol: no headers, checks or recovery; unpaced it is this machine's limit for one "
+                         "sender, paced (a 256 KB token bucket at the configured line rate, as DLCP's hosts are) "
+                         "the configuration's; its rate counts what arrived, its overruns column the segments "
+                         "lost."])
+    bare, paced = res["bare GSO -> GRO pair"], res["bare pair, paced"]
     for name in kinds:
         med, lo, hi, ratio = s[name]
         streams = [r["stream"] for r in res[name]]
-        stream = (statistics.median(streams), statistics.median(a / b["stream"] for a, b in zip(streams, bare))) \
-            if None not in streams else (None, None)
+        stream = (statistics.median(streams), statistics.median(a / b["stream"] for a, b in zip(streams, bare)),
+                  statistics.median(a / b["stream"] for a, b in zip(streams, paced))) \
+            if None not in streams else (None, None, None)
         table.add(name, med, f"{lo:.0f}-{hi:.0f}", ratio, *stream, cpu[name][0], cpu[name][3],
                   sum(r["retx"] for r in res[name]), sum(r["overruns"] for r in res[name]), *load_cells(res[name]))
     return table

@@ -45,7 +45,7 @@ from hostagent import wire
 from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
 from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
 from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, drop_classes, layer_priorities, packet_magnitudes
+from hostagent.policy import Policy, layer_priorities, payload_drop_classes
 from hostagent.transport import Endpoint
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ class PSServer:
             priority = prio_of.setdefault(t, self._priority(results[0]))
             layout = _echo_layout(results)
             per = elems_per_packet(self.ep.config.mtu, agg.dtype)
-            classes = drop_classes(packet_magnitudes(agg, per, self.policy.magnitude), self.policy)
+            classes = payload_drop_classes(agg, per, self.policy)
             for w in self.workers:
                 replies.append(self.ep.send(w, agg, message_id(iteration, t, 1), priority=priority,
                                             loss_bound=self.policy.loss_bound_pull, iteration=iteration, tensor_id=t,

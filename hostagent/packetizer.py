@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hostagent import wire
-from hostagent.policy import Policy, drop_classes, packet_magnitudes
+from hostagent.policy import Policy, payload_drop_classes
 
 #: Default IP packet size: a standard Ethernet MTU.
 DEFAULT_MTU = 1500
@@ -196,7 +196,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
     counts = np.full(n, per, dtype=np.uint16)
     if n and flat.size % per:
         counts[-1] = flat.size % per
-    classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)
+    classes = payload_drop_classes(flat, per, policy)
     headers = wire.encode_headers(
         n,
         ptype=wire.PacketType.DATA,

@@ -510,6 +510,20 @@ def drop_classes(magnitudes: np.ndarray, policy: Policy) -> np.ndarray:
     return _exact_classes(mags, policy)
 
 
+def payload_drop_classes(data: np.ndarray, elems_per_packet: int, policy: Policy) -> np.ndarray:
+    """Drop class of each packet of ``data`` cut into ``elems_per_packet`` slices: the
+    magnitudes' pass (a read of the whole payload) only when there is more than one class.
+
+    Example: ``payload_drop_classes(np.ones(10, np.float32), 4, Policy(num_drop_classes=1))``
+    -> ``[0, 0, 0]``
+    """
+    if policy.num_drop_classes == 1:
+        if elems_per_packet <= 0:
+            raise ValueError(f"elems_per_packet must be positive, got {elems_per_packet}")
+        return np.zeros(-(-np.asarray(data).size // elems_per_packet), dtype=np.uint8)
+    return drop_classes(packet_magnitudes(data, elems_per_packet, policy.magnitude), policy)
+
+
 #: A boundary every packet is outside of (its top holds none), or within (its top holds all).
 NONE_WITHIN, ALL_WITHIN = float("inf"), float("-inf")
 

@@ -376,6 +376,8 @@ class Datapath {
     bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
+    // The magnitude of packet seq's payload (the policy's rule), read from the message's source.
+    float packet_magnitude(const TxMsg* m, uint32_t seq) const;
     // send side: give the packets `seqs` of a message whose classes wait for its sending
     // their class (header and drop_class_out), from their magnitudes (m->busy, unlocked)
     void classify(TxMsg* m, const std::vector<uint32_t>& seqs);

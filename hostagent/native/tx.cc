@@ -251,28 +251,18 @@ void Datapath::prepare(TxMsg* m) {
     if (s.tags_given) {
         std::memcpy(classes.data(), s.drop_class_out, n);
     } else {
-        if (n && m->given_mags.size() == n && m->given_have.size() == n) {
+        if (cfg_.shares.size() <= 1) {
+            // one drop class: every packet is class 0, no magnitude is needed
+        } else if (n && m->given_mags.size() == n && m->given_have.size() == n) {
             // those the receive did not place (missing, zero-filled) from the payload
-            for (uint32_t p = 0; p < n; ++p) {
-                if (m->given_have[p]) {
-                    mags[p] = m->given_mags[p];
-                    continue;
-                }
-                size_t lo = size_t(p) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
-                packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &mags[p]);
-            }
+            for (uint32_t p = 0; p < n; ++p) mags[p] = m->given_have[p] ? m->given_mags[p] : packet_magnitude(m, p);
             drop_classes(mags.data(), n, cfg_.shares, cfg_.class_sampling, classes.data());
-        } else if (uint32_t stride = cfg_.class_sampling.stride(n); stride > 1 && cfg_.shares.size() > 1) {
+        } else if (uint32_t stride = cfg_.class_sampling.stride(n); stride > 1) {
             // Boundaries from a sample (the policy's rule for a large message): its first packet
             // leaves without a pass over the whole message; classify() gives each packet its
             // class as it first leaves, from memory the copy into the socket reads next.
             std::vector<float> sample;
-            for (size_t r = 0; r < n / stride; ++r) {
-                size_t lo = cfg_.class_sampling.index(r, stride) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
-                float v;
-                packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &v);
-                sample.push_back(v);
-            }
+            for (size_t r = 0; r < n / stride; ++r) sample.push_back(packet_magnitude(m, cfg_.class_sampling.index(r, stride)));
             m->boundaries = class_boundaries(sample.data(), sample.size(), cfg_.shares);
             m->classed.assign(n, 0);
         } else if (n) {
@@ -600,6 +590,7 @@ void Datapath::tx_loop() {
         }
         m->busy = true;
         g.unlock();
+        if (!m->classed.empty()) classify(m, seqs);
         // pace: sleep out this run's deficit (at most about max_inline_wait, by the fit above)
         double total = double(seqs.size()) * size;
         now = now_s();
@@ -608,7 +599,6 @@ void Datapath::tx_loop() {
             std::lock_guard<std::mutex> lk(tx_mu_);
             w = std::max(d->pacer.wait_time(total, d->rate, now), host_pacer_.wait_time(total, cfg_.line_rate, now));
         }
-        if (!m->classed.empty()) classify(m, seqs);
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
         if (sk) sent = send_packets(m, *sk, seqs, retx, after);
@@ -633,14 +623,19 @@ void Datapath::tx_loop() {
     }
 }
 
+float Datapath::packet_magnitude(const TxMsg* m, uint32_t seq) const {
+    const TxSpec& s = m->spec;
+    size_t lo = size_t(seq) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
+    float v;
+    packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &v);
+    return v;
+}
+
 void Datapath::classify(TxMsg* m, const std::vector<uint32_t>& seqs) {
     const TxSpec& s = m->spec;
     for (uint32_t seq : seqs) {
         if (m->classed[seq]) continue;
-        size_t lo = size_t(seq) * s.per, cnt = std::min<size_t>(s.per, size_t(s.total_elems) - lo);
-        float v;
-        packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, uint32_t(cnt), cfg_.magnitude, &v);
-        uint8_t c = class_of(v, m->boundaries);
+        uint8_t c = class_of(packet_magnitude(m, seq), m->boundaries);
         wr(m->hdr.data() + size_t(seq) * H_, cfg_.layout.drop_class, c);
         if (s.drop_class_out) s.drop_class_out[seq] = c;
         m->classed[seq] = 1;

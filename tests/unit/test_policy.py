@@ -117,6 +117,18 @@ def test_drop_class_shares_are_exact():
     assert P.drop_classes(np.ones(3), Policy(num_drop_classes=1, drop_thresholds=())).tolist() == [0, 0, 0]
 
 
+def test_payload_drop_classes_read_magnitudes_only_with_several_classes():
+    data = np.random.default_rng(2).standard_normal(10_001).astype(np.float32)
+    pol = Policy()
+    np.testing.assert_array_equal(P.payload_drop_classes(data, 100, pol),
+                                  P.drop_classes(P.packet_magnitudes(data, 100), pol))
+    one = Policy(num_drop_classes=1, drop_thresholds=())
+    assert P.payload_drop_classes(data, 100, one).tolist() == [0] * 101  # the tail packet too
+    assert P.payload_drop_classes(data[:0], 100, one).size == 0
+    with pytest.raises(ValueError, match="elems_per_packet"):
+        P.payload_drop_classes(data, 0, one)
+
+
 def test_a_large_messages_classes_come_from_a_sample_of_its_packets():
     """From SAMPLED_CLASSES_PACKETS packets on, a sample of about CLASS_SAMPLE packets sets the
     boundaries: the shares hold to the sample's precision (a periodic pattern too), a packet's

@@ -10,8 +10,10 @@ print:
   reported and resent, packets retransmitted, credit waits and loss releases, the rate's
   minimum and median and why it changed;
 * with ``--timeline``, rank 0's receives in the last iteration (first packet, first answer,
-  completion, how, resent packets, PROBEs) beside the sends of rank 3, which feeds it, in ms
-  from each rank's own iteration start (the ranks start within a few ms of each other).
+  completion, how, resent packets, PROBEs) beside the sends of rank 3, which feeds it (when the
+  send could begin, when its first pass was out, its first answer, its completion), and when
+  rank 3 itself completed the step before, which it forwards; in ms from rank 0's iteration
+  start (the processes share one monotonic clock).
 
 Why: the lossy ring's distance to gloo is spread over many messages; its counters and one
 iteration's timeline say whether a change moves the part it aims at.
@@ -77,15 +79,13 @@ def _rank(rank: int, peers, args: argparse.Namespace, q) -> None:
         "rate changes": dict(Counter(r.cause for r in rates)),
     }
 
-    def ms(t: float | None) -> float | None:
-        return None if t is None else (t - t0) * 1e3
-
-    recvs = [(tensor_of(s.message_id), step_of(s.message_id), s.packets, ms(s.first_arrival), ms(s.recovery_started),
-              ms(s.finished_at), s.how, s.retransmissions, s.probes) for s in ep.message_log if s.direction == "recv"]
-    sends = {(tensor_of(s.message_id), step_of(s.message_id)): (ms(s.started), ms(s.recovery_started),
-                                                                 ms(s.finished_at), s.retransmissions, s.probes)
+    # absolute monotonic times (one clock for all processes): main() puts them on rank 0's axis
+    recvs = [(tensor_of(s.message_id), step_of(s.message_id), s.packets, s.first_arrival, s.recovery_started,
+              s.finished_at, s.how, s.retransmissions, s.probes) for s in ep.message_log if s.direction == "recv"]
+    sends = {(tensor_of(s.message_id), step_of(s.message_id)): (s.activated, s.first_pass_ended, s.recovery_started,
+                                                                 s.finished_at, s.retransmissions, s.probes)
              for s in ep.message_log if s.direction == "send"}
-    q.put((rank, times, counters, recvs, sends))
+    q.put((rank, times, counters, recvs, sends, t0))
     time.sleep(0.3)
     ep.close()
 
@@ -117,18 +117,27 @@ def main() -> None:
     print(f"ring, 4 processes, loss {args.loss}, p {args.p}, MTU {args.mtu}, {args.line_rate:g} Gb/s hosts")
     print("slowest process, ms per timed iteration:", [round(x, 1) for x in slowest],
           "median", round(statistics.median(slowest), 1))
-    for rank, _, counters, _, _ in res:
+    for rank, _, counters, _, _, _ in res:
         print(f"rank {rank}:", counters)
     if args.timeline:
+        t0 = res[0][5]
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else (t - t0) * 1e3
+
         recvs, feeder = res[0][3], res[3][4]
-        print("rank 0's receives (ms from its iteration start) | rank 3's send of the same message")
+        feeder_done = {(t, step): done for t, step, _, _, _, done, *_ in res[3][3]}
+        print("rank 0's receives | rank 3's send of the same message | rank 3 completed the step it forwards"
+              " (ms from rank 0's iteration start)")
         print("tensor step pkts   first  answer    done how      resent probes |"
-              "  started  answer    done resent probes")
+              "    can go  pass out  answer    done resent probes | before")
         for t, step, pkts, first, ans, done, how, retx, probes in sorted(recvs, key=lambda r: r[5] or 0):
             snd = feeder.get((t, step))
-            right = "" if snd is None else f" | {_ms(snd[0])} {_ms(snd[1])} {_ms(snd[2])} {snd[3]:6d} {snd[4]:6d}"
-            print(f"{t:6d} {step:4d} {pkts:4d} {_ms(first)} {_ms(ans)} {_ms(done)} {how:8s} {retx:6d} {probes:6d}"
-                  + right)
+            right = "" if snd is None else (f" | {_ms(ms(snd[0]))}   {_ms(ms(snd[1]))} {_ms(ms(snd[2]))} "
+                                            f"{_ms(ms(snd[3]))} {snd[4]:6d} {snd[5]:6d}")
+            before = feeder_done.get((t, step - 1)) if step else None
+            print(f"{t:6d} {step:4d} {pkts:4d} {_ms(ms(first))} {_ms(ms(ans))} {_ms(ms(done))} {how:8s} {retx:6d} "
+                  f"{probes:6d}" + right + (f" | {_ms(ms(before))}" if before is not None else ""))
 
 
 if __name__ == "__main__":

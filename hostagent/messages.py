@@ -65,6 +65,11 @@ class MessageStats:
     """Receiver: monotonic time its first resent packet reached the host (None: none came).
     With the sender's ``recovery_started`` (its first BITMAP in) it splits a recovery round into
     the answer's way, the resend's way and the rest."""
+    activated: float | None = None
+    """Sender: monotonic time its first pass could begin (``started``, or a held send's trigger)."""
+    first_pass_ended: float | None = None
+    """Sender: monotonic time the data path reported its first pass's last packet gone. With
+    the receiver's first arrival and answer it says whether a slow pass was slow to leave."""
     finished_at: float = 0.0
     """Monotonic time it completed."""
     iteration: int = 0

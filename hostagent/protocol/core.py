@@ -530,6 +530,8 @@ class ProtocolCore:
                 if m is not None:
                     m.held = False
                     m.sending = True
+                    if m.activated_at is None:
+                        m.activated_at = t
 
     # ------------------------------------------------------------------ inputs: time
     def handle_timer(self, now: float) -> float:

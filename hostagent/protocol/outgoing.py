@@ -45,6 +45,8 @@ class Outgoing:
         self.holes_lost = 0  # packets resent for a NACK, for the rate at the answer to the pass's end
         self.stopped = False
         self.first_retx_at: float | None = None
+        self.activated_at: float | None = None if held else now
+        self.first_pass_ended_at: float | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -69,6 +71,8 @@ class Outgoing:
         if pass_no != self.pass_no or self.stopped:
             return False
         self.sending = False
+        if self.first_pass_ended_at is None:
+            self.first_pass_ended_at = now
         if not self.awaiting_reply:
             self.pass_done_at = now  # the probe timer starts from here
         return True
@@ -84,6 +88,7 @@ class Outgoing:
             peer=self.dest, message_id=self.message_id, direction="send", elements=self.total_elems,
             packets=self.packets, bytes=self.nbytes, loss_bound=self.loss_bound, priority=self.priority,
             retransmissions=retransmissions, probes=self.probes, completion_time=now - self.started, how=how,
-            lost_fraction=lost_fraction, started=self.started, recovery_started=self.first_retx_at, finished_at=now,
+            lost_fraction=lost_fraction, started=self.started, recovery_started=self.first_retx_at,
+            activated=self.activated_at, first_pass_ended=self.first_pass_ended_at, finished_at=now,
             iteration=self.iteration,
         )

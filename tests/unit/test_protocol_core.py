@@ -149,6 +149,7 @@ def test_a_pass_end_is_followed_by_a_probe_only_after_the_answer_time():
     core.on_record(stop, wire.STOP_BODY.pack(PER * 10), now=0.020)
     assert h.done() and h.wait(0).how == "stopped" and h.wait(0).lost_fraction == 0.0
     assert ("retire", 1, 7) in port.calls
+    assert h.wait(0).started == 0.0 and h.wait(0).activated == 0.0 and h.wait(0).first_pass_ended == 0.010
 
 
 def test_a_bitmap_resends_just_enough_most_important_first_and_a_stale_pass_end_is_ignored():
@@ -184,6 +185,10 @@ def test_a_held_send_has_no_pass_and_no_probe_until_its_trigger_fires():
     core.on_events([(EventKind.TX_ACTIVE, 1, 7, 10.0, 0), (EventKind.TX_PASS, 1, 7, 10.001, 0)], now=10.001)
     core.handle_timer(11.0)
     assert kinds(core, 1) == ["PROBE"]
+    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1)
+    core.on_record(stop, wire.STOP_BODY.pack(PER), now=11.6)
+    st = h.wait(0)  # submitted at 0, released by its trigger at 10, its pass out at 10.001
+    assert (st.started, st.activated, st.first_pass_ended) == (0.0, 10.0, 10.001)
 
 
 def test_a_send_past_its_deadline_fails_naming_the_message_and_is_retired():

@@ -6,9 +6,9 @@ Four processes on loopback reduce the 57 MB of ``bench/transport.py``'s collecti
 print:
 
 * the slowest process's time per timed iteration and its median;
-* per rank, over the timed iterations: control records sent (BITMAP, NACK, PROBE, ...), holes
-  reported and resent, packets retransmitted, credit waits and loss releases, the rate's
-  minimum and median and why it changed;
+* per rank, over the timed iterations: its CPU time per iteration, control records sent
+  (BITMAP, NACK, PROBE, ...), holes reported and resent, packets retransmitted, credit waits
+  and loss releases, the rate's minimum and median and why it changed;
 * with ``--timeline``, rank 0's receives in the last iteration (first packet, first answer,
   completion, how, resent packets, PROBEs) beside the sends of rank 3, which feeds it (when the
   send could begin, when its first pass was out, its first answer, its completion), and when
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -44,6 +45,12 @@ from hostagent.transport import Endpoint, LossInjection, TransportConfig  # noqa
 WARMUP = 2  # iterations before the counters start: the first meet cold buffers and rates
 
 
+def _cpu() -> float:
+    """CPU seconds this process spent (all its threads, user and system)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def _rank(rank: int, peers, args: argparse.Namespace, q) -> None:
     loss = LossInjection(drop_probabilities=(args.loss,) * 4, seed=rank) if args.loss else LossInjection()
     ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=Policy(loss_bound_push=args.p), mtu=args.mtu,
@@ -52,24 +59,25 @@ def _rank(rank: int, peers, args: argparse.Namespace, q) -> None:
     plan = bt._buckets()
     bufs = [np.random.default_rng(rank).standard_normal(b.total).astype(np.float32) for b in plan]
     ring = RingAllreduce(ep, list(range(4)))
-    times, t0 = [], 0.0
+    times, t0, cpu0 = [], 0.0, 0.0
     before: dict = {}
     counted_from = 0.0
     for it in range(args.iterations):
         ep.message_log.clear()
         t0 = time.monotonic()
         if it == WARMUP:
-            before, counted_from = ep.endpoint_stats(), t0
+            before, counted_from, cpu0 = ep.endpoint_stats(), t0, _cpu()
         ring.allreduce_inplace(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
                                [b.layout for b in plan], lost_values=False)
         times.append(time.monotonic() - t0)
-    after = ep.endpoint_stats()
+    after, cpu = ep.endpoint_stats(), _cpu() - cpu0
 
     def grew(key: str) -> int:
         return after.get(key, 0) - before.get(key, 0)
 
     rates = [r for r in ep.rate_log if r.time >= counted_from]
     counters = {
+        "CPU ms per iteration": round(cpu * 1e3 / (args.iterations - WARMUP), 1),
         "records": dict(Counter(after["ctl_records_sent"]) - Counter(before["ctl_records_sent"])),
         "holes reported": grew("holes_reported"), "holes resent": grew("holes_resent"),
         "retransmitted": grew("retransmitted_pkts"), "sent": grew("data_pkts_sent"),

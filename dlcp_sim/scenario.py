@@ -5,7 +5,7 @@ testbed reads: the scheme's :class:`~hostagent.policy.Policy` (:mod:`topologies.
 worker's buckets (:func:`topologies.workload.worker_plan`: the model profile, fusion, layer
 priorities), per-packet priorities of fused buckets (:func:`hostagent.policy.packet_tags`) and
 drop classes from the magnitudes of synthetic gradients drawn as the testbed agent draws them
-(:func:`hostagent.policy.drop_classes`).
+(:func:`hostagent.policy.payload_drop_classes`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hostagent.errors import DlcpUserError, UsageError
 from hostagent.fusion import Bucket, Layout
 from hostagent.packetizer import elems_per_packet
 from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
-from hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, drop_classes, packet_magnitudes
+from hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, payload_drop_classes
 from hostagent.ranges import Range
 from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
 from hostagent.transport_config import TransportConfig, bottleneck_timers
@@ -241,7 +241,7 @@ def _worker_plan(opts: SimOptions, policy: Policy) -> tuple[list[int], np.ndarra
 def _plan(flat: np.ndarray, layout: Layout, per: int, policy: Policy) -> BucketPlan:
     """The packets of one message of ``flat`` elements laid out as ``layout``."""
     prio, _ = layout.packet_tags(per)
-    classes = drop_classes(packet_magnitudes(flat, per, policy.magnitude), policy)
+    classes = payload_drop_classes(flat, per, policy)
     return BucketPlan(np.asarray(prio, np.uint8), np.asarray(classes, np.uint8))
 
 

@@ -71,6 +71,9 @@ class Layout:
     priorities: np.ndarray
     layers: np.ndarray
     total: int
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Slices and packet tags already computed: a bucket's layout serves every iteration, and a
+    ring slices it into the same chunks and cuts them into the same packets each time."""
 
     @staticmethod
     def single(total: int, priority: int, layer: int = 0) -> Layout:
@@ -100,14 +103,26 @@ class Layout:
         """The layout of elements ``[lo, hi)`` (a ring chunk), rebased to start at 0."""
         if not 0 <= lo <= hi <= self.total:
             raise ValueError(f"slice [{lo}, {hi}) outside the message's {self.total} elements")
-        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
-        last = int(np.searchsorted(self.starts, hi, side="left"))
-        starts = np.maximum(self.starts[first:last], lo) - lo
-        return Layout(starts, self.priorities[first:last], self.layers[first:last], hi - lo)
+        key = ("slice", lo, hi)
+        out = self._cache.get(key)
+        if out is None:
+            first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+            last = int(np.searchsorted(self.starts, hi, side="left"))
+            starts = np.maximum(self.starts[first:last], lo) - lo
+            out = self._cache[key] = Layout(starts, self.priorities[first:last], self.layers[first:last], hi - lo)
+        return out
 
     def packet_tags(self, elems_per_packet: int) -> tuple[np.ndarray, np.ndarray]:
-        """(priority, layer) of every packet when the message is cut every ``elems_per_packet``."""
-        return packet_tags(self.starts, self.priorities, self.layers, self.total, elems_per_packet)
+        """(priority, layer) of every packet when the message is cut every ``elems_per_packet``
+        (read-only arrays: computed once per layout and cut)."""
+        key = ("tags", elems_per_packet)
+        out = self._cache.get(key)
+        if out is None:
+            prio, layers = packet_tags(self.starts, self.priorities, self.layers, self.total, elems_per_packet)
+            prio.flags.writeable = False
+            layers.flags.writeable = False
+            out = self._cache[key] = (prio, layers)
+        return out
 
 
 @dataclass(frozen=True)

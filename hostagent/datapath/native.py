@@ -147,8 +147,8 @@ class NativeDatapath:
         p = self._dp.progress(src, message_id)
         return None if p is None else Progress(*p)
 
-    def progress_all(self) -> dict[tuple[int, int], Progress]:
-        return {(src, mid): Progress(*p) for src, mid, p in self._dp.progress_all()}
+    def progress_changed(self) -> dict[tuple[int, int], Progress]:
+        return {(src, mid): Progress(*p) for src, mid, p in self._dp.progress_changed()}
 
     def complete(self, src: int, message_id: int, fire: bool) -> bool:
         return self._dp.complete(src, message_id, fire)

@@ -84,6 +84,7 @@ class _Rx:
     holes_blamed: int = 0
     last_at: float = 0.0  # when the first LAST came (0: none yet)
     late: bool = False  # a first-pass packet came after a LAST: the path reorders
+    reported: Progress | None = None  # what progress_changed() last returned for it
 
     def gaps(self) -> int:
         return sum(hi - lo + 1 - n for lo, hi, n in self.levels.values())
@@ -335,10 +336,15 @@ class NumpyDatapath:
             return Progress(a.received_pkts, a.received_elems, a.duplicates, rx.retx_seen, rx.first_arrival,
                             rx.last_arrival, rx.state, rx.gaps())
 
-    def progress_all(self) -> dict[tuple[int, int], Progress]:
+    def progress_changed(self) -> dict[tuple[int, int], Progress]:
+        out = {}
         with self._lock:
-            return {k: Progress(rx.asm.received_pkts, rx.asm.received_elems, rx.asm.duplicates, rx.retx_seen,
-                                rx.first_arrival, rx.last_arrival, rx.state, rx.gaps()) for k, rx in self._rx.items()}
+            for k, rx in self._rx.items():
+                p = Progress(rx.asm.received_pkts, rx.asm.received_elems, rx.asm.duplicates, rx.retx_seen,
+                             rx.first_arrival, rx.last_arrival, rx.state, rx.gaps())
+                if p != rx.reported:
+                    rx.reported = out[k] = p
+        return out
 
     def complete(self, src: int, message_id: int, fire: bool) -> bool:
         with self._lock:

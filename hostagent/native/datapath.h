@@ -168,6 +168,11 @@ struct Progress {
     double first_arrival = 0, last_arrival = 0;
     int state = 0;  // 0 receiving, 1 exact, 2 bounded, 3 completed by Python
     uint32_t gaps = 0;  // first-pass packets skipped below the highest of their level (filled or not)
+    bool operator==(const Progress& o) const {
+        return received_pkts == o.received_pkts && received_elems == o.received_elems &&
+               duplicates == o.duplicates && retx_seen == o.retx_seen && first_arrival == o.first_arrival &&
+               last_arrival == o.last_arrival && state == o.state && gaps == o.gaps;
+    }
 };
 
 struct TxInfo {
@@ -193,7 +198,10 @@ class Datapath {
     // receive side
     void expect(const RxSpec& spec);
     bool progress(uint16_t src, uint32_t mid, Progress& out);
-    std::vector<std::tuple<uint16_t, uint32_t, Progress>> progress_all();
+    // Every received message whose progress differs from what the previous call returned for it
+    // (a message expected since: always), so a caller that polls often builds no objects for
+    // messages that did not move.
+    std::vector<std::tuple<uint16_t, uint32_t, Progress>> progress_changed();
     bool complete(uint16_t src, uint32_t mid, bool fire);  // false if not receiving (already done)
     void forget(uint16_t src, uint32_t mid, bool remember);
     void expire_parked(double older_than);
@@ -263,6 +271,8 @@ class Datapath {
             p.gaps = uint32_t(std::max<int64_t>(0, gaps()));
             return p;
         }
+        Progress reported;            // what progress_changed() last returned for it
+        bool was_reported = false;
         // per batch
         uint32_t batch_new = 0, batch_retx = 0;
         bool batch_last = false;

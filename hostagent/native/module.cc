@@ -204,12 +204,12 @@ NB_MODULE(_datapath, m) {
                  if (!known) return nb::none();
                  return progress_tuple(p);
              })
-        .def("progress_all",
+        .def("progress_changed",
              [](Datapath& d) {
                  std::vector<std::tuple<uint16_t, uint32_t, Progress>> all;
                  {
                      nb::gil_scoped_release r;
-                     all = d.progress_all();
+                     all = d.progress_changed();
                  }
                  nb::list out;
                  for (auto& [src, mid, p] : all) out.append(nb::make_tuple(src, mid, progress_tuple(p)));

@@ -147,11 +147,17 @@ bool Datapath::progress(uint16_t src, uint32_t mid, Progress& out) {
     return true;
 }
 
-std::vector<std::tuple<uint16_t, uint32_t, Progress>> Datapath::progress_all() {
+std::vector<std::tuple<uint16_t, uint32_t, Progress>> Datapath::progress_changed() {
     std::lock_guard<std::mutex> g(rx_mu_);
     std::vector<std::tuple<uint16_t, uint32_t, Progress>> out;
-    out.reserve(rx_.size());
-    for (auto& kv : rx_) out.emplace_back(kv.second->spec.src, kv.second->spec.message_id, kv.second->progress());
+    for (auto& kv : rx_) {
+        RxMsg* m = kv.second;
+        Progress p = m->progress();
+        if (m->was_reported && p == m->reported) continue;
+        m->reported = p;
+        m->was_reported = true;
+        out.emplace_back(m->spec.src, m->spec.message_id, p);
+    }
     return out;
 }
 

@@ -176,7 +176,7 @@ class ProtocolCore:
             prio, layers = layout.packet_tags(per)
             if n and (prio.min() < 0 or prio.max() >= self.policy.num_priorities):
                 raise ValueError(f"packet priorities outside the policy's 0..{self.policy.num_priorities - 1}")
-            pkt_prio = np.ascontiguousarray(prio, dtype=np.uint8)
+            pkt_prio = np.array(prio, dtype=np.uint8)  # (the layout's own copy is read-only)
             pkt_layer = np.ascontiguousarray(layers % 65536, dtype=np.uint16)
         if snapshot is not None and (snapshot.dtype != flat.dtype or snapshot.size < flat.size
                                      or not snapshot.flags.c_contiguous):
@@ -543,13 +543,14 @@ class ProtocolCore:
         """
         wake = now + IDLE_TICK
         seen_until: float | None = None
-        progress = self.port.progress_all() if self.inc else {}
+        if self.inc:  # what moved since the last run (a run per event: most messages did not)
+            for key, p in self.port.progress_changed().items():
+                msg = self.inc.get(key)
+                if msg is not None:
+                    msg.update(p)
         for msg in list(self.inc.values()):
-            p = progress.get(msg.key)
-            if p is not None:
-                if p.state:
-                    continue  # completed by the data path: its RX_DONE event finishes it
-                msg.update(p)
+            if msg.dp_state:
+                continue  # completed by the data path: its RX_DONE event finishes it
             if now > msg.deadline:
                 del self.inc[msg.key]
                 self.port.forget(msg.src, msg.message_id, remember=False)

@@ -99,6 +99,7 @@ class Incoming:
         self.first_resend_at: float | None = None  # when its first resent packet arrived
         self.probes = 0
         self.gaps = 0  # first-pass packets skipped (Progress.gaps): 0, no hole to look for
+        self.dp_state = 0  # Progress.state: nonzero once the data path completed it
         self.holes_seen = np.zeros(0, np.int64)  # the holes at the last look (p = 0, first pass)
         self.holes_looked_at: float | None = None
         self.gaps_at_look = 0  # ``gaps`` at the last look
@@ -118,7 +119,8 @@ class Incoming:
                          and self.gaps == self.gaps_at_look))
 
     def update(self, p: Progress) -> None:
-        """Take the data path's counters."""
+        """Take the data path's counters and state."""
+        self.dp_state = p.state
         self.received_pkts, self.received_elems, self.duplicates = p.received_pkts, p.received_elems, p.duplicates
         self.gaps = p.gaps
         if p.first_arrival > 0:

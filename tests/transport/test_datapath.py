@@ -147,6 +147,29 @@ def test_a_resend_read_twice_in_one_batch_counts_once_on_both_paths():
     assert seen[0] == seen[1] == (1, 1, 1), seen
 
 
+def test_progress_changed_returns_only_messages_that_moved_on_both_paths():
+    """The core polls progress on every event; messages that did not move since its last poll
+    are left out (a new one, a packet, a completion: each shows once)."""
+    x = np.arange(1, PER * 3 + 1, dtype=np.float32)
+    dgs = _datagrams(x, 5)
+    paths, sock = _paths()
+    for dp in paths:
+        _expect(dp, 1, 5, x.size)
+        _expect(dp, 1, 6, x.size)
+        assert set(dp.progress_changed()) == {(1, 5), (1, 6)}  # new: both
+        assert dp.progress_changed() == {}
+        _one(dp, dgs[0], now=1.0)
+        moved = dp.progress_changed()
+        assert list(moved) == [(1, 5)] and moved[(1, 5)].received_pkts == 1
+        assert dp.progress_changed() == {}
+        for d in dgs[1:]:
+            _one(dp, d, now=1.1)
+        assert dp.progress_changed()[(1, 5)] == dp.progress(1, 5)  # completed: shown once more
+        assert dp.progress(1, 5).state == 1 and dp.progress_changed() == {}
+        dp.stop()
+    sock.close()
+
+
 def test_a_sum_adds_each_packet_once_whatever_repeats():
     """A reduction placed by the data path (Expect.accumulate): duplicates, resends and reorder
     never add a packet twice; a float16 payload adds into float32."""

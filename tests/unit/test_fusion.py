@@ -99,6 +99,18 @@ def test_layout_slice_tags_equal_the_whole_messages_tags_on_the_same_elements():
         lay.slice(5, 100)
 
 
+def test_a_layouts_slices_and_tags_are_computed_once_and_cannot_be_changed_by_a_caller():
+    lay = Layout.of_sizes([10, 30, 20], [7, 3, 5], [0, 1, 2])
+    chunk = lay.slice(5, 45)
+    assert lay.slice(5, 45) is chunk  # the ring asks for the same chunks every iteration
+    prio, layers = chunk.packet_tags(8)
+    assert chunk.packet_tags(8)[0] is prio
+    np.testing.assert_array_equal(prio, _reference_tags(chunk.starts, chunk.priorities, chunk.layers, 40, 8)[0])
+    with pytest.raises(ValueError, match="read-only"):
+        prio[0] = 0
+    assert chunk.packet_tags(16)[0].size == 3  # another cut is another entry
+
+
 def test_bucketer_packs_completes_and_unpacks():
     sizes = [2, 3, 4]
     plan = plan_buckets(sizes, [2, 1, 0], config=FusionConfig(bucket_bytes=1 << 20, first_bucket_bytes=4 * 3))

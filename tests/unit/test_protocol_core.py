@@ -47,7 +47,7 @@ class FakePort:
         self.rx[(spec.src, spec.message_id)] = spec
         self.prog[(spec.src, spec.message_id)] = Progress(0, 0, 0, 0, 0.0, 0.0, 0)
     def progress(self, src, mid): return self.prog.get((src, mid))
-    def progress_all(self): return dict(self.prog)
+    def progress_changed(self): return dict(self.prog)  # all: more than changed is allowed
     def complete(self, src, mid, fire):
         p = self.prog.get((src, mid))
         if p is None or p.state:

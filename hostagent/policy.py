@@ -514,7 +514,7 @@ def payload_drop_classes(data: np.ndarray, elems_per_packet: int, policy: Policy
     """Drop class of each packet of ``data`` cut into ``elems_per_packet`` slices: the
     magnitudes' pass (a read of the whole payload) only when there is more than one class.
 
-    Example: ``payload_drop_classes(np.ones(10, np.float32), 4, Policy(num_drop_classes=1))``
+    Example: ``payload_drop_classes(np.ones(10, np.float32), 4, Policy(num_drop_classes=1, drop_thresholds=()))``
     -> ``[0, 0, 0]``
     """
     if policy.num_drop_classes == 1:

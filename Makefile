@@ -4,8 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dlcp-installed
 CI_STAMP := $(VENV)/.dlcp-ci-installed
-# The CPU build of PyTorch; installed first so nothing pulls the CUDA wheels.
+# PyTorch, installed first so the extras keep it. Where pip's index is plain PyPI (which serves
+# the CUDA build on Linux), get the CPU build with TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 
 # The compiled data path: `make setup` builds it again when its sources change.
 NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h) hostagent/native/CMakeLists.txt
@@ -33,7 +35,7 @@ $(STAMP): pyproject.toml $(NATIVE)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "DLCP needs Python >= 3.10; set PYTHON=python3.X")'
 	@command -v g++ >/dev/null || { echo "g++ not found: the data path is C++ (apt-get install g++)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VENV)/bin/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install --quiet -e '.[all]'
 	$(PY) -c 'import hostagent._datapath'
 	@touch $@
@@ -89,4 +91,4 @@ p4:
 		-o p4/build/dlcp.json p4/dlcp.p4
 
 clean:
-	rm -rf $(VENV) .pytest_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache *.egg-info build

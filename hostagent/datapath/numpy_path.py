@@ -916,8 +916,9 @@ class NumpyDatapath:
                     continue
                 if m.held:
                     m.held = False
-                    self._activate(m)
+                    # ACTIVE before anything the activation emits (an empty message's PASS)
                     self._emit(EventKind.TX_ACTIVE, key[0], key[1], now)
+                    self._activate(m)
 
     def _activate(self, m: _Tx) -> None:
         """Queue ``m`` for sending (tx lock held)."""

@@ -369,8 +369,11 @@ void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& t
             m->given_mags = from->mags;
             m->given_have.assign(from->spec.received, from->spec.received + from->total_pkts);
         }
-        activate_locked(m);
+        // ACTIVE before anything the activation emits: an empty message's pass ends inside
+        // activate_locked, and a PASS read before ACTIVE left the core waiting on a pass
+        // that had already ended (no probe, no completion: barriers hung until the deadline)
         emit(EV_TX_ACTIVE, t.first, t.second, now, 0);
+        activate_locked(m);
     }
 }
 

@@ -529,7 +529,9 @@ class ProtocolCore:
                 m = self.out.get(key)
                 if m is not None:
                     m.held = False
-                    m.sending = True
+                    # (a pass that already ended, an empty message's, stays ended: the
+                    # message then waits for its STOP or probes, never for a pass)
+                    m.sending = m.first_pass_ended_at is None
                     if m.activated_at is None:
                         m.activated_at = t
 

@@ -394,3 +394,18 @@ def test_bad_pull_buffers_are_refused_before_anything_is_posted(endpoints):
                         0: partial(worker.exchange_detailed, 0, grads, out=[both[:10], both[10:]])})
     np.testing.assert_array_equal(both, np.concatenate(grads))
     assert len(res[0]) == 2
+
+
+@pytest.mark.parametrize("n_workers", [2, 3])
+def test_rings_of_tensors_smaller_than_the_group_never_wait_on_their_empty_chunks(endpoints, n_workers):
+    """A 1-element sum leaves some ranks empty chunks: empty held sends whose pass ends the
+    moment their trigger fires. The data path reported that end before the start, and the
+    sender then waited on a pass that was over until its deadline (barriers hung)."""
+    eps = endpoints(n_workers, message_deadline=10.0)
+    for ep in eps:
+        ep.connect()
+    rings = [RingAllreduce(ep, list(range(n_workers)), timeout=10.0) for ep in eps]
+    for it in range(1, 41):
+        bufs = [np.full(1, r + 1, np.float32) for r in range(n_workers)]
+        _run_threads({r: partial(rings[r].sum_inplace, it, [bufs[r]]) for r in range(n_workers)})
+        assert [b[0] for b in bufs] == [n_workers * (n_workers + 1) / 2] * n_workers

@@ -1,29 +1,40 @@
 """DLCP as a ``torch.distributed`` backend: ``init_process_group("dlcp")`` and an unchanged
-DDP script trains through DLCP.
+DDP (or FSDP2, DTensor, DeviceMesh) script trains through DLCP. The user's guide is
+``docs/backend.md``: options, environment, failure behaviour, limits.
 
 Which collectives may lose what: a collective issued **during a backward pass** (DDP's
 gradient buckets, FSDP's gradient reduce-scatter) carries gradients, and a float32 sum of
 them runs under the gradient policy (the push bound ``Policy.loss_bound_push``, 0.05 by
-default: at least 95 % of each chunk arrives, the rest counts as zero). Every other call
-(parameter broadcasts, metrics, barriers, point-to-point, float64 and integer tensors) is
-reliable.
+default: at least 95 % of each chunk arrives, the rest counts as zero; rank 0 says so at
+start-up). Every other call (parameter broadcasts, metrics, barriers, point-to-point, float64
+and integer tensors) is reliable.
 Why the backward pass decides: it is the one thing every gradient exchange has in common and
 nothing else does, and PyTorch says it without help from the script
 (``torch._C._current_graph_task_id()``).
 
+Priorities: the gradient collectives of one backward pass arrive last layer first (DDP's
+buckets, FSDP's reduce-scatters), so the k-th of a pass carries layers nearer the output than
+the (k+1)-th, and the next forward pass needs it later. :mod:`dlcp_torch.bucket_order` turns
+that order into the policy's priorities, from the count the previous pass had.
+
 Each call is numbered in the order it is issued (the same on every rank, as
 ``torch.distributed`` requires) and runs in a small pool of threads, so DDP's buckets overlap
-with each other and with the backward pass. Sums of float32 run on DLCP's ring (reduce-scatter
-then all-gather, chained in the compiled data path); float16 and bfloat16 travel as such and
-are summed in their own type, as gloo sums them. Other dtypes
-and reduce ops are gathered whole and reduced locally, which is exact for every dtype but moves
-n times the bytes: meant for the small tensors such calls carry. CUDA tensors go through pinned
-host memory (:mod:`dlcp_torch.staging`; not yet run on a GPU).
+with each other and with the backward pass. Sums of float32, float16 and bfloat16 run on
+DLCP's ring (reduce-scatter then all-gather, chained in the compiled data path), each in its
+own type, as gloo sums them. Other dtypes and reduce ops are gathered whole and reduced
+locally, which is exact for every dtype but moves n times the bytes: meant for the small
+tensors such calls carry. CUDA tensors go through pinned host memory (:mod:`dlcp_torch.staging`;
+not yet run on a GPU).
+
+Failures (as gloo's): a call's bad arguments raise at the call; a collective that fails raises
+from ``wait()`` and from its future (DDP's backward raises it); a peer whose connections close
+fails every collective of the group at once, and a peer that stops answering fails them at the
+process group's ``timeout``. A failed group refuses further calls and can be destroyed.
 
 Options (before ``init_process_group``): :func:`configure`, or the environment:
-``DLCP_LOSS_BOUND`` (the push bound), ``DLCP_MTU``, ``DLCP_HOST`` (this process's address),
-``DLCP_SECRET`` (the job secret; by default rank 0 draws one and shares it through the
-process group's store).
+``DLCP_LOSS_BOUND`` (the push bound), ``DLCP_MTU``, ``DLCP_LINE_RATE`` (Gb/s), ``DLCP_HOST``
+(this process's address), ``DLCP_SECRET`` (the job secret; by default rank 0 draws one and
+shares it through the process group's store).
 
 Example::
 
@@ -37,23 +48,31 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from dlcp_torch import collective_checks as checks
+from dlcp_torch.bucket_order import BackwardOrder
 from dlcp_torch.staging import HostCopies, Staging
 from dlcp_torch.tensors import as_numpy, torch_dtype
+from dlcp_torch.work import DLCPWork
 from hostagent.auth import parse_secret
 from hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
-from hostagent.messages import Expect
+from hostagent.messages import Expect, TransportError
+from hostagent.netif import interface_for
 from hostagent.policy import Policy
+from hostagent.ratecontrol import RateConfig
 from hostagent.transport import Endpoint, TransportConfig
 
 log = logging.getLogger(__name__)
@@ -64,6 +83,13 @@ P2P_STEP = MAX_STEPS - 1
 #: Sums of these take the ring, each in its own type on the wire (:data:`hostagent.exchange.RING_DTYPES`,
 #: as torch types); float64 and integers are gathered and reduced exactly.
 RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
+#: The largest data packet the backend cuts by default (IP bytes): the interface's MTU up to
+#: this (loopback's is 64 KB; a jumbo frame is what real networks carry).
+MAX_DEFAULT_MTU = 9000
+#: The line rate assumed where the interface reports no speed (loopback, veth, most virtual
+#: NICs), in bytes/s: 100 Gb/s. On loopback no link limits the rate and gloo paces nothing:
+#: this leaves the rate to the hosts' CPUs, as gloo's is.
+UNKNOWN_LINK_RATE = 100e9 / 8
 
 
 @dataclass(frozen=True)
@@ -73,32 +99,62 @@ class BackendOptions:
     policy: Policy = field(default_factory=Policy)
     """The gradient policy: loss bounds, priorities, drop classes."""
 
-    mtu: int = 1500
-    """IP packet size of data packets."""
+    mtu: int | None = None
+    """IP packet size of data packets; None: the MTU of the interface that carries this
+    process's address, at most :data:`MAX_DEFAULT_MTU` (every rank must use the same, so set
+    it where the ranks' interfaces differ)."""
+
+    line_rate: float | None = None
+    """The host's link rate in bytes/s, which the sender paces to and starts at half of; None:
+    the interface's speed, or :data:`UNKNOWN_LINK_RATE` where it reports none."""
 
     threads: int = 4
     """Collectives that may run at once (DDP's buckets overlap up to this many)."""
 
-    message_deadline: float = 300.0
-    """A message not complete by then fails its collective."""
+    message_deadline: float | None = None
+    """Seconds a collective may take before it fails; None: the process group's ``timeout``
+    (``init_process_group(timeout=...)``, 30 minutes by default, as gloo's)."""
 
     copies: HostCopies | None = None
     """How a device tensor is copied to host memory and back (:mod:`dlcp_torch.staging`):
     CUDA's pinned, side-stream copies when CUDA is available."""
 
+    def __post_init__(self) -> None:
+        if self.mtu is not None and not 576 <= self.mtu <= 65535:
+            raise ValueError(f"BackendOptions.mtu={self.mtu} must be in 576..65535")
+        if self.line_rate is not None and self.line_rate <= 0:
+            raise ValueError(f"BackendOptions.line_rate={self.line_rate} must be > 0 (bytes/s)")
+        if self.threads < 1:
+            raise ValueError(f"BackendOptions.threads={self.threads} must be >= 1")
+        if self.message_deadline is not None and self.message_deadline <= 0:
+            raise ValueError(f"BackendOptions.message_deadline={self.message_deadline} must be > 0")
+
     @staticmethod
     def from_env() -> BackendOptions:
-        """Defaults, with ``DLCP_LOSS_BOUND`` and ``DLCP_MTU`` applied."""
+        """Defaults, with ``DLCP_LOSS_BOUND``, ``DLCP_MTU`` and ``DLCP_LINE_RATE`` (Gb/s) applied."""
         opts = BackendOptions()
-        bound = os.environ.get("DLCP_LOSS_BOUND")
+
+        def number(name: str, kind: Callable[[str], Any]) -> Any:
+            text = os.environ.get(name)
+            if text is None:
+                return None
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a number") from None
+
+        bound = number("DLCP_LOSS_BOUND", float)
         if bound is not None:
             try:
-                opts = replace(opts, policy=replace(opts.policy, loss_bound_push=float(bound)))
+                opts = replace(opts, policy=replace(opts.policy, loss_bound_push=bound))
             except ValueError as exc:
                 raise ValueError(f"DLCP_LOSS_BOUND={bound!r}: {exc}") from None
-        mtu = os.environ.get("DLCP_MTU")
+        mtu = number("DLCP_MTU", int)
         if mtu is not None:
-            opts = replace(opts, mtu=int(mtu))
+            opts = replace(opts, mtu=mtu)
+        gbps = number("DLCP_LINE_RATE", float)
+        if gbps is not None:
+            opts = replace(opts, line_rate=gbps * 1e9 / 8)
         return opts
 
 
@@ -121,21 +177,6 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _work(run: Callable[[], Any], pool: ThreadPoolExecutor) -> Any:
-    """A ``Work`` that completes when ``run`` returns in ``pool`` (its value is the future's)."""
-    fut: torch.futures.Future = torch.futures.Future()
-
-    def task() -> None:
-        try:
-            fut.set_result(run())
-        except BaseException as exc:  # handed to whoever waits on the work
-            log.exception("dlcp collective failed")
-            fut.set_exception(exc)
-
-    pool.submit(task)
-    return torch._C._distributed_c10d._create_work_from_future(fut)  # type: ignore[attr-defined]  # private
-
-
 def _bytes_as_wire(t: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
     """A contiguous tensor's bytes as float16 elements (the wire's 2-byte type carries any
     bit pattern unchanged), padded to an even length; and the tensor they are the bytes of."""
@@ -146,6 +187,11 @@ def _bytes_as_wire(t: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
     return raw.view(np.float16), c
 
 
+def _wire_elems(t: torch.Tensor) -> int:
+    """How many 2-byte wire elements :func:`_bytes_as_wire` makes of ``t``."""
+    return (t.numel() * t.element_size() + 1) // 2
+
+
 def _store_bytes(t: torch.Tensor, data: np.ndarray) -> None:
     """Write wire bytes back into ``t`` (any dtype, any layout)."""
     raw = np.ascontiguousarray(data).view(np.uint8)[: t.numel() * t.element_size()]
@@ -154,7 +200,8 @@ def _store_bytes(t: torch.Tensor, data: np.ndarray) -> None:
         t.copy_(src)
 
 
-def _reduce(tensors: list[torch.Tensor], op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> torch.Tensor:
+def _reduce(tensors: list[torch.Tensor], op: Any) -> torch.Tensor:
+    """``op`` over ``tensors`` (same shape and dtype), as torch.distributed defines it."""
     stacked = torch.stack(tensors)
     if op == dist.ReduceOp.SUM:
         return stacked.sum(0, dtype=tensors[0].dtype)
@@ -166,43 +213,61 @@ def _reduce(tensors: list[torch.Tensor], op: dist.ReduceOp | dist.ReduceOp.RedOp
         return stacked.min(0).values
     if op == dist.ReduceOp.MAX:
         return stacked.max(0).values
-    if op == dist.ReduceOp.BAND:
-        out = tensors[0].clone()
-        for x in tensors[1:]:
+    out = tensors[0].clone()
+    for x in tensors[1:]:
+        if op == dist.ReduceOp.BAND:
             out &= x
-        return out
-    if op == dist.ReduceOp.BOR:
-        out = tensors[0].clone()
-        for x in tensors[1:]:
+        elif op == dist.ReduceOp.BOR:
             out |= x
-        return out
-    if op == dist.ReduceOp.BXOR:
-        out = tensors[0].clone()
-        for x in tensors[1:]:
+        elif op == dist.ReduceOp.BXOR:
             out ^= x
-        return out
-    raise ValueError(f"dlcp backend: reduce op {op} is not supported")
+        else:
+            raise ValueError(f"dlcp backend: reduce op {op} is not supported")
+    return out
+
+
+def _split_rows(t: torch.Tensor, sizes: Sequence[int], world: int, what: str) -> list[torch.Tensor]:
+    """``t`` cut along its first dimension into ``sizes`` rows each (equal parts if empty)."""
+    if not sizes:
+        if t.shape[0] % world if t.dim() else True:
+            raise ValueError(f"dlcp backend: {what}: a tensor of shape {tuple(t.shape)} does not split into "
+                             f"{world} equal parts along its first dimension")
+        sizes = [t.shape[0] // world] * world
+    if len(sizes) != world or sum(sizes) != t.shape[0]:
+        raise ValueError(f"dlcp backend: {what}: split sizes {list(sizes)} must be {world} sizes adding up to "
+                         f"{t.shape[0]}")
+    return list(torch.split(t, list(sizes), dim=0))
 
 
 class DLCPProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel on one DLCP endpoint per process."""
 
-    def __init__(self, endpoint: Endpoint, rank: int, world_size: int, options: BackendOptions) -> None:
+    def __init__(self, endpoint: Endpoint, rank: int, world_size: int, options: BackendOptions,
+                 timeout: float) -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]  # stubs: store-taking form only
         self._rank, self._world = rank, world_size
         self.endpoint = endpoint
         self.options = options
+        self.timeout = timeout
+        """Seconds any collective may take (the process group's ``timeout``, or the options')."""
         ranks = list(range(world_size))
         reliable = replace(options.policy, loss_bound_push=0.0, loss_bound_pull=0.0)
-        timeout = options.message_deadline
         self._ring_gradients = RingAllreduce(endpoint, ranks, policy=options.policy, timeout=timeout)
         self._ring_reliable = RingAllreduce(endpoint, ranks, policy=reliable, timeout=timeout)
+        self._order = BackwardOrder(options.policy)
         self._calls = itertools.count(1)  # numbered as issued: the same order on every rank
         self._p2p: dict[tuple[str, int, int], int] = {}
         self._p2p_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="dlcp-pg")
         self._staging = Staging(options.copies)
         self._closed = False
+        self._broken: str | None = None  # why the group failed (then every call is refused)
+        self._closer: threading.Thread | None = None
+        self._group_name = ""
+        self._group_desc = ""
+        self.counts: Counter = Counter()
+        """Collectives issued, by name; and ``failed`` (see :meth:`stats`)."""
+        endpoint.peer_lost_callbacks.append(self._on_peer_lost)
 
     # ------------------------------------------------------------------ process group facts
     def size(self) -> int:
@@ -211,25 +276,47 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def rank(self) -> int:
         return self._rank
 
-    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+    def getBackendName(self) -> str:  # noqa: N802 (torch's names, called by its C++ side)
         return BACKEND_NAME
 
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
     def __repr__(self) -> str:
-        return f"DLCPProcessGroup(rank={self._rank}, world_size={self._world})"
+        return f"DLCPProcessGroup(rank={self._rank}, world_size={self._world}, name={self._group_name!r})"
+
+    def stats(self) -> dict[str, Any]:
+        """This group's figures: collectives issued by name, the endpoint's totals (packets,
+        bytes, retransmissions, drops) and whether the group failed, and why."""
+        ep = self.endpoint.stats() if not self._closed else None
+        return {"collectives": dict(self.counts), "broken": self._broken,
+                "endpoint": ep.__dict__.copy() if ep is not None else None,
+                "loss_bound_push": self.options.policy.loss_bound_push}
 
     # ------------------------------------------------------------------ collectives
     # (type: ignore[override] on these: the dispatcher calls them as (tensors, opts); torch's
     # stubs give ProcessGroup's C++ overloads instead)
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        call, gradients = next(self._calls), in_backward()
         tensors = list(tensor_list)
-        self._check(tensors)
+        checks.reduce_op(op, [t.dtype for t in tensors], "all_reduce")
+        self._check(tensors, "all_reduce")
+        call, gradients = self._issue("all_reduce"), in_backward()
+        priority = self._order.priority(torch._C._current_graph_task_id()) if gradients else None
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
                 if t.dtype in RING_DTYPES and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                    self._ring_sum(call, i, t, gradients)
+                    self._ring_sum(call, i, t, gradients, priority)
                     if op == dist.ReduceOp.AVG:
                         with torch.no_grad():
                             t.div_(self._world)
@@ -239,149 +326,354 @@ class DLCPProcessGroup(dist.ProcessGroup):
                         t.copy_(_reduce(parts, op))
             return tensors
 
-        return self._submit(run, tensors)
+        return self._submit(f"all_reduce #{call}", run, tensors)
 
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensor_list, opts)
 
     def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
-        call = next(self._calls)
         tensors = list(tensor_list)
-        self._check(tensors)
+        checks.root(root, self._world, "broadcast")
+        self._check(tensors, "broadcast")
+        call = self._issue("broadcast")
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
                 mid = message_id(call, i, 0)
-                data, _ = _bytes_as_wire(t)
                 if self._rank == root:
-                    handles = [self.endpoint.send(r, data, mid, loss_bound=0.0, iteration=call, announce=False)
-                               for r in range(self._world) if r != root]
-                    for h in handles:
-                        h.wait(self.options.message_deadline)
+                    data, _ = _bytes_as_wire(t)
+                    self._wait([self._send(r, data, mid, call) for r in self._others()])
                 else:
-                    got = self.endpoint.recv(root, mid, expect=Expect(data.size, np.float16, 0.0, iteration=call))
-                    _store_bytes(t, got.wait(self.options.message_deadline).data)
+                    _store_bytes(t, self._wait([self._recv(root, _wire_elems(t), mid, call)])[0].data)
             return tensors
 
-        return self._submit(run, tensors)
+        return self._submit(f"broadcast #{call}", run, tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                   input_tensor: list[torch.Tensor], opts: Any = None) -> Any:
-        call = next(self._calls)
-        self._check(list(input_tensor))
+        checks.gather_lists(output_tensors, list(input_tensor), self._world, "all_gather")
+        self._check([*input_tensor, *(t for outs in output_tensors for t in outs)], "all_gather")
+        call = self._issue("all_gather")
 
         def run() -> list[list[torch.Tensor]]:
             for i, (outs, t) in enumerate(zip(output_tensors, input_tensor)):
-                if len(outs) != self._world:
-                    raise ValueError(f"all_gather: {len(outs)} output tensors for a group of {self._world}")
                 for r, part in enumerate(self._gather_all(call, i, t)):
                     with torch.no_grad():
                         outs[r].copy_(part.view(outs[r].shape))
             return output_tensors
 
-        return self._submit(run, *output_tensors, input_tensor)
+        return self._submit(f"all_gather #{call}", run, *output_tensors, input_tensor)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``all_gather_into_tensor``: rank r's input lands in the r-th slice of ``output``."""
+        checks.same_numel(output.numel(), input.numel() * self._world, "all_gather_into_tensor",
+                          "output", f"{self._world} x input")
         return self.allgather([list(output.view(self._world, -1).unbind(0))], [input.reshape(-1)], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> Any:
+        for o, i in zip(outputs, inputs):
+            checks.same_numel(o.numel(), i.numel() * self._world, "all_gather_into_tensor_coalesced",
+                              "output", f"{self._world} x input")
         return self.allgather([list(o.view(self._world, -1).unbind(0)) for o in outputs],
                               [i.reshape(-1) for i in inputs], opts)
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        call, gradients = next(self._calls), in_backward()
+        checks.reduce_op(op, [t.dtype for t in output_tensors], "reduce_scatter")
+        checks.gather_lists(input_tensors, output_tensors, self._world, "reduce_scatter")
+        self._check([*output_tensors, *(t for parts in input_tensors for t in parts)], "reduce_scatter")
+        call, gradients = self._issue("reduce_scatter"), in_backward()
+        priority = self._order.priority(torch._C._current_graph_task_id()) if gradients else None
 
         def run() -> list[torch.Tensor]:
             for i, (out, parts) in enumerate(zip(output_tensors, input_tensors)):
-                if len(parts) != self._world:
-                    raise ValueError(f"reduce_scatter: {len(parts)} input tensors for a group of {self._world}")
                 got = self._scatter_parts(call, i, parts, gradients and out.dtype == torch.float32
-                                          and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG))
+                                          and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG), priority)
                 with torch.no_grad():
                     out.copy_(_reduce(got, op).view(out.shape))
             return output_tensors
 
-        return self._submit(run, output_tensors, *input_tensors)
+        return self._submit(f"reduce_scatter #{call}", run, output_tensors, *input_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``reduce_scatter_tensor``: the r-th slice of ``input``, summed over ranks, lands on rank r."""
+        checks.same_numel(input.numel(), output.numel() * self._world, "reduce_scatter_tensor",
+                          "input", f"{self._world} x output")
         return self.reduce_scatter([output], [list(input.view(self._world, -1).unbind(0))], opts)
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # the same call under its older name
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:
+        for o, i in zip(outputs, inputs):
+            checks.same_numel(i.numel(), o.numel() * self._world, "reduce_scatter_tensor_coalesced",
+                              "input", f"{self._world} x output")
         return self.reduce_scatter(outputs, [list(i.view(self._world, -1).unbind(0)) for i in inputs], opts)
 
+    def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        """Every rank's tensor reduced into the root's (the others' are left as they are, as gloo does)."""
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        root = opts.rootRank if opts is not None else 0
+        tensors = list(tensor_list)
+        checks.reduce_op(op, [t.dtype for t in tensors], "reduce")
+        checks.root(root, self._world, "reduce")
+        self._check(tensors, "reduce")
+        call = self._issue("reduce")
+
+        def run() -> list[torch.Tensor]:
+            for i, t in enumerate(tensors):
+                mid = message_id(call, i, 0)
+                if self._rank != root:
+                    self._wait([self._send(root, _bytes_as_wire(t)[0], mid, call)])
+                    continue
+                got = self._wait([self._recv(r, _wire_elems(t), mid, call) for r in self._others()])
+                parts = iter(got)
+                values = []
+                for r in range(self._world):
+                    if r == root:
+                        values.append(t.detach().contiguous().clone())
+                    else:
+                        part = torch.empty_like(t.contiguous())
+                        _store_bytes(part, next(parts).data)
+                        values.append(part)
+                with torch.no_grad():
+                    t.copy_(_reduce(values, op))
+            return tensors
+
+        return self._submit(f"reduce #{call}", run, tensors)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
+               input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Every rank's input into the root's ``output_tensors[0][r]`` (the others pass an empty list)."""
+        root = opts.rootRank if opts is not None else 0
+        checks.root(root, self._world, "gather")
+        checks.one_tensor(input_tensors, "gather", "input")
+        if self._rank == root:
+            checks.gather_lists(output_tensors, input_tensors, self._world, "gather")
+        elif output_tensors and any(output_tensors):
+            raise ValueError(f"dlcp backend: gather: only the root (rank {root}) passes output tensors")
+        outs = output_tensors[0] if self._rank == root else []
+        self._check([*input_tensors, *outs], "gather")
+        call = self._issue("gather")
+
+        def run() -> list[list[torch.Tensor]]:
+            t = input_tensors[0]
+            mid = message_id(call, 0, 0)
+            if self._rank != root:
+                self._wait([self._send(root, _bytes_as_wire(t)[0], mid, call)])
+                return output_tensors
+            got = iter(self._wait([self._recv(r, _wire_elems(t), mid, call) for r in self._others()]))
+            for r in range(self._world):
+                if r == root:
+                    with torch.no_grad():
+                        outs[r].copy_(t.view(outs[r].shape))
+                else:
+                    _store_bytes(outs[r], next(got).data)
+            return output_tensors
+
+        return self._submit(f"gather #{call}", run, input_tensors, outs)
+
+    def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        """The root's ``input_tensors[0][r]`` into rank r's output (the others pass an empty list)."""
+        root = opts.rootRank if opts is not None else 0
+        checks.root(root, self._world, "scatter")
+        checks.one_tensor(output_tensors, "scatter", "output")
+        if self._rank == root:
+            checks.gather_lists(input_tensors, output_tensors, self._world, "scatter")
+        elif input_tensors and any(input_tensors):
+            raise ValueError(f"dlcp backend: scatter: only the root (rank {root}) passes input tensors")
+        ins = input_tensors[0] if self._rank == root else []
+        self._check([*output_tensors, *ins], "scatter")
+        call = self._issue("scatter")
+
+        def run() -> list[torch.Tensor]:
+            out = output_tensors[0]
+            mid = message_id(call, 0, 0)
+            if self._rank != root:
+                _store_bytes(out, self._wait([self._recv(root, _wire_elems(out), mid, call)])[0].data)
+                return output_tensors
+            self._wait([self._send(r, _bytes_as_wire(ins[r])[0], mid, call) for r in self._others()])
+            with torch.no_grad():
+                out.copy_(ins[root].view(out.shape))
+            return output_tensors
+
+        return self._submit(f"scatter #{call}", run, output_tensors, ins)
+
+    def alltoall(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                 input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """``all_to_all``: this rank's ``input_tensors[r]`` into rank r's ``output_tensors[this rank]``."""
+        for what, ts in (("output", output_tensors), ("input", input_tensors)):
+            if len(ts) != self._world:
+                raise ValueError(f"dlcp backend: all_to_all: {len(ts)} {what} tensors for a group of {self._world}")
+        self._check([*output_tensors, *input_tensors], "all_to_all")
+        call = self._issue("all_to_all")
+        outs, ins = list(output_tensors), list(input_tensors)
+
+        def run() -> list[torch.Tensor]:
+            self._exchange_parts(call, outs, ins)
+            return outs
+
+        return self._submit(f"all_to_all #{call}", run, outs, ins)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002 (torch's names)
+                          output_split_sizes: list[int], input_split_sizes: list[int], opts: Any = None) -> Any:
+        """``all_to_all_single``: ``input`` cut along its first dimension by ``input_split_sizes``
+        (equal parts if empty), part r to rank r; what rank r sent lands in ``output``'s r-th part."""
+        if output.dtype != input.dtype:
+            raise ValueError(f"dlcp backend: all_to_all_single: output is {output.dtype}, input {input.dtype}")
+        outs = _split_rows(output, output_split_sizes, self._world, "all_to_all_single output")
+        ins = _split_rows(input, input_split_sizes, self._world, "all_to_all_single input")
+        self._check([output, input], "all_to_all_single")
+        call = self._issue("all_to_all_single")
+        holders = [output]
+
+        def run() -> list[torch.Tensor]:
+            # the parts are views of ``output``: a staged output is cut again from its host copy
+            parts = outs if holders[0] is output else _split_rows(holders[0], [o.shape[0] for o in outs],
+                                                                    self._world, "all_to_all_single output")
+            self._exchange_parts(call, parts, ins)
+            return holders
+
+        return self._submit(f"all_to_all_single #{call}", run, holders, [input])
+
+    alltoall_base = all_to_all_single
+
     def barrier(self, opts: Any = None) -> Any:
-        return self.allreduce([torch.zeros(1)], None)
+        """Every rank has called barrier: a one-byte gather from every rank to every rank (a
+        ring would cut one byte into empty chunks; this is a round of tiny messages)."""
+        self._check([], "barrier")
+        call = self._issue("barrier")
+        token = torch.zeros(1, dtype=torch.uint8)
+
+        def run() -> list[torch.Tensor]:
+            self._gather_all(call, 0, token)
+            return []
+
+        return self._submit(f"barrier #{call}", run)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        self._check(tensors)
+        self._check(tensors, "send")
         seq = self._p2p_next("send", dst, tag)
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
                 data, _ = _bytes_as_wire(t)
-                self.endpoint.send(dst, data, message_id(seq, (tag + i) & 0xFFFF, P2P_STEP), loss_bound=0.0,
-                                   iteration=seq, announce=False).wait(self.options.message_deadline)
+                self._wait([self._send(dst, data, message_id(seq, (tag + i) & 0xFFFF, P2P_STEP), seq)])
             return tensors
 
-        return self._submit(run, tensors)
+        return self._submit(f"send #{seq} to rank {dst} (tag {tag})", run, tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        self._check(tensors)
+        self._check(tensors, "recv")
         seq = self._p2p_next("recv", src, tag)
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                n = (t.numel() * t.element_size() + 1) // 2
-                h = self.endpoint.recv(src, message_id(seq, (tag + i) & 0xFFFF, P2P_STEP),
-                                       expect=Expect(n, np.float16, 0.0, iteration=seq))
-                _store_bytes(t, h.wait(self.options.message_deadline).data)
+                h = self._recv(src, _wire_elems(t), message_id(seq, (tag + i) & 0xFFFF, P2P_STEP), seq)
+                _store_bytes(t, self._wait([h])[0].data)
             return tensors
 
-        return self._submit(run, tensors)
+        return self._submit(f"recv #{seq} from rank {src} (tag {tag})", run, tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         raise NotImplementedError("dlcp backend: recv from any source is not supported; name the source rank")
 
     # ------------------------------------------------------------------ building blocks
-    def _submit(self, run: Callable[[], Any], *groups: list[torch.Tensor]) -> Any:
-        """A ``Work`` running ``run`` in the pool, with the device tensors of ``groups`` (the
-        lists ``run`` reads and writes) staged through host memory (:mod:`dlcp_torch.staging`)."""
+    def _issue(self, name: str) -> int:
+        self.counts[name] += 1
+        return next(self._calls)
+
+    def _others(self) -> list[int]:
+        return [r for r in range(self._world) if r != self._rank]
+
+    def _send(self, dest: int, data: np.ndarray, mid: int, call: int) -> Any:
+        """A reliable send of wire elements (``call`` goes in every header, bound by the token)."""
+        return self.endpoint.send(dest, data, mid, loss_bound=0.0, iteration=call, announce=False)
+
+    def _recv(self, src: int, elems: int, mid: int, call: int) -> Any:
+        """A reliable receive of ``elems`` wire elements."""
+        return self.endpoint.recv(src, mid, expect=Expect(elems, np.float16, 0.0, iteration=call))
+
+    def _wait(self, handles: list[Any]) -> list[Any]:
+        """Every handle's result, by the group's timeout from now."""
+        deadline = time.monotonic() + self.timeout
+        return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
+
+    def _submit(self, what: str, run: Callable[[], Any], *groups: list[torch.Tensor]) -> DLCPWork:
+        """A :class:`DLCPWork` running ``run`` in the pool, with the device tensors of ``groups``
+        (the lists ``run`` reads and writes) staged through host memory (:mod:`dlcp_torch.staging`)."""
+        work = DLCPWork(what)
         staged = [g for g in groups if any(self._staging.copies.needs_staging(t) for t in g)]
-        if not staged:
-            return _work(run, self._pool)
-        mark = self._staging.issued(staged)  # here, in the issuing thread: what the copies wait for
+        mark = self._staging.issued(staged) if staged else None  # here, in the issuing thread
 
-        def staged_run() -> Any:
-            result: list[Any] = []
-            self._staging.run(staged, mark, lambda: result.append(run()))
-            return result[0]
+        def task() -> None:
+            try:
+                if self._broken is not None:
+                    raise dist.DistBackendError(f"dlcp: {what} not run: the process group failed ({self._broken})")
+                if staged:
+                    result: list[Any] = []
+                    self._staging.run(staged, mark, lambda: result.append(run()))
+                    value = result[0]
+                else:
+                    value = run()
+            except BaseException as exc:  # handed to whoever waits on the work
+                self.counts["failed"] += 1
+                work.finish(error=self._failure(what, exc))
+            else:
+                work.finish(value=value)
 
-        return _work(staged_run, self._pool)
+        self._pool.submit(task)
+        return work
 
-    def _check(self, tensors: list[torch.Tensor]) -> None:
+    def _failure(self, what: str, exc: BaseException) -> BaseException:
+        """The error a failed collective raises: a transport failure as ``DistBackendError``
+        (what gloo raises), which also fails the group; anything else as it is."""
+        if isinstance(exc, dist.DistBackendError):
+            return exc
+        if isinstance(exc, TransportError):
+            cause = self._broken or str(exc)
+            self._break(str(exc))
+            err = dist.DistBackendError(f"dlcp: {what} failed on rank {self._rank}: {cause}")
+            err.__cause__ = exc
+            log.error("%s", err)
+            return err
+        log.error("dlcp: %s failed on rank %d: %r", what, self._rank, exc)
+        return exc
+
+    def _break(self, why: str) -> None:
+        if self._broken is None:
+            self._broken = why
+
+    def _on_peer_lost(self, rank: int, why: str) -> None:
+        """A member's control connection closed (the control thread calls this): the group cannot
+        finish a collective any more, so every collective in flight fails now, as gloo's do when
+        a peer's socket closes, rather than at the timeout."""
+        if self._closed or self._broken is not None:
+            return
+        self._break(f"lost rank {rank}: {why}")
+        self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
+        self._closer.start()
+
+    def _check(self, tensors: list[torch.Tensor], what: str) -> None:
         if self._closed:
-            raise RuntimeError("dlcp process group is shut down")
-        for t in tensors:
-            if t.is_sparse:
-                raise ValueError("dlcp backend: sparse tensors are not supported")
+            raise dist.DistBackendError(f"dlcp: {what}: the process group is shut down")
+        if self._broken is not None:
+            raise dist.DistBackendError(f"dlcp: {what}: the process group failed ({self._broken}); "
+                                        "destroy it and start a new one")
+        checks.tensors(tensors, what)
 
-    def _ring_sum(self, call: int, index: int, t: torch.Tensor, gradients: bool) -> None:
+    def _ring_sum(self, call: int, index: int, t: torch.Tensor, gradients: bool, priority: int | None) -> None:
         """Sum ``t`` over the group in place on DLCP's ring (under the gradient policy if
         ``gradients``, else reliably)."""
         ring = self._ring_gradients if gradients else self._ring_reliable
         flat = t.detach().view(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
-        ring.sum_inplace(call, [as_numpy(flat)], [index])
+        ring.sum_inplace(call, [as_numpy(flat)], [index], None if priority is None else [priority])
         if flat.data_ptr() != t.data_ptr() or not t.is_contiguous():
             with torch.no_grad():
                 t.copy_(flat.view(t.shape))
@@ -390,54 +682,61 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """Every rank's ``t`` (reliable), in rank order."""
         data, c = _bytes_as_wire(t)
         mid = message_id(call, index, 0)
-        sends = [self.endpoint.send(r, data, mid, loss_bound=0.0, iteration=call, announce=False)
-                 for r in range(self._world) if r != self._rank]
-        recvs = {r: self.endpoint.recv(r, mid, expect=Expect(data.size, np.float16, 0.0, iteration=call))
-                 for r in range(self._world) if r != self._rank}
+        sends = [self._send(r, data, mid, call) for r in self._others()]
+        got = iter(self._wait([self._recv(r, data.size, mid, call) for r in self._others()]))
         out = []
         for r in range(self._world):
             if r == self._rank:
                 out.append(c.clone())
                 continue
             part = torch.empty_like(c)
-            _store_bytes(part, recvs[r].wait(self.options.message_deadline).data)
+            _store_bytes(part, next(got).data)
             out.append(part)
-        for h in sends:
-            h.wait(self.options.message_deadline)
+        self._wait(sends)
         return out
 
-    def _scatter_parts(self, call: int, index: int, parts: list[torch.Tensor], gradients: bool) -> list[torch.Tensor]:
+    def _exchange_parts(self, call: int, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+        """``ins[r]`` to rank r, and what rank r sent into ``outs[r]`` (reliable)."""
+        mid = message_id(call, 0, 0)
+        sends = [self._send(r, _bytes_as_wire(ins[r])[0], mid, call) for r in self._others()]
+        recvs = {r: self._recv(r, _wire_elems(outs[r]), mid, call) for r in self._others()}
+        for r, res in zip(recvs, self._wait(list(recvs.values()))):
+            _store_bytes(outs[r], res.data)
+        with torch.no_grad():
+            outs[self._rank].copy_(ins[self._rank].reshape(outs[self._rank].shape))
+        self._wait(sends)
+
+    def _scatter_parts(self, call: int, index: int, parts: list[torch.Tensor], gradients: bool,
+                       priority: int | None) -> list[torch.Tensor]:
         """Send ``parts[r]`` to each rank r and return what every rank sent this one, in rank
         order (float32 gradients under the push bound, missing elements zero; else reliable)."""
         mid = message_id(call, index, 0)
         bound = self.options.policy.loss_bound_push if gradients else 0.0
         sends, recvs = [], {}
-        for r in range(self._world):
-            if r == self._rank:
-                continue
+        for r in self._others():
             if gradients:
                 data = parts[r].detach().contiguous().view(-1).numpy()
-                sends.append(self.endpoint.send(r, data, mid, loss_bound=bound, iteration=call, announce=False))
+                sends.append(self.endpoint.send(r, data, mid, loss_bound=bound, iteration=call, announce=False,
+                                                priority=priority))
                 recvs[r] = self.endpoint.recv(r, mid, expect=Expect(data.size, np.float32, bound, iteration=call))
             else:
-                data, _ = _bytes_as_wire(parts[r])
-                sends.append(self.endpoint.send(r, data, mid, loss_bound=0.0, iteration=call, announce=False))
-                recvs[r] = self.endpoint.recv(r, mid, expect=Expect(data.size, np.float16, 0.0, iteration=call))
+                sends.append(self._send(r, _bytes_as_wire(parts[r])[0], mid, call))
+                recvs[r] = self._recv(r, _wire_elems(parts[r]), mid, call)
+        got = iter(self._wait(list(recvs.values())))
         out = []
+        mine = parts[self._rank]
         for r in range(self._world):
-            mine = parts[self._rank]
             if r == self._rank:
                 out.append(mine.detach().clone())
                 continue
-            got = recvs[r].wait(self.options.message_deadline).data
+            res = next(got)
             if gradients:
-                out.append(torch.from_numpy(np.array(got, copy=True)).view(mine.shape))
+                out.append(torch.from_numpy(np.array(res.data, copy=True)).view(mine.shape))
             else:
                 part = torch.empty_like(mine.contiguous())
-                _store_bytes(part, got)
+                _store_bytes(part, res.data)
                 out.append(part)
-        for h in sends:
-            h.wait(self.options.message_deadline)
+        self._wait(sends)
         return out
 
     def _p2p_next(self, kind: str, peer: int, tag: int) -> int:
@@ -449,12 +748,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return self._p2p[key]
 
     def shutdown(self) -> None:
-        """Stop the pool and the endpoint (``destroy_process_group`` calls it)."""
+        """Stop the endpoint and the pool (``destroy_process_group`` calls it). The endpoint
+        closes first, so a collective still waiting (on a peer that stopped, say) fails at once
+        instead of holding the pool until its timeout."""
         if self._closed:
             return
         self._closed = True
+        self.endpoint.close()  # (waits for a close that _on_peer_lost began)
         self._pool.shutdown(wait=True)
-        self.endpoint.close()
+
+    abort = shutdown
 
     def __del__(self) -> None:
         try:
@@ -463,18 +766,37 @@ class DLCPProcessGroup(dist.ProcessGroup):
             pass
 
 
+def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str, timeout: float,
+                      secret: bytes) -> tuple[TransportConfig, str]:
+    """The endpoint's configuration from the options and this host's interface; and a line
+    that says where the MTU and rate came from."""
+    iface = interface_for(host)
+    mtu, mtu_from = options.mtu, "configured"
+    if mtu is None:
+        mtu = min(MAX_DEFAULT_MTU, iface.mtu) if iface is not None and iface.mtu else 1500
+        mtu_from = f"{iface.name}'s" if iface is not None and iface.mtu else "default"
+    rate, rate_from = options.line_rate, "configured"
+    if rate is None:
+        if iface is not None and iface.speed_bps:
+            rate, rate_from = iface.speed_bps / 8, f"{iface.name}'s speed"
+        else:
+            rate, rate_from = UNKNOWN_LINK_RATE, f"{iface.name if iface else 'the interface'} reports no speed"
+    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=mtu, rate=RateConfig.for_link(rate),
+                          message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret)
+    return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from})"
+
+
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> DLCPProcessGroup:
     """The backend's constructor (``Backend.register_backend`` calls it): DLCP addresses and the
     job secret go through the process group's own store."""
     from dlcp_torch.launch import _local_address, exchange_addresses
 
     options = _configured or BackendOptions.from_env()
+    seconds = options.message_deadline or timeout.total_seconds()
     host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     secret = parse_secret(os.environ.get("DLCP_SECRET"))
     peers, held, secret = exchange_addresses(store, rank, world_size, host, secret=secret)
-    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=options.mtu,
-                          message_deadline=options.message_deadline,
-                          connect_timeout=max(10.0, timeout.total_seconds()), secret=secret)
+    cfg, link = _transport_config(rank, peers, options, host, seconds, secret)
     ep = Endpoint(cfg).start(held.get(rank))
     try:
         ep.connect()
@@ -485,7 +807,22 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     except BaseException:
         ep.close()
         raise
-    return DLCPProcessGroup(ep, rank, world_size, options)
+    if rank == 0:
+        p = options.policy.loss_bound_push
+        bound = (f"gradients (collectives in a backward pass) may lose up to {p:.0%} of each chunk (p = {p:g}; "
+                 "DLCP_LOSS_BOUND=0 for lossless)" if p > 0 else "lossless (loss bound 0)")
+        print(f"dlcp: process group of {world_size} ranks: {bound}; {link}; timeout {seconds:g} s",
+              file=sys.stderr, flush=True)
+    return DLCPProcessGroup(ep, rank, world_size, options, seconds)
+
+
+def group_stats(group: Any = None) -> dict[str, Any]:
+    """The figures of a ``dlcp`` process group (the default group if None): see
+    :meth:`DLCPProcessGroup.stats`."""
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, DLCPProcessGroup):
+        raise ValueError(f"not a dlcp process group: {pg!r}")
+    return pg.stats()
 
 
 def register() -> None:

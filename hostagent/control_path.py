@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hostagent import auth, wire
@@ -69,6 +70,7 @@ class ControlPath:
     _listener: socket.socket | None
     _sel: selectors.BaseSelector | None
     _wake_r: socket.socket
+    peer_lost_callbacks: list[Callable[[int, str], None]]
 
     def _wake(self) -> None:
         raise NotImplementedError  # Endpoint's
@@ -482,8 +484,12 @@ class ControlPath:
             self._conns.pop(rank, None)
             # Another authenticated connection with the rank (the peer reconnected) takes over.
             spare = [c for c in self._all_conns if c.rank == rank and c.authenticated and not c.error]
+            lost = not spare
             if spare:
                 self._conns[rank] = spare[-1]
             else:
                 self._core.peer_lost(rank)
         (log.warning if in_flight else log.info)("rank %d: peer rank %d %s", self.rank, rank, why)
+        if lost:
+            for callback in list(self.peer_lost_callbacks):
+                callback(rank, why)

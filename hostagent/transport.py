@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,11 @@ class Endpoint(ControlPath):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)  # a full wake pipe already holds a wake: never block on it
         self._wake_pending = False
+        self._close_lock = threading.Lock()
+        self.peer_lost_callbacks: list[Callable[[int, str], None]] = []
+        """Called as ``fn(rank, why)`` on the control thread when no control connection with a
+        peer remains (it closed or failed): keep it short. The ``torch.distributed`` backend
+        fails its group at once, as gloo does when a peer's socket closes."""
         log.info("endpoint rank %d config: %s", self.rank, config)
 
     # ------------------------------------------------------------------ lifecycle
@@ -168,7 +174,13 @@ class Endpoint(ControlPath):
         self.close()
 
     def close(self) -> None:
-        """Stop the threads, close every socket, fail whatever is still in flight."""
+        """Stop the threads, close every socket, fail whatever is still in flight. Safe from any
+        thread but the endpoint's own, and twice at once: the second call returns when the first
+        is done (a process must not exit while the data path's threads are being stopped)."""
+        with self._close_lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         if self._closed:
             return
         self._closed = True

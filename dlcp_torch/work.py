@@ -1,0 +1,87 @@
+"""What a ``dlcp`` collective returns: a ``torch.distributed.Work`` that fails when its
+collective fails.
+
+Why not ``_create_work_from_future``: the work it makes returns True from ``wait()`` whatever
+its future holds, and ``torch.futures.Future.set_exception`` stores the exception as the
+future's *value* (only Python's ``wait()`` unwraps it). A failed collective then looked like a
+success to ``dist.all_reduce`` (the tensor unchanged), and DDP's reducer, which reads the value
+in C++, got an exception object where it wanted tensors (a crash, or "Unable to cast"). Here
+``wait()`` raises the collective's error, and :meth:`DLCPWork.get_future` completes with a
+C++-level error (it comes from a ``then`` callback that raises), which DDP's reducer and every
+other C++ caller rethrow as a Python exception.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class DLCPWork(dist.Work):
+    """One collective in flight. :meth:`finish` is called once, from the thread that ran it.
+
+    Example::
+
+        work = DLCPWork("all_reduce #3")
+        work.finish(value=[tensor])          # or work.finish(error=exc)
+        work.wait()                          # raises exc if it failed
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._source: torch.futures.Future = torch.futures.Future()
+        self._future = self._source.then(self._unwrap)
+
+    def _unwrap(self, _: torch.futures.Future) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        """The collective ended: with ``value`` (what its future holds), or failed with ``error``."""
+        self._value, self._error = value, error
+        self._done.set()
+        self._source.set_result(None)
+
+    # ------------------------------------------------------------------ torch's Work API
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # type: ignore[override]
+        """Block until the collective ends; raise its error if it failed. A ``timeout`` of 0 (the
+        default) waits for the collective, which itself ends by the process group's timeout."""
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise dist.DistBackendError(f"dlcp: {self.what} did not finish within the {seconds:g} s "
+                                        "given to Work.wait()")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:  # type: ignore[override]
+        return self._future
+
+    def is_completed(self) -> bool:  # type: ignore[override]
+        return self._done.is_set()
+
+    def is_success(self) -> bool:  # type: ignore[override]
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:  # type: ignore[override]
+        return self._error
+
+    def result(self) -> Any:  # type: ignore[override]
+        self.wait()
+        return self._value
+
+    def synchronize(self) -> None:  # type: ignore[override]
+        """CPU tensors (and CUDA ones, copied back in the collective's thread): nothing to order."""
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done.is_set() else ("failed" if self._error is not None else "done")
+        return f"DLCPWork({self.what}, {state})"

@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -69,7 +70,7 @@ from dlcp_torch.tensors import as_numpy, torch_dtype
 from dlcp_torch.work import DLCPWork
 from hostagent.auth import parse_secret
 from hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
-from hostagent.messages import Expect, TransportError
+from hostagent.messages import Expect, TransportError, TransportTimeout
 from hostagent.netif import interface_for
 from hostagent.policy import Policy
 from hostagent.ratecontrol import RateConfig
@@ -297,9 +298,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def stats(self) -> dict[str, Any]:
         """This group's figures: collectives issued by name, the endpoint's totals (packets,
         bytes, retransmissions, drops) and whether the group failed, and why."""
-        ep = self.endpoint.stats() if not self._closed else None
         return {"collectives": dict(self.counts), "broken": self._broken,
-                "endpoint": ep.__dict__.copy() if ep is not None else None,
+                "endpoint": self.endpoint.endpoint_stats() if not self._closed else None,
                 "loss_bound_push": self.options.policy.loss_bound_push}
 
     # ------------------------------------------------------------------ collectives
@@ -505,7 +505,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return self._submit(f"scatter #{call}", run, output_tensors, ins)
 
-    def alltoall(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+    def alltoall(self, output_tensors: list[torch.Tensor],
                  input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """``all_to_all``: this rank's ``input_tensors[r]`` into rank r's ``output_tensors[this rank]``."""
         for what, ts in (("output", output_tensors), ("input", input_tensors)):
@@ -542,7 +542,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         return self._submit(f"all_to_all_single #{call}", run, holders, [input])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # the same call under its older name
 
     def barrier(self, opts: Any = None) -> Any:
         """Every rank has called barrier: a one-byte gather from every rank to every rank (a
@@ -639,6 +639,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if isinstance(exc, TransportError):
             cause = self._broken or str(exc)
             self._break(str(exc))
+            if isinstance(exc, TransportTimeout) and cause == str(exc):
+                cause = f"timed out (the process group's timeout is {self.timeout:g} s): {exc}"
             err = dist.DistBackendError(f"dlcp: {what} failed on rank {self._rank}: {cause}")
             err.__cause__ = exc
             log.error("%s", err)
@@ -756,6 +758,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = True
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)
         self._pool.shutdown(wait=True)
+        with contextlib.suppress(ValueError):  # no cycle left for the collector: the endpoint goes now
+            self.endpoint.peer_lost_callbacks.remove(self._on_peer_lost)
 
     abort = shutdown
 

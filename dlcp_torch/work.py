@@ -52,7 +52,7 @@ class DLCPWork(dist.Work):
         self._source.set_result(None)
 
     # ------------------------------------------------------------------ torch's Work API
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # type: ignore[override]
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Block until the collective ends; raise its error if it failed. A ``timeout`` of 0 (the
         default) waits for the collective, which itself ends by the process group's timeout."""
         seconds = timeout.total_seconds() if timeout else 0.0
@@ -63,23 +63,23 @@ class DLCPWork(dist.Work):
             raise self._error
         return True
 
-    def get_future(self) -> torch.futures.Future:  # type: ignore[override]
+    def get_future(self) -> torch.futures.Future:
         return self._future
 
-    def is_completed(self) -> bool:  # type: ignore[override]
+    def is_completed(self) -> bool:
         return self._done.is_set()
 
-    def is_success(self) -> bool:  # type: ignore[override]
+    def is_success(self) -> bool:
         return self._done.is_set() and self._error is None
 
-    def exception(self) -> BaseException | None:  # type: ignore[override]
+    def exception(self) -> BaseException | None:
         return self._error
 
-    def result(self) -> Any:  # type: ignore[override]
+    def result(self) -> Any:
         self.wait()
         return self._value
 
-    def synchronize(self) -> None:  # type: ignore[override]
+    def synchronize(self) -> None:
         """CPU tensors (and CUDA ones, copied back in the collective's thread): nothing to order."""
 
     def __repr__(self) -> str:

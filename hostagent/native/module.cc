@@ -104,6 +104,9 @@ nb::tuple progress_tuple(const Progress& p) {
 
 NB_MODULE(_datapath, m) {
     m.doc() = "DLCP's compiled per-packet path (see hostagent/native/datapath.h).";
+    // A process group that torch (a DeviceMesh, say) keeps until the interpreter exits keeps
+    // its stopped data path alive until then too; nanobind would print that as a leak.
+    nb::set_leak_warnings(false);
 
     m.def("message_token",
           [](nb::bytes key, uint32_t job, uint16_t sender, uint32_t mid, uint32_t iteration) {

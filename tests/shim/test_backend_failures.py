@@ -1,0 +1,233 @@
+"""The ``dlcp`` backend fails the way gloo fails: bad calls raise at the call, a killed or
+stopped rank makes every survivor raise (at once, or by the group's timeout), never a hang or
+a crash; barriers never hang. Real processes on loopback."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hostagent.loopback import free_tcp_ports
+from tests.shim.test_backend import _spawn
+
+
+def _drill_entry(fn, rank, world, port, q, timeout_s, *args):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import dlcp_torch.backend  # noqa: F401  (registers "dlcp")
+
+    dist.init_process_group("dlcp", timeout=datetime.timedelta(seconds=timeout_s))
+    t0 = time.monotonic()
+    try:
+        fn(rank, world, *args)
+        q.put((rank, "finished", time.monotonic() - t0, ""))
+    except Exception as exc:  # noqa: BLE001 - what the survivor saw is the result
+        q.put((rank, type(exc).__name__, time.monotonic() - t0, str(exc)[:400]))
+    dist.destroy_process_group()
+
+
+def _drill(fn, world: int, timeout_s: float, victim: int, *args) -> tuple[dict, dict]:
+    """Run ``fn`` in ``world`` processes; every rank but ``victim`` reports what it raised and
+    when. Returns (reports by rank, exit codes by rank)."""
+    (port,) = free_tcp_ports(1)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_drill_entry, args=(fn, r, world, port, q, timeout_s, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    reports: dict[int, tuple] = {}
+    try:
+        for _ in range(world - 1):
+            rank, kind, after, msg = q.get(timeout=timeout_s + 120)
+            reports[rank] = (kind, after, msg)
+        for r, p in enumerate(procs):
+            if r != victim:
+                p.join(60)
+    finally:
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.join(10)
+    return reports, {r: p.exitcode for r, p in enumerate(procs)}
+
+
+def _ddp_then(rank, world, victim, sig):
+    """DDP steps; at step 3 ``victim`` sends itself ``sig``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
+    for step in range(40):
+        if step == 3 and rank == victim:
+            os.kill(os.getpid(), sig)
+        ddp(torch.randn(16, 64)).sum().backward()
+
+
+def test_a_killed_rank_makes_every_survivor_raise_at_once_and_none_crash():
+    world, victim, timeout_s = 3, 1, 60.0
+    reports, codes = _drill(_ddp_then, world, timeout_s, victim, victim, signal.SIGKILL)
+    for rank in (0, 2):
+        kind, after, msg = reports[rank]
+        assert kind in ("DistBackendError", "RuntimeError"), (rank, kind, msg)
+        assert "lost rank 1" in msg or "rank 1" in msg, msg
+        assert after < timeout_s, (rank, after)  # the connection closing says it, not the timeout
+        assert codes[rank] == 0, (rank, codes)  # raised, destroyed the group, exited: no crash
+
+
+def test_a_stopped_rank_makes_every_survivor_raise_by_the_groups_timeout():
+    world, victim, timeout_s = 2, 1, 8.0
+    reports, codes = _drill(_ddp_then, world, timeout_s, victim, victim, signal.SIGSTOP)
+    kind, after, msg = reports[0]
+    assert kind in ("DistBackendError", "RuntimeError") and "timed out" in msg, (kind, msg)
+    assert after < timeout_s + 5 + 5, after  # (+ the three steps before the stop, on a busy machine)
+    assert codes[0] == 0
+
+
+def _bad_calls(rank, world):
+    dist.init_process_group("dlcp")
+    refused: dict[str, object] = {}
+    calls = {
+        "uint16 sum": lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint16)),
+        "float8 sum": lambda: dist.all_reduce(torch.zeros(4, dtype=torch.float8_e4m3fn)),
+        "premul sum": lambda: dist.all_reduce(torch.ones(4), op=dist._make_nccl_premul_sum(2.0)),
+        "band float": lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND),
+        "all_gather list": lambda: dist.all_gather([torch.zeros(3)], torch.zeros(3)),
+        "all_gather size": lambda: dist.all_gather([torch.zeros(3), torch.zeros(4)], torch.zeros(3)),
+        "scatter tensor size": lambda: dist.reduce_scatter_tensor(torch.zeros(3), torch.zeros(7)),
+        "all_to_all_single split": lambda: dist.all_to_all_single(torch.zeros(4), torch.zeros(4), [1, 2], [2, 2]),
+    }
+    for name, call in calls.items():
+        t0 = time.monotonic()
+        try:
+            call()
+            refused[name] = "accepted"
+        except (ValueError, RuntimeError) as exc:
+            refused[name] = (str(exc), time.monotonic() - t0)
+    x = torch.ones(3) * (rank + 1)
+    dist.all_reduce(x)  # the group still works
+    refused["after"] = x.tolist()
+    return refused
+
+
+def test_bad_calls_raise_at_the_call_naming_what_and_the_group_goes_on():
+    res = _spawn(_bad_calls, 2)
+    for rank, refused in res.items():
+        assert refused.pop("after") == [3.0, 3.0, 3.0]
+        for name, got in refused.items():
+            assert got != "accepted", (rank, name)
+            msg, after = got
+            assert "dlcp backend" in msg or "dlcp" in msg, (name, msg)
+            assert after < 1.0, (name, after)
+
+
+def _barriers(rank, world, n):
+    dist.init_process_group("dlcp")
+    for i in range(n):
+        if i % 2:
+            dist.barrier(async_op=True).wait()
+        else:
+            dist.barrier()
+    return n
+
+
+def test_back_to_back_barriers_never_hang():
+    """Barriers were rings over one element: empty chunks, whose sends waited for a pass that had
+    ended (13 of 22 runs of a barrier loop hung)."""
+    assert _spawn(_barriers, 3, 300) == {0: 300, 1: 300, 2: 300}
+
+
+def _more_collectives(rank, world):
+    dist.init_process_group("dlcp")
+    out = {}
+    x = torch.arange(4, dtype=torch.float32) + rank
+    dist.reduce(x, dst=1)
+    out["reduce"] = x
+    g = [torch.empty(2, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), rank, dtype=torch.int64), g, dst=0)
+    out["gather"] = torch.stack(g) if g else torch.zeros(0)
+    s = torch.empty(3)
+    dist.scatter(s, [torch.full((3,), 10.0 * r) for r in range(world)] if rank == 2 else None, src=2)
+    out["scatter"] = s
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_to_all(outs, [torch.full((2,), rank * 10.0 + r) for r in range(world)])
+    out["all_to_all"] = torch.stack(outs)
+    inp = torch.arange(world * 2, dtype=torch.float32) + 100 * rank
+    single = torch.empty(world * 2)
+    dist.all_to_all_single(single, inp)
+    out["all_to_all_single"] = single
+    uneven_in = torch.arange(rank + 1 + world - 1, dtype=torch.float32)  # rank sends r+1 rows to rank ... see below
+    in_splits = [1] * (world - 1) + [rank + 1]
+    out_splits = [r + 1 if rank == world - 1 else 1 for r in range(world)]
+    uneven_out = torch.empty(sum(out_splits))
+    dist.all_to_all_single(uneven_out, uneven_in, out_splits, in_splits)
+    out["uneven"] = uneven_out
+    return out
+
+
+def test_reduce_gather_scatter_and_all_to_all_give_what_they_define():
+    world = 3
+    res = _spawn(_more_collectives, world)
+    from tests.shim.test_backend import _t
+
+    assert _t(res[1]["reduce"]).tolist() == (torch.arange(4.0) * 3 + 3).tolist()
+    assert _t(res[0]["reduce"]).tolist() == torch.arange(4.0).tolist()  # a non-root keeps its own
+    assert _t(res[0]["gather"]).tolist() == [[0, 0], [1, 1], [2, 2]]
+    for rank in range(world):
+        assert _t(res[rank]["scatter"]).tolist() == [10.0 * rank] * 3
+        assert _t(res[rank]["all_to_all"]).tolist() == [[r * 10.0 + rank] * 2 for r in range(world)]
+        want = [100 * r + 2 * rank + k for r in range(world) for k in range(2)]
+        assert _t(res[rank]["all_to_all_single"]).tolist() == want
+    # the last rank receives rank r's last r+1 elements; the others one element from each rank
+    last = _t(res[world - 1]["uneven"]).tolist()
+    assert last == [v for r in range(world) for v in range(world - 1, world + r)]
+    assert _t(res[0]["uneven"]).tolist() == [0.0] * world
+
+
+def _fsdp2(rank, world, backend):
+    """FSDP2 over a DeviceMesh, a DTensor redistributed, a functional all_reduce: each resolves
+    the group by its name."""
+    from torch.distributed._functional_collectives import all_reduce
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    os.environ["DLCP_LOSS_BOUND"] = "0"
+    dist.init_process_group(backend)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(4):
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    full = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local()
+    world_group = dist.group.WORLD
+    assert world_group is not None
+    summed = all_reduce(torch.ones(3) * (rank + 1), "sum", world_group)
+    return {"losses": losses, "full": full.tolist(), "summed": summed.tolist(), "name": world_group.group_name}
+
+
+def test_fsdp2_device_mesh_and_dtensor_run_as_through_gloo():
+    gloo = _spawn(_fsdp2, 2, "gloo")
+    ours = _spawn(_fsdp2, 2, "dlcp")
+    for rank in range(2):
+        assert ours[rank]["name"]  # the group has a name torch resolves it by
+        assert ours[rank]["losses"] == pytest.approx(gloo[rank]["losses"], rel=1e-5, abs=1e-6)
+        assert ours[rank]["full"] == list(range(8)) and ours[rank]["summed"] == [3.0, 3.0, 3.0]

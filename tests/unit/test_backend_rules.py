@@ -1,0 +1,85 @@
+"""The ``dlcp`` backend's pure parts: argument checks, bucket priorities, and DLCPWork's
+failure semantics (no processes, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from dlcp_torch import collective_checks as checks  # noqa: E402
+from dlcp_torch.bucket_order import BackwardOrder, bucket_priority  # noqa: E402
+from dlcp_torch.work import DLCPWork  # noqa: E402
+from hostagent.policy import Policy  # noqa: E402
+
+
+@pytest.mark.parametrize("op, dtype", [
+    (dist.ReduceOp.SUM, torch.uint16), (dist.ReduceOp.SUM, torch.float8_e4m3fn), (dist.ReduceOp.BAND, torch.float32),
+    (dist.ReduceOp.SUM, torch.bool), (dist.ReduceOp.SUM, torch.complex64),
+])
+def test_a_reduction_its_type_does_not_take_is_refused_by_name(op, dtype):
+    with pytest.raises(ValueError, match=str(dtype)):
+        checks.reduce_op(op, [dtype], "all_reduce")
+
+
+def test_premul_sum_is_refused_by_name():
+    with pytest.raises(ValueError, match="PREMUL_SUM is not supported"):
+        checks.reduce_op(dist._make_nccl_premul_sum(2.0), [torch.float32], "all_reduce")
+
+
+@pytest.mark.parametrize("op, dtype", [
+    (dist.ReduceOp.SUM, torch.float32), (dist.ReduceOp.AVG, torch.bfloat16), (dist.ReduceOp.MAX, torch.int64),
+    (dist.ReduceOp.BXOR, torch.uint8), (dist.ReduceOp.MIN, torch.bool), (dist.ReduceOp.BOR, torch.bool),
+])
+def test_reductions_gloo_takes_pass(op, dtype):
+    checks.reduce_op(op, [dtype], "all_reduce")
+
+
+def test_roots_lists_and_sizes_are_checked():
+    with pytest.raises(ValueError, match="root rank 5 is not in this group of 2"):
+        checks.root(5, 2, "broadcast")
+    one = torch.zeros(3)
+    with pytest.raises(ValueError, match="list 0 has 1 tensors for a group of 2"):
+        checks.gather_lists([[one]], [one], 2, "all_gather")
+    with pytest.raises(ValueError, match=r"tensor 1 of list 0 is 4 x torch.float32; expected 3"):
+        checks.gather_lists([[one, torch.zeros(4)]], [one], 2, "all_gather")
+    with pytest.raises(ValueError, match="sparse"):
+        checks.tensors([torch.zeros(2).to_sparse()], "all_reduce")
+
+
+def test_bucket_priorities_follow_the_backward_order():
+    policy = Policy(num_priorities=4)
+    assert bucket_priority(0, None, policy) == policy.top_priority  # first pass: not known yet
+    # 4 buckets, last layers first: the first issued is the last layer (lowest), the last the first (highest)
+    assert [bucket_priority(k, 4, policy) for k in range(4)] == [0, 1, 2, 3]
+    assert bucket_priority(9, 4, policy) == 3  # a longer pass than the last: its tail is the first layers
+
+
+def test_backward_order_counts_each_pass():
+    order = BackwardOrder(Policy(num_priorities=2))
+    first = [order.priority(graph_task=1) for _ in range(4)]
+    second = [order.priority(graph_task=2) for _ in range(4)]
+    assert first == [1, 1, 1, 1] and second == [0, 0, 1, 1] and order.last_count == 4
+
+
+def test_a_failed_work_raises_from_wait_and_from_its_future():
+    work = DLCPWork("all_reduce #1")
+    work.finish(error=dist.DistBackendError("peer gone"))
+    assert work.is_completed() and not work.is_success()
+    with pytest.raises(dist.DistBackendError, match="peer gone"):
+        work.wait()
+    with pytest.raises(RuntimeError, match="peer gone"):  # the future's error is a C++ one: value() raises
+        work.get_future().value()
+
+
+def test_a_work_returns_its_value_and_honours_a_wait_timeout():
+    from datetime import timedelta
+
+    pending = DLCPWork("barrier #2")
+    with pytest.raises(dist.DistBackendError, match="did not finish within the 0.05 s"):
+        pending.wait(timedelta(seconds=0.05))
+    done = DLCPWork("all_reduce #3")
+    t = torch.ones(2)
+    done.finish(value=[t])
+    assert done.wait() is True and done.get_future().wait()[0] is t

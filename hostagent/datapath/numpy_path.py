@@ -12,14 +12,12 @@ each other and with the training process.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
 import select
 import socket
 import struct
-import termios
 import threading
 import time
 from collections import OrderedDict
@@ -56,6 +54,20 @@ SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
 _MEMINFO = struct.Struct("9I")
 DONE_KEPT = 4096  # finished messages remembered: their late packets are not malformed
 MAX_INLINE_WAIT = 0.0005  # longest the send thread sleeps for one run's pacing
+
+
+def socket_empty(sock: socket.socket) -> bool:
+    """Whether no datagram waits in the UDP socket ``sock``. Not FIONREAD (SIOCINQ): for UDP it
+    is the length of the *first* queued datagram, so an empty datagram ahead of others reads 0.
+    A non-blocking peek fails with EAGAIN only when the queue is empty (an empty datagram peeks
+    as ``b""``); any other error says nothing, so it is not "empty"."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def receive_backlog(sock: socket.socket) -> float | None:
@@ -392,12 +404,7 @@ class NumpyDatapath:
         lists no packet that has arrived."""
         now = time.monotonic()
         with self._reading:
-            try:
-                if struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] == 0:
-                    return now
-            except (OSError, ValueError):
-                pass
-            return self._seen_until
+            return now if socket_empty(self._udp) else self._seen_until
 
     def reorder_window(self, src: int) -> float:
         """The grace's floor for messages from ``src``: its path's reordering window."""

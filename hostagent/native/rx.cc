@@ -2,6 +2,7 @@
 // overrun accounting and the drain meter. See datapath.h for the division of labour.
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -10,7 +11,6 @@
 #include <netinet/ip.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +38,16 @@ constexpr size_t READ_BYTES = 65536 + 512;  // one read: a whole GRO super-datag
 constexpr size_t DONE_KEPT = 4096;      // finished messages remembered (their late packets are not malformed)
 
 inline uint64_t key_of(uint16_t src, uint32_t mid) { return (uint64_t(src) << 32) | mid; }
+
+// Whether no datagram waits in the UDP socket `fd`. Not FIONREAD (or SIOCINQ, the same call):
+// for UDP it is the length of the *first* queued datagram, so an empty datagram ahead of others
+// reads 0. A non-blocking peek of one byte fails with EAGAIN only when the queue is empty (an
+// empty datagram peeks as 0 bytes); any other error says nothing, so it is not "empty".
+bool socket_empty(int fd) {
+    uint8_t b;
+    ssize_t r = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
 
 // Add ``count`` 2-byte elements of ``payload`` into ``dst`` of the same type: each pair added in
 // float and rounded back (a float16 or bfloat16 sum, as numpy and torch make it).
@@ -230,8 +240,7 @@ int Datapath::active_senders(double now, double window) {
 double Datapath::rx_seen_until() {
     double now = now_s();
     std::lock_guard<std::mutex> g(read_mu_);  // no read half placed
-    int n = 0;
-    if (ioctl(cfg_.rx_fd, FIONREAD, &n) == 0 && n == 0) return now;  // nothing unread since before now
+    if (socket_empty(cfg_.rx_fd)) return now;  // nothing unread since before now
     return rx_seen_until_.load(std::memory_order_acquire);
 }
 

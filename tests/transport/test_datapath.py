@@ -4,6 +4,7 @@ must be the same; a reduction must add each packet exactly once."""
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from typing import Any
@@ -589,6 +590,34 @@ def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
             while dp.rx_seen_until() < t0 and time.monotonic() < give_up:
                 time.sleep(0.001)
             assert t0 <= dp.rx_seen_until() <= time.monotonic()
+    finally:
+        dp.stop()
+        tx.close()
+        rx.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_an_empty_datagram_ahead_of_others_is_not_an_empty_socket(which):
+    """For UDP, FIONREAD (SIOCINQ) is the length of the first queued datagram: an empty one
+    ahead of a 1,000-byte one read 0, and ``rx_seen_until`` said "all read up to now" with both
+    unread (an answer then listed packets still waiting in the socket). Nothing is read here
+    (the threads are not started), so it must stay where it was; an empty socket says now."""
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, rx, False)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        t0 = time.monotonic()
+        assert dp.rx_seen_until() >= t0  # empty: everything that came is read
+        tx.sendto(b"", rx.getsockname())
+        tx.sendto(b"\0" * 1000, rx.getsockname())
+        assert select.select([rx], [], [], 10)[0]
+        assert dp.rx_seen_until() < t0
     finally:
         dp.stop()
         tx.close()

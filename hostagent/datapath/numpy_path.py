@@ -12,6 +12,7 @@ each other and with the training process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -769,8 +770,7 @@ class NumpyDatapath:
                 rejected["wrong_job"] += 1
             elif length != wire.HEADER_SIZE:
                 rejected["count_mismatch"] += 1
-            elif (key is None or granter == self.config.rank
-                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed, release)):
+            elif key is None or granter == self.config.rank or int(h["token"]) != auth.credit_token(key, h.tobytes()):
                 rejected["bad_token"] += 1
             else:
                 self.counters["credits_received"] += 1
@@ -820,9 +820,8 @@ class NumpyDatapath:
                 h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=self.config.job_id, message_id=0,
                                 sender_rank=self.config.rank, priority=self.policy.top_priority, iteration=s.credit_seq,
                                 flags=wire.Flags.RELEASE if release else wire.Flags.NONE,
-                                elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF,
-                                token=auth.credit_token(s.tx_key, self.config.job_id, self.config.rank, s.credit_seq,
-                                                        s.consumed, release))
+                                elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF)
+                h = dataclasses.replace(h, token=auth.credit_token(s.tx_key, wire.pack_header(h)))  # (every field)
                 out.append((s, s.consumed, overrun, lost, wire.pack_header(h), d.addr))
         for s, consumed, overrun, lost, datagram, addr in out:
             try:

@@ -113,12 +113,12 @@ NB_MODULE(_datapath, m) {
           "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
 
     m.def("credit_token",
-          [](nb::bytes key, uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed, bool release) {
+          [](nb::bytes key, nb::bytes header, size_t token_offset) {
               if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
-              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, granter, sequence, consumed,
-                                  release);
+              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()),
+                                  reinterpret_cast<const uint8_t*>(header.c_str()), header.size(), token_offset);
           },
-          "key"_a, "job"_a, "granter"_a, "sequence"_a, "consumed"_a, "release"_a = false);
+          "key"_a, "header"_a, "token_offset"_a);
 
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {

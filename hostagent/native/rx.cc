@@ -468,7 +468,7 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     } else if (len != uint32_t(H_)) {
         reason = COUNT_MISMATCH;
     } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank ||
-               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed, release)) {
+               rd(d, L.token) != credit_token(fit->second.key, d, size_t(H_), size_t(L.token.off))) {
         reason = BAD_TOKEN;
     }
     if (reason != OK) {
@@ -550,7 +550,7 @@ double Datapath::send_credits(double now) {
         wr(h, L.elem_count, grant);
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
-        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed, release));
+        wr(h, L.token, credit_token(s.tx_key, h, size_t(H_), size_t(L.token.off)));  // (every other field set)
         ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
                            sizeof(sockaddr_in));
         if (r == ssize_t(H_)) {

@@ -4,6 +4,7 @@ must be the same; a reduction must add each packet exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import socket
 import time
@@ -510,9 +511,33 @@ def test_the_compiled_tokens_are_the_python_tokens():
         key = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
         job, sender, mid, it = (int(v) for v in rng.integers(0, 1 << 16, 4))
         assert _datapath.message_token(key, job, sender, mid, it) == auth.message_token(key, job, sender, mid, it)
-        consumed, overrun = int(rng.integers(0, 1 << 62)), bool(it & 1)
-        assert (_datapath.credit_token(key, job, sender, mid, consumed, overrun)
-                == auth.credit_token(key, job, sender, mid, consumed, overrun))
+        header = rng.integers(0, 256, wire.HEADER_SIZE, dtype=np.uint8).tobytes()
+        assert (_datapath.credit_token(key, header, wire.FIELD_OFFSET["token"])
+                == auth.credit_token(key, header))
+
+
+def _credit(granter: int, seq: int, consumed: int, window: int, key: bytes = KEY1) -> bytes:
+    h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=1, message_id=0, sender_rank=granter, priority=7,
+                    iteration=seq, elem_count=window, total_pkts=consumed >> 32, elem_offset=consumed & 0xFFFFFFFF)
+    return wire.pack_header(dataclasses.replace(h, token=auth.credit_token(key, wire.pack_header(h))))
+
+
+def test_a_credit_with_its_window_changed_is_refused_by_both_paths():
+    """The credit token covers every field: a copy of a real credit with its window
+    (``elem_count``) raised to 65535 was accepted (the token bound neither), and a sender would
+    have sent 65535 packets into a receiver that granted 64."""
+    paths, sock = _paths()
+    real = _credit(1, seq=1, consumed=10, window=64)
+    for dp in paths:
+        dp.add_peer(1, "127.0.0.1", 41002)
+        _one(dp, _with(real, elem_count=wire.MAX_CREDIT_WINDOW), now=1.0)
+        _one(dp, _with(real, elem_offset=10_000), now=1.0)
+        s = dp.stats()
+        assert (s["credits_received"], s["rejected"].get("bad_token")) == (0, 2), type(dp).__name__
+        _one(dp, real, now=1.0)
+        assert dp.stats()["credits_received"] == 1
+        dp.stop()
+    sock.close()
 
 
 def test_a_message_set_up_twice_is_refused_by_both_paths():

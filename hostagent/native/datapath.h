@@ -146,6 +146,7 @@ struct TxSpec {
     uint16_t dest = 0;
     uint32_t message_id = 0;
     const uint8_t* payload = nullptr;
+    uint64_t payload_bytes = 0;             // what payload holds: at least the message
     uint8_t dtype = 0;
     uint64_t total_elems = 0;
     uint32_t per = 1;
@@ -155,6 +156,7 @@ struct TxSpec {
     const uint16_t* pkt_layer = nullptr;    // per packet, or null: `layer` for all
     uint8_t* drop_class_out = nullptr;      // filled when the message becomes ready (sampled: as each packet leaves)
     uint8_t* snapshot = nullptr;            // if set: the payload is copied here when ready and sent from it
+    uint64_t snapshot_bytes = 0;            // what snapshot holds: at least the message
     bool held = false;
     uint64_t order = 0;
     bool tags_given = false;  // drop_class_out already holds the classes

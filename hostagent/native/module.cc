@@ -95,6 +95,19 @@ Config make_config(const nb::dict& d) {
     return c;
 }
 
+// Every array the extension reads or writes through a typed pointer must be aligned to its
+// elements (numpy allows views at odd byte offsets; a float* to one is undefined behaviour).
+void need_aligned(const void* p, size_t align, const char* what) {
+    if (reinterpret_cast<uintptr_t>(p) % align != 0)
+        throw std::invalid_argument(std::string(what) + " is not aligned to its " + std::to_string(align) +
+                                    "-byte elements (a view at an odd byte offset?); pass a copy");
+}
+
+Kind kind_of(int kind) {
+    if (kind < 0 || kind > int(Kind::BF16)) throw std::invalid_argument("unknown element kind " + std::to_string(kind));
+    return Kind(kind);
+}
+
 nb::tuple progress_tuple(const Progress& p) {
     return nb::make_tuple(p.received_pkts, p.received_elems, p.duplicates, p.retx_seen, p.first_arrival,
                           p.last_arrival, p.state, p.gaps);
@@ -122,10 +135,20 @@ NB_MODULE(_datapath, m) {
 
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {
-              size_t itemsize = data.itemsize();
-              size_t n = data.nbytes() / kind_size(Kind(kind));
-              (void)itemsize;
-              packet_magnitudes(reinterpret_cast<const uint8_t*>(data.data()), n, Kind(kind), per,
+              Kind k = kind_of(kind);
+              if (per == 0) throw std::invalid_argument("packet_magnitudes: per must be > 0");
+              if (how != "l2" && how != "maxabs")
+                  throw std::invalid_argument("packet_magnitudes: how is 'l2' or 'maxabs', not '" + how + "'");
+              if (data.nbytes() % size_t(kind_size(k)))
+                  throw std::invalid_argument("packet_magnitudes: data is not a whole number of elements");
+              size_t n = data.nbytes() / size_t(kind_size(k));
+              size_t pkts = (n + per - 1) / per;
+              if (out.shape(0) < pkts)
+                  throw std::invalid_argument("packet_magnitudes: out has " + std::to_string(out.shape(0)) +
+                                              " entries for " + std::to_string(pkts) + " packets");
+              need_aligned(out.data(), alignof(float), "packet_magnitudes: out");
+              nb::gil_scoped_release r;
+              packet_magnitudes(reinterpret_cast<const uint8_t*>(data.data()), n, k, per,
                                 how == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2, out.data());
           },
           "data"_a, "kind"_a, "per"_a, "how"_a, "out"_a);
@@ -134,6 +157,7 @@ NB_MODULE(_datapath, m) {
           [](F32 mags, std::vector<double> shares, uint32_t sampled_classes_packets, uint32_t class_sample, U8 out) {
               if (class_sample == 0) throw std::invalid_argument("class_sample must be > 0");
               if (out.shape(0) < mags.shape(0)) throw std::invalid_argument("drop_classes: out too short");
+              need_aligned(mags.data(), alignof(float), "drop_classes: magnitudes");
               drop_classes(mags.data(), mags.shape(0), shares, ClassSampling{sampled_classes_packets, class_sample},
                            out.data());
           },
@@ -181,6 +205,7 @@ NB_MODULE(_datapath, m) {
                  if (received.shape(0) < pkts || prio.shape(0) < pkts || layer.shape(0) < pkts)
                      throw std::invalid_argument("expect: per-packet arrays are shorter than the message");
                  s.out_bytes = out.nbytes();
+                 need_aligned(layer.data(), alignof(int64_t), "expect: pkt_layer");
                  s.received = received.data();
                  s.pkt_priority = prio.data();
                  s.pkt_layer = layer.data();
@@ -243,6 +268,7 @@ NB_MODULE(_datapath, m) {
                  s.dest = dest;
                  s.message_id = mid;
                  s.payload = reinterpret_cast<const uint8_t*>(payload.data());
+                 s.payload_bytes = payload.nbytes();
                  s.dtype = dtype;
                  s.total_elems = total;
                  s.per = per;
@@ -262,12 +288,13 @@ NB_MODULE(_datapath, m) {
                  if (!pkt_layer.is_none()) {
                      U16 a = nb::cast<U16>(pkt_layer);
                      if (a.shape(0) < pkts) throw std::invalid_argument("submit: packet layers too short");
+                     need_aligned(a.data(), alignof(uint16_t), "submit: packet layers");
                      s.pkt_layer = a.data();
                  }
                  if (!snapshot.is_none()) {
                      Bytes1D a = nb::cast<Bytes1D>(snapshot);
-                     if (a.nbytes() < payload.nbytes()) throw std::invalid_argument("submit: snapshot too small");
                      s.snapshot = reinterpret_cast<uint8_t*>(a.data());
+                     s.snapshot_bytes = a.nbytes();  // (checked against the message, not the payload)
                  }
                  s.held = held;
                  s.order = order;
@@ -315,6 +342,7 @@ NB_MODULE(_datapath, m) {
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 double now) {
                  if (rows.shape(0) != lengths.shape(0)) throw std::invalid_argument("one length per row");
+                 need_aligned(lengths.data(), alignof(int64_t), "ingest_for_test: lengths");
                  std::vector<uint8_t> r;
                  {
                      nb::gil_scoped_release g;

@@ -117,6 +117,10 @@ void Datapath::expect(const RxSpec& spec) {
         throw std::invalid_argument("expect: out must have the wire's element type, or float32 to accumulate into");
     if (spec.out_bytes < spec.total_elems * uint64_t(kind_size(oit->second)))
         throw std::invalid_argument("expect: out is smaller than the message");
+    if (reinterpret_cast<uintptr_t>(spec.out) % uintptr_t(kind_size(oit->second)) != 0)
+        // (a sum is added through a float* or uint16_t* into it)
+        throw std::invalid_argument("expect: out is not aligned to its " + std::to_string(kind_size(oit->second)) +
+                                    "-byte elements (a view at an odd byte offset?); pass a copy");
     if (spec.scale != 1.0f && !(spec.accumulate && kit->second == Kind::F32 && oit->second == Kind::F32))
         throw std::invalid_argument("expect: a scale needs a float32 message added into float32");
     uint64_t key = key_of(spec.src, spec.message_id);

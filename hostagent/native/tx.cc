@@ -207,6 +207,14 @@ void Datapath::submit(const TxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("submit: unknown dtype code");
     if (spec.per == 0) throw std::invalid_argument("submit: per must be > 0");
+    uint64_t need = spec.total_elems * uint64_t(kind_size(kit->second));
+    if (spec.payload_bytes < need)
+        throw std::invalid_argument("submit: the payload holds " + std::to_string(spec.payload_bytes) +
+                                    " bytes, the message " + std::to_string(spec.total_elems) + " elements (" +
+                                    std::to_string(need) + " bytes)");
+    if (spec.snapshot && spec.snapshot_bytes < need)
+        throw std::invalid_argument("submit: the snapshot holds " + std::to_string(spec.snapshot_bytes) +
+                                    " bytes, the message " + std::to_string(need));
     auto* m = new TxMsg();
     m->spec = spec;
     m->kind = kit->second;

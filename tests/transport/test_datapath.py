@@ -503,6 +503,61 @@ def test_the_compiled_tags_equal_the_policys():
             np.testing.assert_array_equal(out, drop_classes(m, policy))
 
 
+def _unaligned(n: int, dtype) -> np.ndarray:
+    """``n`` elements of ``dtype`` one byte off their alignment (numpy allows such views)."""
+    a = np.zeros(n * np.dtype(dtype).itemsize + 1, np.uint8)[1:].view(dtype)
+    assert not a.flags.aligned
+    return a
+
+
+def test_the_bindings_refuse_arrays_that_do_not_fit_before_touching_them():
+    """The extension trusts no size or alignment from its caller: ``packet_magnitudes`` wrote 9
+    floats past a 1-element ``out``; ``submit`` read past a 10-element payload declared as 15
+    elements (and sent elements 10-14); a snapshot was compared with the payload, not with the
+    message; an unaligned ``out`` reached ``reinterpret_cast<float*>``. Each is a ValueError now."""
+    from hostagent import _datapath
+    from hostagent.datapath.native import NativeDatapath
+
+    x = np.ones(PER * 10, np.float32)
+    with pytest.raises(ValueError, match="out has 1 entries for 10 packets"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, PER, "l2", np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="not aligned"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, PER, "l2", _unaligned(10, np.float32))
+    with pytest.raises(ValueError, match="per must be > 0"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, 0, "l2", np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="unknown element kind"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 7, PER, "l2", np.zeros(10, np.float32))
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", 41002)
+    raw = dp._dp
+
+    def submit(mid: int, payload: np.ndarray, total: int, snapshot: np.ndarray | None = None) -> None:
+        raw.submit(1, mid, payload, 0, total, PER, 0, 0, 0, 0, 0, None, None, np.zeros(1, np.uint8), snapshot,
+                   True, 0)
+
+    with pytest.raises(ValueError, match="payload holds 40 bytes, the message 15 elements"):
+        submit(1, np.ones(10, np.float32), 15)
+    with pytest.raises(ValueError, match="snapshot holds 20 bytes"):
+        submit(2, np.ones(10, np.float32), 10, snapshot=np.zeros(5, np.float32))
+    submit(3, np.ones(20, np.float32), 10, snapshot=np.zeros(10, np.float32))  # fits the message: taken
+    code = int(wire.dtype_code(np.float32))
+    for out, accumulate in ((_unaligned(PER, np.float32), True), (_unaligned(PER, np.float16), True)):
+        b = RxBuffers.allocate(out, 1, 0)
+        with pytest.raises(ValueError, match="not aligned"):
+            raw.expect(1, 5, 0, code if out.dtype == np.float32 else int(wire.dtype_code(np.float16)), PER, PER,
+                       _raw_bits(out), accumulate, int(wire.dtype_code(out.dtype)), b.received, b.pkt_priority,
+                       b.pkt_layer, PER, [])
+    dp.stop()
+    sock.close()
+
+
+def _raw_bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
 def test_the_compiled_tokens_are_the_python_tokens():
     from hostagent import _datapath
 

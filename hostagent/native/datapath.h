@@ -418,7 +418,17 @@ class Datapath {
                        const RxMsg* from = nullptr);
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
     // send helpers
-    void prepare(TxMsg* m);
+    // What preparing a message makes (headers, order, classes): computed by the send thread
+    // without tx_mu_ (m->busy), then installed under it, as resend() and pick() read them under it.
+    struct Prepared {
+        std::vector<uint8_t> hdr;
+        std::vector<uint32_t> send_order;
+        std::vector<uint8_t> prio_in_order;
+        std::vector<float> boundaries;
+        std::vector<uint8_t> classed;
+    };
+    Prepared prepare(const TxMsg* m);
+    void install_locked(TxMsg* m, Prepared&& p);
     TxMsg* pick(double now, double& wait);
     void activate_locked(TxMsg* m);
     void reorder_locked();
@@ -469,10 +479,13 @@ class Datapath {
     // counters
     std::atomic<int64_t> data_pkts_sent_{0}, data_bytes_sent_{0}, retransmitted_pkts_{0}, send_errors_{0},
         gso_calls_{0};
+    // (rx_mu_ held)
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
-            rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0, gro_reads_ = 0, injected_delays_ = 0,
-            accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
+            rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0,
+            accepted_ = 0, duplicates_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
             overrun_credits_sent_ = 0, loss_releases_sent_ = 0;
+    // counted by the receive thread between reads, outside rx_mu_ (stats() reads them any time)
+    std::atomic<int64_t> rx_reads_{0}, gro_reads_{0}, injected_delays_{0};
     std::atomic<int64_t> credit_waits_{0}, credit_timeouts_{0}, max_in_flight_{0}, max_window_{0};
     int64_t rejected_[N_REASONS] = {};
     std::map<int, int64_t> injected_drops_;

@@ -206,6 +206,15 @@ class NativeDatapath:
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)
 
+    def failure(self) -> str | None:
+        """Why a thread of the data path failed and stopped (None: none did): it caught what it
+        raised, reported it (EventKind.FAILED) and stopped; the process goes on."""
+        return self._dp.failure() or None
+
+    def fault_for_test(self, thread: str) -> None:
+        """Make the ``"receive"`` or ``"send"`` thread raise std::bad_alloc at its next turn."""
+        self._dp.fault_for_test({"receive": 1, "send": 2}[thread])
+
     def end_passes_for_test(self, now: float, seen_until: float) -> float:
         """The receive thread's completion of bounded messages at the end of their pass, on a
         given clock, the reader having read all that arrived before ``seen_until``; returns

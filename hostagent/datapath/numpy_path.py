@@ -193,6 +193,8 @@ class NumpyDatapath:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ev_lock = threading.Lock()
         self._events: list[tuple] = []
+        self._failure: str | None = None  # why a thread failed (failure())
+        self._fault: str | None = None  # fault_for_test
         # receive side
         self._lock = threading.Lock()
         self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
@@ -230,10 +232,46 @@ class NumpyDatapath:
         self._credit_sock.setblocking(False)
         self._credit_sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.policy.dscp[self.policy.top_priority] << 2)
         self._running = True
-        for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop)):
+        for name, target in (("rx", self._rx_main), ("tx", self._tx_main)):
             t = threading.Thread(target=target, name=f"dlcp-{name}-{self.config.rank}", daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _rx_main(self) -> None:
+        try:
+            self._rx_loop()
+        except BaseException as exc:  # noqa: BLE001 - reported as the endpoint's failure, never lost
+            self._fail("receive", exc)
+
+    def _tx_main(self) -> None:
+        try:
+            self._tx_loop()
+        except BaseException as exc:  # noqa: BLE001 - reported as the endpoint's failure, never lost
+            self._fail("send", exc)
+        with self._tx_cv:  # nothing is being sent any more: a retire() waiting for one returns
+            for m in self._tx.values():
+                m.busy = False
+            self._tx_cv.notify_all()
+
+    def _fail(self, thread: str, exc: BaseException) -> None:
+        """A thread raised: record why (the first reason stays), tell the protocol, stop it."""
+        log.error("rank %d: the data path's %s thread failed", self.config.rank, thread, exc_info=exc)
+        with self._ev_lock:
+            if self._failure is not None:
+                return
+            self._failure = f"the data path's {thread} thread failed: {type(exc).__name__}: {exc}"
+        self._emit(EventKind.FAILED, 0, 0, time.monotonic(), 1 if thread == "send" else 0)
+
+    def failure(self) -> str | None:
+        """Why a thread of the data path failed and stopped (None: none did)."""
+        with self._ev_lock:
+            return self._failure
+
+    def fault_for_test(self, thread: str) -> None:
+        """Make the ``"receive"`` or ``"send"`` thread raise MemoryError at its next turn."""
+        self._fault = thread
+        with self._tx_cv:
+            self._tx_cv.notify_all()
 
     def stop(self) -> None:
         self._running = False
@@ -486,6 +524,8 @@ class NumpyDatapath:
         poller.register(sock, select.POLLIN)
         credit_due_at = 0.0  # when a quiet sender's credit falls due (0: none waits)
         while self._running:
+            if self._fault == "receive":
+                raise MemoryError("fault_for_test")
             wait_ms = 5 if self._delayed else 50
             if credit_due_at:
                 wait_ms = min(wait_ms, max(0, math.ceil((credit_due_at - time.monotonic()) * 1000)))
@@ -1088,6 +1128,8 @@ class NumpyDatapath:
                 while True:
                     if not self._running:
                         return
+                    if self._fault == "send":
+                        raise MemoryError("fault_for_test")
                     m, wait = self._pick(time.monotonic())
                     if m is not None:
                         break

@@ -57,6 +57,7 @@ enum EventKind : uint8_t {
     EV_CONGESTION = 4,  // peer=src: first CE mark or overrun since its last feedback
     EV_TX_PASS = 5,     // peer=dest: a sending pass ended (a = pass number)
     EV_TX_ACTIVE = 6,   // peer=dest: a held message started (its trigger fired)
+    EV_FAILED = 7,      // a thread of the data path failed and stopped (a = 0 receive, 1 send): failure() says why
 };
 
 struct Event {
@@ -234,6 +235,13 @@ class Datapath {
     void set_sockopt(uint16_t dest, uint8_t priority, int level, int name, int value);
 
     std::map<std::string, int64_t> stats();
+    // Why a thread of the data path failed (empty: none did). A thread catches everything it
+    // raises (std::bad_alloc, a thread that cannot start, ...), records it here, emits EV_FAILED
+    // and stops: the endpoint fails its messages with that reason; the process goes on.
+    std::string failure();
+    // Make the receive (1) or the send (2) thread raise std::bad_alloc at its next turn, as an
+    // allocation that fails there would: for tests of the above.
+    void fault_for_test(int where);
     std::map<std::string, int64_t> rejected();
     std::map<int, int64_t> injected_drops();
     std::vector<std::tuple<int, int, int>> data_sockets();  // (dest, priority, local port)
@@ -378,6 +386,10 @@ class Datapath {
 
     void rx_loop();
     void tx_loop();
+    // the threads' bodies: the loops above, with every exception caught and reported (fail)
+    void rx_main();
+    void tx_main();
+    void fail(const char* thread, const char* what);
     void emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a);
     // receive helpers (rx_mu_ held)
     // ``at``: when the datagram reached the host (its read's kernel stamp; < 0: ``now``)
@@ -440,6 +452,9 @@ class Datapath {
     Config cfg_;
     int H_;
     std::atomic<bool> running_{false};
+    std::atomic<int> fault_{0};  // fault_for_test
+    std::mutex fail_mu_;
+    std::string failure_;  // (fail_mu_)
     int event_fd_ = -1;
     std::thread rx_thread_, tx_thread_;
 

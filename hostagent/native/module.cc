@@ -336,6 +336,8 @@ NB_MODULE(_datapath, m) {
         .def("injected_drops", &Datapath::injected_drops)
         .def("data_sockets", &Datapath::data_sockets)
         .def("gso_off_reasons", &Datapath::gso_off_reasons)
+        .def("failure", &Datapath::failure, nb::call_guard<nb::gil_scoped_release>())
+        .def("fault_for_test", &Datapath::fault_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("end_passes_for_test",
              [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); })
         .def("ingest_for_test",

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include <linux/udp.h>
 #include <netinet/in.h>
@@ -760,6 +761,7 @@ void Datapath::rx_loop() {
 
     double next_end = 0;  // when the earliest watched end of pass is due (0: none)
     while (running_) {
+        if (fault_.load(std::memory_order_relaxed) == 1) throw std::bad_alloc();
         // to the microsecond: an end of pass is due a reordering window after its LAST, which on
         // a path that does not reorder is a fraction of a millisecond
         double wait = delayed_.empty() ? 0.05 : 0.005;

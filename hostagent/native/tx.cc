@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <system_error>
 
 #include <arpa/inet.h>
@@ -76,10 +77,62 @@ void Datapath::start() {
         int tos = int(cfg_.dscp[std::min<size_t>(cfg_.top_priority, cfg_.dscp.size() - 1)]) << 2;
         setsockopt(credit_fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
     }
-    rx_thread_ = std::thread([this] { rx_loop(); });
-    tx_thread_ = std::thread([this] { tx_loop(); });
+    try {
+        rx_thread_ = std::thread([this] { rx_main(); });
+        tx_thread_ = std::thread([this] { tx_main(); });
+    } catch (const std::exception& e) {  // (a thread that cannot start: the caller's error, not an abort)
+        stop();
+        throw std::runtime_error(std::string("the data path's threads cannot start: ") + e.what());
+    }
     pthread_setname_np(rx_thread_.native_handle(), ("dlcp-rx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
     pthread_setname_np(tx_thread_.native_handle(), ("dlcp-tx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
+}
+
+void Datapath::fail(const char* thread, const char* what) {
+    try {
+        {
+            std::lock_guard<std::mutex> g(fail_mu_);
+            if (!failure_.empty()) return;  // the first says why
+            failure_ = std::string("the data path's ") + thread + " thread failed: " + what;
+        }
+        emit(EV_FAILED, 0, 0, now_s(), thread[0] == 's' ? 1 : 0);
+    } catch (...) {  // (out of memory even for the report: the thread stops all the same)
+    }
+}
+
+std::string Datapath::failure() {
+    std::lock_guard<std::mutex> g(fail_mu_);
+    return failure_;
+}
+
+void Datapath::fault_for_test(int where) {
+    fault_.store(where);
+    std::lock_guard<std::mutex> g(tx_mu_);
+    tx_cv_.notify_all();
+}
+
+void Datapath::rx_main() {
+    try {
+        rx_loop();
+    } catch (const std::exception& e) {
+        fail("receive", e.what());
+    } catch (...) {
+        fail("receive", "an unknown exception");
+    }
+}
+
+void Datapath::tx_main() {
+    try {
+        tx_loop();
+    } catch (const std::exception& e) {
+        fail("send", e.what());
+    } catch (...) {
+        fail("send", "an unknown exception");
+    }
+    // Nothing is being sent any more: a retire() waiting for a message to be put down returns.
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& kv : tx_) kv.second->busy = false;
+    tx_cv_.notify_all();
 }
 
 void Datapath::stop() {
@@ -551,6 +604,7 @@ void Datapath::tx_loop() {
     std::vector<uint32_t> seqs;
     std::unique_lock<std::mutex> g(tx_mu_);
     while (running_) {
+        if (fault_.load(std::memory_order_relaxed) == 2) throw std::bad_alloc();
         double wait;
         TxMsg* m = pick(now_s(), wait);
         if (!m) {

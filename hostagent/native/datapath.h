@@ -28,6 +28,7 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -242,6 +243,11 @@ class Datapath {
     // Make the receive (1) or the send (2) thread raise std::bad_alloc at its next turn, as an
     // allocation that fails there would: for tests of the above.
     void fault_for_test(int where);
+    // Hold the receive (1) or send (2) lock from a thread of its own, as a data path thread
+    // holds it for a batch, until release_lock_for_test() or `timeout` s; returns once held.
+    // release_lock_for_test() says whether it was still held (false: it timed out first).
+    void hold_lock_for_test(int which, double timeout);
+    bool release_lock_for_test();
     std::map<std::string, int64_t> rejected();
     std::map<int, int64_t> injected_drops();
     std::vector<std::tuple<int, int, int>> data_sockets();  // (dest, priority, local port)
@@ -453,6 +459,13 @@ class Datapath {
     int H_;
     std::atomic<bool> running_{false};
     std::atomic<int> fault_{0};  // fault_for_test
+    struct LockHold {  // hold_lock_for_test
+        std::thread thread;
+        std::mutex mu;
+        std::condition_variable cv;
+        bool held = false, release = false, timed_out = false;
+    };
+    std::unique_ptr<LockHold> hold_;
     std::mutex fail_mu_;
     std::string failure_;  // (fail_mu_)
     int event_fd_ = -1;

@@ -2,8 +2,8 @@
 //
 // Thin on purpose: hostagent/datapath/native.py is the Python face (it builds the config from
 // wire.py and the policy, allocates and keeps alive every buffer, turns events into records).
-// Calls that can wait (preparing a large message, retiring one the send thread is using,
-// stopping) release the interpreter lock.
+// Every call that can wait (for a lock a data path thread holds for a batch, for a message the
+// send thread is using, for the threads to stop) releases the interpreter lock while it waits.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -165,7 +165,7 @@ NB_MODULE(_datapath, m) {
 
     nb::class_<Datapath>(m, "Datapath")
         .def("__init__", [](Datapath* self, nb::dict cfg) { new (self) Datapath(make_config(cfg)); })
-        .def("start", &Datapath::start)
+        .def("start", &Datapath::start, nb::call_guard<nb::gil_scoped_release>())
         .def("stop", &Datapath::stop, nb::call_guard<nb::gil_scoped_release>())
         .def("close", &Datapath::close, nb::call_guard<nb::gil_scoped_release>())
         .def("event_fd", &Datapath::event_fd)
@@ -180,12 +180,16 @@ NB_MODULE(_datapath, m) {
                  for (const Event& e : evs) out.append(nb::make_tuple(e.kind, e.peer, e.message_id, e.time, e.a));
                  return out;
              })
-        .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a)
+        .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
-                 d.set_rx_key(rank, std::string(key.c_str(), key.size()));
+                 std::string k(key.c_str(), key.size());
+                 nb::gil_scoped_release r;  // (the receive thread may hold its lock for a batch)
+                 d.set_rx_key(rank, k);
              })
         .def("set_tx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
-                 d.set_tx_key(rank, std::string(key.c_str(), key.size()));
+                 std::string k(key.c_str(), key.size());
+                 nb::gil_scoped_release r;
+                 d.set_tx_key(rank, k);
              })
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
@@ -330,16 +334,23 @@ NB_MODULE(_datapath, m) {
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rate", &Datapath::set_rate, nb::call_guard<nb::gil_scoped_release>())
         .def("sent_packets", &Datapath::sent_packets, nb::call_guard<nb::gil_scoped_release>())
-        .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
-        .def("stats", &Datapath::stats)
-        .def("rejected", &Datapath::rejected)
-        .def("injected_drops", &Datapath::injected_drops)
-        .def("data_sockets", &Datapath::data_sockets)
-        .def("gso_off_reasons", &Datapath::gso_off_reasons)
+        .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        // (each waits for a lock a data path thread may hold for a batch: never with the
+        // interpreter lock, which training threads need meanwhile; results convert after)
+        .def("stats", &Datapath::stats, nb::call_guard<nb::gil_scoped_release>())
+        .def("rejected", &Datapath::rejected, nb::call_guard<nb::gil_scoped_release>())
+        .def("injected_drops", &Datapath::injected_drops, nb::call_guard<nb::gil_scoped_release>())
+        .def("data_sockets", &Datapath::data_sockets, nb::call_guard<nb::gil_scoped_release>())
+        .def("gso_off_reasons", &Datapath::gso_off_reasons, nb::call_guard<nb::gil_scoped_release>())
+        .def("hold_lock_for_test", &Datapath::hold_lock_for_test, "which"_a, "timeout"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("release_lock_for_test", &Datapath::release_lock_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("failure", &Datapath::failure, nb::call_guard<nb::gil_scoped_release>())
         .def("fault_for_test", &Datapath::fault_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("end_passes_for_test",
-             [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); })
+             [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); },
+             nb::call_guard<nb::gil_scoped_release>())
         .def("ingest_for_test",
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 double now) {

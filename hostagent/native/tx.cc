@@ -59,6 +59,7 @@ Datapath::Datapath(Config cfg) : cfg_(std::move(cfg)), H_(cfg_.layout.size), rng
 }
 
 Datapath::~Datapath() {
+    release_lock_for_test();
     stop();
     for (auto& kv : dests_) {
         for (auto& s : kv.second->socks)
@@ -109,6 +110,35 @@ void Datapath::fault_for_test(int where) {
     fault_.store(where);
     std::lock_guard<std::mutex> g(tx_mu_);
     tx_cv_.notify_all();
+}
+
+void Datapath::hold_lock_for_test(int which, double timeout) {
+    release_lock_for_test();
+    hold_ = std::make_unique<LockHold>();
+    LockHold* h = hold_.get();
+    std::mutex& target = which == 1 ? rx_mu_ : tx_mu_;
+    h->thread = std::thread([h, &target, timeout] {
+        std::lock_guard<std::mutex> g(target);
+        std::unique_lock<std::mutex> lk(h->mu);
+        h->held = true;
+        h->cv.notify_all();
+        h->timed_out = !h->cv.wait_for(lk, std::chrono::duration<double>(timeout), [h] { return h->release; });
+    });
+    std::unique_lock<std::mutex> lk(h->mu);
+    h->cv.wait(lk, [h] { return h->held; });
+}
+
+bool Datapath::release_lock_for_test() {
+    if (!hold_) return false;
+    {
+        std::lock_guard<std::mutex> lk(hold_->mu);
+        hold_->release = true;
+        hold_->cv.notify_all();
+    }
+    hold_->thread.join();
+    bool held = !hold_->timed_out;
+    hold_.reset();
+    return held;
 }
 
 void Datapath::rx_main() {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -790,4 +791,37 @@ def test_only_a_datagram_with_its_messages_token_moves_the_reordering_window_and
         _one(dp, dgs[3], now=30.0)  # replayed half a minute later
         assert dp.reorder_window(1) == MAX_ANSWER_GRACE
         dp.stop()
+    sock.close()
+
+
+@pytest.mark.parametrize("call, lock", [("stats", 1), ("add_peer", 1), ("set_keys", 1), ("set_sockopt", 2)])
+def test_calls_waiting_for_a_data_path_lock_let_python_run(call, lock):
+    """``stats()``, ``add_peer``, ``set_*_key`` and ``set_sockopt`` waited for a lock the receive
+    (or send) thread holds for a whole batch while holding the interpreter lock: every Python
+    thread of the training process stood still meanwhile. Here a thread of the extension holds
+    the lock; the call waits in another Python thread, and this one must still run to let go."""
+    from hostagent.datapath.native import NativeDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", 41002)
+    calls = {"stats": lambda: dp.stats(), "add_peer": lambda: dp.add_peer(2, "127.0.0.1", 41004),
+             "set_keys": lambda: dp.set_keys(1, KEY1, KEY1),
+             "set_sockopt": lambda: dp.set_sockopt(1, 0, socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)}
+    dp._dp.hold_lock_for_test(lock, 10.0)  # (a failing call makes this test wait that long)
+    calling = threading.Event()
+
+    def run() -> None:
+        calling.set()
+        calls[call]()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert calling.wait(10)
+    time.sleep(0.02)  # (into the call: it waits for the lock)
+    let_go = dp._dp.release_lock_for_test()
+    t.join(10)
+    assert let_go, f"{call} held the interpreter lock while it waited for the data path's lock"
+    dp.stop()
     sock.close()

@@ -32,7 +32,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_afte
                                        initial_window, max_datagram, release_due)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
-from hostagent.protocol.incoming import narrow_reorder, widen_reorder
+from hostagent.protocol.incoming import FRESH_KEPT, iteration_before, narrow_reorder, stale, widen_reorder
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
 from hostagent.reassembly import REASONS, Assembly, Reassembler
@@ -47,12 +47,14 @@ _ECT0 = 0b10  # ECN-capable transport
 _LAST = int(wire.Flags.LAST)
 _CREDIT = int(wire.PacketType.CREDIT)
 _RETX = int(wire.Flags.RETX)
+_UNKNOWN, _STALE = REASONS.index("unknown_message"), REASONS.index("stale")
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of dropped datagrams.
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 # Linux: SO_MEMINFO reads a socket's memory counters (SK_MEMINFO_*, 9 x u32); the first two are
 # the bytes its receive queue holds and its receive buffer, both in the kernel's accounting.
 SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
 _MEMINFO = struct.Struct("9I")
+_ITERATION, _ITERATION_AT = struct.Struct("!I"), wire.FIELD_OFFSET["iteration"]
 DONE_KEPT = 4096  # finished messages remembered: their late packets are not malformed
 MAX_INLINE_WAIT = 0.0005  # longest the send thread sleeps for one run's pacing
 
@@ -127,6 +129,7 @@ class _Sender:
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
     reorder: float = 0.0  # the reordering window measured on its path (s; starts at probe_grace)
+    newest: int | None = None  # the newest iteration of its messages set up here (freshness)
 
 
 @dataclass
@@ -201,6 +204,8 @@ class NumpyDatapath:
         self._rx: dict[tuple[int, int], _Rx] = {}
         self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
+        # freshness: the iteration each of the last FRESH_KEPT message ids was set up with
+        self._used: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._senders: dict[int, _Sender] = {}
         self._rng = np.random.default_rng(config.loss.seed)
         self._delayed: list[tuple[float, bytes]] = []
@@ -342,6 +347,10 @@ class NumpyDatapath:
     def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
         with self._lock:
             s = self._senders.setdefault(rank, _Sender(reorder=self.config.probe_grace))
+            if rx_key is None or rx_key != s.key:  # closed, or a new key: its parked data waits for nothing
+                for key in [k for k in self._parked if k[0] == rank]:
+                    del self._parked[key]
+                s.parked = 0
             s.key, s.tx_key = rx_key, tx_key
 
     def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
@@ -367,11 +376,22 @@ class NumpyDatapath:
                                           scale=spec.scale)
             rx = self._rx[key] = _Rx(spec, asm)
             self._done.pop(key, None)
+            # freshness: this id's latest use, and the sender's newest iteration
+            self._used[key] = spec.iteration
+            self._used.move_to_end(key)
+            while len(self._used) > FRESH_KEPT:
+                self._used.popitem(last=False)
+            snd = self._sender(spec.src)
+            if snd.newest is None or iteration_before(snd.newest, spec.iteration):
+                snd.newest = spec.iteration
             if asm.total_pkts == 0:
                 self._finish(rx, 1, True, now)
                 return
-            replay = [d for _, d in self._parked.pop(key, [])]
-            self._sender(spec.src).parked -= len(replay)
+            parked = [d for _, d in self._parked.pop(key, [])]
+            snd.parked -= len(parked)
+            # another use of the id (its token was right for its own iteration): stale
+            replay = [d for d in parked if _ITERATION.unpack_from(d, _ITERATION_AT)[0] == spec.iteration]
+            self.reassembler.stats.rejected["stale"] += len(parked) - len(replay)
         if replay:
             slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
             for i, d in enumerate(replay):
@@ -913,16 +933,21 @@ class NumpyDatapath:
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray | None, rows: np.ndarray,
               now: float) -> np.ndarray:
         """Keep early data of authenticated peers until its message is set up (at most
-        ``park_limit`` per sender). The reassembler has checked the rows' tokens: nothing forged
-        or from an unauthenticated rank gets here."""
-        kept = np.zeros(len(rows), dtype=bool)
+        ``park_limit`` per sender); count stragglers of finished messages as late. Returns per
+        row a code of REASONS (0: kept). The reassembler has checked the rows' tokens against
+        their own iterations: nothing forged or from an unauthenticated rank gets here; what was
+        recorded earlier is stale (:func:`~hostagent.protocol.incoming.stale`)."""
+        verdict = np.full(len(rows), _UNKNOWN, np.uint8)
         if hdr is None:  # slots narrower than a header: nothing passed the token check
-            return kept
+            return verdict
         for i, r in enumerate(rows.tolist()):
             key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
+            if stale(int(hdr["iteration"][r]), self._used.get(key), self._sender(key[0]).newest):
+                verdict[i] = _STALE  # it neither parks, widens a window nor counts
+                continue
             if key in self._done:  # a straggler of a finished message: not malformed
                 self.counters["late"] += 1
-                kept[i] = True
+                verdict[i] = 0
                 rx = self._rx.get(key)
                 if rx is not None and rx.last_at and not int(hdr["flags"][r]) & _RETX:
                     # a first-pass packet after its message completed at the end of its pass:
@@ -934,8 +959,8 @@ class NumpyDatapath:
                 continue
             self._parked.setdefault(key, []).append((now, slots[r, : lengths[r]].tobytes()))
             s.parked += 1
-            kept[i] = True
-        return kept
+            verdict[i] = 0
+        return verdict
 
     # ------------------------------------------------------------------ DataPort: send side
     def submit(self, spec: TxSpec) -> None:

@@ -47,7 +47,7 @@ namespace dlcp {
 // Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
 enum Reason : uint8_t {
     OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
-    BAD_OFFSET, COUNT_MISMATCH, N_REASONS
+    BAD_OFFSET, COUNT_MISMATCH, STALE, N_REASONS
 };
 
 // What happened, for the protocol core (Python reads them as tuples).
@@ -116,6 +116,9 @@ struct Config {
     // path is measured; a first-pass packet that comes `late` after its message's LAST widens
     // it to margin * late; a message whose pass ended without one narrows it by decay, to min
     double reorder_min = 0.0002, reorder_margin = 1.25, reorder_decay = 0.9;
+    // freshness per sender (hostagent.protocol.incoming.stale): message ids set up remembered,
+    // and how far behind the newest iteration set up from a sender a finished use is stale
+    uint32_t fresh_window = 512, fresh_kept = 1 << 16;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
     // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
@@ -128,6 +131,7 @@ struct RxSpec {
     uint16_t src = 0;
     uint32_t message_id = 0;
     uint32_t token = 0;
+    uint32_t iteration = 0;     // the iteration its token binds (freshness per sender)
     uint8_t dtype = 0;          // wire code
     uint64_t total_elems = 0;
     uint32_t per = 1;
@@ -324,6 +328,12 @@ class Datapath {
         bool has_tx_key = false;
         uint8_t tx_key[16];
         double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
+        bool has_newest = false;
+        uint32_t newest = 0;  // the newest iteration of its messages set up here (freshness)
+    };
+    struct Use {  // the iteration a message id was last set up with, and when (fresh_kept)
+        uint32_t iteration;
+        uint64_t order;
     };
 
     // ---- send state
@@ -432,6 +442,10 @@ class Datapath {
 
    private:
     void replay_parked(uint64_t key, double now);
+    // a token-valid datagram of (src, mid) from `iteration` that belongs to no message being
+    // received was recorded earlier (hostagent.protocol.incoming.stale; rx_mu_ held)
+    bool stale(uint16_t src, uint32_t mid, uint32_t iteration);
+    void drop_parked(uint16_t src);  // every datagram parked for src (rx_mu_ held)
     void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now,
                        const RxMsg* from = nullptr);
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
@@ -481,6 +495,9 @@ class Datapath {
     std::list<uint64_t> done_order_;
     std::unordered_set<uint64_t> done_;
     std::unordered_map<uint64_t, std::vector<Parked>> parked_;
+    std::unordered_map<uint64_t, Use> used_;  // freshness: message ids set up, oldest first in used_order_
+    std::deque<std::pair<uint64_t, uint64_t>> used_order_;
+    uint64_t uses_ = 0;
     std::map<uint16_t, SenderFb> fb_;
     std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
     std::atomic<double> rx_seen_until_{0.0};

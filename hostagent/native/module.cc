@@ -88,6 +88,8 @@ Config make_config(const nb::dict& d) {
     c.reorder_min = get<double>(d, "reorder_min");
     c.reorder_margin = get<double>(d, "reorder_margin");
     c.reorder_decay = get<double>(d, "reorder_decay");
+    c.fresh_window = get<uint32_t>(d, "fresh_window");
+    c.fresh_kept = get<uint32_t>(d, "fresh_kept");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
@@ -194,8 +196,9 @@ NB_MODULE(_datapath, m) {
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
                 Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
-                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale) {
+                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale, uint32_t iteration) {
                  RxSpec s;
+                 s.iteration = iteration;
                  s.src = src;
                  s.message_id = mid;
                  s.token = token;
@@ -221,7 +224,7 @@ NB_MODULE(_datapath, m) {
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
              "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a,
-             "scale"_a = 1.0)
+             "scale"_a = 1.0, "iteration"_a = 0)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;

@@ -40,6 +40,9 @@ constexpr size_t DONE_KEPT = 4096;      // finished messages remembered (their l
 
 inline uint64_t key_of(uint16_t src, uint32_t mid) { return (uint64_t(src) << 32) | mid; }
 
+// a comes before b among 32-bit iterations (serial number arithmetic, RFC 1982)
+inline bool before(uint32_t a, uint32_t b) { return int32_t(a - b) < 0; }
+
 // Whether no datagram waits in the UDP socket `fd`. Not FIONREAD (or SIOCINQ, the same call):
 // for UDP it is the length of the *first* queued datagram, so an empty datagram ahead of others
 // reads 0. A non-blocking peek of one byte fails with EAGAIN only when the queue is empty (an
@@ -93,12 +96,35 @@ std::vector<Event> Datapath::take_events() {
 void Datapath::set_rx_key(uint16_t rank, const std::string& key) {
     std::lock_guard<std::mutex> g(rx_mu_);
     SenderFb& s = fb_[rank];
+    bool same = s.authed && key.size() == 16 && std::memcmp(s.key, key.data(), 16) == 0;
+    if (!same) drop_parked(rank);  // closed, or a new key: what it parked waits for nothing now
     if (key.size() == 16) {
         std::memcpy(s.key, key.data(), 16);
         s.authed = true;
     } else {
         s.authed = false;
     }
+}
+
+void Datapath::drop_parked(uint16_t src) {
+    for (auto it = parked_.begin(); it != parked_.end();) {
+        if (uint16_t(it->first >> 32) == src) {
+            parked_now_ -= int64_t(it->second.size());
+            it = parked_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    fb_[src].parked = 0;
+}
+
+bool Datapath::stale(uint16_t src, uint32_t mid, uint32_t iteration) {
+    auto u = used_.find(key_of(src, mid));
+    if (u == used_.end()) return false;  // early data of a message not set up yet
+    uint32_t last = u->second.iteration;
+    if (iteration != last) return before(iteration, last);  // an earlier use (a later one: early data)
+    const SenderFb& s = fb_[src];  // its last use, over: stale once the sender has moved far on
+    return s.has_newest && !before(s.newest, iteration) && s.newest - iteration >= cfg_.fresh_window;
 }
 
 void Datapath::set_tx_key(uint16_t rank, const std::string& key) {
@@ -147,6 +173,20 @@ void Datapath::expect(const RxSpec& spec) {
         m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)
+    // freshness: this id's latest use, and the sender's newest iteration
+    used_[key] = Use{spec.iteration, ++uses_};
+    used_order_.emplace_back(key, uses_);
+    while (used_order_.size() > size_t(cfg_.fresh_kept)) {  // the last fresh_kept set-ups
+        auto [k, order] = used_order_.front();
+        used_order_.pop_front();
+        auto u = used_.find(k);
+        if (u != used_.end() && u->second.order == order) used_.erase(u);
+    }
+    SenderFb& f = fb_[spec.src];
+    if (!f.has_newest || before(f.newest, spec.iteration)) {
+        f.newest = spec.iteration;
+        f.has_newest = true;
+    }
     if (m->total_pkts == 0) {
         finish_locked(m, 1, true, now);
         return;
@@ -335,6 +375,10 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         if (rd(d, L.token) != want) {
             rejected_[BAD_TOKEN] += 1;
             return BAD_TOKEN;
+        }
+        if (stale(sender, mid, rd(d, L.iteration))) {  // recorded earlier: it neither parks, widens nor counts
+            rejected_[STALE] += 1;
+            return STALE;
         }
         if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0)
             // a first-pass packet after its message completed at the end of its pass: the
@@ -686,7 +730,14 @@ void Datapath::replay_parked(uint64_t key, double now) {
     fb_[src].parked -= items.size();
     parked_now_ -= int64_t(items.size());
     std::vector<RxMsg*> touched;
-    for (auto& p : items) ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched, p.time);
+    auto it = rx_.find(key);
+    for (auto& p : items) {
+        if (it != rx_.end() && rd(p.bytes.data(), cfg_.layout.iteration) != it->second->spec.iteration) {
+            rejected_[STALE] += 1;  // another use of the id (its token was right for its own iteration)
+            continue;
+        }
+        ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched, p.time);
+    }
     end_batch(touched, now);
 }
 

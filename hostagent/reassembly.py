@@ -281,10 +281,12 @@ class Assembly:
         if not fresh.all():
             new_rows, new_seq = new_rows[fresh], new_seq[fresh]
         if len(new_seq) > 1:
-            # The same seq twice in one batch: keep one. Each candidate claims its seq; only
-            # the last claim survives, so this finds repeats without sorting.
+            # The same seq twice in one batch: keep the first read, as the compiled path (one
+            # datagram after another) does; an original and its resend in one batch then
+            # count alike on both. Each candidate claims its seq, in reverse order, so the
+            # first one's claim is written last and survives: repeats found without sorting.
             pos = np.arange(len(new_seq), dtype=np.int64)
-            self._claim[new_seq] = pos
+            self._claim[new_seq[::-1]] = pos[::-1]
             keep = self._claim[new_seq] == pos
             if not keep.all():
                 new_rows, new_seq = new_rows[keep], new_seq[keep]

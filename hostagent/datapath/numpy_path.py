@@ -720,7 +720,9 @@ class NumpyDatapath:
                       & (hdr["ptype"] == _CREDIT))
             if credit.any():  # credits are not data: judged here, the rest goes on to reassembly
                 self._on_credits(hdr[credit], lengths[credit], now)
+                # (counted as received datagrams and bytes, as the compiled path counts them)
                 self.counters["data_pkts_received"] += int(np.count_nonzero(credit))
+                self.counters["data_bytes_received"] += int(lengths[credit].sum())
                 keep = ~credit
                 slots, lengths, ce, hdr = slots[keep], lengths[keep], ce[keep], hdr[keep]
                 n = len(lengths)
@@ -783,13 +785,16 @@ class NumpyDatapath:
                 if unmarked.any():
                     ukeys = (hdr["sender_rank"][unmarked].astype(np.int64) << 32) | hdr["message_id"][unmarked]
                     firsts.update((k >> 32, k & 0xFFFFFFFF) for k in np.unique(ukeys).tolist())
-                if first.any():
-                    fkeys = (hdr["sender_rank"][first].astype(np.int64) << 32) | hdr["message_id"][first]
+                # the levels count packets placed now (not a duplicate's copy, nor parked data),
+                # as the compiled path counts them
+                placed = first & res.placed if res.placed is not None else first
+                if placed.any():
+                    fkeys = (hdr["sender_rank"][placed].astype(np.int64) << 32) | hdr["message_id"][placed]
                     for k in np.unique(fkeys).tolist():
                         rx = self._rx.get((k >> 32, k & 0xFFFFFFFF))
                         if rx is not None:
                             sel = fkeys == k
-                            self._note_first_pass(rx, hdr["priority"][first][sel], hdr["seq"][first][sel])
+                            self._note_first_pass(rx, hdr["priority"][placed][sel], hdr["seq"][placed][sel])
             for asm in res.touched:
                 rx = self._rx.get(asm.key)
                 if rx is None or rx.state:

@@ -35,6 +35,8 @@ import hmac
 import os
 import struct
 
+from hostagent import wire
+
 #: Bytes of a nonce, a receive key, and a proof (HMAC-SHA256).
 NONCE_BYTES = 16
 KEY_BYTES = 16
@@ -47,6 +49,9 @@ STEP_HELLO, STEP_CHALLENGE, STEP_RESPONSE, STEP_KEY = 1, 2, 3, 4
 
 _PROOF_INPUT = struct.Struct("!8sIHH16s16s")
 _TOKEN_INPUT = struct.Struct("!IHII")
+# Where the token sits in a header (a credit's token is computed over the header around it).
+_TOKEN_AT = wire.FIELD_OFFSET["token"]
+_TOKEN_END = _TOKEN_AT + wire.FIELD_DTYPE["token"].itemsize
 
 
 def new_nonce() -> bytes:
@@ -100,18 +105,22 @@ def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator
     return hmac.compare_digest(got, proof(secret, role, job_id, initiator, acceptor, nonce_i, nonce_a))
 
 
-_CREDIT_INPUT = struct.Struct("!IHIQc")
+def credit_token(key: bytes, header: bytes) -> int:
+    """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
+    ``C`` and the whole header as sent, its ``token`` field read as zero. Every field is bound
+    (the window in ``elem_count``, the count, the sequence, the RELEASE flag), so a copy with any
+    of them changed is refused; and its input is longer than a data token's, so no data header
+    passes for a credit. The compiled data path computes the same.
 
+    Example::
 
-def credit_token(key: bytes, job_id: int, granter: int, sequence: int, consumed: int, release: bool = False) -> int:
-    """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`) from ``granter``:
-    keyed BLAKE2b of a different input than a data token's (a trailing ``C``, or ``O`` for a
-    credit flagged :data:`hostagent.wire.Flags.RELEASE`), so no data header can be turned into a
-    credit and no credit's flag can be flipped."""
-    tail = b"O" if release else b"C"
-    digest = hashlib.blake2b(_CREDIT_INPUT.pack(job_id, granter, sequence, consumed, tail), digest_size=4,
-                             key=key).digest()
-    return int.from_bytes(digest, "big")
+        h = wire.pack_header(wire.Header(ptype=wire.PacketType.CREDIT, ...))   # token 0
+        token = credit_token(key, h)
+    """
+    if len(header) < _TOKEN_END:
+        raise ValueError(f"a credit's header has at least {_TOKEN_END} bytes, got {len(header)}")
+    blank = header[:_TOKEN_AT] + bytes(4) + header[_TOKEN_END:]
+    return int.from_bytes(hashlib.blake2b(b"C" + blank, digest_size=4, key=key).digest(), "big")
 
 
 def message_token(key: bytes, job_id: int, sender: int, message_id: int, iteration: int = 0) -> int:

@@ -26,6 +26,7 @@ from hostagent import auth, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.messages import PeerUnreachable, TransportClosed, TransportError
 from hostagent.protocol.core import IDLE_TICK
+from hostagent.protocol.port import EventKind
 
 if TYPE_CHECKING:
     from hostagent.policy import Policy
@@ -60,6 +61,7 @@ class ControlPath:
     dp: Any
     _lock: threading.RLock
     _running: bool
+    _failure: str | None  # why the data path failed (None: it did not)
     _conns: dict[int, ControlConn]
     _all_conns: list[ControlConn]
     _dialing: dict[int, ControlConn]
@@ -269,6 +271,17 @@ class ControlPath:
         if events:
             with self._lock:
                 self._core.on_events(events, time.monotonic())
+            if any(e[0] == EventKind.FAILED for e in events):
+                self._datapath_failed()
+
+    def _datapath_failed(self) -> None:
+        """A thread of the data path failed and stopped: everything in flight fails with its
+        reason, and so does every later call (the endpoint is to be closed); the process goes on."""
+        why = self.dp.failure() or "the data path failed"
+        log.error("rank %d: %s; failing every message in flight", self.rank, why)
+        with self._lock:
+            self._failure = f"rank {self.rank}: {why}"
+            self._core.close(TransportError(self._failure))
 
     def _accept(self) -> None:
         if self._listener is None:  # closed

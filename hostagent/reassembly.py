@@ -45,6 +45,7 @@ REASONS: tuple[str, ...] = (
     "bad_seq",  # seq or total_pkts does not fit the announced message
     "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
     "count_mismatch",  # elem_count or payload length differs from what this seq must carry
+    "stale",  # right token for its own iteration, but recorded earlier (hostagent.protocol.incoming.stale)
 )
 _CODE = {name: i for i, name in enumerate(REASONS)}
 _H = wire.HEADER_SIZE
@@ -280,10 +281,12 @@ class Assembly:
         if not fresh.all():
             new_rows, new_seq = new_rows[fresh], new_seq[fresh]
         if len(new_seq) > 1:
-            # The same seq twice in one batch: keep one. Each candidate claims its seq; only
-            # the last claim survives, so this finds repeats without sorting.
+            # The same seq twice in one batch: keep the first read, as the compiled path (one
+            # datagram after another) does; an original and its resend in one batch then
+            # count alike on both. Each candidate claims its seq, in reverse order, so the
+            # first one's claim is written last and survives: repeats found without sorting.
             pos = np.arange(len(new_seq), dtype=np.int64)
-            self._claim[new_seq] = pos
+            self._claim[new_seq[::-1]] = pos[::-1]
             keep = self._claim[new_seq] == pos
             if not keep.all():
                 new_rows, new_seq = new_rows[keep], new_seq[keep]
@@ -435,7 +438,9 @@ class Reassembler:
         Args:
             park: called with the row indices of well-formed packets of messages not (yet)
                 announced; returns a bool mask of the rows it kept for later (a transport whose
-                data can overtake the announcement). Kept rows are not counted as rejected.
+                data can overtake the announcement), or per row a code of :data:`REASONS` (0:
+                kept). Kept rows are not counted as rejected; the others as unknown_message, or
+                under the code it gave.
 
         Never raises for packet content; raises ``ValueError`` only for a caller error
         (``slots`` not a 2-D uint8 matrix matching ``lengths``).
@@ -498,9 +503,11 @@ class Reassembler:
                             reason[rows[forged]] = _CODE["bad_token"]
                             rows = rows[~forged]
                     if park is not None and rows.size:
-                        kept = np.asarray(park(rows), dtype=bool)
-                        reason[rows[kept]] = 0
-                        parked += int(kept.sum())
+                        verdict = np.asarray(park(rows))
+                        if verdict.dtype == bool:
+                            verdict = np.where(verdict, 0, _CODE["unknown_message"])
+                        reason[rows] = verdict
+                        parked += int(np.count_nonzero(verdict == 0))
                     continue
                 a, d = asm._ingest_rows(slots, lengths, hdr if rows.size == n else hdr[rows], rows, reason, placed)
                 accepted += a

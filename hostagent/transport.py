@@ -80,6 +80,7 @@ class Endpoint(ControlPath):
         self._lock = threading.RLock()  # the core and the connection maps
         self._running = False
         self._closed = False
+        self._failure: str | None = None
         self.core: ProtocolCore | None = None
         self.dp: Any = None
         self._conns: dict[int, ControlConn] = {}  # rank -> the authenticated connection used for it
@@ -161,7 +162,11 @@ class Endpoint(ControlPath):
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._sel.register(self.dp.event_fd(), selectors.EVENT_READ, "datapath")
         self._running = True
-        self.dp.start()
+        try:
+            self.dp.start()
+        except RuntimeError as exc:  # (a thread that cannot start)
+            self.close()
+            raise TransportError(f"rank {self.rank}: {exc}") from exc
         t = threading.Thread(target=self._ctl_loop, name=f"dlcp-ctl-{self.rank}", daemon=True)
         t.start()
         self._threads.append(t)
@@ -219,6 +224,8 @@ class Endpoint(ControlPath):
     def _check_running(self) -> None:
         if not self._running:
             raise TransportClosed(f"endpoint rank {self.rank} is not running")
+        if self._failure is not None:
+            raise TransportError(f"{self._failure}; close the endpoint")
 
     @contextlib.contextmanager
     def batch(self):
@@ -382,6 +389,8 @@ class Endpoint(ControlPath):
         rejected = dict(d["rejected"])
         return {
             "rank": self.rank, "datapath": self.config.datapath,
+            # why the data path failed and stopped (None: it did not); every call then raises it
+            "datapath_failure": self._failure,
             "data_pkts_sent": s.data_pkts_sent, "data_bytes_sent": s.data_bytes_sent,
             "retransmitted_pkts": s.retransmitted_pkts,
             "data_pkts_received": s.data_pkts_received, "data_bytes_received": s.data_bytes_received,

@@ -28,8 +28,8 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEO
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
-from hostagent.protocol.incoming import (ANSWER_GAPS, MAX_ANSWER_GRACE, MAX_BUSY_DEFER, REORDER_DECAY, REORDER_MARGIN,
-                                         REORDER_MIN)
+from hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
+                                         REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
 from hostagent.transport_config import TransportConfig
 
@@ -73,6 +73,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
         "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
         "reorder_min": REORDER_MIN, "reorder_margin": REORDER_MARGIN, "reorder_decay": REORDER_DECAY,
+        "fresh_window": FRESH_WINDOW, "fresh_kept": FRESH_KEPT,
         "source_port_base": config.source_port_base or 0,
     }
 
@@ -140,7 +141,7 @@ class NativeDatapath:
         self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
                         _raw(b.out.reshape(-1)), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
                         b.pkt_priority, b.pkt_layer,
-                        spec.required_elems, list(spec.triggers), float(spec.scale))
+                        spec.required_elems, list(spec.triggers), float(spec.scale), spec.iteration)
         self._rx_refs[(spec.src, spec.message_id)] = spec
 
     def progress(self, src: int, message_id: int) -> Progress | None:
@@ -205,6 +206,15 @@ class NativeDatapath:
 
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)
+
+    def failure(self) -> str | None:
+        """Why a thread of the data path failed and stopped (None: none did): it caught what it
+        raised, reported it (EventKind.FAILED) and stopped; the process goes on."""
+        return self._dp.failure() or None
+
+    def fault_for_test(self, thread: str) -> None:
+        """Make the ``"receive"`` or ``"send"`` thread raise std::bad_alloc at its next turn."""
+        self._dp.fault_for_test({"receive": 1, "send": 2}[thread])
 
     def end_passes_for_test(self, now: float, seen_until: float) -> float:
         """The receive thread's completion of bounded messages at the end of their pass, on a

@@ -12,14 +12,13 @@ each other and with the training process.
 
 from __future__ import annotations
 
-import fcntl
+import dataclasses
 import logging
 import math
 import os
 import select
 import socket
 import struct
-import termios
 import threading
 import time
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_afte
                                        initial_window, max_datagram, release_due)
 from hostagent.lossmodel import drop_by_class
 from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
-from hostagent.protocol.incoming import narrow_reorder, widen_reorder
+from hostagent.protocol.incoming import FRESH_KEPT, iteration_before, narrow_reorder, stale, widen_reorder
 from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
 from hostagent.reassembly import REASONS, Assembly, Reassembler
@@ -48,14 +47,30 @@ _ECT0 = 0b10  # ECN-capable transport
 _LAST = int(wire.Flags.LAST)
 _CREDIT = int(wire.PacketType.CREDIT)
 _RETX = int(wire.Flags.RETX)
+_UNKNOWN, _STALE = REASONS.index("unknown_message"), REASONS.index("stale")
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of dropped datagrams.
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 # Linux: SO_MEMINFO reads a socket's memory counters (SK_MEMINFO_*, 9 x u32); the first two are
 # the bytes its receive queue holds and its receive buffer, both in the kernel's accounting.
 SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
 _MEMINFO = struct.Struct("9I")
+_ITERATION, _ITERATION_AT = struct.Struct("!I"), wire.FIELD_OFFSET["iteration"]
 DONE_KEPT = 4096  # finished messages remembered: their late packets are not malformed
 MAX_INLINE_WAIT = 0.0005  # longest the send thread sleeps for one run's pacing
+
+
+def socket_empty(sock: socket.socket) -> bool:
+    """Whether no datagram waits in the UDP socket ``sock``. Not FIONREAD (SIOCINQ): for UDP it
+    is the length of the *first* queued datagram, so an empty datagram ahead of others reads 0.
+    A non-blocking peek fails with EAGAIN only when the queue is empty (an empty datagram peeks
+    as ``b""``); any other error says nothing, so it is not "empty"."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def receive_backlog(sock: socket.socket) -> float | None:
@@ -114,6 +129,7 @@ class _Sender:
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
     reorder: float = 0.0  # the reordering window measured on its path (s; starts at probe_grace)
+    newest: int | None = None  # the newest iteration of its messages set up here (freshness)
 
 
 @dataclass
@@ -180,12 +196,16 @@ class NumpyDatapath:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ev_lock = threading.Lock()
         self._events: list[tuple] = []
+        self._failure: str | None = None  # why a thread failed (failure())
+        self._fault: str | None = None  # fault_for_test
         # receive side
         self._lock = threading.Lock()
         self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
         self._rx: dict[tuple[int, int], _Rx] = {}
         self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
+        # freshness: the iteration each of the last FRESH_KEPT message ids was set up with
+        self._used: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._senders: dict[int, _Sender] = {}
         self._rng = np.random.default_rng(config.loss.seed)
         self._delayed: list[tuple[float, bytes]] = []
@@ -217,10 +237,46 @@ class NumpyDatapath:
         self._credit_sock.setblocking(False)
         self._credit_sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.policy.dscp[self.policy.top_priority] << 2)
         self._running = True
-        for name, target in (("rx", self._rx_loop), ("tx", self._tx_loop)):
+        for name, target in (("rx", self._rx_main), ("tx", self._tx_main)):
             t = threading.Thread(target=target, name=f"dlcp-{name}-{self.config.rank}", daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _rx_main(self) -> None:
+        try:
+            self._rx_loop()
+        except BaseException as exc:  # noqa: BLE001 - reported as the endpoint's failure, never lost
+            self._fail("receive", exc)
+
+    def _tx_main(self) -> None:
+        try:
+            self._tx_loop()
+        except BaseException as exc:  # noqa: BLE001 - reported as the endpoint's failure, never lost
+            self._fail("send", exc)
+        with self._tx_cv:  # nothing is being sent any more: a retire() waiting for one returns
+            for m in self._tx.values():
+                m.busy = False
+            self._tx_cv.notify_all()
+
+    def _fail(self, thread: str, exc: BaseException) -> None:
+        """A thread raised: record why (the first reason stays), tell the protocol, stop it."""
+        log.error("rank %d: the data path's %s thread failed", self.config.rank, thread, exc_info=exc)
+        with self._ev_lock:
+            if self._failure is not None:
+                return
+            self._failure = f"the data path's {thread} thread failed: {type(exc).__name__}: {exc}"
+        self._emit(EventKind.FAILED, 0, 0, time.monotonic(), 1 if thread == "send" else 0)
+
+    def failure(self) -> str | None:
+        """Why a thread of the data path failed and stopped (None: none did)."""
+        with self._ev_lock:
+            return self._failure
+
+    def fault_for_test(self, thread: str) -> None:
+        """Make the ``"receive"`` or ``"send"`` thread raise MemoryError at its next turn."""
+        self._fault = thread
+        with self._tx_cv:
+            self._tx_cv.notify_all()
 
     def stop(self) -> None:
         self._running = False
@@ -291,6 +347,10 @@ class NumpyDatapath:
     def set_keys(self, rank: int, rx_key: bytes | None, tx_key: bytes | None) -> None:
         with self._lock:
             s = self._senders.setdefault(rank, _Sender(reorder=self.config.probe_grace))
+            if rx_key is None or rx_key != s.key:  # closed, or a new key: its parked data waits for nothing
+                for key in [k for k in self._parked if k[0] == rank]:
+                    del self._parked[key]
+                s.parked = 0
             s.key, s.tx_key = rx_key, tx_key
 
     def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
@@ -316,11 +376,22 @@ class NumpyDatapath:
                                           scale=spec.scale)
             rx = self._rx[key] = _Rx(spec, asm)
             self._done.pop(key, None)
+            # freshness: this id's latest use, and the sender's newest iteration
+            self._used[key] = spec.iteration
+            self._used.move_to_end(key)
+            while len(self._used) > FRESH_KEPT:
+                self._used.popitem(last=False)
+            snd = self._sender(spec.src)
+            if snd.newest is None or iteration_before(snd.newest, spec.iteration):
+                snd.newest = spec.iteration
             if asm.total_pkts == 0:
                 self._finish(rx, 1, True, now)
                 return
-            replay = [d for _, d in self._parked.pop(key, [])]
-            self._sender(spec.src).parked -= len(replay)
+            parked = [d for _, d in self._parked.pop(key, [])]
+            snd.parked -= len(parked)
+            # another use of the id (its token was right for its own iteration): stale
+            replay = [d for d in parked if _ITERATION.unpack_from(d, _ITERATION_AT)[0] == spec.iteration]
+            self.reassembler.stats.rejected["stale"] += len(parked) - len(replay)
         if replay:
             slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
             for i, d in enumerate(replay):
@@ -392,12 +463,7 @@ class NumpyDatapath:
         lists no packet that has arrived."""
         now = time.monotonic()
         with self._reading:
-            try:
-                if struct.unpack("i", fcntl.ioctl(self._udp, termios.FIONREAD, b"\0\0\0\0"))[0] == 0:
-                    return now
-            except (OSError, ValueError):
-                pass
-            return self._seen_until
+            return now if socket_empty(self._udp) else self._seen_until
 
     def reorder_window(self, src: int) -> float:
         """The grace's floor for messages from ``src``: its path's reordering window."""
@@ -478,6 +544,8 @@ class NumpyDatapath:
         poller.register(sock, select.POLLIN)
         credit_due_at = 0.0  # when a quiet sender's credit falls due (0: none waits)
         while self._running:
+            if self._fault == "receive":
+                raise MemoryError("fault_for_test")
             wait_ms = 5 if self._delayed else 50
             if credit_due_at:
                 wait_ms = min(wait_ms, max(0, math.ceil((credit_due_at - time.monotonic()) * 1000)))
@@ -652,7 +720,9 @@ class NumpyDatapath:
                       & (hdr["ptype"] == _CREDIT))
             if credit.any():  # credits are not data: judged here, the rest goes on to reassembly
                 self._on_credits(hdr[credit], lengths[credit], now)
+                # (counted as received datagrams and bytes, as the compiled path counts them)
                 self.counters["data_pkts_received"] += int(np.count_nonzero(credit))
+                self.counters["data_bytes_received"] += int(lengths[credit].sum())
                 keep = ~credit
                 slots, lengths, ce, hdr = slots[keep], lengths[keep], ce[keep], hdr[keep]
                 n = len(lengths)
@@ -715,13 +785,16 @@ class NumpyDatapath:
                 if unmarked.any():
                     ukeys = (hdr["sender_rank"][unmarked].astype(np.int64) << 32) | hdr["message_id"][unmarked]
                     firsts.update((k >> 32, k & 0xFFFFFFFF) for k in np.unique(ukeys).tolist())
-                if first.any():
-                    fkeys = (hdr["sender_rank"][first].astype(np.int64) << 32) | hdr["message_id"][first]
+                # the levels count packets placed now (not a duplicate's copy, nor parked data),
+                # as the compiled path counts them
+                placed = first & res.placed if res.placed is not None else first
+                if placed.any():
+                    fkeys = (hdr["sender_rank"][placed].astype(np.int64) << 32) | hdr["message_id"][placed]
                     for k in np.unique(fkeys).tolist():
                         rx = self._rx.get((k >> 32, k & 0xFFFFFFFF))
                         if rx is not None:
                             sel = fkeys == k
-                            self._note_first_pass(rx, hdr["priority"][first][sel], hdr["seq"][first][sel])
+                            self._note_first_pass(rx, hdr["priority"][placed][sel], hdr["seq"][placed][sel])
             for asm in res.touched:
                 rx = self._rx.get(asm.key)
                 if rx is None or rx.state:
@@ -762,8 +835,7 @@ class NumpyDatapath:
                 rejected["wrong_job"] += 1
             elif length != wire.HEADER_SIZE:
                 rejected["count_mismatch"] += 1
-            elif (key is None or granter == self.config.rank
-                  or int(h["token"]) != auth.credit_token(key, self.config.job_id, granter, seq, consumed, release)):
+            elif key is None or granter == self.config.rank or int(h["token"]) != auth.credit_token(key, h.tobytes()):
                 rejected["bad_token"] += 1
             else:
                 self.counters["credits_received"] += 1
@@ -813,9 +885,8 @@ class NumpyDatapath:
                 h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=self.config.job_id, message_id=0,
                                 sender_rank=self.config.rank, priority=self.policy.top_priority, iteration=s.credit_seq,
                                 flags=wire.Flags.RELEASE if release else wire.Flags.NONE,
-                                elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF,
-                                token=auth.credit_token(s.tx_key, self.config.job_id, self.config.rank, s.credit_seq,
-                                                        s.consumed, release))
+                                elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF)
+                h = dataclasses.replace(h, token=auth.credit_token(s.tx_key, wire.pack_header(h)))  # (every field)
                 out.append((s, s.consumed, overrun, lost, wire.pack_header(h), d.addr))
         for s, consumed, overrun, lost, datagram, addr in out:
             try:
@@ -867,16 +938,21 @@ class NumpyDatapath:
     def _park(self, slots: np.ndarray, lengths: np.ndarray, hdr: np.ndarray | None, rows: np.ndarray,
               now: float) -> np.ndarray:
         """Keep early data of authenticated peers until its message is set up (at most
-        ``park_limit`` per sender). The reassembler has checked the rows' tokens: nothing forged
-        or from an unauthenticated rank gets here."""
-        kept = np.zeros(len(rows), dtype=bool)
+        ``park_limit`` per sender); count stragglers of finished messages as late. Returns per
+        row a code of REASONS (0: kept). The reassembler has checked the rows' tokens against
+        their own iterations: nothing forged or from an unauthenticated rank gets here; what was
+        recorded earlier is stale (:func:`~hostagent.protocol.incoming.stale`)."""
+        verdict = np.full(len(rows), _UNKNOWN, np.uint8)
         if hdr is None:  # slots narrower than a header: nothing passed the token check
-            return kept
+            return verdict
         for i, r in enumerate(rows.tolist()):
             key = (int(hdr["sender_rank"][r]), int(hdr["message_id"][r]))
+            if stale(int(hdr["iteration"][r]), self._used.get(key), self._sender(key[0]).newest):
+                verdict[i] = _STALE  # it neither parks, widens a window nor counts
+                continue
             if key in self._done:  # a straggler of a finished message: not malformed
                 self.counters["late"] += 1
-                kept[i] = True
+                verdict[i] = 0
                 rx = self._rx.get(key)
                 if rx is not None and rx.last_at and not int(hdr["flags"][r]) & _RETX:
                     # a first-pass packet after its message completed at the end of its pass:
@@ -888,8 +964,8 @@ class NumpyDatapath:
                 continue
             self._parked.setdefault(key, []).append((now, slots[r, : lengths[r]].tobytes()))
             s.parked += 1
-            kept[i] = True
-        return kept
+            verdict[i] = 0
+        return verdict
 
     # ------------------------------------------------------------------ DataPort: send side
     def submit(self, spec: TxSpec) -> None:
@@ -1083,6 +1159,8 @@ class NumpyDatapath:
                 while True:
                     if not self._running:
                         return
+                    if self._fault == "send":
+                        raise MemoryError("fault_for_test")
                     m, wait = self._pick(time.monotonic())
                     if m is not None:
                         break

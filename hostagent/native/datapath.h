@@ -28,6 +28,7 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -46,7 +47,7 @@ namespace dlcp {
 // Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
 enum Reason : uint8_t {
     OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
-    BAD_OFFSET, COUNT_MISMATCH, N_REASONS
+    BAD_OFFSET, COUNT_MISMATCH, STALE, N_REASONS
 };
 
 // What happened, for the protocol core (Python reads them as tuples).
@@ -57,6 +58,7 @@ enum EventKind : uint8_t {
     EV_CONGESTION = 4,  // peer=src: first CE mark or overrun since its last feedback
     EV_TX_PASS = 5,     // peer=dest: a sending pass ended (a = pass number)
     EV_TX_ACTIVE = 6,   // peer=dest: a held message started (its trigger fired)
+    EV_FAILED = 7,      // a thread of the data path failed and stopped (a = 0 receive, 1 send): failure() says why
 };
 
 struct Event {
@@ -114,6 +116,9 @@ struct Config {
     // path is measured; a first-pass packet that comes `late` after its message's LAST widens
     // it to margin * late; a message whose pass ended without one narrows it by decay, to min
     double reorder_min = 0.0002, reorder_margin = 1.25, reorder_decay = 0.9;
+    // freshness per sender (hostagent.protocol.incoming.stale): message ids set up remembered,
+    // and how far behind the newest iteration set up from a sender a finished use is stale
+    uint32_t fresh_window = 512, fresh_kept = 1 << 16;
     // drain meter (hostagent.ratecontrol.DrainMeter's rule)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
     // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
@@ -126,6 +131,7 @@ struct RxSpec {
     uint16_t src = 0;
     uint32_t message_id = 0;
     uint32_t token = 0;
+    uint32_t iteration = 0;     // the iteration its token binds (freshness per sender)
     uint8_t dtype = 0;          // wire code
     uint64_t total_elems = 0;
     uint32_t per = 1;
@@ -146,6 +152,7 @@ struct TxSpec {
     uint16_t dest = 0;
     uint32_t message_id = 0;
     const uint8_t* payload = nullptr;
+    uint64_t payload_bytes = 0;             // what payload holds: at least the message
     uint8_t dtype = 0;
     uint64_t total_elems = 0;
     uint32_t per = 1;
@@ -155,6 +162,7 @@ struct TxSpec {
     const uint16_t* pkt_layer = nullptr;    // per packet, or null: `layer` for all
     uint8_t* drop_class_out = nullptr;      // filled when the message becomes ready (sampled: as each packet leaves)
     uint8_t* snapshot = nullptr;            // if set: the payload is copied here when ready and sent from it
+    uint64_t snapshot_bytes = 0;            // what snapshot holds: at least the message
     bool held = false;
     uint64_t order = 0;
     bool tags_given = false;  // drop_class_out already holds the classes
@@ -232,6 +240,18 @@ class Datapath {
     void set_sockopt(uint16_t dest, uint8_t priority, int level, int name, int value);
 
     std::map<std::string, int64_t> stats();
+    // Why a thread of the data path failed (empty: none did). A thread catches everything it
+    // raises (std::bad_alloc, a thread that cannot start, ...), records it here, emits EV_FAILED
+    // and stops: the endpoint fails its messages with that reason; the process goes on.
+    std::string failure();
+    // Make the receive (1) or the send (2) thread raise std::bad_alloc at its next turn, as an
+    // allocation that fails there would: for tests of the above.
+    void fault_for_test(int where);
+    // Hold the receive (1) or send (2) lock from a thread of its own, as a data path thread
+    // holds it for a batch, until release_lock_for_test() or `timeout` s; returns once held.
+    // release_lock_for_test() says whether it was still held (false: it timed out first).
+    void hold_lock_for_test(int which, double timeout);
+    bool release_lock_for_test();
     std::map<std::string, int64_t> rejected();
     std::map<int, int64_t> injected_drops();
     std::vector<std::tuple<int, int, int>> data_sockets();  // (dest, priority, local port)
@@ -308,6 +328,12 @@ class Datapath {
         bool has_tx_key = false;
         uint8_t tx_key[16];
         double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
+        bool has_newest = false;
+        uint32_t newest = 0;  // the newest iteration of its messages set up here (freshness)
+    };
+    struct Use {  // the iteration a message id was last set up with, and when (fresh_kept)
+        uint32_t iteration;
+        uint64_t order;
     };
 
     // ---- send state
@@ -376,6 +402,10 @@ class Datapath {
 
     void rx_loop();
     void tx_loop();
+    // the threads' bodies: the loops above, with every exception caught and reported (fail)
+    void rx_main();
+    void tx_main();
+    void fail(const char* thread, const char* what);
     void emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a);
     // receive helpers (rx_mu_ held)
     // ``at``: when the datagram reached the host (its read's kernel stamp; < 0: ``now``)
@@ -412,11 +442,25 @@ class Datapath {
 
    private:
     void replay_parked(uint64_t key, double now);
+    // a token-valid datagram of (src, mid) from `iteration` that belongs to no message being
+    // received was recorded earlier (hostagent.protocol.incoming.stale; rx_mu_ held)
+    bool stale(uint16_t src, uint32_t mid, uint32_t iteration);
+    void drop_parked(uint16_t src);  // every datagram parked for src (rx_mu_ held)
     void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now,
                        const RxMsg* from = nullptr);
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
     // send helpers
-    void prepare(TxMsg* m);
+    // What preparing a message makes (headers, order, classes): computed by the send thread
+    // without tx_mu_ (m->busy), then installed under it, as resend() and pick() read them under it.
+    struct Prepared {
+        std::vector<uint8_t> hdr;
+        std::vector<uint32_t> send_order;
+        std::vector<uint8_t> prio_in_order;
+        std::vector<float> boundaries;
+        std::vector<uint8_t> classed;
+    };
+    Prepared prepare(const TxMsg* m);
+    void install_locked(TxMsg* m, Prepared&& p);
     TxMsg* pick(double now, double& wait);
     void activate_locked(TxMsg* m);
     void reorder_locked();
@@ -428,6 +472,16 @@ class Datapath {
     Config cfg_;
     int H_;
     std::atomic<bool> running_{false};
+    std::atomic<int> fault_{0};  // fault_for_test
+    struct LockHold {  // hold_lock_for_test
+        std::thread thread;
+        std::mutex mu;
+        std::condition_variable cv;
+        bool held = false, release = false, timed_out = false;
+    };
+    std::unique_ptr<LockHold> hold_;
+    std::mutex fail_mu_;
+    std::string failure_;  // (fail_mu_)
     int event_fd_ = -1;
     std::thread rx_thread_, tx_thread_;
 
@@ -441,6 +495,9 @@ class Datapath {
     std::list<uint64_t> done_order_;
     std::unordered_set<uint64_t> done_;
     std::unordered_map<uint64_t, std::vector<Parked>> parked_;
+    std::unordered_map<uint64_t, Use> used_;  // freshness: message ids set up, oldest first in used_order_
+    std::deque<std::pair<uint64_t, uint64_t>> used_order_;
+    uint64_t uses_ = 0;
     std::map<uint16_t, SenderFb> fb_;
     std::unordered_set<uint64_t> fired_;  // triggers that fired before their send was submitted
     std::atomic<double> rx_seen_until_{0.0};
@@ -467,10 +524,13 @@ class Datapath {
     // counters
     std::atomic<int64_t> data_pkts_sent_{0}, data_bytes_sent_{0}, retransmitted_pkts_{0}, send_errors_{0},
         gso_calls_{0};
+    // (rx_mu_ held)
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
-            rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0, gro_reads_ = 0, injected_delays_ = 0,
-            accepted_ = 0, duplicates_ = 0, rx_reads_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
+            rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0,
+            accepted_ = 0, duplicates_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
             overrun_credits_sent_ = 0, loss_releases_sent_ = 0;
+    // counted by the receive thread between reads, outside rx_mu_ (stats() reads them any time)
+    std::atomic<int64_t> rx_reads_{0}, gro_reads_{0}, injected_delays_{0};
     std::atomic<int64_t> credit_waits_{0}, credit_timeouts_{0}, max_in_flight_{0}, max_window_{0};
     int64_t rejected_[N_REASONS] = {};
     std::map<int, int64_t> injected_drops_;

@@ -2,8 +2,8 @@
 //
 // Thin on purpose: hostagent/datapath/native.py is the Python face (it builds the config from
 // wire.py and the policy, allocates and keeps alive every buffer, turns events into records).
-// Calls that can wait (preparing a large message, retiring one the send thread is using,
-// stopping) release the interpreter lock.
+// Every call that can wait (for a lock a data path thread holds for a batch, for a message the
+// send thread is using, for the threads to stop) releases the interpreter lock while it waits.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -88,11 +88,26 @@ Config make_config(const nb::dict& d) {
     c.reorder_min = get<double>(d, "reorder_min");
     c.reorder_margin = get<double>(d, "reorder_margin");
     c.reorder_decay = get<double>(d, "reorder_decay");
+    c.fresh_window = get<uint32_t>(d, "fresh_window");
+    c.fresh_kept = get<uint32_t>(d, "fresh_kept");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
     c.source_port_base = get<uint16_t>(d, "source_port_base");
     return c;
+}
+
+// Every array the extension reads or writes through a typed pointer must be aligned to its
+// elements (numpy allows views at odd byte offsets; a float* to one is undefined behaviour).
+void need_aligned(const void* p, size_t align, const char* what) {
+    if (reinterpret_cast<uintptr_t>(p) % align != 0)
+        throw std::invalid_argument(std::string(what) + " is not aligned to its " + std::to_string(align) +
+                                    "-byte elements (a view at an odd byte offset?); pass a copy");
+}
+
+Kind kind_of(int kind) {
+    if (kind < 0 || kind > int(Kind::BF16)) throw std::invalid_argument("unknown element kind " + std::to_string(kind));
+    return Kind(kind);
 }
 
 nb::tuple progress_tuple(const Progress& p) {
@@ -116,19 +131,29 @@ NB_MODULE(_datapath, m) {
           "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
 
     m.def("credit_token",
-          [](nb::bytes key, uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed, bool release) {
+          [](nb::bytes key, nb::bytes header, size_t token_offset) {
               if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
-              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, granter, sequence, consumed,
-                                  release);
+              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()),
+                                  reinterpret_cast<const uint8_t*>(header.c_str()), header.size(), token_offset);
           },
-          "key"_a, "job"_a, "granter"_a, "sequence"_a, "consumed"_a, "release"_a = false);
+          "key"_a, "header"_a, "token_offset"_a);
 
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {
-              size_t itemsize = data.itemsize();
-              size_t n = data.nbytes() / kind_size(Kind(kind));
-              (void)itemsize;
-              packet_magnitudes(reinterpret_cast<const uint8_t*>(data.data()), n, Kind(kind), per,
+              Kind k = kind_of(kind);
+              if (per == 0) throw std::invalid_argument("packet_magnitudes: per must be > 0");
+              if (how != "l2" && how != "maxabs")
+                  throw std::invalid_argument("packet_magnitudes: how is 'l2' or 'maxabs', not '" + how + "'");
+              if (data.nbytes() % size_t(kind_size(k)))
+                  throw std::invalid_argument("packet_magnitudes: data is not a whole number of elements");
+              size_t n = data.nbytes() / size_t(kind_size(k));
+              size_t pkts = (n + per - 1) / per;
+              if (out.shape(0) < pkts)
+                  throw std::invalid_argument("packet_magnitudes: out has " + std::to_string(out.shape(0)) +
+                                              " entries for " + std::to_string(pkts) + " packets");
+              need_aligned(out.data(), alignof(float), "packet_magnitudes: out");
+              nb::gil_scoped_release r;
+              packet_magnitudes(reinterpret_cast<const uint8_t*>(data.data()), n, k, per,
                                 how == "maxabs" ? Magnitude::MaxAbs : Magnitude::L2, out.data());
           },
           "data"_a, "kind"_a, "per"_a, "how"_a, "out"_a);
@@ -137,6 +162,7 @@ NB_MODULE(_datapath, m) {
           [](F32 mags, std::vector<double> shares, uint32_t sampled_classes_packets, uint32_t class_sample, U8 out) {
               if (class_sample == 0) throw std::invalid_argument("class_sample must be > 0");
               if (out.shape(0) < mags.shape(0)) throw std::invalid_argument("drop_classes: out too short");
+              need_aligned(mags.data(), alignof(float), "drop_classes: magnitudes");
               drop_classes(mags.data(), mags.shape(0), shares, ClassSampling{sampled_classes_packets, class_sample},
                            out.data());
           },
@@ -144,7 +170,7 @@ NB_MODULE(_datapath, m) {
 
     nb::class_<Datapath>(m, "Datapath")
         .def("__init__", [](Datapath* self, nb::dict cfg) { new (self) Datapath(make_config(cfg)); })
-        .def("start", &Datapath::start)
+        .def("start", &Datapath::start, nb::call_guard<nb::gil_scoped_release>())
         .def("stop", &Datapath::stop, nb::call_guard<nb::gil_scoped_release>())
         .def("close", &Datapath::close, nb::call_guard<nb::gil_scoped_release>())
         .def("event_fd", &Datapath::event_fd)
@@ -159,18 +185,23 @@ NB_MODULE(_datapath, m) {
                  for (const Event& e : evs) out.append(nb::make_tuple(e.kind, e.peer, e.message_id, e.time, e.a));
                  return out;
              })
-        .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a)
+        .def("add_peer", &Datapath::add_peer, "rank"_a, "ipv4"_a, "port"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
-                 d.set_rx_key(rank, std::string(key.c_str(), key.size()));
+                 std::string k(key.c_str(), key.size());
+                 nb::gil_scoped_release r;  // (the receive thread may hold its lock for a batch)
+                 d.set_rx_key(rank, k);
              })
         .def("set_tx_key", [](Datapath& d, uint16_t rank, nb::bytes key) {
-                 d.set_tx_key(rank, std::string(key.c_str(), key.size()));
+                 std::string k(key.c_str(), key.size());
+                 nb::gil_scoped_release r;
+                 d.set_tx_key(rank, k);
              })
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
                 Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
-                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale) {
+                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale, uint32_t iteration) {
                  RxSpec s;
+                 s.iteration = iteration;
                  s.src = src;
                  s.message_id = mid;
                  s.token = token;
@@ -184,6 +215,7 @@ NB_MODULE(_datapath, m) {
                  if (received.shape(0) < pkts || prio.shape(0) < pkts || layer.shape(0) < pkts)
                      throw std::invalid_argument("expect: per-packet arrays are shorter than the message");
                  s.out_bytes = out.nbytes();
+                 need_aligned(layer.data(), alignof(int64_t), "expect: pkt_layer");
                  s.received = received.data();
                  s.pkt_priority = prio.data();
                  s.pkt_layer = layer.data();
@@ -195,7 +227,7 @@ NB_MODULE(_datapath, m) {
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
              "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a,
-             "scale"_a = 1.0)
+             "scale"_a = 1.0, "iteration"_a = 0)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;
@@ -246,6 +278,7 @@ NB_MODULE(_datapath, m) {
                  s.dest = dest;
                  s.message_id = mid;
                  s.payload = reinterpret_cast<const uint8_t*>(payload.data());
+                 s.payload_bytes = payload.nbytes();
                  s.dtype = dtype;
                  s.total_elems = total;
                  s.per = per;
@@ -265,12 +298,13 @@ NB_MODULE(_datapath, m) {
                  if (!pkt_layer.is_none()) {
                      U16 a = nb::cast<U16>(pkt_layer);
                      if (a.shape(0) < pkts) throw std::invalid_argument("submit: packet layers too short");
+                     need_aligned(a.data(), alignof(uint16_t), "submit: packet layers");
                      s.pkt_layer = a.data();
                  }
                  if (!snapshot.is_none()) {
                      Bytes1D a = nb::cast<Bytes1D>(snapshot);
-                     if (a.nbytes() < payload.nbytes()) throw std::invalid_argument("submit: snapshot too small");
                      s.snapshot = reinterpret_cast<uint8_t*>(a.data());
+                     s.snapshot_bytes = a.nbytes();  // (checked against the message, not the payload)
                  }
                  s.held = held;
                  s.order = order;
@@ -306,18 +340,28 @@ NB_MODULE(_datapath, m) {
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rate", &Datapath::set_rate, nb::call_guard<nb::gil_scoped_release>())
         .def("sent_packets", &Datapath::sent_packets, nb::call_guard<nb::gil_scoped_release>())
-        .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a)
-        .def("stats", &Datapath::stats)
-        .def("rejected", &Datapath::rejected)
-        .def("injected_drops", &Datapath::injected_drops)
-        .def("data_sockets", &Datapath::data_sockets)
-        .def("gso_off_reasons", &Datapath::gso_off_reasons)
+        .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        // (each waits for a lock a data path thread may hold for a batch: never with the
+        // interpreter lock, which training threads need meanwhile; results convert after)
+        .def("stats", &Datapath::stats, nb::call_guard<nb::gil_scoped_release>())
+        .def("rejected", &Datapath::rejected, nb::call_guard<nb::gil_scoped_release>())
+        .def("injected_drops", &Datapath::injected_drops, nb::call_guard<nb::gil_scoped_release>())
+        .def("data_sockets", &Datapath::data_sockets, nb::call_guard<nb::gil_scoped_release>())
+        .def("gso_off_reasons", &Datapath::gso_off_reasons, nb::call_guard<nb::gil_scoped_release>())
+        .def("hold_lock_for_test", &Datapath::hold_lock_for_test, "which"_a, "timeout"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("release_lock_for_test", &Datapath::release_lock_for_test, nb::call_guard<nb::gil_scoped_release>())
+        .def("failure", &Datapath::failure, nb::call_guard<nb::gil_scoped_release>())
+        .def("fault_for_test", &Datapath::fault_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("end_passes_for_test",
-             [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); })
+             [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); },
+             nb::call_guard<nb::gil_scoped_release>())
         .def("ingest_for_test",
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 double now) {
                  if (rows.shape(0) != lengths.shape(0)) throw std::invalid_argument("one length per row");
+                 need_aligned(lengths.data(), alignof(int64_t), "ingest_for_test: lengths");
                  std::vector<uint8_t> r;
                  {
                      nb::gil_scoped_release g;

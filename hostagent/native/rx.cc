@@ -2,15 +2,16 @@
 // overrun accounting and the drain meter. See datapath.h for the division of labour.
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include <linux/udp.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +39,19 @@ constexpr size_t READ_BYTES = 65536 + 512;  // one read: a whole GRO super-datag
 constexpr size_t DONE_KEPT = 4096;      // finished messages remembered (their late packets are not malformed)
 
 inline uint64_t key_of(uint16_t src, uint32_t mid) { return (uint64_t(src) << 32) | mid; }
+
+// a comes before b among 32-bit iterations (serial number arithmetic, RFC 1982)
+inline bool before(uint32_t a, uint32_t b) { return int32_t(a - b) < 0; }
+
+// Whether no datagram waits in the UDP socket `fd`. Not FIONREAD (or SIOCINQ, the same call):
+// for UDP it is the length of the *first* queued datagram, so an empty datagram ahead of others
+// reads 0. A non-blocking peek of one byte fails with EAGAIN only when the queue is empty (an
+// empty datagram peeks as 0 bytes); any other error says nothing, so it is not "empty".
+bool socket_empty(int fd) {
+    uint8_t b;
+    ssize_t r = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
 
 // Add ``count`` 2-byte elements of ``payload`` into ``dst`` of the same type: each pair added in
 // float and rounded back (a float16 or bfloat16 sum, as numpy and torch make it).
@@ -82,12 +96,35 @@ std::vector<Event> Datapath::take_events() {
 void Datapath::set_rx_key(uint16_t rank, const std::string& key) {
     std::lock_guard<std::mutex> g(rx_mu_);
     SenderFb& s = fb_[rank];
+    bool same = s.authed && key.size() == 16 && std::memcmp(s.key, key.data(), 16) == 0;
+    if (!same) drop_parked(rank);  // closed, or a new key: what it parked waits for nothing now
     if (key.size() == 16) {
         std::memcpy(s.key, key.data(), 16);
         s.authed = true;
     } else {
         s.authed = false;
     }
+}
+
+void Datapath::drop_parked(uint16_t src) {
+    for (auto it = parked_.begin(); it != parked_.end();) {
+        if (uint16_t(it->first >> 32) == src) {
+            parked_now_ -= int64_t(it->second.size());
+            it = parked_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    fb_[src].parked = 0;
+}
+
+bool Datapath::stale(uint16_t src, uint32_t mid, uint32_t iteration) {
+    auto u = used_.find(key_of(src, mid));
+    if (u == used_.end()) return false;  // early data of a message not set up yet
+    uint32_t last = u->second.iteration;
+    if (iteration != last) return before(iteration, last);  // an earlier use (a later one: early data)
+    const SenderFb& s = fb_[src];  // its last use, over: stale once the sender has moved far on
+    return s.has_newest && !before(s.newest, iteration) && s.newest - iteration >= cfg_.fresh_window;
 }
 
 void Datapath::set_tx_key(uint16_t rank, const std::string& key) {
@@ -107,6 +144,10 @@ void Datapath::expect(const RxSpec& spec) {
         throw std::invalid_argument("expect: out must have the wire's element type, or float32 to accumulate into");
     if (spec.out_bytes < spec.total_elems * uint64_t(kind_size(oit->second)))
         throw std::invalid_argument("expect: out is smaller than the message");
+    if (reinterpret_cast<uintptr_t>(spec.out) % uintptr_t(kind_size(oit->second)) != 0)
+        // (a sum is added through a float* or uint16_t* into it)
+        throw std::invalid_argument("expect: out is not aligned to its " + std::to_string(kind_size(oit->second)) +
+                                    "-byte elements (a view at an odd byte offset?); pass a copy");
     if (spec.scale != 1.0f && !(spec.accumulate && kit->second == Kind::F32 && oit->second == Kind::F32))
         throw std::invalid_argument("expect: a scale needs a float32 message added into float32");
     uint64_t key = key_of(spec.src, spec.message_id);
@@ -132,6 +173,20 @@ void Datapath::expect(const RxSpec& spec) {
         m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)
+    // freshness: this id's latest use, and the sender's newest iteration
+    used_[key] = Use{spec.iteration, ++uses_};
+    used_order_.emplace_back(key, uses_);
+    while (used_order_.size() > size_t(cfg_.fresh_kept)) {  // the last fresh_kept set-ups
+        auto [k, order] = used_order_.front();
+        used_order_.pop_front();
+        auto u = used_.find(k);
+        if (u != used_.end() && u->second.order == order) used_.erase(u);
+    }
+    SenderFb& f = fb_[spec.src];
+    if (!f.has_newest || before(f.newest, spec.iteration)) {
+        f.newest = spec.iteration;
+        f.has_newest = true;
+    }
     if (m->total_pkts == 0) {
         finish_locked(m, 1, true, now);
         return;
@@ -230,8 +285,7 @@ int Datapath::active_senders(double now, double window) {
 double Datapath::rx_seen_until() {
     double now = now_s();
     std::lock_guard<std::mutex> g(read_mu_);  // no read half placed
-    int n = 0;
-    if (ioctl(cfg_.rx_fd, FIONREAD, &n) == 0 && n == 0) return now;  // nothing unread since before now
+    if (socket_empty(cfg_.rx_fd)) return now;  // nothing unread since before now
     return rx_seen_until_.load(std::memory_order_acquire);
 }
 
@@ -321,6 +375,10 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         if (rd(d, L.token) != want) {
             rejected_[BAD_TOKEN] += 1;
             return BAD_TOKEN;
+        }
+        if (stale(sender, mid, rd(d, L.iteration))) {  // recorded earlier: it neither parks, widens nor counts
+            rejected_[STALE] += 1;
+            return STALE;
         }
         if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0)
             // a first-pass packet after its message completed at the end of its pass: the
@@ -459,7 +517,7 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     } else if (len != uint32_t(H_)) {
         reason = COUNT_MISMATCH;
     } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank ||
-               rd(d, L.token) != credit_token(fit->second.key, cfg_.job_id, granter, seq, consumed, release)) {
+               rd(d, L.token) != credit_token(fit->second.key, d, size_t(H_), size_t(L.token.off))) {
         reason = BAD_TOKEN;
     }
     if (reason != OK) {
@@ -541,7 +599,7 @@ double Datapath::send_credits(double now) {
         wr(h, L.elem_count, grant);
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
-        wr(h, L.token, credit_token(s.tx_key, cfg_.job_id, cfg_.rank, s.credit_seq, s.consumed, release));
+        wr(h, L.token, credit_token(s.tx_key, h, size_t(H_), size_t(L.token.off)));  // (every other field set)
         ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
                            sizeof(sockaddr_in));
         if (r == ssize_t(H_)) {
@@ -672,7 +730,14 @@ void Datapath::replay_parked(uint64_t key, double now) {
     fb_[src].parked -= items.size();
     parked_now_ -= int64_t(items.size());
     std::vector<RxMsg*> touched;
-    for (auto& p : items) ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched, p.time);
+    auto it = rx_.find(key);
+    for (auto& p : items) {
+        if (it != rx_.end() && rd(p.bytes.data(), cfg_.layout.iteration) != it->second->spec.iteration) {
+            rejected_[STALE] += 1;  // another use of the id (its token was right for its own iteration)
+            continue;
+        }
+        ingest_one(p.bytes.data(), uint32_t(p.bytes.size()), false, now, touched, p.time);
+    }
     end_batch(touched, now);
 }
 
@@ -747,6 +812,7 @@ void Datapath::rx_loop() {
 
     double next_end = 0;  // when the earliest watched end of pass is due (0: none)
     while (running_) {
+        if (fault_.load(std::memory_order_relaxed) == 1) throw std::bad_alloc();
         // to the microsecond: an end of pass is due a reordering window after its LAST, which on
         // a path that does not reorder is a fraction of a millisecond
         double wait = delayed_.empty() ? 0.05 : 0.005;

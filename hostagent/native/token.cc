@@ -101,16 +101,15 @@ uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uin
     return (uint32_t(d[0]) << 24) | (uint32_t(d[1]) << 16) | (uint32_t(d[2]) << 8) | d[3];
 }
 
-uint32_t credit_token(const uint8_t key[16], uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed,
-                      bool release) {
-    uint8_t in[19];
-    in[0] = uint8_t(job >> 24); in[1] = uint8_t(job >> 16); in[2] = uint8_t(job >> 8); in[3] = uint8_t(job);
-    in[4] = uint8_t(granter >> 8); in[5] = uint8_t(granter);
-    in[6] = uint8_t(sequence >> 24); in[7] = uint8_t(sequence >> 16); in[8] = uint8_t(sequence >> 8); in[9] = uint8_t(sequence);
-    for (int i = 0; i < 8; ++i) in[10 + i] = uint8_t(consumed >> (56 - 8 * i));
-    in[18] = release ? 'O' : 'C';
+uint32_t credit_token(const uint8_t key[16], const uint8_t* header, size_t header_len, size_t token_off) {
+    if (header_len + 1 > 128 || token_off + 4 > header_len)
+        throw std::invalid_argument("credit_token: a header of at most 127 bytes with its token inside");
+    uint8_t in[128];
+    in[0] = 'C';  // (a data token's input is 14 bytes: no header can pass for one)
+    std::memcpy(in + 1, header, header_len);
+    std::memset(in + 1 + token_off, 0, 4);
     uint8_t d[4];
-    blake2b_keyed(d, 4, key, 16, in, sizeof in);
+    blake2b_keyed(d, 4, key, 16, in, header_len + 1);
     return (uint32_t(d[0]) << 24) | (uint32_t(d[1]) << 16) | (uint32_t(d[2]) << 8) | d[3];
 }
 

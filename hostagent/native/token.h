@@ -16,10 +16,10 @@ void blake2b_keyed(uint8_t* out, size_t outlen, const uint8_t* key, size_t keyle
 // packed as hostagent.auth packs it (big-endian: u32 job, u16 sender, u32 message, u32 iteration).
 uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uint32_t message_id, uint32_t iteration);
 
-// The 32-bit token of a CREDIT, as hostagent.auth.credit_token computes it (input "!IHIQc" with
-// a trailing 'C', or 'O' for a RELEASE credit, so no data header can be turned into a credit
-// and no credit's flag can be flipped).
-uint32_t credit_token(const uint8_t key[16], uint32_t job, uint16_t granter, uint32_t sequence, uint64_t consumed,
-                      bool release = false);
+// The 32-bit token of a CREDIT, as hostagent.auth.credit_token computes it: keyed BLAKE2b of
+// 'C' followed by the whole header with its token field (4 bytes at token_off) zeroed, so every
+// field (the window, the count, the sequence, the RELEASE flag, ...) is bound and none can be
+// changed on the way.
+uint32_t credit_token(const uint8_t key[16], const uint8_t* header, size_t header_len, size_t token_off);
 
 }  // namespace dlcp

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <system_error>
 
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -57,6 +59,7 @@ Datapath::Datapath(Config cfg) : cfg_(std::move(cfg)), H_(cfg_.layout.size), rng
 }
 
 Datapath::~Datapath() {
+    release_lock_for_test();
     stop();
     for (auto& kv : dests_) {
         for (auto& s : kv.second->socks)
@@ -75,10 +78,91 @@ void Datapath::start() {
         int tos = int(cfg_.dscp[std::min<size_t>(cfg_.top_priority, cfg_.dscp.size() - 1)]) << 2;
         setsockopt(credit_fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
     }
-    rx_thread_ = std::thread([this] { rx_loop(); });
-    tx_thread_ = std::thread([this] { tx_loop(); });
+    try {
+        rx_thread_ = std::thread([this] { rx_main(); });
+        tx_thread_ = std::thread([this] { tx_main(); });
+    } catch (const std::exception& e) {  // (a thread that cannot start: the caller's error, not an abort)
+        stop();
+        throw std::runtime_error(std::string("the data path's threads cannot start: ") + e.what());
+    }
     pthread_setname_np(rx_thread_.native_handle(), ("dlcp-rx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
     pthread_setname_np(tx_thread_.native_handle(), ("dlcp-tx-" + std::to_string(cfg_.rank)).substr(0, 15).c_str());
+}
+
+void Datapath::fail(const char* thread, const char* what) {
+    try {
+        {
+            std::lock_guard<std::mutex> g(fail_mu_);
+            if (!failure_.empty()) return;  // the first says why
+            failure_ = std::string("the data path's ") + thread + " thread failed: " + what;
+        }
+        emit(EV_FAILED, 0, 0, now_s(), thread[0] == 's' ? 1 : 0);
+    } catch (...) {  // (out of memory even for the report: the thread stops all the same)
+    }
+}
+
+std::string Datapath::failure() {
+    std::lock_guard<std::mutex> g(fail_mu_);
+    return failure_;
+}
+
+void Datapath::fault_for_test(int where) {
+    fault_.store(where);
+    std::lock_guard<std::mutex> g(tx_mu_);
+    tx_cv_.notify_all();
+}
+
+void Datapath::hold_lock_for_test(int which, double timeout) {
+    release_lock_for_test();
+    hold_ = std::make_unique<LockHold>();
+    LockHold* h = hold_.get();
+    std::mutex& target = which == 1 ? rx_mu_ : tx_mu_;
+    h->thread = std::thread([h, &target, timeout] {
+        std::lock_guard<std::mutex> g(target);
+        std::unique_lock<std::mutex> lk(h->mu);
+        h->held = true;
+        h->cv.notify_all();
+        h->timed_out = !h->cv.wait_for(lk, std::chrono::duration<double>(timeout), [h] { return h->release; });
+    });
+    std::unique_lock<std::mutex> lk(h->mu);
+    h->cv.wait(lk, [h] { return h->held; });
+}
+
+bool Datapath::release_lock_for_test() {
+    if (!hold_) return false;
+    {
+        std::lock_guard<std::mutex> lk(hold_->mu);
+        hold_->release = true;
+        hold_->cv.notify_all();
+    }
+    hold_->thread.join();
+    bool held = !hold_->timed_out;
+    hold_.reset();
+    return held;
+}
+
+void Datapath::rx_main() {
+    try {
+        rx_loop();
+    } catch (const std::exception& e) {
+        fail("receive", e.what());
+    } catch (...) {
+        fail("receive", "an unknown exception");
+    }
+}
+
+void Datapath::tx_main() {
+    try {
+        tx_loop();
+    } catch (const std::exception& e) {
+        fail("send", e.what());
+    } catch (...) {
+        fail("send", "an unknown exception");
+    }
+    // Nothing is being sent any more: a retire() waiting for a message to be put down returns.
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (auto& kv : tx_) kv.second->busy = false;
+    tx_cv_.notify_all();
 }
 
 void Datapath::stop() {
@@ -207,6 +291,14 @@ void Datapath::submit(const TxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("submit: unknown dtype code");
     if (spec.per == 0) throw std::invalid_argument("submit: per must be > 0");
+    uint64_t need = spec.total_elems * uint64_t(kind_size(kit->second));
+    if (spec.payload_bytes < need)
+        throw std::invalid_argument("submit: the payload holds " + std::to_string(spec.payload_bytes) +
+                                    " bytes, the message " + std::to_string(spec.total_elems) + " elements (" +
+                                    std::to_string(need) + " bytes)");
+    if (spec.snapshot && spec.snapshot_bytes < need)
+        throw std::invalid_argument("submit: the snapshot holds " + std::to_string(spec.snapshot_bytes) +
+                                    " bytes, the message " + std::to_string(need));
     auto* m = new TxMsg();
     m->spec = spec;
     m->kind = kit->second;
@@ -235,16 +327,13 @@ void Datapath::submit(const TxSpec& spec) {
     if (!m->held) activate_locked(m);
 }
 
-void Datapath::prepare(TxMsg* m) {
+Datapath::Prepared Datapath::prepare(const TxMsg* m) {
     // Headers of every packet, drop classes from the payload's magnitudes (the policy's rule).
+    // (m->src is set, and m->given_* stay as they are, while m->busy: the caller's lock is off)
     const TxSpec& s = m->spec;
     const HeaderLayout& L = cfg_.layout;
-    if (s.snapshot) {
-        std::memcpy(s.snapshot, s.payload, size_t(s.total_elems) * m->itemsize);
-        m->src = s.snapshot;
-    } else {
-        m->src = s.payload;
-    }
+    Prepared out;
+    if (s.snapshot) std::memcpy(s.snapshot, s.payload, size_t(s.total_elems) * m->itemsize);
     uint32_t n = m->n_pkts;
     std::vector<float> mags(n);
     std::vector<uint8_t> classes(n, 0);
@@ -263,33 +352,46 @@ void Datapath::prepare(TxMsg* m) {
             // class as it first leaves, from memory the copy into the socket reads next.
             std::vector<float> sample;
             for (size_t r = 0; r < n / stride; ++r) sample.push_back(packet_magnitude(m, cfg_.class_sampling.index(r, stride)));
-            m->boundaries = class_boundaries(sample.data(), sample.size(), cfg_.shares);
-            m->classed.assign(n, 0);
+            out.boundaries = class_boundaries(sample.data(), sample.size(), cfg_.shares);
+            out.classed.assign(n, 0);
         } else if (n) {
             // Every magnitude is needed before the first packet leaves (classes are quantiles):
             // on a large message, share the pass between threads (rows are independent).
             uint32_t k = s.total_elems >= cfg_.parallel_magnitude_elems ? std::min(cfg_.magnitude_threads, n) : 1;
-            std::vector<std::thread> helpers;
+            // A helper that cannot start (std::system_error) leaves its rows to this thread; the
+            // helpers are joined whatever happens (a joinable std::thread destroyed would abort).
+            struct Joined {
+                std::vector<std::thread> threads;
+                ~Joined() {
+                    for (auto& t : threads)
+                        if (t.joinable()) t.join();
+                }
+            } helpers;
+            std::vector<std::pair<uint32_t, uint32_t>> inline_rows;
             for (uint32_t j = 1; j < k; ++j) {
                 uint32_t a = uint32_t(uint64_t(n) * j / k), b = uint32_t(uint64_t(n) * (j + 1) / k);
                 size_t lo = size_t(a) * s.per, cnt = std::min<size_t>(size_t(b) * s.per, size_t(s.total_elems)) - lo;
-                helpers.emplace_back([this, m, lo, cnt, a, &s, &mags] {
-                    packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, s.per, cfg_.magnitude, &mags[a]);
-                });
+                try {
+                    helpers.threads.emplace_back([this, m, lo, cnt, a, &s, &mags] {
+                        packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, s.per, cfg_.magnitude, &mags[a]);
+                    });
+                } catch (const std::system_error&) {
+                    inline_rows.emplace_back(a, b);
+                }
             }
             uint32_t first = uint32_t(uint64_t(n) / k);
             packet_magnitudes(m->src, std::min<size_t>(size_t(first) * s.per, size_t(s.total_elems)), m->kind, s.per,
                               cfg_.magnitude, mags.data());
-            for (auto& t : helpers) t.join();
+            for (auto [a, b] : inline_rows) {
+                size_t lo = size_t(a) * s.per, cnt = std::min<size_t>(size_t(b) * s.per, size_t(s.total_elems)) - lo;
+                packet_magnitudes(m->src + lo * m->itemsize, cnt, m->kind, s.per, cfg_.magnitude, &mags[a]);
+            }
+            for (auto& t : helpers.threads) t.join();
             drop_classes(mags.data(), n, cfg_.shares, cfg_.class_sampling, classes.data());
         }
-        m->given_mags.clear();
-        m->given_mags.shrink_to_fit();
-        m->given_have.clear();
-        m->given_have.shrink_to_fit();
-        if (s.drop_class_out && m->classed.empty()) std::memcpy(s.drop_class_out, classes.data(), n);
+        if (s.drop_class_out && out.classed.empty()) std::memcpy(s.drop_class_out, classes.data(), n);
     }
-    m->hdr.assign(size_t(n) * H_, 0);
+    out.hdr.assign(size_t(n) * H_, 0);
     uint8_t tmpl[256];
     std::memset(tmpl, 0, sizeof tmpl);
     wr(tmpl, L.version, cfg_.version);
@@ -303,7 +405,7 @@ void Datapath::prepare(TxMsg* m) {
     wr(tmpl, L.tensor_id, s.tensor_id);
     wr(tmpl, L.total_pkts, n);
     for (uint32_t i = 0; i < n; ++i) {
-        uint8_t* h = m->hdr.data() + size_t(i) * H_;
+        uint8_t* h = out.hdr.data() + size_t(i) * H_;
         std::memcpy(h, tmpl, H_);
         wr(h, L.priority, s.pkt_priority ? s.pkt_priority[i] : s.priority);
         wr(h, L.drop_class, classes[i]);
@@ -313,18 +415,31 @@ void Datapath::prepare(TxMsg* m) {
         wr(h, L.elem_offset, i * s.per);
     }
     // Packets leave by their own priority (a fused message carries several layers), ties in order.
-    m->send_order.resize(n);
-    for (uint32_t i = 0; i < n; ++i) m->send_order[i] = i;
+    out.send_order.resize(n);
+    for (uint32_t i = 0; i < n; ++i) out.send_order[i] = i;
     bool uniform = true;
     if (s.pkt_priority)
         for (uint32_t i = 1; i < n; ++i)
             if (s.pkt_priority[i] != s.pkt_priority[0]) uniform = false;
     if (!uniform) {
-        std::stable_sort(m->send_order.begin(), m->send_order.end(),
+        std::stable_sort(out.send_order.begin(), out.send_order.end(),
                          [&](uint32_t a, uint32_t b) { return s.pkt_priority[a] > s.pkt_priority[b]; });
-        m->prio_in_order.resize(n);
-        for (uint32_t i = 0; i < n; ++i) m->prio_in_order[i] = s.pkt_priority[m->send_order[i]];
+        out.prio_in_order.resize(n);
+        for (uint32_t i = 0; i < n; ++i) out.prio_in_order[i] = s.pkt_priority[out.send_order[i]];
     }
+    return out;
+}
+
+void Datapath::install_locked(TxMsg* m, Prepared&& p) {
+    m->hdr = std::move(p.hdr);
+    m->send_order = std::move(p.send_order);
+    m->prio_in_order = std::move(p.prio_in_order);
+    m->boundaries = std::move(p.boundaries);
+    m->classed = std::move(p.classed);
+    m->given_mags.clear();
+    m->given_mags.shrink_to_fit();
+    m->given_have.clear();
+    m->given_have.shrink_to_fit();
     m->prepared = true;
 }
 
@@ -522,6 +637,7 @@ void Datapath::tx_loop() {
     std::vector<uint32_t> seqs;
     std::unique_lock<std::mutex> g(tx_mu_);
     while (running_) {
+        if (fault_.load(std::memory_order_relaxed) == 2) throw std::bad_alloc();
         double wait;
         TxMsg* m = pick(now_s(), wait);
         if (!m) {
@@ -530,9 +646,11 @@ void Datapath::tx_loop() {
         }
         if (!m->prepared) {  // a held message whose trigger fired: tags from its payload as it is now
             m->busy = true;
+            m->src = m->spec.snapshot ? m->spec.snapshot : m->spec.payload;
             g.unlock();
-            prepare(m);
+            Prepared p = prepare(m);
             g.lock();
+            install_locked(m, std::move(p));
             m->busy = false;
             tx_cv_.notify_all();
             reorder_locked();
@@ -754,8 +872,10 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
                 continue;
             }
             if (gso_refused(errno)) {
+                std::string why = std::string("sendmsg with UDP_SEGMENT failed: ") + std::strerror(errno);
+                std::lock_guard<std::mutex> lk(tx_mu_);  // (gso_off_reasons reads it under the lock)
                 s.gso = false;
-                s.gso_off = std::string("sendmsg with UDP_SEGMENT failed: ") + std::strerror(errno);
+                s.gso_off = std::move(why);
             }
             // this call's datagrams one by one
         }
@@ -802,7 +922,8 @@ std::map<std::string, int64_t> Datapath::stats() {
 
 std::map<std::string, int64_t> Datapath::rejected() {
     static const char* names[N_REASONS] = {"ok", "truncated", "bad_version", "not_data", "wrong_job", "bad_token",
-                                           "unknown_message", "wrong_dtype", "bad_seq", "bad_offset", "count_mismatch"};
+                                           "unknown_message", "wrong_dtype", "bad_seq", "bad_offset", "count_mismatch",
+                                           "stale"};
     std::map<std::string, int64_t> out;
     std::lock_guard<std::mutex> g(rx_mu_);
     for (int i = 1; i < N_REASONS; ++i)

@@ -300,7 +300,8 @@ class ProtocolCore:
         self.inc[key] = msg
         self.recent_done.pop(key, None)
         self.port.expect(RxSpec(src, message_id, self.rx_token(src, message_id, iteration), code, total, per,
-                                buffers, accumulate, required_elements(total, loss_bound), tuple(triggers), scale))
+                                buffers, accumulate, required_elements(total, loss_bound), tuple(triggers), scale,
+                                iteration))
         return msg
 
     def announcements(self) -> Queue[tuple[int, int]]:

@@ -40,6 +40,40 @@ def narrow_reorder(window: float) -> float:
     return max(REORDER_MIN, window * REORDER_DECAY)
 
 
+#: Freshness per sender (both data paths keep it): a datagram whose token is right for its own
+#: iteration but that belongs to no message being received is *stale*, and neither parks, nor
+#: widens a reordering window, nor counts as received or consumed, when it comes from an earlier
+#: use of its message id than the one set up here last, or from that use when it is over and the
+#: sender's messages set up since have reached FRESH_WINDOW iterations beyond it. Why: message ids
+#: repeat (an exchange's every 1,024 iterations), and packets recorded at iteration i carry a
+#: valid token for i; replayed 1,024 iterations later they filled the park (crowding out the real
+#: sender's early packets), widened the window to its cap and were counted in feedback and
+#: credits. Why per message id and not one mark per sender: a sender's iterations come from more
+#: than one counter (the torch backend numbers collectives and point-to-point sends apart), so
+#: early data of a message id never set up here still parks whatever its iteration. The last
+#: FRESH_KEPT message ids set up are remembered; a replay of one set up before those parks as
+#: before (and is dropped, not placed, when its id is set up again).
+FRESH_WINDOW = 512
+FRESH_KEPT = 1 << 16
+
+
+def iteration_before(a: int, b: int) -> bool:
+    """``a`` comes before ``b`` among 32-bit iterations (serial number arithmetic, RFC 1982)."""
+    return (a - b) & 0xFFFFFFFF >= 0x80000000
+
+
+def stale(iteration: int, last_use: int | None, newest: int | None) -> bool:
+    """Whether a token-valid datagram of ``iteration`` that belongs to no message being received
+    was recorded earlier: ``last_use`` is the iteration its message id was last set up with here
+    (None: not among the last FRESH_KEPT), ``newest`` the newest iteration set up from its sender."""
+    if last_use is None:
+        return False  # early data of a message not set up yet
+    if iteration != last_use:
+        return iteration_before(iteration, last_use)  # an earlier use (a later one: early data)
+    return newest is not None and not iteration_before(newest, iteration) and \
+        (newest - iteration) & 0xFFFFFFFF >= FRESH_WINDOW
+
+
 #: An answer waits for the receive thread to catch up with its grace (to have read everything
 #: that arrived until then) at most this long past the grace: a reader that a flood of junk
 #: keeps behind must not hold every answer back until the deadline. Long, because a receiver

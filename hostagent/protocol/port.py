@@ -29,6 +29,7 @@ class EventKind(enum.IntEnum):
     CONGESTION = 4  #: the first CE mark or socket overrun from ``peer`` since its last feedback
     TX_PASS = 5  #: a sending pass of the message ended (``a``: its pass number)
     TX_ACTIVE = 6  #: a held message started sending (its trigger fired)
+    FAILED = 7  #: a thread of the data path failed and stopped (``a``: 0 receive, 1 send); ``failure()`` says why
 
 
 class Event(NamedTuple):
@@ -108,6 +109,9 @@ class RxSpec:
     scale: float = 1.0
     """Accumulating: ``out`` is multiplied by this before each packet is added, and where no
     packet came at completion (:attr:`hostagent.messages.Expect.scale`)."""
+    iteration: int = 0
+    """The iteration ``token`` binds: the data path keeps the newest per sender and the last per
+    message id, so datagrams recorded earlier are stale (:func:`hostagent.protocol.incoming.stale`)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,9 @@ class DataPort(Protocol):
     def set_rate(self, dest: int, rate: float) -> None: ...
 
     def sent_packets(self, dest: int) -> int: ...
+
+    def failure(self) -> str | None:
+        """Why a thread of the data path failed and stopped (None: none did)."""
 
 
 @dataclass

@@ -4,7 +4,10 @@ must be the same; a reduction must add each packet exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
+import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -48,7 +51,7 @@ def _expect(dp, src: int, mid: int, total: int, iteration: int = 0, accumulate: 
     n = -(-total // elems_per_packet(1500, dtype))
     buffers = RxBuffers.allocate(out, n, 0)
     dp.expect(RxSpec(src, mid, auth.message_token(KEY1, 1, src, mid, iteration), code, total,
-                     elems_per_packet(1500, dtype), buffers, accumulate, total))
+                     elems_per_packet(1500, dtype), buffers, accumulate, total, iteration=iteration))
     return buffers
 
 
@@ -98,6 +101,8 @@ def test_every_datagram_is_judged_alike_by_both_paths():
                _with(base, seq=10_000), _with(base, total_pkts=99), _with(base, elem_offset=5),
                _with(base, elem_count=3), base[:-4]]
     corpus += _datagrams(x, 9, iteration=1030 - 1024)  # a replay of 1,024 iterations ago: bad_token
+    corpus += _datagrams(y[:PER], 7, iteration=1030)  # message 7 of iteration 1030, complete
+    corpus += _datagrams(y[:PER], 7, iteration=6)  # its use 1,024 iterations earlier: stale
     corpus += early + _datagrams(y, 11, iteration=3, token=77)  # forged early data: bad_token
     corpus += _datagrams(y, 12, sender=2)  # an unauthenticated sender: unknown_message
     corpus += _datagrams(y, 13, sender=0)  # the receiver itself: unknown_message
@@ -105,6 +110,8 @@ def test_every_datagram_is_judged_alike_by_both_paths():
     corpus += good[10:]
     paths, sock = _paths()
     bufs = [_expect(dp, 1, 9, x.size, iteration=1030) for dp in paths]
+    for dp in paths:
+        _expect(dp, 1, 7, PER, iteration=1030)
     for i, d in enumerate(corpus):
         for dp in paths:
             _one(dp, d, now=1.0 + i * 1e-4)
@@ -501,6 +508,61 @@ def test_the_compiled_tags_equal_the_policys():
             np.testing.assert_array_equal(out, drop_classes(m, policy))
 
 
+def _unaligned(n: int, dtype) -> np.ndarray:
+    """``n`` elements of ``dtype`` one byte off their alignment (numpy allows such views)."""
+    a = np.zeros(n * np.dtype(dtype).itemsize + 1, np.uint8)[1:].view(dtype)
+    assert not a.flags.aligned
+    return a
+
+
+def test_the_bindings_refuse_arrays_that_do_not_fit_before_touching_them():
+    """The extension trusts no size or alignment from its caller: ``packet_magnitudes`` wrote 9
+    floats past a 1-element ``out``; ``submit`` read past a 10-element payload declared as 15
+    elements (and sent elements 10-14); a snapshot was compared with the payload, not with the
+    message; an unaligned ``out`` reached ``reinterpret_cast<float*>``. Each is a ValueError now."""
+    from hostagent import _datapath
+    from hostagent.datapath.native import NativeDatapath
+
+    x = np.ones(PER * 10, np.float32)
+    with pytest.raises(ValueError, match="out has 1 entries for 10 packets"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, PER, "l2", np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="not aligned"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, PER, "l2", _unaligned(10, np.float32))
+    with pytest.raises(ValueError, match="per must be > 0"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 0, 0, "l2", np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="unknown element kind"):
+        _datapath.packet_magnitudes(x.view(np.uint8), 7, PER, "l2", np.zeros(10, np.float32))
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", 41002)
+    raw = dp._dp
+
+    def submit(mid: int, payload: np.ndarray, total: int, snapshot: np.ndarray | None = None) -> None:
+        raw.submit(1, mid, payload, 0, total, PER, 0, 0, 0, 0, 0, None, None, np.zeros(1, np.uint8), snapshot,
+                   True, 0)
+
+    with pytest.raises(ValueError, match="payload holds 40 bytes, the message 15 elements"):
+        submit(1, np.ones(10, np.float32), 15)
+    with pytest.raises(ValueError, match="snapshot holds 20 bytes"):
+        submit(2, np.ones(10, np.float32), 10, snapshot=np.zeros(5, np.float32))
+    submit(3, np.ones(20, np.float32), 10, snapshot=np.zeros(10, np.float32))  # fits the message: taken
+    code = int(wire.dtype_code(np.float32))
+    for out, accumulate in ((_unaligned(PER, np.float32), True), (_unaligned(PER, np.float16), True)):
+        b = RxBuffers.allocate(out, 1, 0)
+        with pytest.raises(ValueError, match="not aligned"):
+            raw.expect(1, 5, 0, code if out.dtype == np.float32 else int(wire.dtype_code(np.float16)), PER, PER,
+                       _raw_bits(out), accumulate, int(wire.dtype_code(out.dtype)), b.received, b.pkt_priority,
+                       b.pkt_layer, PER, [])
+    dp.stop()
+    sock.close()
+
+
+def _raw_bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
 def test_the_compiled_tokens_are_the_python_tokens():
     from hostagent import _datapath
 
@@ -509,9 +571,33 @@ def test_the_compiled_tokens_are_the_python_tokens():
         key = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
         job, sender, mid, it = (int(v) for v in rng.integers(0, 1 << 16, 4))
         assert _datapath.message_token(key, job, sender, mid, it) == auth.message_token(key, job, sender, mid, it)
-        consumed, overrun = int(rng.integers(0, 1 << 62)), bool(it & 1)
-        assert (_datapath.credit_token(key, job, sender, mid, consumed, overrun)
-                == auth.credit_token(key, job, sender, mid, consumed, overrun))
+        header = rng.integers(0, 256, wire.HEADER_SIZE, dtype=np.uint8).tobytes()
+        assert (_datapath.credit_token(key, header, wire.FIELD_OFFSET["token"])
+                == auth.credit_token(key, header))
+
+
+def _credit(granter: int, seq: int, consumed: int, window: int, key: bytes = KEY1) -> bytes:
+    h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=1, message_id=0, sender_rank=granter, priority=7,
+                    iteration=seq, elem_count=window, total_pkts=consumed >> 32, elem_offset=consumed & 0xFFFFFFFF)
+    return wire.pack_header(dataclasses.replace(h, token=auth.credit_token(key, wire.pack_header(h))))
+
+
+def test_a_credit_with_its_window_changed_is_refused_by_both_paths():
+    """The credit token covers every field: a copy of a real credit with its window
+    (``elem_count``) raised to 65535 was accepted (the token bound neither), and a sender would
+    have sent 65535 packets into a receiver that granted 64."""
+    paths, sock = _paths()
+    real = _credit(1, seq=1, consumed=10, window=64)
+    for dp in paths:
+        dp.add_peer(1, "127.0.0.1", 41002)
+        _one(dp, _with(real, elem_count=wire.MAX_CREDIT_WINDOW), now=1.0)
+        _one(dp, _with(real, elem_offset=10_000), now=1.0)
+        s = dp.stats()
+        assert (s["credits_received"], s["rejected"].get("bad_token")) == (0, 2), type(dp).__name__
+        _one(dp, real, now=1.0)
+        assert dp.stats()["credits_received"] == 1
+        dp.stop()
+    sock.close()
 
 
 def test_a_message_set_up_twice_is_refused_by_both_paths():
@@ -589,6 +675,34 @@ def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
             while dp.rx_seen_until() < t0 and time.monotonic() < give_up:
                 time.sleep(0.001)
             assert t0 <= dp.rx_seen_until() <= time.monotonic()
+    finally:
+        dp.stop()
+        tx.close()
+        rx.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_an_empty_datagram_ahead_of_others_is_not_an_empty_socket(which):
+    """For UDP, FIONREAD (SIOCINQ) is the length of the first queued datagram: an empty one
+    ahead of a 1,000-byte one read 0, and ``rx_seen_until`` said "all read up to now" with both
+    unread (an answer then listed packets still waiting in the socket). Nothing is read here
+    (the threads are not started), so it must stay where it was; an empty socket says now."""
+    from hostagent.datapath.native import NativeDatapath
+    from hostagent.datapath.numpy_path import NumpyDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, rx, False)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        t0 = time.monotonic()
+        assert dp.rx_seen_until() >= t0  # empty: everything that came is read
+        tx.sendto(b"", rx.getsockname())
+        tx.sendto(b"\0" * 1000, rx.getsockname())
+        assert select.select([rx], [], [], 10)[0]
+        assert dp.rx_seen_until() < t0
     finally:
         dp.stop()
         tx.close()
@@ -680,5 +794,182 @@ def test_only_a_datagram_with_its_messages_token_moves_the_reordering_window_and
         assert dp.reorder_window(1) == start
         _one(dp, dgs[3], now=30.0)  # replayed half a minute later
         assert dp.reorder_window(1) == MAX_ANSWER_GRACE
+        dp.stop()
+    sock.close()
+
+
+@pytest.mark.parametrize("call, lock", [("stats", 1), ("add_peer", 1), ("set_keys", 1), ("set_sockopt", 2)])
+def test_calls_waiting_for_a_data_path_lock_let_python_run(call, lock):
+    """``stats()``, ``add_peer``, ``set_*_key`` and ``set_sockopt`` waited for a lock the receive
+    (or send) thread holds for a whole batch while holding the interpreter lock: every Python
+    thread of the training process stood still meanwhile. Here a thread of the extension holds
+    the lock; the call waits in another Python thread, and this one must still run to let go."""
+    from hostagent.datapath.native import NativeDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.add_peer(1, "127.0.0.1", 41002)
+    calls = {"stats": lambda: dp.stats(), "add_peer": lambda: dp.add_peer(2, "127.0.0.1", 41004),
+             "set_keys": lambda: dp.set_keys(1, KEY1, KEY1),
+             "set_sockopt": lambda: dp.set_sockopt(1, 0, socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)}
+    dp._dp.hold_lock_for_test(lock, 10.0)  # (a failing call makes this test wait that long)
+    calling = threading.Event()
+
+    def run() -> None:
+        calling.set()
+        calls[call]()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert calling.wait(10)
+    time.sleep(0.02)  # (into the call: it waits for the lock)
+    let_go = dp._dp.release_lock_for_test()
+    t.join(10)
+    assert let_go, f"{call} held the interpreter lock while it waited for the data path's lock"
+    dp.stop()
+    sock.close()
+
+
+def _fresh_counts(dp) -> tuple:
+    s = dp.stats()
+    return (s["rejected"].get("stale", 0), s["late"], s["parked"], s["parked_now"], dp.reorder_window(1))
+
+
+def test_packets_recorded_before_their_message_id_came_round_again_are_stale_on_both_paths():
+    """Message ids repeat (an exchange's every 1,024 iterations) and a packet recorded at
+    iteration i carries a valid token for i. Replayed 1,024 iterations later it was a late
+    straggler (counted, and it widened its sender's window to the 100 ms cap) or, once its id
+    was forgotten, parked (filling the park, counted as received in feedback and credits).
+    Now it is stale: counted as such and nothing else. The real sender's early packets of the
+    id's next use still park and are placed."""
+    paths, sock = _paths(probe_grace=0.002)
+    x = np.arange(1, PER * 6 + 1, dtype=np.float32)
+    old = _datagrams(x, 9, iteration=6)
+    old[-1] = _with(old[-1], flags=wire.Flags.LAST)
+    new = _datagrams(-x, 9, iteration=1030)
+    seen = []
+    for dp in paths:
+        _expect(dp, 1, 9, x.size, iteration=6)
+        for d in old:
+            _one(dp, d, now=1.0)
+        assert _state(dp, 1, 9) == 1
+        _expect(dp, 1, 10, PER, iteration=1030)  # the sender is 1,024 iterations on
+        dp.take_feedback(1)
+        before = _fresh_counts(dp)
+        for d in old[:4]:  # replayed while its message is still held
+            _one(dp, _with(d, flags=wire.Flags.NONE), now=30.0)
+        assert _fresh_counts(dp) == (4, *before[1:]), type(dp).__name__
+        dp.forget(1, 9, remember=False)
+        for d in old[:4]:  # replayed once its id is forgotten: nothing parks
+            _one(dp, d, now=31.0)
+        assert _fresh_counts(dp) == (8, *before[1:]), type(dp).__name__
+        assert dp.take_feedback(1)[0] == 0  # not counted as received
+        for d in new[:3]:  # the real sender's next use of the id, before it is set up: parked
+            _one(dp, d, now=32.0)
+        assert _fresh_counts(dp)[2:4] == (before[2] + 3, 3)
+        b = _expect(dp, 1, 9, x.size, iteration=1030)
+        for d in new[3:]:
+            _one(dp, d, now=32.1)
+        np.testing.assert_array_equal(b.out, -x)
+        seen.append(_fresh_counts(dp))
+        dp.stop()
+    sock.close()
+    assert seen[0] == seen[1]
+
+
+def test_early_data_of_a_message_id_never_set_up_parks_whatever_its_iteration():
+    """A sender's iterations may come from more than one counter (the torch backend numbers its
+    collectives and its point-to-point sends apart): early data of an id not set up here parks
+    even far below the sender's newest iteration, and so does a later use of a known id."""
+    paths, sock = _paths()
+    x = np.arange(1, PER * 2 + 1, dtype=np.float32)
+    for dp in paths:
+        _expect(dp, 1, 10, PER, iteration=5000)
+        for d in _datagrams(x, 11, iteration=3):
+            _one(dp, d, now=1.0)
+        assert _fresh_counts(dp)[0] == 0 and dp.stats()["parked_now"] == 2, type(dp).__name__
+        b = _expect(dp, 1, 11, x.size, iteration=3)
+        np.testing.assert_array_equal(b.out, x)
+        dp.stop()
+    sock.close()
+
+
+def test_a_closed_senders_parked_datagrams_are_dropped_on_both_paths():
+    """Parked data of a sender whose connection closed (its key withdrawn) or that handshook
+    again (a new key) waits for nothing: 16,384 datagrams stayed parked for 60 s after their
+    sender closed. They go at once now; another sender's stay."""
+    paths, sock = _paths()
+    key2 = bytes(16)
+    for dp in paths:
+        dp.set_keys(2, key2, key2)
+        for d in _datagrams(np.ones(PER * 5, np.float32), 11):
+            _one(dp, d, now=1.0)
+        meta = MessageMeta(job_id=1, message_id=12, sender_rank=2, token=auth.message_token(key2, 1, 2, 12, 0))
+        for d in packetize(np.ones(PER * 2, np.float32), meta, POLICY):
+            _one(dp, d, now=1.0)
+        assert dp.stats()["parked_now"] == 7
+        dp.set_keys(1, None, None)
+        assert dp.stats()["parked_now"] == 2, type(dp).__name__
+        dp.set_keys(2, bytes(range(1, 17)), key2)  # a new key
+        assert dp.stats()["parked_now"] == 0, type(dp).__name__
+        dp.stop()
+    sock.close()
+
+
+def _progress_of(dp, src: int, mid: int) -> tuple | None:
+    p = dp.progress(src, mid)
+    return None if p is None else (p.received_pkts, p.received_elems, p.duplicates, p.retx_seen, p.state, p.gaps)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_both_paths_agree_batch_by_batch_on_random_traffic(seed):
+    """The same random batches (several datagrams per call, as the receive thread hands them
+    over) into both paths: originals, duplicates, resends, reordering, truncated and junk
+    datagrams, credits. Delivered bytes, counters, reasons and each message's progress must be
+    the same after every batch. (The one-datagram parity test could not see that a batch with
+    an original and a resend of one seq kept the first on one path and the last on the other.)"""
+    rng = np.random.default_rng(seed)
+    paths, sock = _paths()
+    width = wire.HEADER_SIZE + PER * 4
+    x = rng.standard_normal(PER * 12 + 7).astype(np.float32)
+    y = rng.standard_normal(PER * 5).astype(np.float32)
+    pool: list[bytes] = []
+    for mid, data in ((9, x), (11, y)):
+        dgs = _datagrams(data, mid)
+        pool += dgs
+        pool += [dgs[i] for i in rng.integers(0, len(dgs), 4)]  # duplicates
+        pool += [_with(dgs[i], flags=wire.Flags.RETX) for i in rng.integers(0, len(dgs), 4)]  # resends
+    pool += [d[: int(rng.integers(1, len(d)))] for d in rng.choice(np.array(pool, dtype=object), 4)]  # truncated
+    # (at most a row wide: a longer one is cut by the read, and counted so only by a real read)
+    pool += [d[:width] for d in rogue.hostile_datagrams(20, 1, victim=0, real=[(1, 9)], seed=seed)]
+    pool.append(_credit(1, seq=1, consumed=3, window=64))
+    order = rng.permutation(len(pool))
+    bufs = []
+    for dp in paths:
+        dp.add_peer(1, "127.0.0.1", 41002)
+        bufs.append((_expect(dp, 1, 9, x.size), None))
+    pos = 0
+    step = 0
+    while pos < len(order):
+        k = int(rng.integers(1, 12))
+        batch = [pool[i] for i in order[pos : pos + k]]
+        pos += k
+        rows = np.zeros((len(batch), width), np.uint8)
+        for i, d in enumerate(batch):
+            rows[i, : min(len(d), width)] = np.frombuffer(d, np.uint8)[:width]
+        lengths = np.array([len(d) for d in batch])
+        for dp in paths:
+            dp.ingest_for_test(rows, lengths, 1.0 + step * 1e-3)
+        step += 1
+        if step == 3:  # message 11 is set up mid-way: its earlier packets were parked
+            for dp in paths:
+                _expect(dp, 1, 11, y.size)
+        native, numpy_ = ((_counts(dp), dp.stats()["data_pkts_received"], dp.stats()["data_bytes_received"],
+                           dp.stats()["credits_received"], _progress_of(dp, 1, 9), _progress_of(dp, 1, 11))
+                          for dp in paths)
+        assert native == numpy_, f"seed {seed}, batch {step}"
+    np.testing.assert_array_equal(bufs[0][0].out, bufs[1][0].out)
+    for dp in paths:
         dp.stop()
     sock.close()

@@ -461,3 +461,21 @@ def test_a_source_port_base_is_checked_against_the_port_range_and_the_own_ports(
     with pytest.raises(ValueError, match="take this rank's data or control port"):
         TransportConfig(rank=1, peers=peers, source_port_base=own - 4)
     assert TransportConfig(rank=0, peers=peers, source_port_base=None).source_port_base is None
+
+
+@pytest.mark.parametrize("thread", ["receive", "send"])
+def test_a_data_path_thread_that_raises_fails_the_endpoint_not_the_process(endpoints, thread):
+    """A ``std::bad_alloc`` (or any exception) in the compiled receive or send thread ended the
+    training process (std::terminate); the numpy path's threads died silently. Now the thread
+    reports it and stops: what waits fails with the reason, every later call raises it, the
+    endpoint's statistics say it, and the endpoint closes; its peer goes on."""
+    a, b = endpoints(2)
+    waiting = b.recv(0, message_id=1)  # a message that never comes
+    b.dp.fault_for_test(thread)
+    with pytest.raises(TransportError, match=f"data path's {thread} thread failed"):
+        waiting.wait(T)
+    assert f"{thread} thread failed" in b.endpoint_stats()["datapath_failure"]
+    with pytest.raises(TransportError, match=f"{thread} thread failed"):
+        b.send(0, _grad(10), message_id=2)
+    assert a.endpoint_stats()["datapath_failure"] is None
+    b.close()

@@ -89,6 +89,7 @@ class FakePort:
         self.tx.pop((dest, mid), None)
     def set_rate(self, dest, rate): self.rates[dest] = rate
     def sent_packets(self, dest): return self.sent[dest]
+    def failure(self): return None
 
     # delivering data
     def deliver(self, src: int, mid: int, seqs, now: float, retx: int = 0) -> None:

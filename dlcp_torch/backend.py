@@ -201,26 +201,27 @@ def _store_bytes(t: torch.Tensor, data: np.ndarray) -> None:
         t.copy_(src)
 
 
-def _reduce(tensors: list[torch.Tensor], op: Any) -> torch.Tensor:
-    """``op`` over ``tensors`` (same shape and dtype), as torch.distributed defines it."""
+def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The reduce op named ``op`` over ``tensors`` (same shape and dtype), as torch.distributed
+    defines it."""
     stacked = torch.stack(tensors)
-    if op == dist.ReduceOp.SUM:
+    if op == "SUM":
         return stacked.sum(0, dtype=tensors[0].dtype)
-    if op == dist.ReduceOp.AVG:
+    if op == "AVG":
         return stacked.sum(0) / len(tensors) if stacked.is_floating_point() else stacked.sum(0) // len(tensors)
-    if op == dist.ReduceOp.PRODUCT:
+    if op == "PRODUCT":
         return stacked.prod(0, dtype=tensors[0].dtype)
-    if op == dist.ReduceOp.MIN:
+    if op == "MIN":
         return stacked.min(0).values
-    if op == dist.ReduceOp.MAX:
+    if op == "MAX":
         return stacked.max(0).values
     out = tensors[0].clone()
     for x in tensors[1:]:
-        if op == dist.ReduceOp.BAND:
+        if op == "BAND":
             out &= x
-        elif op == dist.ReduceOp.BOR:
+        elif op == "BOR":
             out |= x
-        elif op == dist.ReduceOp.BXOR:
+        elif op == "BXOR":
             out ^= x
         else:
             raise ValueError(f"dlcp backend: reduce op {op} is not supported")
@@ -306,7 +307,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     # (type: ignore[override] on these: the dispatcher calls them as (tensors, opts); torch's
     # stubs give ProcessGroup's C++ overloads instead)
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = checks.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         tensors = list(tensor_list)
         checks.reduce_op(op, [t.dtype for t in tensors], "all_reduce")
         self._check(tensors, "all_reduce")
@@ -315,9 +316,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                if t.dtype in RING_DTYPES and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                if t.dtype in RING_DTYPES and op in ("SUM", "AVG"):
                     self._ring_sum(call, i, t, gradients, priority)
-                    if op == dist.ReduceOp.AVG:
+                    if op == "AVG":
                         with torch.no_grad():
                             t.div_(self._world)
                 else:
@@ -383,7 +384,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = checks.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         checks.reduce_op(op, [t.dtype for t in output_tensors], "reduce_scatter")
         checks.gather_lists(input_tensors, output_tensors, self._world, "reduce_scatter")
         self._check([*output_tensors, *(t for parts in input_tensors for t in parts)], "reduce_scatter")
@@ -393,7 +394,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         def run() -> list[torch.Tensor]:
             for i, (out, parts) in enumerate(zip(output_tensors, input_tensors)):
                 got = self._scatter_parts(call, i, parts, gradients and out.dtype == torch.float32
-                                          and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG), priority)
+                                          and op in ("SUM", "AVG"), priority)
                 with torch.no_grad():
                     out.copy_(_reduce(got, op).view(out.shape))
             return output_tensors
@@ -417,7 +418,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """Every rank's tensor reduced into the root's (the others' are left as they are, as gloo does)."""
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = checks.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = opts.rootRank if opts is not None else 0
         tensors = list(tensor_list)
         checks.reduce_op(op, [t.dtype for t in tensors], "reduce")

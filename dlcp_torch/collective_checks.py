@@ -25,7 +25,16 @@ _ARITHMETIC_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 _BITWISE_OPS = ("BAND", "BOR", "BXOR")
 
 
-def _op_name(op: Any) -> str:
+def op_name(op: Any) -> str:
+    """The name of a reduce op (``"SUM"``, ...), from a ``ReduceOp`` or its ``RedOpType``.
+
+    Why names: ``AllreduceOptions.reduceOp`` is a ``ReduceOp`` object, ``dist.ReduceOp.SUM`` a
+    ``RedOpType``, and ``op in (ReduceOp.SUM, ReduceOp.AVG)`` compares the tuple's members
+    first, which says False: every float32 ``dist.all_reduce`` took the gather path (n times
+    the bytes, and never the ring or the loss bound) until ops were compared by name.
+    """
+    if isinstance(op, str):
+        return op.upper()
     for name in (*_ARITHMETIC_OPS, *_BITWISE_OPS, "PREMUL_SUM"):
         member = getattr(dist.ReduceOp, name, None)
         if member is not None and op == member:
@@ -38,7 +47,7 @@ def reduce_op(op: Any, dtypes: Sequence[torch.dtype], what: str) -> None:
 
     Example: ``reduce_op(dist.ReduceOp.BAND, [torch.float32], "all_reduce")`` raises.
     """
-    name = _op_name(op)
+    name = op_name(op)
     if name not in _ARITHMETIC_OPS and name not in _BITWISE_OPS:
         raise ValueError(f"dlcp backend: {what}: reduce op {name} is not supported "
                          f"(supported: {', '.join(_ARITHMETIC_OPS + _BITWISE_OPS)})")

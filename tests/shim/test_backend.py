@@ -103,12 +103,37 @@ def test_an_unchanged_ddp_script_trains_through_dlcp_as_through_gloo():
             torch.testing.assert_close(_t(b), _t(a), rtol=0, atol=0)
 
 
+def _ddp_bounds(rank, world):
+    """DDP steps of a model DDP cuts into four buckets (from its second step: the first has one
+    bucket of up to 1 MB), then the loss bounds and priorities of the ring messages sent."""
+    os.environ["DLCP_LOSS_BOUND"] = "0.05"
+    dist.init_process_group("dlcp")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        opt.zero_grad()
+        ddp(torch.randn(8, 256, generator=g)).pow(2).mean().backward()
+        opt.step()
+    params = [p.detach().clone() for p in model.parameters()]
+    pg = dist.group.WORLD
+    sent = [m for m in pg.endpoint.message_log if m.direction == "send"]
+    return params, sorted({m.loss_bound for m in sent}), sorted({m.priority for m in sent})
+
+
 def test_ddp_gradients_go_under_the_loss_bound_and_replicas_stay_equal():
     """With the default bound the gradients may lose a little, but the all-gather is reliable:
-    every replica ends with the same parameters."""
-    ours = _spawn(_ddp_script, 2, "dlcp", 0.05)
-    for a, b in zip(ours[0], ours[1]):
+    every replica ends with the same parameters. The buckets' sums ran on the ring under the
+    bound (an op compared by type once sent them all through the reliable gather), tagged
+    with more than one priority (their order in the backward pass)."""
+    ours = _spawn(_ddp_bounds, 2)
+    for a, b in zip(ours[0][0], ours[1][0]):
         torch.testing.assert_close(_t(b), _t(a), rtol=0, atol=0)
+    for _, bounds, priorities in ours.values():
+        assert 0.05 in bounds, bounds
+        assert len(priorities) > 1, priorities
 
 
 def _collectives(rank, world):

@@ -83,3 +83,11 @@ def test_a_work_returns_its_value_and_honours_a_wait_timeout():
     t = torch.ones(2)
     done.finish(value=[t])
     assert done.wait() is True and done.get_future().wait()[0] is t
+
+
+def test_a_reduce_op_from_the_options_has_the_name_of_its_type():
+    """``AllreduceOptions.reduceOp`` is a ReduceOp, ``ReduceOp.SUM`` a RedOpType: ``in`` over a
+    tuple of the latter said False, and every float32 all_reduce missed the ring."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.AVG
+    assert checks.op_name(opts.reduceOp) == "AVG" and checks.op_name(dist.ReduceOp.SUM) == "SUM"

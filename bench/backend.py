@@ -1,0 +1,158 @@
+"""The ``torch.distributed`` backend as users run it: ``init_process_group("dlcp")`` against
+``init_process_group("gloo")``, same script, same run, on loopback.
+
+Every participant is a spawned process that runs the same script with only the backend's name
+changed, the backend's defaults in force (``DLCP_*`` variables unset: the loss bound, MTU and
+line rate a user gets; rank 0's start-up line says them), ``torch.set_num_threads(1)`` (this
+machine has 2 cores for up to 4 processes):
+
+* ``all_reduce``: one tensor of 57 MB (14.25 M float32, or as many bfloat16), ``dist.all_reduce``
+  after a ``dist.barrier`` (untimed); the slowest rank's time per call.
+* ``DDP step``: stock ``DistributedDataParallel`` (no hook) over a 4-layer MLP, batch 32: forward,
+  backward (DDP's bucketed all_reduce overlapping it), SGD step; the slowest rank's time.
+  ``12M``: 1024-2048-2048-2048-1024 (12.6 M parameters); ``1M``: 512 x 4 (1.05 M).
+
+Schemes run interleaved (gloo, dlcp, gloo, dlcp, ...) for ``--rounds`` rounds; a figure is the
+median over rounds of each round's median; ``x gloo`` the median of the per-round ratios, with
+their range. ``load`` is the 1-minute load average before a row, ``idle`` the machine's idle CPU
+while it ran (medians over rounds).
+
+Targets (issue 45): 4 and 2 processes, DDP step of the 12M MLP <= 1.1x gloo, all_reduce of 57 MB
+float32 <= 1.0x gloo.
+
+Run: python bench/backend.py [--rounds 3] [--steps 20] [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
+from hostagent.tables import Column, Record, Table  # noqa: E402
+from transport import LOAD_COLUMNS, Load, load_cells  # noqa: E402  (bench/transport.py)
+
+WARMUP = 3
+ALLREDUCE_BYTES = 57_000_000
+MODELS = {"12M": [1024, 2048, 2048, 2048, 1024], "1M": [512, 512, 512, 512, 512]}
+BATCH = 32
+
+
+def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_name: str, iters: int, q: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    for var in [v for v in os.environ if v.startswith("DLCP_")]:
+        del os.environ[var]  # the defaults a user gets
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dtype = getattr(torch, dtype_name)
+    dist.init_process_group(backend)
+    times = []
+    if case == "all_reduce":
+        x = torch.randn(ALLREDUCE_BYTES // 4).to(dtype)
+        for _ in range(iters + WARMUP):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+    else:
+        widths = MODELS[case]
+        torch.manual_seed(0)
+        layers: list[Any] = []
+        for a, b in zip(widths, widths[1:]):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1]).to(dtype)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(BATCH, widths[0], generator=g).to(dtype)
+        for _ in range(iters + WARMUP):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            ddp(x).float().pow(2).mean().backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    q.put((rank, times[WARMUP:]))
+    dist.destroy_process_group()
+
+
+def run(backend: str, case: str, dtype: str, world: int, iters: int) -> dict:
+    """One row's run: the slowest rank's median ms per call or step."""
+    (port,) = free_tcp_ports(1)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, case, dtype, iters, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        rows = [q.get(timeout=600) for _ in range(world)]
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    per = [max(times[i] for _, times in rows) for i in range(iters)]
+    return {"ms": statistics.median(per) * 1e3}
+
+
+def table(args: argparse.Namespace) -> Table:
+    title = (f"backend: init_process_group(\"dlcp\") against \"gloo\", defaults, loopback, {args.rounds} "
+             f"interleaved rounds, {args.steps} timed calls per run")
+    print(title, flush=True)
+    cases = [(c, d, w) for w in args.world for c, d in
+             [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
+              ("1M", "float32")]]
+    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": []} for k in cases}
+    for r in range(args.rounds):
+        for case in cases:
+            for backend in ("gloo", "dlcp"):
+                with Load() as load:
+                    out = run(backend, *case[:2], case[2], args.steps)
+                out["load"], out["idle"] = load.load, load.idle
+                res[case][backend].append(out)
+                print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} {backend:<5} "
+                      f"{out['ms']:8.1f} ms  {load}", flush=True)
+    t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
+                      Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"), *LOAD_COLUMNS],
+              notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
+                     "x gloo: median of the per-round ratios, range: their min-max over rounds"])
+    for (case, dtype, world), by in res.items():
+        ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
+        gms = statistics.median(x["ms"] for x in by["gloo"])
+        dms = statistics.median(x["ms"] for x in by["dlcp"])
+        t.add("all_reduce" if case == "all_reduce" else f"DDP step {case}", dtype, world, gms, dms,
+              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", *load_cells(by["gloo"] + by["dlcp"]))
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--steps", type=int, default=20, help="timed calls or DDP steps per run (default 20)")
+    ap.add_argument("--world", type=int, nargs="+", default=[4, 2], help="process counts (default 4 2)")
+    ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE",
+                    help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 1, 5
+    record = Record.start("python bench/backend.py")
+    print(record.header())
+    done = [table(args)]
+    print(done[0].text())
+    record.keep(args.out, done)
+
+
+if __name__ == "__main__":
+    main()

@@ -227,12 +227,14 @@ inline uint16_t float_to_half(float f) {
 // float32 to bfloat16, rounded to nearest even, as ml_dtypes (the numpy path) and torch convert; a
 // NaN becomes the quiet NaN of its sign, as in ml_dtypes. A bfloat16 sum made here is bit for bit
 // the numpy path's.
+// Branch-free (a select, not a jump), so a loop of them vectorises: a bfloat16 sum added by
+// the receive path ran at a third of float32's speed per byte with the branch.
 inline uint16_t float_to_bf16(float f) {
     uint32_t b;
     std::memcpy(&b, &f, 4);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((b & 0x80000000u) ? 0xFFC0u : 0x7FC0u);
-    b += 0x7FFFu + ((b >> 16) & 1u);
-    return uint16_t(b >> 16);
+    uint32_t rounded = b + 0x7FFFu + ((b >> 16) & 1u);
+    uint32_t quiet_nan = (b & 0x80000000u) | 0x7FC00000u;
+    return uint16_t(((b & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded) >> 16);
 }
 
 }  // namespace dlcp

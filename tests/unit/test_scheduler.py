@@ -12,6 +12,8 @@ import time
 import pytest
 
 from controller import scheduler
+from controller.network import NetworkError, parse_network
+from controller.priority_queue import VQ_FRAC_BITS, VQ_UNIT_SHIFT, unit_fixed_point, vq_params
 from controller.scheduler import Charge, PortScheduler, charge, parse_capacity, parse_qdisc_dump, tc_batch
 
 
@@ -34,6 +36,36 @@ def test_charges_per_frame():
     assert pkt.cost(66) == pkt.cost(1514) == 1538
     assert bits.cost(66) == 90 and bits.cost(1514) == 1538 and bits.cost(42) == 84
     assert charge(False, 9000).slot == 9038
+
+
+def test_virtual_queue_charges_what_the_scheduler_charges():
+    # a full slot is never less than one slot in the P4 program's fixed point (thresholds
+    # compare whole slots), and hardly more
+    for slot in (1538, 9038, 84):
+        per_slot = (slot * unit_fixed_point(slot)) >> VQ_UNIT_SHIFT
+        assert 1 << VQ_FRAC_BITS <= per_slot <= (1 << VQ_FRAC_BITS) + slot // 256 + 1
+    data = {"policy": {"drop_thresholds": [24, 16, 8], "ecn_threshold": 12},
+            "switches": {"s1": {"grpc": "127.0.0.1:1", "ports": {
+        2: {"mac": "00:aa:00:00:00:02", "capacity_pps": 600, "buffer": 32, "interface": "s1-eth2"},
+        3: {"mac": "00:aa:00:00:00:03", "capacity_bps": 7_382_400, "buffer": 32, "interface": "s1-eth3"}}}}}
+    ports = parse_network(data).switches["s1"].ports
+    a, b = vq_params(ports[2]), vq_params(ports[3])
+    assert a["rate_fp"] == b["rate_fp"] == round(600 * 2**24 / 1e6)  # 7,382,400 bit/s = 600 full frames/s
+    assert (a["overhead_bytes"], a["mpu_bytes"]) == (0, 1538) and (b["overhead_bytes"], b["mpu_bytes"]) == (24, 84)
+    assert ports[2].rate_bits == ports[3].rate_bits == 7_382_400
+
+
+@pytest.mark.parametrize("port,match", [
+    ({"capacity_pps": 600}, "a bottleneck needs `interface`"),
+    ({"capacity_pps": 600, "capacity_bps": 10**6, "interface": "x"}, "not both"),
+    ({"capacity_bps": 1000, "interface": "x"}, "less than one full-size frame"),
+    ({"capacity_pps": 600, "interface": "a name far too long"}, "not an interface name"),
+])
+def test_network_file_bottleneck_errors(port, match):
+    data = {"policy": {"drop_thresholds": [24, 16, 8], "ecn_threshold": 12},
+            "switches": {"s1": {"grpc": "127.0.0.1:1", "ports": {2: {"mac": "00:aa:00:00:00:02", **port}}}}}
+    with pytest.raises(NetworkError, match=match):
+        parse_network(data)
 
 
 def test_tc_lines_one_rate_eight_strict_leaves():
@@ -176,3 +208,4 @@ def test_capacity_in_bits_charges_each_frame_its_bytes(veth_ns):
     # paid for, less the burst of credit the port had after its idle spell
     owed = 40 * 124 + 9 * 1538 - 769
     assert abs((t[-1] - t[0]) * bps / 8 / owed - 1) <= 0.03, (t[-1] - t[0]) * bps / 8 / owed
+

@@ -209,3 +209,21 @@ def test_capacity_in_bits_charges_each_frame_its_bytes(veth_ns):
     owed = 40 * 124 + 9 * 1538 - 769
     assert abs((t[-1] - t[0]) * bps / 8 / owed - 1) <= 0.03, (t[-1] - t[0]) * bps / 8 / owed
 
+
+def test_dlcp_clean_removes_schedulers_in_this_namespace_and_every_one_it_deletes(monkeypatch, tmp_path):
+    from topologies import clean as clean_mod
+
+    removed: list[str | None] = []
+
+    def remove(ns: str | None) -> list[str]:
+        removed.append(ns)
+        return ["x-eth1"]
+
+    monkeypatch.setattr(clean_mod.scheduler, "remove", remove)
+    monkeypatch.setattr(clean_mod.netns, "list_netns", lambda: ["dlcpl1", "dlcpsp1"])
+    monkeypatch.setattr(clean_mod.netns, "del_netns", lambda name: None)
+    monkeypatch.setattr(clean_mod.netns, "list_links", list)
+    monkeypatch.setattr(clean_mod.netns, "netns_exists", lambda name: True)
+    (tmp_path / "run.json").write_text('{"pids": [], "netns": ["dlcpl2"]}')
+    out = clean_mod.clean(tmp_path)
+    assert removed == ["dlcpl2", None, "dlcpl1", "dlcpsp1"] and out["schedulers"] == 4

@@ -53,6 +53,8 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hostagent.errors import DlcpUserError
+
 log = logging.getLogger(__name__)
 
 #: Root qdisc handle (major, hex) of every scheduler DLCP installs: how ``dlcp clean`` knows its own.
@@ -98,8 +100,9 @@ def parse_capacity(text: str) -> tuple[int, int]:
                          "(7.4mbit, 500kbit, 1gbit)") from None
 
 
-class SchedulerError(RuntimeError):
-    """``tc`` refused the scheduler, or is missing; the message has the command and its error."""
+class SchedulerError(DlcpUserError):
+    """``tc`` refused the scheduler, or is missing, or an interface is not there; the message
+    says which (``dlcpctl`` and ``dlcp run`` print it as one line)."""
 
 
 @dataclass(frozen=True)

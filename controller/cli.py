@@ -114,6 +114,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         stats = sw.counters()
+        stats["schedulers"] = {port: dataclasses.asdict(st) for port, st in sorted(sw.scheduler_stats().items())}
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
@@ -129,6 +130,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"drops by reason: {drops}")
     received = ", ".join(f"{p}: {n:,}" for p, n in stats["received"].items()) or "none"
     print(f"frames received per ingress port: {received}")
+    for port, st in stats["schedulers"].items():
+        print(f"port {port}'s scheduler: sent {st['packets']:,} frames ({st['bytes']:,} bytes), "
+              f"dropped {st['drops']:,}, queued now {st['qlen']:,}")
     return 0
 
 

@@ -45,8 +45,10 @@ def test_apply_diff_show_stats(rig, tmp_path):
     assert shown.returncode == 0 and "dst_addr=10.0.2.0/24 -> set_nexthop(port=2" in shown.stdout
     stats = json.loads(ctl("stats", net, "s1", "--json").stdout)
     assert stats["switch"] == "s1" and "ports" in stats and "received" in stats
+    assert stats["schedulers"]["2"]["drops"] == 0  # port 2, the bottleneck
     table = ctl("stats", net, "s1").stdout
     assert "admitted" in table.splitlines()[1] and "frames received per ingress port:" in table
+    assert "port 2's scheduler: sent" in table
 
 
 def test_policy_set_changes_switch_live(rig, tmp_path):

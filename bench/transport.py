@@ -295,7 +295,12 @@ def _buckets() -> list:
     return plan_buckets(TENSOR_ELEMS, [0] * len(TENSOR_ELEMS))
 
 
-def _gloo_collective_proc(rank: int, port: int, iterations: int, q) -> None:
+def _gloo_collective_proc(rank: int, port: int, iterations: int, start, q) -> None:
+    """gloo's side of part 2, timed as DLCP's rows are: every process starts an iteration at the
+    same ``start`` barrier (a multiprocessing one, outside both transports), and the clock runs
+    over the exchange alone. DDP's default hook divides each bucket before its all_reduce, but
+    DDP folds that into its copy of the gradients into the bucket, and DLCP's rows time no such
+    pass: it is not timed here either."""
     import torch
     import torch.distributed as dist
 
@@ -304,11 +309,10 @@ def _gloo_collective_proc(rank: int, port: int, iterations: int, q) -> None:
             for b in _buckets()]
     times = []
     for _ in range(iterations + WARMUP):
-        dist.barrier()
+        start.wait()
         t0 = time.perf_counter()
         works = []
-        for b in bufs:  # DDP's default hook: divide, then all_reduce, every bucket in flight
-            b.div_(4)
+        for b in bufs:  # every bucket in flight, as DDP issues them
             works.append(dist.all_reduce(b, async_op=True))
         for w in works:
             w.wait()
@@ -318,7 +322,7 @@ def _gloo_collective_proc(rank: int, port: int, iterations: int, q) -> None:
 
 
 def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float, iterations: int, mtu: int,
-                          datapath: str, line_rate: float, q) -> None:
+                          datapath: str, line_rate: float, start, q) -> None:
     from hostagent.exchange import PSServer, PSWorker, RingAllreduce
     from hostagent.policy import Policy
     from hostagent.ratecontrol import RateConfig
@@ -342,6 +346,7 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
         pulls = [np.empty_like(b) for b in bufs]  # the averages land here, every iteration (gloo's are in place)
         for it in range(iterations + WARMUP):
             s0 = ep.stats
+            start.wait()  # the workers start each iteration together, as gloo's processes do
             t0 = time.perf_counter()
             if isinstance(ex, PSWorker):
                 ex.exchange_detailed(it, bufs, [b.index for b in plan], [b.layout.top_priority for b in plan],
@@ -361,16 +366,18 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
 
 
 def collective_row(scheme: str, iterations: int, mtu: int, line_rate: float = LINE_RATE) -> dict:
-    """Sync ms per iteration (the slowest process's, median over iterations)."""
+    """Sync ms per iteration (the slowest process's, median over iterations); every scheme's four
+    workers start each iteration at one barrier, outside the clock."""
+    start = mp.get_context("spawn").Barrier(4)
     if scheme == "gloo":
         port = free_port_pairs(1)[0][1]
-        rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations), 4)
+        rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations, start), 4)
     else:
         datapath, pattern, p, loss = scheme.split(":")
         n = 5 if pattern == "ps" else 4  # the server is a fifth process
         peers = _peers(n)
         rows = _run(_dlcp_collective_proc, lambda r: (r, peers, pattern, float(p), float(loss), iterations, mtu,
-                                                       datapath, line_rate), n)
+                                                       datapath, line_rate, start), n)
         rows = [r for r in rows if r.get("times")]
     per_it = [max(r["times"][i] for r in rows) for i in range(iterations)]
     sent = sum(r.get("sent", 0) for r in rows)

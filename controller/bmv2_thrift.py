@@ -15,7 +15,8 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from hostagent.errors import DlcpUserError
 
@@ -24,6 +25,7 @@ _CALL, _REPLY, _EXCEPTION = 1, 2, 3
 _T_STOP, _T_BOOL, _T_BYTE, _T_DOUBLE, _T_I16, _T_I32, _T_I64, _T_STRING, _T_STRUCT = 0, 2, 3, 4, 6, 8, 10, 11, 12
 _T_MAP, _T_SET, _T_LIST = 13, 14, 15
 _SERVICE = "simple_switch"
+T = TypeVar("T")
 
 
 class ThriftError(DlcpUserError):
@@ -99,14 +101,12 @@ class _Reader:
 _CLONE_NEWNET = 0x40000000
 
 
-def connect_in_netns(netns: str | None, host: str, port: int, timeout: float) -> socket.socket:
-    """A TCP connection made from inside network namespace ``netns`` (None: this one).
-
-    A socket belongs to the namespace it was created in, so a short-lived thread enters the
-    namespace (setns affects only the calling thread), connects, and hands the socket back.
-    """
+def in_netns(netns: str | None, make: Callable[[], T]) -> T:
+    """``make()`` run inside network namespace ``netns`` (None: here), e.g. to create a socket
+    that belongs to that namespace. A short-lived thread enters the namespace (setns affects
+    only the calling thread), calls ``make`` and hands its result back."""
     if netns is None:
-        return socket.create_connection((host, port), timeout=timeout)
+        return make()
     result: dict[str, object] = {}
 
     def work() -> None:
@@ -118,7 +118,7 @@ def connect_in_netns(netns: str | None, host: str, port: int, timeout: float) ->
                     raise OSError(ctypes.get_errno(), f"setns into {netns} failed (root needed)")
             finally:
                 os.close(fd)
-            result["sock"] = socket.create_connection((host, port), timeout=timeout)
+            result["value"] = make()
         except OSError as exc:
             result["error"] = exc
 
@@ -127,7 +127,12 @@ def connect_in_netns(netns: str | None, host: str, port: int, timeout: float) ->
     t.join()
     if "error" in result:
         raise result["error"]  # type: ignore[misc]
-    return result["sock"]  # type: ignore[return-value]
+    return result["value"]  # type: ignore[return-value]
+
+
+def connect_in_netns(netns: str | None, host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection made from inside network namespace ``netns`` (None: this one)."""
+    return in_netns(netns, lambda: socket.create_connection((host, port), timeout=timeout))
 
 
 class SimpleSwitchThrift:

@@ -6,7 +6,7 @@
     dlcpctl stats NETWORK.yaml SWITCH [--json]             counters per port x queue, drops
     dlcpctl policy show [POLICY]                           the policy as switches see it
     dlcpctl policy set NETWORK.yaml KEY=VALUE ... [--save] change thresholds / priority map live
-    dlcpctl queue-rate NETWORK.yaml SWITCH PORT PPS [PRIORITY]
+    dlcpctl queue-rate NETWORK.yaml SWITCH PORT CAPACITY [PRIORITY]
     dlcpctl shell NETWORK.yaml SWITCH                      p4runtime-shell on that switch
 
 Exit codes: 0 success, 1 runtime error (switch unreachable, refused write), 2 usage error.
@@ -31,7 +31,9 @@ from controller import desired
 from controller.apply import apply_network, load_program
 from controller.entries import TableEntry
 from controller.network import MAX_PORT, NetworkError, check_thresholds, load_network
-from controller.priority_queue import rate_fixed_point
+from controller import scheduler
+from controller.priority_queue import vq_params
+from controller.scheduler import parse_capacity
 from controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch
 from hostagent.clikit import GlobalOption, finish_parser, number, run_cli
 from hostagent.errors import UsageError
@@ -40,8 +42,6 @@ from hostagent.ranges import Range
 
 #: Seconds to wait for a switch: any positive time.
 TIMEOUT = Range(0, lo_open=True)
-#: A port's capacity, packets per second.
-PPS = Range(1)
 
 #: Accepted before or after the sub-command (``dlcpctl --timeout 1 apply`` and ``dlcpctl apply --timeout 1``).
 GLOBAL_OPTIONS: list[GlobalOption] = [
@@ -59,7 +59,7 @@ def _print_reports(reports: list[ApplyReport], as_json: bool, verbose: bool) -> 
         verb = "would write" if r.dry_run else "wrote"
         pushed = "" if not r.pipeline_pushed else (" (pipeline would be pushed)" if r.dry_run else " (pipeline pushed)")
         print(f"{r.switch}: {verb} {r.writes} entries: {c['insert']} inserted, {c['modify']} modified, "
-              f"{c['delete']} deleted{pushed}; {r.queue_settings} queue settings")
+              f"{c['delete']} deleted{pushed}; {r.queue_settings} queue settings, {r.schedulers} port scheduler(s)")
         if verbose or r.dry_run:
             for ch in r.changes:
                 print(f"  {ch.describe()}")
@@ -114,6 +114,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         stats = sw.counters()
+        stats["schedulers"] = {port: dataclasses.asdict(st) for port, st in sorted(sw.scheduler_stats().items())}
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
@@ -129,6 +130,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"drops by reason: {drops}")
     received = ", ".join(f"{p}: {n:,}" for p, n in stats["received"].items()) or "none"
     print(f"frames received per ingress port: {received}")
+    for port, st in stats["schedulers"].items():
+        print(f"port {port}'s scheduler: sent {st['packets']:,} frames ({st['bytes']:,} bytes), "
+              f"dropped {st['drops']:,}, queued now {st['qlen']:,}")
     return 0
 
 
@@ -199,25 +203,38 @@ def cmd_queue_rate(args: argparse.Namespace) -> int:
     spec = net.switch(args.switch_name)
     if spec.ports and args.port not in spec.ports:
         raise NetworkError(f"switch {spec.name} has no port {args.port} in {args.network}; ports: {sorted(spec.ports)}")
+    pps, bps = args.capacity
     schema, pipe = load_program()
     with Switch(spec, schema, pipe, timeout=args.timeout) as sw:
         if args.priority is None:
-            # The port's capacity: the virtual queue and every real priority queue follow it.
-            buffer = spec.ports[args.port].buffer if args.port in spec.ports else 64
-            entry = TableEntry("vq_config", {"port": args.port}, "set_vq",
-                               {"rate_fp": rate_fixed_point(args.pps), "capacity": buffer})
+            # The port's capacity: its virtual queue and its scheduler follow it.
+            port = spec.ports.get(args.port)
+            if port is None or port.interface is None:
+                raise NetworkError(f"switch {spec.name} port {args.port}: give it an `interface` in {args.network} "
+                                   "(the scheduler of a bottleneck goes there)")
+            port = dataclasses.replace(port, capacity_pps=pps, capacity_bps=bps)
+            entry = TableEntry("vq_config", {"port": args.port}, "set_vq", vq_params(port))
             have = {e.key(): e for e in sw.read_entries([schema.table("vq_config").name])}
             kind = p4runtime_pb2.Update.MODIFY if entry.canonical(schema).key() in have else p4runtime_pb2.Update.INSERT
             sw.conn.write([p4runtime_pb2.Update(type=kind, entity=p4runtime_pb2.Entity(
                 table_entry=entry.encode(schema)))])
-            for q in range(8):
-                sw.thrift.set_queue_rate(args.port, args.pps, q)
-            print(f"{spec.name} port {args.port}: capacity {args.pps} pps (virtual queue and all 8 priority queues)")
+            scheduler.install([port.scheduler()], spec.netns)
+            print(f"{spec.name} port {args.port}: capacity {port.capacity_text()} (virtual queue and scheduler on "
+                  f"{port.interface})")
         else:
-            sw.thrift.set_queue_rate(args.port, args.pps, args.priority)
-            print(f"{spec.name} port {args.port} priority {args.priority}: BMv2 queue rate {args.pps} pps "
-                  "(that queue only; the port's virtual queue is unchanged)")
+            if bps:
+                raise UsageError("a BMv2 priority queue's rate is in packets per second")
+            sw.thrift.set_queue_rate(args.port, pps, args.priority)
+            print(f"{spec.name} port {args.port} priority {args.priority}: BMv2 queue rate {pps} pps "
+                  "(that queue only, on top of the port's scheduler; the virtual queue is unchanged)")
     return 0
+
+
+def _capacity(text: str) -> tuple[int, int]:
+    try:
+        return parse_capacity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
@@ -280,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("network")
     p.add_argument("switch_name", metavar="SWITCH")
     p.add_argument("port", type=number(Range(0, MAX_PORT)), help=f"switch port, 0..{MAX_PORT}")
-    p.add_argument("pps", type=number(PPS), help="packets per second, >= 1")
+    p.add_argument("capacity", type=_capacity, metavar="CAPACITY",
+                   help="packets per second (600) or bits per second on the wire (7.4mbit)")
     p.add_argument("priority", type=number(Range(0, MAX_PRIORITIES - 1)), nargs="?", metavar="PRIORITY",
                    help=f"one priority queue, 0..{MAX_PRIORITIES - 1} (default: the port's capacity: its virtual "
                         "queue and every priority queue)")

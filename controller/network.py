@@ -17,7 +17,8 @@ Example (YAML)::
         thrift_port: 9090
         ports:
           1: {mac: "00:00:00:01:00:01"}
-          3: {mac: "00:00:00:01:00:03", capacity_pps: 500, buffer: 64}   # a bottleneck
+          3: {mac: "00:00:00:01:00:03", capacity_pps: 500, buffer: 64, interface: s1-eth3}   # a bottleneck
+          4: {mac: "00:00:00:01:00:04", capacity_bps: 6000000, buffer: 64, interface: s1-eth4}  # in bits/s
         routes:
           - {prefix: 10.0.0.1/32, port: 1, dmac: "00:00:0a:00:00:01"}
           - {prefix: 10.0.1.0/24, group: 1}
@@ -39,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from controller.scheduler import Charge, PortScheduler, charge
 from hostagent.errors import DlcpUserError
 from hostagent.policy import MAX_QUEUE_DEPTH, Policy, PolicyError, load_policy
 
@@ -47,6 +49,9 @@ _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 MAX_PORT = 510
 #: Highest rate a bottleneck may be given (packets per second); BMv2 manages ~100 kpps.
 MAX_CAPACITY_PPS = 1_000_000
+#: ... or in bits per second.
+MAX_CAPACITY_BPS = 100_000_000_000
+_IFACE = re.compile(r"^[\w.\-]{1,15}$")
 
 
 class NetworkError(DlcpUserError, ValueError):
@@ -58,14 +63,46 @@ class PortSpec:
     number: int
     mac: str
     capacity_pps: int = 0
-    """0: not a bottleneck (BMv2 forwards as fast as it can). Otherwise the port is served at
-    this many packets per second with strict priority (virtual queue + real queue rates)."""
+    """0: not a bottleneck (BMv2 forwards as fast as it can). Otherwise the port sends this many
+    frames per second, every frame one slot whatever its size, strictly by priority (the P4
+    program's virtual queue decides, an HTB tree on ``interface`` schedules:
+    :mod:`controller.scheduler`)."""
+    capacity_bps: int = 0
+    """Instead of ``capacity_pps``: this many bits per second, each frame charged its bytes on an
+    Ethernet wire (+24: FCS, preamble, gap), so a 66-byte ACK costs 90 bytes, not a slot."""
     buffer: int = 64
-    """Packets the bottleneck may hold (the virtual queue's capacity and the real queue depth)."""
+    """Slots (full-size frames) the bottleneck may hold: the virtual queue's capacity."""
+    interface: str | None = None
+    """The switch-side interface this port transmits on (in the switch's ``netns``): where the
+    scheduler of a bottleneck goes. Required for a bottleneck."""
+    mtu: int = 1500
+    """The interface's MTU: a slot is a full-size frame, ``mtu`` + 38 bytes on the wire."""
 
     @property
     def is_bottleneck(self) -> bool:
-        return self.capacity_pps > 0
+        return self.capacity_pps > 0 or self.capacity_bps > 0
+
+    @property
+    def charge(self) -> Charge:
+        return charge(self.capacity_bps > 0, self.mtu)
+
+    @property
+    def rate_bits(self) -> int:
+        """The capacity as the scheduler's rate: bits per second of charged bytes."""
+        return self.capacity_bps or self.capacity_pps * self.charge.slot * 8
+
+    @property
+    def slots_per_second(self) -> float:
+        """The capacity in full-size frames per second (what buffers and thresholds count in)."""
+        return self.rate_bits / 8 / self.charge.slot
+
+    def scheduler(self) -> PortScheduler:
+        if not self.is_bottleneck or self.interface is None:
+            raise ValueError(f"port {self.number} is not a bottleneck with an interface")
+        return PortScheduler(self.interface, self.rate_bits, self.charge, self.buffer)
+
+    def capacity_text(self) -> str:
+        return f"{self.capacity_bps:,} bit/s" if self.capacity_bps else f"{self.capacity_pps:,} pps"
 
 
 @dataclass(frozen=True)
@@ -182,10 +219,23 @@ def _switch(where: str, name: str, data: Any) -> SwitchSpec:
     for num, pdata in (d.get("ports") or {}).items():
         pw = f"{where}.ports.{num}"
         n = _int(pw, num, 0, MAX_PORT)
-        p = _keys(pw, pdata, {"mac", "capacity_pps", "buffer"}, {"mac"})
+        p = _keys(pw, pdata, {"mac", "capacity_pps", "capacity_bps", "buffer", "interface", "mtu"}, {"mac"})
         cap = _int(f"{pw}.capacity_pps", p.get("capacity_pps", 0), 0, MAX_CAPACITY_PPS)
+        bps = _int(f"{pw}.capacity_bps", p.get("capacity_bps", 0), 0, MAX_CAPACITY_BPS)
+        if cap and bps:
+            raise NetworkError(f"{pw}: give capacity_pps or capacity_bps, not both")
         buf = _int(f"{pw}.buffer", p.get("buffer", 64), 1, MAX_QUEUE_DEPTH)
-        ports[n] = PortSpec(n, _mac(f"{pw}.mac", p["mac"]), cap, buf)
+        mtu = _int(f"{pw}.mtu", p.get("mtu", 1500), 576, 9000)
+        iface = p.get("interface")
+        if iface is not None and (not isinstance(iface, str) or not _IFACE.match(iface)):
+            raise NetworkError(f"{pw}.interface: {iface!r} is not an interface name (at most 15 letters, digits, "
+                               "'.', '-', '_')")
+        if (cap or bps) and iface is None:
+            raise NetworkError(f"{pw}: a bottleneck needs `interface`, the switch-side interface the port transmits "
+                               "on: its scheduler (one capacity, strict priority) is installed there")
+        if bps and bps < 8 * charge(True, mtu).slot:
+            raise NetworkError(f"{pw}.capacity_bps: {bps} is less than one full-size frame per second")
+        ports[n] = PortSpec(n, _mac(f"{pw}.mac", p["mac"]), cap, bps, buf, iface, mtu)
     groups: dict[int, tuple[NextHop, ...]] = {}
     for gid, members in (d.get("groups") or {}).items():
         gw = f"{where}.groups.{gid}"

@@ -1,8 +1,9 @@
 """One switch under control: compute what it should hold, read what it holds, converge.
 
 ``apply`` pushes the pipeline only when its cookie differs (a fresh or restarted switch),
-reads the installed entries of the tables DLCP owns, writes only the difference, and
-re-asserts the BMv2 queue settings of bottleneck ports. Everything is validated and encoded
+reads the installed entries of the tables DLCP owns, writes only the difference,
+re-asserts the BMv2 queue settings and installs (or updates in place) the scheduler of every
+bottleneck port on its interface (:mod:`controller.scheduler`). Everything is validated and encoded
 before the first write, so a mistake in the network file never leaves a switch
 half-configured; a second ``apply`` writes nothing.
 """
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from p4.v1 import p4runtime_pb2
 
 from controller import desired as desired_mod
-from controller import priority_queue
+from controller import priority_queue, scheduler
 from controller.bmv2_thrift import SimpleSwitchThrift
 from controller.entries import TableEntry
 from controller.network import Network, SwitchSpec
@@ -40,6 +41,8 @@ class ApplyReport:
     pipeline_pushed: bool = False
     changes: list[Change] = field(default_factory=list)
     queue_settings: int = 0
+    schedulers: int = 0
+    """Bottleneck ports whose scheduler was installed or re-asserted."""
     dry_run: bool = False
 
     @property
@@ -55,7 +58,7 @@ class ApplyReport:
 
     def as_dict(self) -> dict:
         return {"switch": self.switch, "pipeline_pushed": self.pipeline_pushed, **self.counts(),
-                "queue_settings": self.queue_settings, "dry_run": self.dry_run,
+                "queue_settings": self.queue_settings, "schedulers": self.schedulers, "dry_run": self.dry_run,
                 "changes": [c.describe() for c in self.changes]}
 
 
@@ -165,7 +168,24 @@ class Switch:
         self.conn.write(updates)
         if queues:
             report.queue_settings = self.apply_queues()
+            report.schedulers = self.apply_schedulers()
         return report
+
+    def apply_schedulers(self) -> int:
+        """Install or update the scheduler of every bottleneck port (idempotent: ``tc replace``)."""
+        return scheduler.install([p.scheduler() for p in sorted(self.spec.ports.values(), key=lambda p: p.number)
+                                  if p.is_bottleneck], self.spec.netns)
+
+    def scheduler_stats(self) -> dict[int, scheduler.QdiscStats]:
+        """Per bottleneck port: its scheduler's counters (sent, dropped, queued now)."""
+        ifaces = {p.interface: p.number for p in self.spec.ports.values() if p.is_bottleneck and p.interface}
+        if not ifaces:
+            return {}
+        reader = scheduler.QdiscReader(self.spec.netns, list(ifaces))
+        try:
+            return {ifaces[i]: st for i, st in reader.read().items()}
+        finally:
+            reader.close()
 
     def apply_queues(self) -> int:
         """Re-assert BMv2 rates and depths of bottleneck ports (Thrift has no getter: always set)."""

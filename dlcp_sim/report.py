@@ -130,7 +130,8 @@ def markdown(results: dict, source: str = "", against: str | None = None) -> str
                   f"(small: <= {SMALL_FLOW_BYTES // 1000} KB):",
                   "", background, ""]
     lines += [
-              "Medians over seeds, 95 % bootstrap intervals in brackets; speedups paired by seed (the seed draws "
+              "Medians over seeds, 95 % bootstrap intervals in brackets from 5 seeds or more, the range (min..max) "
+              "in parentheses with fewer, and then no verdict; speedups paired by seed (the seed draws "
               "the gradients and which flows collide); drops, retransmissions and late packets are means of "
               "per-seed totals; missing: the share of pushed packets zero-filled; the bound is the busiest "
               "link's share of the iteration's packets at line rate."]

@@ -39,8 +39,10 @@ def endpoints():
 
 
 def _missing(marker: str) -> str | None:
-    if marker in ("bmv2", "root") and _os.geteuid() != 0:
+    if marker in ("bmv2", "root", "netns") and _os.geteuid() != 0:
         return "needs root (network namespaces and veth pairs)"
+    if marker == "netns" and not _shutil.which("tc"):
+        return "needs tc (iproute2) for the ports' schedulers"
     if marker == "bmv2" and not _shutil.which("simple_switch_grpc"):
         return "needs BMv2 simple_switch_grpc on PATH (install BMv2 from p4lang's packages)"
     if marker == "p4c" and not _shutil.which("p4c-bm2-ss"):
@@ -59,7 +61,7 @@ def _missing(marker: str) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for marker in ("bmv2", "p4c", "root", "ns3"):
+        for marker in ("bmv2", "p4c", "root", "netns", "ns3"):
             if item.get_closest_marker(marker):
                 reason = _missing(marker)
                 if reason:

@@ -1,7 +1,9 @@
 """``dlcp clean``: remove what a crashed ``dlcp run`` left behind, and nothing else.
 
 Runs register what they start (process ids, switch namespaces) in ``/tmp/dlcp-runs``. This
-kills those processes (if they still run), deletes the namespaces, and removes any network
+kills those processes (if they still run), removes the bottleneck schedulers ``dlcpctl``
+installed (root qdiscs with DLCP's handle, :data:`controller.scheduler.HANDLE`, in this
+namespace and in the ones it deletes), deletes the namespaces, and removes any network
 namespace or interface whose name starts with ``dlcp`` (the prefix of everything DLCP
 creates). It does not kill processes by name.
 """
@@ -13,6 +15,7 @@ import os
 import signal
 from pathlib import Path
 
+from controller import scheduler
 from topologies import netns
 from topologies.registry import REGISTRY
 
@@ -35,6 +38,7 @@ def clean(registry: Path | None = None) -> dict[str, int]:
     """Undo leftovers; returns what was removed."""
     registry = registry or REGISTRY
     killed = 0
+    schedulers = 0
     for f in sorted(registry.glob("*.json")) if registry.exists() else []:
         try:
             data = json.loads(f.read_text())
@@ -50,12 +54,18 @@ def clean(registry: Path | None = None) -> dict[str, int]:
                     except ProcessLookupError:
                         pass
                 killed += 1
+        for name in data.get("netns", []):
+            if netns.netns_exists(name):
+                schedulers += len(scheduler.remove(name))
         clean_namespaces(data.get("netns", []))
         f.unlink(missing_ok=True)
+    schedulers += len(scheduler.remove(None))
     spaces = netns.list_netns()
+    for name in spaces:
+        schedulers += len(scheduler.remove(name))
     for name in spaces:
         netns.del_netns(name)
     links = netns.list_links()
     for name in links:
         netns.del_link(name)
-    return {"processes": killed, "namespaces": len(spaces), "links": len(links)}
+    return {"processes": killed, "schedulers": schedulers, "namespaces": len(spaces), "links": len(links)}

@@ -34,7 +34,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(topology=args.topology, workers=args.workers,
                       schemes=tuple(s.strip() for s in args.scheme.split(",") if s.strip()),
                       iterations=args.iterations, workload=args.workload, pattern=args.pattern, scale=args.scale,
-                      compute_ms=args.compute_ms, capacity_pps=2000 if args.capacity == "auto" else int(args.capacity),
+                      compute_ms=args.compute_ms, **_capacity_options(args.capacity, RunOptions.mtu),
                       buffer=args.buffer, ecn_backlog=ecn_backlog, loss_bound=loss_bound, policy=policy,
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
@@ -108,16 +108,42 @@ def cmd_clean(args: argparse.Namespace) -> int:
     from topologies.clean import clean
 
     removed = clean()
-    print(f"removed {removed['processes']} processes, {removed['namespaces']} namespaces, {removed['links']} links")
+    print(f"removed {removed['processes']} processes, {removed['schedulers']} port schedulers, "
+          f"{removed['namespaces']} namespaces, {removed['links']} links")
     return 0
 
 
+def _capacity_options(text: str, mtu: int) -> dict:
+    """``capacity_pps`` and ``capacity_bps`` of a ``--capacity``: ``600`` (packets per second),
+    ``7.4mbit`` (bits per second on the wire; ``capacity_pps`` is then the full-size frames per
+    second it carries), or ``auto`` (calibrated later; 2000 until then)."""
+    from controller.scheduler import charge, parse_capacity
+
+    if text == "auto":
+        return {"capacity_pps": 2000, "capacity_bps": 0}
+    pps, bps = parse_capacity(text)
+    if bps:
+        return {"capacity_pps": max(1, round(bps / 8 / charge(True, mtu).slot)), "capacity_bps": bps}
+    return {"capacity_pps": pps, "capacity_bps": 0}
+
+
 def _capacity(text: str) -> str:
-    """``--capacity``: packets per second in the run's range, or ``auto``."""
+    """``--capacity``: packets per second in the run's range, bits per second (``7.4mbit``) that
+    carry as many full-size frames, or ``auto``."""
     from topologies.runner import RANGES
 
-    if text != "auto":
-        number(RANGES["capacity_pps"])(text)
+    if text == "auto":
+        return text
+    if not text.strip().lower().endswith("bit"):
+        number(RANGES["capacity_pps"])(text.strip().lower().removesuffix("pps"))
+        return text
+    try:
+        pps = _capacity_options(text, 1500)["capacity_pps"]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if pps not in RANGES["capacity_pps"]:
+        raise argparse.ArgumentTypeError(f"{text} carries {pps} full-size frames per second; the testbed takes "
+                                         f"{RANGES['capacity_pps']}")
     return text
 
 
@@ -154,8 +180,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "it runs, else baseline)")
     add_shared_arguments(p, d, RANGES, WORKLOADS, policy_file=True)
     p.add_argument("--capacity", type=_capacity, default=str(d.capacity_pps),
-                   help="bottleneck capacity, packets per second, or auto: the largest valid on this machine "
-                        "(dlcp calibrate)")
+                   help="bottleneck capacity: packets per second (600: every frame one slot), bits per second on "
+                        "the wire (7.4mbit: every frame its bytes, so an ACK costs an ACK), or auto: the largest valid "
+                        "on this machine, in packets (dlcp calibrate)")
     p.add_argument("--policy", type=_policy_file, default=None, metavar="FILE",
                    help="a policy file (YAML or JSON, as dlcp policy check reads): each scheme keeps what of it "
                         "that scheme turns on (default: DLCP's defaults, thresholds from --buffer)")

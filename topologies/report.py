@@ -28,7 +28,9 @@ communication-only calibration iterations are left out, the latter used only for
   minus 0.5 points), its speedup paired by run, and a plot of accuracy against training time.
 
 With ``--repeat N`` the summary gives, per scheme, medians over its runs with 95 % bootstrap
-intervals (:mod:`topologies.stats`) and calls a speedup only when its interval excludes 1.
+intervals from 5 runs on (the range, and no call, from fewer: :mod:`topologies.stats`) and
+calls a speedup only when its interval excludes 1; beside the speedup, the service ratio of
+the scheme's bottleneck ports (what they served while backlogged over their capacity).
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ def aggregate(results: dict) -> dict[str, dict]:
             mine = [r["metrics"]["iteration_p50_ms"] for r in runs if r.get("repeat", 0) in base]
             ref = [base[r.get("repeat", 0)] for r in runs if r.get("repeat", 0) in base]
             row["speedup"] = median_ci(paired_ratios(ref, mine))
+        row["service"] = service_range(runs)
         row["valid_runs"] = sum(_valid(r) for r in every)
         row["runs"] = len(every)
         row["basis"] = "valid runs" if any(_valid(r) for r in every) else "all runs (none valid)"
@@ -215,6 +218,23 @@ def aggregate(results: dict) -> dict[str, dict]:
             row["tta_target"] = target
         out[name] = row
     return out
+
+
+def service_range(runs: list[dict]) -> tuple[float, float] | None:
+    """The lowest and highest service ratio (a bottleneck port's rate while backlogged over its
+    capacity, :mod:`topologies.validity`) over the ports and ``runs``; None where no port was
+    backlogged long enough to tell."""
+    ratios = [b["ratio"] for r in runs for b in (r.get("validity") or {}).get("bottlenecks", [])
+              if b.get("ratio") is not None]
+    return (min(ratios), max(ratios)) if ratios else None
+
+
+def service_text(service: tuple[float, float] | None) -> str:
+    """``0.99-1.01x``, or ``-``."""
+    if service is None:
+        return "-"
+    lo, hi = service
+    return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
 
 def _jsonable(agg: dict) -> dict:
@@ -233,7 +253,7 @@ def summary(results: dict) -> str:
             ("comm/bound", "comm_over_bound", "{:.1f}")]
     width = 24 if repeated else 12
     head = f"{'scheme':<12}{'valid':>7}" + "".join(f"{c:>{width}}" for c, _, _ in cols)
-    head += f"{'lost':>8}{'retx':>7}{'E':>6}{'sel.drops':>10}{'tail':>6}{'msgs':>6}{'ctl':>5}"
+    head += f"{'service':>12}{'lost':>8}{'retx':>7}{'E':>6}{'sel.drops':>10}{'tail':>6}{'msgs':>6}{'ctl':>5}"
     acc = any(not math.isnan(r["accuracy"].median) for r in agg.values())
     head += f"{'acc':>8}" if acc else ""
     lines += [head, "-" * len(head)]
@@ -243,21 +263,24 @@ def summary(results: dict) -> str:
         e_text = f"{e.median:.2f}" if not math.isnan(e.median) else ("flag" if r["e_flags"] else "-")
         flag = ("" if r["valid_runs"] == r["runs"] else "  INVALID: no valid run" if not r["valid_runs"]
                 else f"  ({r['runs'] - r['valid_runs']} invalid run(s) left out)")
-        line = (f"{name:<12}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{r['missing_fraction'].median:>8.2%}"
+        line = (f"{name:<12}{r['valid_runs']:>4}/{r['runs']:<2}{cells}{service_text(r['service']):>12}"
+                f"{r['missing_fraction'].median:>8.2%}"
                 f"{r['retransmitted'].median:>7.0f}{e_text:>6}{r['selective_drops'].median:>10.0f}"
                 f"{r['tail_drops'].median:>6.0f}{r['messages_per_iteration'].median:>6.0f}"
                 f"{r['control_frames_per_iteration'].median:>5.0f}")
         if acc:
             line += f"{r['accuracy'].median:>8.4f}"
         lines.append(line + flag)
-    lines.append("medians over valid runs" + (" [95 % bootstrap interval]" if repeated else "")
+    lines.append("medians over valid runs" + (" [95 % bootstrap interval] from >= 5 runs, (range) from fewer"
+                                              if repeated else "")
                  + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; comm/bound = communication "
-                 "alone (the calibration iterations' p50) / line-rate bound; msgs, ctl: messages and control frames "
-                 "per worker per iteration")
+                 "alone (the calibration iterations' p50) / line-rate bound; service = what the bottleneck ports "
+                 "served while backlogged / their capacity, lowest-highest over ports and runs; msgs, ctl: messages "
+                 "and control frames per worker per iteration")
     for name, r in agg.items():
         if "speedup" in r and name != ref and repeated:
             sp = r["speedup"]
-            lines.append(f"{name}: {versus(sp, ref)} (speedup {sp.text('{:.2f}')})" if sp.low is not None
+            lines.append(f"{name}: {versus(sp, ref)} (speedup {sp.text('{:.2f}')})" if sp.is_interval
                          else f"{name}: speedup {sp.text('{:.2f}')}, {verdict(sp)}")
     lines += tta_lines(results, agg)
     for s in results["runs"]:
@@ -355,6 +378,12 @@ def path_sharing(paths: dict[str, str]) -> str:
     return ", ".join(parts)
 
 
+def capacity_label(options: dict) -> str:
+    """A run's bottleneck capacity as it was given: ``7.4 Mbit/s`` or ``600 pps``."""
+    bps = options.get("capacity_bps") or 0
+    return f"{bps / 1e6:g} Mbit/s" if bps else f"{options.get('capacity_pps', '?')} pps"
+
+
 def describe(results: dict) -> str:
     """What was run, for plot titles."""
     c = results["options"]
@@ -363,7 +392,7 @@ def describe(results: dict) -> str:
     ran = sorted({s["pattern"] for s in results["runs"] if s.get("pattern")})  # (as each scheme ran)
     pattern = " and ".join(ran) if ran else c.get("pattern", "")
     return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, "
-            f"{pattern}, {c.get('workload', '')}, {c.get('capacity_pps', '?')} pps, {cross}; "
+            f"{pattern}, {c.get('workload', '')}, {capacity_label(c)}, {cross}; "
             f"{runs} run(s) per scheme")
 
 

@@ -2,7 +2,8 @@
 results page is regenerated from its results files, never typed by hand.
 
 Pure functions: a results dict in, Markdown text out. The figures are the report's
-(:func:`topologies.report.aggregate`): medians over valid runs with 95 % bootstrap intervals,
+(:func:`topologies.report.aggregate`): medians over valid runs with 95 % bootstrap intervals
+(ranges with fewer than 5 runs),
 speedups paired by run against the reference scheme.
 """
 
@@ -14,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from hostagent.provenance import provenance_lines
-from topologies.report import aggregate, describe, reference, scheme_metrics
+from topologies.report import aggregate, describe, reference, scheme_metrics, service_text
 from topologies.results import slim as slim_results
-from topologies.stats import Estimate, versus
+from topologies.stats import MIN_INTERVAL_RUNS, Estimate, versus
 
 
 def _cell(est: Estimate | None, fmt: str, suffix: str = "") -> str:
@@ -42,13 +43,16 @@ def _cross(rows: list[dict]) -> str:
 
 def scheme_table(results: dict) -> str:
     """One row per scheme: valid runs, sync and iteration p50, speedup against the reference,
-    comm / bound (:mod:`topologies.report`), time to accuracy and its speedup (training
+    the service ratio of its bottleneck ports beside it (what they served while backlogged over
+    their capacity, lowest-highest: a speedup on ports faster than claimed is not DLCP's), comm /
+    bound (:mod:`topologies.report`), time to accuracy and its speedup (training
     workloads), final accuracy, and the cross traffic's loss, retransmissions and goodput
     beside it."""
     agg = aggregate(results)
     ref = reference(results)
     training = any("tta_s" in r for r in agg.values())
-    head = ["scheme", "valid runs", "sync p50 ms", "iteration p50 ms", f"x {ref} (iteration)", "comm / bound"]
+    head = ["scheme", "valid runs", "sync p50 ms", "iteration p50 ms", f"x {ref} (iteration)",
+            "port service / capacity", "comm / bound"]
     if training:
         head += ["time to accuracy s", f"x {ref} (time to accuracy)", "reached", "final accuracy %"]
     head += ["cross traffic beside it"]
@@ -57,7 +61,8 @@ def scheme_table(results: dict) -> str:
         sp = r.get("speedup")
         cells: list[Any] = [f"`{name}`", f"{r['valid_runs']}/{r['runs']}", _cell(r["sync_p50_ms"], "{:.0f}"),
                             _cell(r["iteration_p50_ms"], "{:.0f}"),
-                            "1" if name == ref else _cell(sp, "{:.2f}", "x"), _cell(r["comm_over_bound"], "{:.1f}")]
+                            "1" if name == ref else _cell(sp, "{:.2f}", "x"), service_text(r["service"]),
+                            _cell(r["comm_over_bound"], "{:.1f}")]
         if training:
             tta = r.get("tta_s")
             ts = r.get("tta_speedup")
@@ -101,15 +106,21 @@ def host_tcp_table(results: dict) -> str:
 
 
 def verdicts(results: dict) -> list[str]:
-    """One sentence per scheme whose paired interval allows a call against the reference."""
+    """One sentence per scheme against the reference: the call its paired interval allows, or,
+    from fewer than 5 paired runs, its range and no call."""
     agg = aggregate(results)
     ref = reference(results)
     out = []
     for name, r in agg.items():
         for key, what in (("speedup", "per iteration"), ("tta_speedup", "to the accuracy target")):
             est = r.get(key)
-            if name != ref and est is not None and est.low is not None:
+            if name == ref or est is None or est.low is None:
+                continue
+            if est.is_interval:
                 out.append(f"`{name}` is {versus(est, f'`{ref}`')} {what}: {est.text('{:.2f}')}x.")
+            else:
+                out.append(f"`{name}` against `{ref}` {what}: {est.text('{:.2f}')}x over {est.n} paired runs, "
+                           f"no verdict (an interval needs {MIN_INTERVAL_RUNS}).")
     return out
 
 
@@ -141,8 +152,11 @@ def markdown(results: dict, source: str = "") -> str:
     if calls:
         lines += ["", *calls]
     lines.append("")
-    lines.append("Medians over valid runs, 95 % bootstrap intervals over runs in brackets (none with fewer than "
-                 "3 runs); speedups paired by run (run r of each scheme, interleaved).")
+    lines.append("Medians over valid runs, 95 % bootstrap intervals over runs in brackets from 5 runs or more, "
+                 "the range (min..max) in parentheses with fewer, and then no verdict; speedups paired by run (run r "
+                 "of each scheme, interleaved); port service / capacity: what the bottleneck ports served while "
+                 "backlogged over their capacity, lowest-highest over ports and runs (a run above 1.03x is invalid "
+                 "since issue 43; earlier runs were judged without that rule).")
     tcp = host_tcp_table(results)
     if tcp:
         lines += ["", "TCP on the hosts, medians over runs (all runs):", "", tcp]

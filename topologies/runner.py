@@ -50,7 +50,7 @@ from topologies.results import document
 from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
                                 wire_dtype_of)
 from topologies.topos import TOPOLOGIES, TopologyDesc, short
-from topologies.validity import RunMonitor, judge, losses, machine_busy
+from topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
 from topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ class RunOptions:
     """Multiplies every tensor of the model, so BMv2's tens of kpps can carry an iteration."""
     compute_ms: float = 500.0
     capacity_pps: int = 2000
+    """Bottleneck capacity in frames per second, every frame one slot whatever its size; with
+    ``capacity_bps``, the full-size frames per second that rate carries (what the hosts' rate
+    configuration, the line-rate bound and the cross traffic's rate are computed from)."""
+    capacity_bps: int = 0
+    """Bottleneck capacity in bits per second on the wire, each frame charged its own bytes (so
+    an ACK costs an ACK); 0: ``capacity_pps`` packets per second."""
     buffer: int = 64
     cross_traffic: bool = True
     cross_rate: float = 0.5
@@ -210,6 +216,14 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
     b = line_rate_bound(topo, traffic, opts.capacity_pps, cross)
     return {"seconds": b.seconds, "port": [short(b.port[0]), b.port[1]] if b.port else None, "packets": b.packets,
             "capacity_left_pps": b.capacity_left_pps, "cross_shares_queue": shares}
+
+
+def capacity_slots(opts: RunOptions) -> float:
+    """A bottleneck's capacity in slots (full-size frames) per second, what its scheduler's
+    service is measured in (:func:`controller.scheduler.charge`)."""
+    from controller.scheduler import charge
+
+    return opts.capacity_bps / 8 / charge(True, opts.mtu).slot if opts.capacity_bps else float(opts.capacity_pps)
 
 
 def testbed_rate(capacity_pps: int, mtu: int) -> dict:
@@ -357,7 +371,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
     # the top queue; without it, everything shares queue 0.
     dscp = {policy.dscp[q]: policy.priority_map[q] for q in range(policy.num_priorities)} \
         if mechanisms(scheme)["prio"] else None
-    netfile = topo.network(str(sock_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp)
+    netfile = topo.network(str(sock_dir), opts.capacity_pps, opts.buffer, policy.to_dict(), dscp, opts.capacity_bps)
     (sdir / "network.json").write_text(json.dumps(netfile, indent=2))
     network = parse_network(netfile, f"{scheme} network")
     apply_network(network)
@@ -379,19 +393,13 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         return {name: {**sw.counters(), "port_rx_frames": frames.get(name, {})} for name, sw in switches.items()}
 
     bottlenecks = sorted(topo.bottlenecks)
-
-    def read_ports() -> dict:
-        out = {}
-        for name in sorted({sw for sw, _ in bottlenecks}):
-            service = switches[name].busy_service()
-            for sw, port in bottlenecks:
-                if sw == name:
-                    out[(short(name), port)] = service.get(port, (0, 0))
-        return out
-
+    # every bottleneck's service while backlogged, from its scheduler (the HTB tree on its interface)
+    metered = {(short(sw), port): MeteredPort(switches[sw].spec.netns, switches[sw].spec.ports[port].interface,
+                                              switches[sw].spec.ports[port].charge) for sw, port in bottlenecks}
+    sampler = ServiceSampler(metered).start()
     monitor = RunMonitor({f"switch:{short(s.name)}": s.bmv2.pid for s in net.switches if s.bmv2 and s.bmv2.pid},
-                         read_ports).start()
-    before, tcp_before = counters(), _host_tcp(net)
+                         sampler.totals).start()
+    before, tcp_before, sched_before = counters(), _host_tcp(net), sampler.counts()
     workers = topo.role("worker")
     server = topo.role("server")[0]
     peers = [h.ip for h in workers] + ([server.ip] if opts.pattern == "ps" else [])
@@ -456,11 +464,12 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             raise DlcpUserError(f"scheme {scheme}: worker(s) {failed} failed; see {sdir}/worker{failed[0]}.log")
     finally:
         samples = monitor.stop()
+        sampler.stop()
         # agents, then the cross senders, then their sinks (a sink gone first would count the
         # senders' last packets as lost)
         for p in procs + cross[::-1]:
             terminate_group(p, 3.0)
-    after, tcp_after = counters(), _host_tcp(net)
+    after, tcp_after, sched_after = counters(), _host_tcp(net), sampler.counts()
     sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
     received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]
     records = [json.loads(line) for o in sorted(sdir.glob("worker*.jsonl")) for line in o.read_text().splitlines()]
@@ -472,7 +481,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             "endpoints": {r["rank"]: r["stats"] for r in records if r.get("kind") == "endpoint"},
             "switches": _counter_delta(before, after),
             "validity": _validity(samples, iterations, bottlenecks, opts, len(topo.role("worker")),
-                                  _silent_losses(before, after), monitor.lives),
+                                  {**_silent_losses(before, after), "scheduler": _scheduler_losses(sched_before,
+                                                                                                   sched_after)},
+                                  monitor.lives),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
             "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat),
@@ -517,6 +528,16 @@ def _silent_losses(before: dict, after: dict) -> dict:
             "buffer": losses(port_delta("admitted"), port_delta("forwarded"))}
 
 
+def _scheduler_losses(before: dict, after: dict) -> dict:
+    """Per bottleneck port, (frames into its scheduler, frames it dropped) over the run, from
+    its cumulative (sent, dropped) counts."""
+    out = {}
+    for port, (sent, dropped) in after.items():
+        s0, d0 = before.get(port, (0, 0))
+        out[port] = (sent - s0 + dropped - d0, dropped - d0)
+    return out
+
+
 def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: RunOptions, workers: int,
               silent: dict | None = None, lives: dict | None = None) -> dict:
     """The verdict over the measured iterations (from the first one's start to the last one's end)."""
@@ -524,7 +545,7 @@ def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: Ru
     if not measured:
         return {"valid": False, "reasons": ["no measured iteration with timestamps"]}
     agents = [f"worker{r}" for r in range(workers)] + (["server"] if opts.pattern == "ps" else [])
-    capacity = {(short(sw), port): float(opts.capacity_pps) for sw, port in bottlenecks}
+    capacity = {(short(sw), port): capacity_slots(opts) for sw, port in bottlenecks}
     return judge(samples, min(r["t_start"] for r in measured), max(r["t_end"] for r in measured), capacity,
                  agents, silent=silent, lives=lives).as_dict()
 

@@ -6,7 +6,10 @@ iterations inside a run are not independent of each other, so intervals are take
 ``--repeat N`` interleaves the schemes (A B A B ...), so run r of every scheme saw the same
 drift of the machine, and the speedup is paired: baseline's run r against the scheme's run r.
 Intervals are percentile bootstrap intervals of the median (scipy.stats.bootstrap), seeded so
-a report regenerates identically; with fewer than 3 runs there is no interval and no claim.
+a report regenerates identically, from at least :data:`MIN_INTERVAL_RUNS` runs. With fewer
+there is no interval and no claim, only the range: a percentile bootstrap of the median of 3
+runs can return nothing but their minimum and maximum, which cover the true median only about
+75 % of the time (5 runs: 94 %), so calling that a 95 % interval would overstate it.
 """
 
 from __future__ import annotations
@@ -19,41 +22,57 @@ import numpy as np
 
 CONFIDENCE = 0.95
 RESAMPLES = 9999
+#: Runs (or paired runs) an interval, and a faster/slower verdict, needs; fewer give a range.
+MIN_INTERVAL_RUNS = 5
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A median over runs with its confidence interval (None when there are too few runs)."""
+    """A median over runs with its confidence interval; with fewer than :data:`MIN_INTERVAL_RUNS`
+    runs ``low`` and ``high`` are the range (minimum and maximum), not an interval, and with
+    fewer than 2 there are none."""
 
     median: float
     low: float | None
     high: float | None
     n: int
 
+    @property
+    def is_interval(self) -> bool:
+        """``low`` and ``high`` are a confidence interval (enough runs), not just the range."""
+        return self.low is not None and self.high is not None and self.n >= MIN_INTERVAL_RUNS
+
     def excludes(self, value: float) -> bool:
-        """The interval lies entirely on one side of ``value``: a difference we may call."""
-        return self.low is not None and self.high is not None and (self.low > value or self.high < value)
+        """The interval lies entirely on one side of ``value``: a difference we may call (never
+        from a range)."""
+        return self.is_interval and (self.low > value or self.high < value)  # type: ignore[operator]
 
     def as_dict(self) -> dict:
         return {"median": self.median, "ci_low": self.low, "ci_high": self.high, "n": self.n}
 
     def text(self, fmt: str = "{:.0f}") -> str:
-        """``median [low, high]``, or the median alone without an interval."""
+        """``median [low, high]`` with an interval, ``median (range low..high)`` with only a
+        range, or the median alone."""
         if math.isnan(self.median):
             return "-"
         if self.low is None:
             return fmt.format(self.median)
+        if not self.is_interval:
+            return f"{fmt.format(self.median)} (range {fmt.format(self.low)}..{fmt.format(self.high)})"
         return f"{fmt.format(self.median)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
 
 def median_ci(values: Sequence[float], confidence: float = CONFIDENCE, seed: int = 0) -> Estimate:
-    """The median of ``values`` and its percentile bootstrap interval (NaNs left out)."""
+    """The median of ``values`` and its percentile bootstrap interval (NaNs left out); from fewer
+    than :data:`MIN_INTERVAL_RUNS` values, their range instead (none from one)."""
     x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
     if len(x) == 0:
         return Estimate(float("nan"), None, None, 0)
     med = float(np.median(x))
-    if len(x) < 3:
+    if len(x) < 2:
         return Estimate(med, None, None, len(x))
+    if len(x) < MIN_INTERVAL_RUNS:
+        return Estimate(med, float(x.min()), float(x.max()), len(x))
     if np.all(x == x[0]):
         return Estimate(med, med, med, len(x))
     from scipy.stats import bootstrap
@@ -69,9 +88,11 @@ def paired_ratios(reference: Sequence[float], other: Sequence[float]) -> list[fl
 
 
 def verdict(speedup: Estimate) -> str:
-    """What a speedup interval allows us to say."""
+    """What a speedup interval allows us to say (nothing from a range)."""
     if speedup.low is None:
-        return "too few (valid) runs for an interval (use --repeat >= 3)"
+        return f"too few (valid) runs for an interval (use --repeat >= {MIN_INTERVAL_RUNS})"
+    if not speedup.is_interval:
+        return f"range only ({speedup.n} paired runs; an interval needs {MIN_INTERVAL_RUNS}): no verdict"
     if speedup.low > 1.0:
         return "faster"
     if speedup.high is not None and speedup.high < 1.0:

@@ -167,7 +167,7 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
     runs = rows[0]["runs"]
     fig.suptitle(f"{base.topology}, {base.workers} workers, {base.pattern}, {base.workload}, "
                  f"{base.capacity_pps} pps bottlenecks: {runs} run(s) per point"
-                 + (", bars: 95 % bootstrap interval" if runs >= 3 else "")
+                 + (", bars: 95 % bootstrap interval" if runs >= 5 else ", bars: range" if runs >= 2 else "")
                  + "; hollow: invalid runs", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

@@ -84,8 +84,10 @@ class TopologyDesc:
         return dist
 
     def network(self, grpc_dir: str, capacity_pps: int, buffer: int, policy: dict | None = None,
-                dscp_queues: dict[int, int] | None = None) -> dict:
-        """The controller's network file (as a dict) for this topology."""
+                dscp_queues: dict[int, int] | None = None, capacity_bps: int = 0) -> dict:
+        """The controller's network file (as a dict) for this topology: bottleneck ports at
+        ``capacity_bps`` bits per second when given, else at ``capacity_pps`` packets, each with
+        its switch-side interface (Mininet's ``<switch>-eth<port>``), where its scheduler goes."""
         switches: dict = {}
         for sw in self.switches:
             groups: dict[tuple, int] = {}
@@ -106,7 +108,8 @@ class TopologyDesc:
             for p in sw.ports:
                 spec: dict[str, object] = {"mac": sw.mac(p)}
                 if (sw.name, p) in self.bottlenecks:
-                    spec.update(capacity_pps=capacity_pps, buffer=buffer)
+                    spec.update({"capacity_bps": capacity_bps} if capacity_bps else {"capacity_pps": capacity_pps},
+                                buffer=buffer, interface=f"{sw.name}-eth{p}")
                 ports[p] = spec
             switches[sw.name] = {
                 "grpc": f"unix:{grpc_dir}/{sw.name}.grpc", "device_id": sw.device_id, "thrift_port": 9090,

@@ -18,8 +18,17 @@
 /* Virtual queue arithmetic: backlogs are packets << VQ_FRAC_BITS; the drain rate is packets
  * per microsecond in the same fixed point (controller: rate_pps * 2^24 / 10^6). */
 #define VQ_FRAC_BITS 24
+/* A packet's cost in slots is max(length + overhead, mpu) * unit_fp >> VQ_UNIT_SHIFT, with
+ * unit_fp = ceil(2^32 / slot bytes) from the controller: the same charge the port's scheduler
+ * (HTB's overhead and mpu) makes, in the virtual queue's 8.24 fixed point. */
+#define VQ_UNIT_SHIFT 8
 /* Longest idle gap credited at once (us): keeps elapsed * rate inside 64 bits. */
 #define VQ_MAX_ELAPSED_US 0xFFFFFFFF
+
+/* The queue an admitted packet goes to, told to the port's scheduler (an HTB tree on the
+ * egress interface, which classifies on it): the low bits of the Ethernet source address,
+ * which the switch itself writes on every hop and no receiver reads. */
+#define TM_TAG_BITS 3
 
 /* Load-balancing modes of an ECMP group for DLCP data packets. */
 #define LB_ROUND_ROBIN 0

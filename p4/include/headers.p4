@@ -87,9 +87,10 @@ struct dlcp_metadata_t {
     bit<2> ecmp_mode;
     bit<16> ecmp_member;
     bit<1> vq_on;             /* the egress port has a virtual queue (a bottleneck) */
-    bit<32> vq_capacity;      /* its buffer, packets */
-    bit<32> depth_ahead;      /* packets queued ahead of this one under strict priority */
-    bit<32> depth_port;       /* packets queued at the port, every priority */
+    bit<32> vq_capacity;      /* its buffer, full-size frames (slots) */
+    bit<64> vq_cost;          /* what this packet costs the port: slots << VQ_FRAC_BITS */
+    bit<32> depth_ahead;      /* slots queued ahead of this one under strict priority */
+    bit<32> depth_port;       /* slots queued at the port, every priority */
     bit<32> port_queue;       /* egress port * NUM_QUEUES + queue: counter index */
     bit<1> drop;
     bit<8> drop_reason;

@@ -12,6 +12,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,10 +50,13 @@ class Rig:
 
     def network(self, ports: dict | None = None, routes: list | None = None, groups: dict | None = None,
                 policy: dict | None = None, **extra) -> Network:
-        """A network file for this one switch: host p at 10.0.p.1 behind port p by default."""
+        """A network file for this one switch: host p at 10.0.p.1 behind port p by default; a
+        bottleneck port's scheduler goes on its switch-side interface."""
         port_specs = {p: {"mac": switch_mac(p)} for p in PORTS}
         for p, spec in (ports or {}).items():
             port_specs[p] = {**port_specs[p], **spec}
+            if "capacity_pps" in spec or "capacity_bps" in spec:
+                port_specs[p].setdefault("interface", self.switch_iface(p))
         routes = routes if routes is not None else [
             {"prefix": f"10.0.{p}.0/24", "port": p, "dmac": host_mac(p)} for p in PORTS]
         data = {"switches": {"s1": {"grpc": self.grpc, "device_id": 1, "thrift_port": 9090, "netns": self.ns,
@@ -60,6 +64,10 @@ class Rig:
         if policy is not None:
             data["policy"] = policy
         return parse_network(data, "<test network>")
+
+    def switch_iface(self, port: int) -> str:
+        """The switch-side interface of ``port`` (in the switch's namespace)."""
+        return f"{self.tag}p{port}"
 
     def controller(self, net: Network) -> Switch:
         schema = P4Schema.load(pipeline.P4INFO)
@@ -124,6 +132,36 @@ class Capture:
 def capture(iface: str) -> Capture:
     """Start capturing on ``iface``."""
     return Capture(iface)
+
+
+def wire_times(iface: str, expect: int, timeout: float = 30.0) -> Callable[[], list[tuple[float, bytes]]]:
+    """Start receiving on ``iface`` (a host end, in this namespace) with the kernel's receive
+    timestamps (wall clock, as :func:`send_fast` returns), so a busy machine that reads late does
+    not bend the rates. Returns ``collect()``, which waits for ``expect`` frames (or ``timeout``),
+    closes the socket and gives (time, frame) in arrival order."""
+    import socket
+    import struct
+
+    rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+    rx.bind((iface, 0))
+    rx.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE
+    rx.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS
+
+    def collect() -> list[tuple[float, bytes]]:
+        got: list[tuple[float, bytes]] = []
+        deadline = time.monotonic() + timeout
+        with rx:
+            while len(got) < expect and time.monotonic() < deadline:
+                rx.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    data, anc, _, _ = rx.recvmsg(16384, 64)
+                except TimeoutError:
+                    break
+                sec, nsec = struct.unpack("qq", anc[0][2][:16])
+                got.append((sec + nsec * 1e-9, data))
+        return got
+
+    return collect
 
 
 def send_fast(iface: str, packets: list) -> float:

@@ -20,7 +20,7 @@ def _write_network(rig, tmp_path, **policy):
                                 "ports": {p: {"mac": switch_mac(p)} for p in PORTS},
                                 "routes": [{"prefix": f"10.0.{p}.0/24", "port": p, "dmac": host_mac(p)}
                                            for p in PORTS]}}}
-    data["switches"]["s1"]["ports"][2].update(capacity_pps=50, buffer=32)
+    data["switches"]["s1"]["ports"][2].update(capacity_pps=50, buffer=32, interface=rig.switch_iface(2))
     path = tmp_path / "net.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -45,8 +45,10 @@ def test_apply_diff_show_stats(rig, tmp_path):
     assert shown.returncode == 0 and "dst_addr=10.0.2.0/24 -> set_nexthop(port=2" in shown.stdout
     stats = json.loads(ctl("stats", net, "s1", "--json").stdout)
     assert stats["switch"] == "s1" and "ports" in stats and "received" in stats
+    assert stats["schedulers"]["2"]["drops"] == 0  # port 2, the bottleneck
     table = ctl("stats", net, "s1").stdout
     assert "admitted" in table.splitlines()[1] and "frames received per ingress port:" in table
+    assert "port 2's scheduler: sent" in table
 
 
 def test_policy_set_changes_switch_live(rig, tmp_path):
@@ -64,12 +66,41 @@ def test_policy_set_changes_switch_live(rig, tmp_path):
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
+def _root_rate(rig) -> int:
+    """The rate of port 2's scheduler class, bits per second (tc 6.1 has no JSON for HTB classes)."""
+    from controller.scheduler import parse_capacity
+
+    shown = subprocess.run(["tc", "-n", rig.ns, "class", "show", "dev", rig.switch_iface(2)],
+                           capture_output=True, text=True, check=True)
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("class htb d1c9:1 "))
+    return parse_capacity(line.split(" rate ")[1].split()[0])[1]
+
+
+def test_apply_installs_the_scheduler_and_remove_takes_only_it(rig, tmp_path):
+    from controller import scheduler
+
+    net = _write_network(rig, tmp_path)
+    out = ctl("apply", net)
+    assert out.returncode == 0 and "1 port scheduler(s)" in out.stdout
+    assert _root_rate(rig) == 50 * 1538 * 8
+    roots = scheduler.root_qdiscs(rig.ns)
+    assert scheduler.ours(roots[rig.switch_iface(2)]) and not scheduler.ours(roots[rig.switch_iface(1)])
+    assert ctl("apply", net).returncode == 0  # again: updated in place
+    assert scheduler.remove(rig.ns) == [rig.switch_iface(2)]  # what `dlcp clean` does in each namespace
+    assert not scheduler.ours(scheduler.root_qdiscs(rig.ns)[rig.switch_iface(2)])
+
+
 def test_queue_rate(rig, tmp_path):
     net = _write_network(rig, tmp_path)
     assert ctl("apply", net).returncode == 0
     out = ctl("queue-rate", net, "s1", 2, 80)
     assert out.returncode == 0 and "capacity 80 pps" in out.stdout
     assert "rate_fp=1342" in ctl("show", net, "s1", "vq_config").stdout  # 80 * 2^24 / 10^6
+    assert _root_rate(rig) == 80 * 1538 * 8
+    bits = ctl("queue-rate", net, "s1", 2, "2mbit")
+    assert bits.returncode == 0 and "capacity 2,000,000 bit/s" in bits.stdout
+    assert _root_rate(rig) == 2_000_000
+    assert "overhead_bytes=24" in ctl("show", net, "s1", "vq_config").stdout
     assert ctl("queue-rate", net, "s1", 3, 10, 5).returncode == 0
 
 

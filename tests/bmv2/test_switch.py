@@ -14,15 +14,15 @@ from scapy.sendrecv import sendp
 from hostagent import wire
 from hostagent.scapy_layer import DLCP
 from topologies import netns
-from tests.bmv2.conftest import capture, host_mac, send_fast, switch_mac
+from tests.bmv2.conftest import capture, host_mac, send_fast, switch_mac, wire_times
 
 pytestmark = pytest.mark.bmv2
 
 
-def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000):
+def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000, payload=64):
     return (Ether(dst=switch_mac(1), src=host_mac(1)) / IP(src="10.0.1.1", dst=dst, tos=ecn) /
             UDP(sport=sport, dport=wire.DLCP_UDP_PORT) /
-            DLCP(job_id=1, priority=priority, drop_class=drop_class, seq=seq) / Raw(b"\0" * 64))
+            DLCP(job_id=1, priority=priority, drop_class=drop_class, seq=seq) / Raw(b"\0" * payload))
 
 
 def _ours(packets: list) -> list:
@@ -158,36 +158,51 @@ def _bottleneck(rig, **policy):
     return rig.network(ports={2: {"capacity_pps": R, "buffer": 32}}, policy=pol)
 
 
-def test_high_priority_overtakes_a_low_priority_backlog(rig):
-    net = _bottleneck(rig)
+def _dlcp_seq(frame: bytes) -> tuple[int, int]:
+    """(priority, seq) of a raw DLCP frame as :func:`dlcp_pkt` builds it."""
+    pkt = Ether(frame)
+    return pkt[DLCP].priority, pkt[DLCP].seq
+
+
+@pytest.mark.parametrize("capacity", [{"capacity_pps": 20}, {"capacity_bps": 20 * 8 * 1538}])
+def test_one_capacity_strictly_by_priority_on_the_wire(rig, capacity):
+    """Issue 43's wire test: 40 low then 10 high frames back to back into a port of capacity R
+    (20 full-size frames per second, given in packets or in bits): every high frame leaves
+    before the lows still queued (at most the one low in service), and the port sends R in
+    all, within 3 %: not R per priority, as BMv2's per-queue rates did (1.29x R, lows
+    interleaved with the highs)."""
+    r = 20
+    net = rig.network(ports={2: {**capacity, "buffer": 64}},
+                      policy={"drop_thresholds": [48, 40, 32], "ecn_threshold": 30})
+    size = 1514 - 14 - 20 - 8 - wire.HEADER_SIZE if "capacity_bps" in capacity else 64
     with rig.controller(net) as sw:
-        sw.apply(net)
-        sniff = capture(rig.host_ifaces[2])
-        lows = [dlcp_pkt(priority=0, seq=i) for i in range(40)]
-        highs = [dlcp_pkt(priority=7, seq=100 + i) for i in range(10)]
+        report = sw.apply(net)
+        assert report.schedulers == 1
+        # every leaf of the tree may send one frame on its own tokens about once a minute
+        # (controller/scheduler.py): spend the low leaf's, so what follows is HTB's strict order
+        collect = wire_times(rig.host_ifaces[2], 1)
+        send_fast(rig.host_ifaces[1], [dlcp_pkt(priority=0, seq=999, payload=size)])
+        assert len(collect()) == 1
+        time.sleep(2 / r)
+        collect = wire_times(rig.host_ifaces[2], 50)
+        lows = [dlcp_pkt(priority=0, seq=i, payload=size) for i in range(40)]
+        highs = [dlcp_pkt(priority=7, seq=100 + i, payload=size) for i in range(10)]
         highs_sent = send_fast(rig.host_ifaces[1], lows + highs)
-        got = received(sniff, 2.0, expect=33)
-        order = [p[DLCP].seq for p in got]
-        times = [float(p.time) for p in got]
-        assert sorted(s for s in order if s >= 100) == list(range(100, 110)), order  # highs all pass
-        # The lows still queued when the last high was sent: the port drains R per second, so
-        # on a loaded machine some may have left already; those cannot be overtaken.
-        lows_got = sum(1 for s in order if s < 100)
-        left_before = sum(1 for s, t in zip(order, times) if s < 100 and t < highs_sent)
-        backlog = lows_got - left_before
-        assert backlog >= 10, (backlog, order)  # the burst did build a backlog (buffer: 32)
-        # A high waits only for the highs ahead of it, not for that backlog: BMv2 drains each
-        # priority queue at R, so the lows keep leaving alongside (interleaved, see
-        # p4/README.md), and each high overtakes every low but those interleaved before it.
-        # FIFO service would leave no low after the last high.
-        last_high = max(i for i, s in enumerate(order) if s >= 100)
-        lows_after = sum(1 for s in order[last_high:] if s < 100)
-        assert lows_after >= backlog - len(highs) - 2, (backlog, order)
-        # the port's output stays within capacity: R*T plus at most one buffer (32 packets)
-        span = times[-1] - times[0]
-        assert len(got) <= R * span + 32 + 1
-        c = sw.counters()["ports"]
-        assert sum(r["forwarded_pkts"] for r in c) == len(got)
+        got = collect()
+    order = [_dlcp_seq(f)[1] for _, f in got]
+    times = [t for t, _ in got]
+    assert len(got) == 50, order
+    text = "".join("H" if s >= 100 else "L" for s in order)
+    first_high = text.index("H")
+    assert text[first_high:first_high + 10] == "H" * 10, text  # no low between the highs
+    # Before the highs: the low in service, and any low that had left before the highs were
+    # even sent (a switch on a busy machine forwards the burst late; those cannot be overtaken).
+    gone = sum(1 for s, t in zip(order, times) if s < 100 and t < highs_sent)
+    assert first_high <= max(1, gone + 1), (text, gone)
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert abs(rate / r - 1) <= 0.03, (rate, text)
+    stats = sw.scheduler_stats()[2]
+    assert stats.drops == 0 and stats.qlen == 0
 
 
 def test_strict_priority_under_sustained_overload_within_capacity(rig):
@@ -207,8 +222,8 @@ def test_strict_priority_under_sustained_overload_within_capacity(rig):
         low_got = len(got) - high_got
         span = float(got[-1].time) - float(got[0].time)
         assert high_got >= 0.95 * high_sent  # strict priority: high is (almost) never refused
-        assert len(got) <= R * span + 32 + 2  # capacity R
-        assert low_got <= R * span + 32 + 2 - high_got  # low gets only what high left
+        assert len(got) <= 1.03 * R * span + 2  # one capacity R for the port, all priorities together
+        assert low_got <= 1.03 * R * span + 2 - high_got  # low gets only what high left
         assert low_got >= 0.5 * (R - high_sent / seconds) * seconds  # ... but does get it
 
 
@@ -228,9 +243,9 @@ def test_selective_drop_spares_class_0_and_counters_say_so(rig):
         c = {r["queue"]: r for r in sw.counters()["ports"] if r["port"] == 2}[0]
         assert c["selective_dropped_pkts"] == len(pkts) - len(got)
         assert c["tail_dropped_pkts"] == 0 and c["forwarded_pkts"] == len(got)
-        # the port was backlogged throughout: its service registers (read over Thrift) give R
-        intervals, micros = sw.busy_service()[2]
-        assert intervals >= 0.8 * len(got) and 0.9 * R <= intervals / (micros / 1e6) <= 1.1 * R
+        # what the pipeline admitted, the port's scheduler sent, dropping nothing
+        st = sw.scheduler_stats()[2]
+        assert st.packets == len(got) and st.drops == 0
 
 
 def test_ecn_marked_above_threshold(rig):

@@ -59,7 +59,7 @@ def test_dlcp_refuses_bad_numbers_at_parse_time(argv, words, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["queue-rate", "net.yaml", "s1", "600", "10"], "port: 600 is outside 0..510"),
-    (["queue-rate", "net.yaml", "s1", "2", "0"], "pps: 0 is not >= 1"),
+    (["queue-rate", "net.yaml", "s1", "2", "0"], "capacity '0': give packets per second"),
     (["queue-rate", "net.yaml", "s1", "2", "10", "8"], "PRIORITY: 8 is outside 0..7"),
     (["apply", "net.yaml", "--timeout", "0"], "--timeout: 0 is not > 0"),
     (["--timeout", "nan", "apply", "net.yaml"], "--timeout: nan is not > 0"),

@@ -24,7 +24,8 @@ NET = {
     "hosts": {"h1": {"ip": "10.0.0.1", "mac": "00:00:0a:00:00:01", "switch": "s1", "port": 1}},
     "switches": {"s1": {
         "grpc": "127.0.0.1:50051", "device_id": 1, "thrift_port": 9090,
-        "ports": {1: {"mac": "00:aa:00:00:00:01"}, 2: {"mac": "00:aa:00:00:00:02", "capacity_pps": 500, "buffer": 32},
+        "ports": {1: {"mac": "00:aa:00:00:00:01"}, 2: {"mac": "00:aa:00:00:00:02", "capacity_pps": 500, "buffer": 32,
+                                                            "interface": "s1-eth2"},
                   3: {"mac": "00:aa:00:00:00:03"}},
         "routes": [{"prefix": "10.0.0.1/32", "port": 1, "dmac": "00:00:0a:00:00:01"},
                    {"prefix": "10.0.1.0/24", "group": 1}],
@@ -125,13 +126,17 @@ def test_bottleneck_settings():
     sw = net.switches["s1"]
     vq = [e for e in desired.desired_entries(sw, net) if e.table == "vq_config"]
     assert len(vq) == 1 and vq[0].match == {"port": 2}
-    assert vq[0].params == {"rate_fp": rate_fixed_point(500), "capacity": 32}
-    assert rate_fixed_point(1_000_000) == 1 << 24  # one packet per microsecond
+    assert vq[0].params == {"rate_fp": rate_fixed_point(500), "capacity": 32, "overhead_bytes": 0,
+                            "mpu_bytes": 1538, "unit_fp": -(-(1 << 32) // 1538)}
+    assert rate_fixed_point(1_000_000) == 1 << 24  # one slot per microsecond
     qs = queue_settings(sw)
     assert {(q.port, q.priority) for q in qs} == {(p, q) for p in sw.ports for q in range(8)}
-    # only the bottleneck is rate-limited; every queue is deep enough to absorb scheduling lag
-    assert {q.rate_pps for q in qs if q.port == 2} == {500} and {q.rate_pps for q in qs if q.port != 2} == {0}
+    # no BMv2 queue is rate-limited (a bottleneck's rate is its scheduler's, one for the port);
+    # every queue is deep enough to absorb scheduling lag
+    assert {q.rate_pps for q in qs} == {0}
     assert all(q.depth >= 1024 for q in qs)
+    sched = sw.ports[2].scheduler()
+    assert (sched.interface, sched.rate_bits, sched.buffer) == ("s1-eth2", 500 * 1538 * 8, 32)
 
 
 def test_policy_drives_switch_entries():

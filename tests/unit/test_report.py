@@ -8,7 +8,7 @@ from typing import Any
 
 from topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
 from topologies.results import document
-from topologies.stats import median_ci, paired_ratios, verdict
+from topologies.stats import median_ci, paired_ratios, verdict, versus
 
 
 def test_e_inside_0_1_is_a_value_with_its_inputs():
@@ -25,19 +25,30 @@ def test_e_outside_0_1_is_flagged_with_the_reason_not_reported():
     assert "undefined" in ordering_efficiency(0.4, 0.0, 0.6)["flag"]
 
 
-def test_median_ci_needs_three_runs_and_brackets_the_median():
-    assert median_ci([1.0, 2.0]).low is None
+def test_median_ci_needs_five_runs_and_brackets_the_median():
+    assert median_ci([2.0]).low is None
     est = median_ci([1.30, 1.35, 1.40, 1.32, 1.38])
-    assert est.low is not None and est.high is not None
+    assert est.low is not None and est.high is not None and est.is_interval
     assert est.low <= est.median <= est.high and est.n == 5
     assert est.excludes(1.0) and not est.excludes(1.35)
-    assert median_ci([1.2, 1.2, 1.2]).text("{:.1f}") == "1.2 [1.2, 1.2]"
+    assert median_ci([1.2] * 5).text("{:.1f}") == "1.2 [1.2, 1.2]"
     assert median_ci([float("nan")]).text() == "-"
 
 
+def test_fewer_than_five_runs_give_a_range_and_no_verdict():
+    """A percentile bootstrap of the median of 3 runs is their minimum and maximum, which cover
+    the median about 75 % of the time: it is printed as the range it is, and excludes nothing."""
+    est = median_ci([1.5, 1.3, 1.4])
+    assert (est.low, est.high, est.n) == (1.3, 1.5, 3) and not est.is_interval
+    assert est.text("{:.2f}") == "1.40 (range 1.30..1.50)"
+    assert not est.excludes(1.0)
+    assert verdict(est) == "range only (3 paired runs; an interval needs 5): no verdict"
+    assert "range only" in versus(median_ci([2.0, 2.1, 2.2, 2.3]), "gloo")
+
+
 def test_verdict_calls_a_difference_only_when_the_interval_excludes_one():
-    assert verdict(median_ci([1.3, 1.4, 1.5, 1.35])) == "faster"
-    assert verdict(median_ci([0.7, 0.8, 0.75])) == "slower"
+    assert verdict(median_ci([1.3, 1.4, 1.5, 1.35, 1.45])) == "faster"
+    assert verdict(median_ci([0.7, 0.8, 0.75, 0.72, 0.78])) == "slower"
     assert verdict(median_ci([0.9, 1.1, 1.0, 1.2, 0.8])) == "no significant difference"
     assert "too few" in verdict(median_ci([2.0]))
 
@@ -67,14 +78,16 @@ def _run(scheme: str, repeat: int, iter_s: float, valid: bool = True) -> dict:
 
 def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
     runs = []
-    for r, (b, d) in enumerate([(1.0, 0.7), (1.1, 0.8), (0.9, 0.7), (1.0, 0.75)]):
+    pairs = [(1.0, 0.7), (1.1, 0.8), (0.9, 0.7), (1.0, 0.75), (1.05, 0.72), (0.95, 0.7)]
+    for r, (b, d) in enumerate(pairs):
         runs += [_run("baseline", r, b), _run("dlcp", r, d, valid=r != 2)]
     results = as_testbed_results(runs)
     agg = aggregate(results)
     sp = agg["dlcp"]["speedup"]
-    # run 3 of dlcp was invalid: the speedup pairs the three valid runs only
-    assert sp.n == 3 and math.isclose(sp.median, sorted([1 / 0.7, 1.1 / 0.8, 1 / 0.75])[1])
-    assert agg["dlcp"]["valid_runs"] == 3 and agg["dlcp"]["runs"] == 4 and agg["baseline"]["valid_runs"] == 4
+    # run 3 of dlcp was invalid: the speedup pairs the five valid runs only
+    ratios = sorted(b / d for r, (b, d) in enumerate(pairs) if r != 2)
+    assert sp.n == 5 and math.isclose(sp.median, ratios[2])
+    assert agg["dlcp"]["valid_runs"] == 5 and agg["dlcp"]["runs"] == 6 and agg["baseline"]["valid_runs"] == 6
     assert agg["dlcp"]["basis"] == "valid runs"
     assert math.isclose(agg["baseline"]["sync_over_bound"].median, 5.0)  # sync 0.5 s / bound 0.1 s
     assert math.isclose(agg["baseline"]["comm_over_bound"].median, 3.0)  # calibration 0.3 s / bound 0.1 s
@@ -134,21 +147,21 @@ def test_accuracy_trace_and_time_to_accuracy():
 
 def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
     runs = []
-    for r in range(3):
-        runs.append(_training_run("baseline", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90 + 0.001 * r]))
+    for r in range(5):
+        runs.append(_training_run("baseline", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90 + 0.001 * (r % 3)]))
         # dlcp: iterations 40 % faster, accuracy a little lower but above the target
         runs.append(_training_run("dlcp", r, 0.6, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
     results: dict[str, Any] = as_testbed_results(runs)
     agg = aggregate(results)
     target = agg["baseline"]["tta_target"]
     assert math.isclose(target, 0.901 - 0.01 / 2 - 0.005)  # baseline's median final (mean of workers) - 0.5
-    assert agg["baseline"]["tta_s"].median == 10.0 and agg["baseline"]["tta_reached"] == 3
+    assert agg["baseline"]["tta_s"].median == 10.0 and agg["baseline"]["tta_reached"] == 5
     # its mean accuracy crosses 0.891 only at the last evaluation: 10 x 0.6 s
-    assert math.isclose(agg["dlcp"]["tta_s"].median, 6.0) and agg["dlcp"]["tta_reached"] == 3
+    assert math.isclose(agg["dlcp"]["tta_s"].median, 6.0) and agg["dlcp"]["tta_reached"] == 5
     assert math.isclose(agg["dlcp"]["tta_speedup"].median, 10.0 / 6.0)
     text = summary(results)
     assert "time to accuracy 0.8910 (baseline final - 0.5 points)" in text
-    assert "reached in 3/3 run(s)" in text and "faster" in text.split("time to accuracy")[1]
+    assert "reached in 5/5 run(s)" in text and "faster" in text.split("time to accuracy")[1]
     # a target nobody reaches is said so, not averaged away
     results["options"]["target_accuracy"] = 0.99
     assert "not reached" in summary(results)

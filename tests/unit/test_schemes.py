@@ -100,7 +100,7 @@ def test_the_reference_is_what_users_run_when_it_runs():
 
 def test_speedups_and_the_accuracy_target_are_against_the_reference():
     runs = []
-    for r in range(3):
+    for r in range(5):
         runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
         runs.append(_training_run("baseline", r, 2.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.95]))
         runs.append(_training_run("dlcp:ring", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
@@ -124,7 +124,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     from topologies.results_table import markdown
 
     runs = []
-    for r in range(3):
+    for r in range(5):
         runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
         runs.append(_training_run("dlcp", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
         runs[-1]["cross"] = {"udp": {"loss": 0.1}, "tcp": {"retrans_pkts": 40, "goodput_mbps": 2.0}}
@@ -132,13 +132,17 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     results = as_testbed_results(runs, {"target_accuracy": None, "iterations": 10}, reference="gloo", provenance=made)
     text = markdown(results)
     row = next(line for line in text.splitlines() if line.startswith("| `dlcp`"))
-    assert "| 3/3 | 250 [250, 250] | 500 [500, 500] | 2.00 [2.00, 2.00]x |" in row
+    assert "| 5/5 | 250 [250, 250] | 500 [500, 500] | 2.00 [2.00, 2.00]x | - |" in row  # (no port service read)
     assert "UDP loss 10.0 %, TCP 40 resent, 2.00 Mbit/s" in row
     assert "`dlcp` is faster than `gloo` per iteration" in text and "commit abc1234" in text
+    # from 3 runs: the range, and no verdict
+    three = markdown(as_testbed_results([r for r in runs if r["repeat"] < 3], {"target_accuracy": None,
+                                                                              "iterations": 10}, reference="gloo"))
+    assert "2.00 (range 2.00..2.00)x" in three and "no verdict (an interval needs 5)" in three
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     assert cli.main(["report", str(tmp_path)]) == 0
-    assert "| `gloo` | 3/3 | 500 [500, 500] | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
+    assert "| `gloo` | 5/5 | 500 [500, 500] | 1000 [1000, 1000] | 1 |" in capsys.readouterr().out
     # a slim copy (no per-iteration records) regenerates the same tables
     assert cli.main(["report", str(path), "--slim", str(tmp_path / "slim")]) == 0
     full = capsys.readouterr().out

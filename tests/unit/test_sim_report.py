@@ -32,12 +32,13 @@ def _results() -> dict:
 
 def test_the_table_pairs_speedups_by_seed_against_the_chosen_scheme():
     text = markdown(_results(), "data/x.json")
-    assert "`dlcp` | 3 | 11.0 [10.0, 12.0]" in text
-    assert "2.00 [2.00, 2.00]x" in text  # baseline / dlcp, seed by seed
-    assert "`dlcp` against `baseline` (sync p50): faster" in text
+    # 3 seeds: ranges, and no verdict (an interval needs 5)
+    assert "`dlcp` | 3 | 11.0 (range 10.0..12.0)" in text
+    assert "2.00 (range 2.00..2.00)x" in text  # baseline / dlcp, seed by seed
+    assert "`dlcp` against `baseline` (sync p50): range only (3 paired runs; an interval needs 5): no verdict" in text
     assert "commit abc1234" in text and "`tcp` over DCTCP" in text
     against_tcp = markdown(_results(), against="tcp")
-    assert "x tcp (p50)" in against_tcp and "4.00 [4.00, 4.00]x" in against_tcp
+    assert "x tcp (p50)" in against_tcp and "4.00 (range 4.00..4.00)x" in against_tcp
     with pytest.raises(ValueError, match="no scheme 'gloo'"):
         markdown(_results(), against="gloo")
 
@@ -62,8 +63,8 @@ def test_dlcp_report_reads_simulator_results_and_writes_them_slim(tmp_path, caps
 
 
 def test_background_flows_get_their_own_table_with_ratios_to_the_baseline():
-    est = {"median": 5.0, "ci_low": 4.0, "ci_high": 6.0, "n": 3}
-    ratio = {"median": 1.17, "ci_low": 1.11, "ci_high": 1.17, "n": 3}
+    est = {"median": 5.0, "ci_low": 4.0, "ci_high": 6.0, "n": 5}
+    ratio = {"median": 1.17, "ci_low": 1.11, "ci_high": 1.17, "n": 5}
     results = _results()
     results["summary"] = {"baseline": {"fct_avg_ms": est, "fct_p99_ms": est, "small_fct_p99_ms": est,
                                        "background_flows": [400, 410, 420]},

@@ -33,8 +33,8 @@ def test_bad_values_are_refused_before_anything_runs(param, value):
 def test_rows_csv_and_figure(tmp_path):
     rows = []
     for value, d in (("0.25", 0.8), ("0.5", 0.7)):
-        results = as_testbed_results([_run("baseline", r, 1.0 + 0.05 * r) for r in range(3)]
-                                  + [_run("dlcp", r, d + 0.01 * r) for r in range(3)])
+        results = as_testbed_results([_run("baseline", r, 1.0 + 0.05 * r) for r in range(5)]
+                                  + [_run("dlcp", r, d + 0.01 * r) for r in range(5)])
         rows += rows_of("cross-rate", value, results, tmp_path / value)
     assert [(r["value"], r["scheme"]) for r in rows] == [("0.25", "baseline"), ("0.25", "dlcp"), ("0.5", "baseline"),
                                                          ("0.5", "dlcp")]
@@ -82,8 +82,8 @@ def test_dlcp_report_prints_a_sweeps_table_from_its_csv_as_the_sweep_wrote_it(tm
 
     rows = []
     for value, d in (("0", 0.8), ("0.5", 0.7)):
-        results = as_testbed_results([_run("baseline", r, 1.0 + 0.05 * r) for r in range(3)]
-                                  + [_run("dlcp", r, d + 0.01 * r) for r in range(3)])
+        results = as_testbed_results([_run("baseline", r, 1.0 + 0.05 * r) for r in range(5)]
+                                  + [_run("dlcp", r, d + 0.01 * r) for r in range(5)])
         rows += rows_of("cross-rate", value, results, tmp_path / value)
     (tmp_path / "testbed").mkdir()
     write_csv(tmp_path / "testbed" / "sweep.csv", rows)

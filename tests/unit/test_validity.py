@@ -7,7 +7,8 @@ import sys
 import time
 
 from topologies.runner import _reap
-from topologies.validity import ProcessLife, RunMonitor, Sample, ValidityRules, judge, losses, machine_busy
+from topologies.validity import (BacklogMeter, ProcessLife, RunMonitor, Sample, ValidityRules, judge, losses,
+                                 machine_busy)
 
 PORT = ("l1", 8)
 
@@ -68,7 +69,39 @@ def test_packets_a_switch_lost_uncounted_invalidate_beyond_the_tolerance():
 
 def test_a_port_hardly_ever_backlogged_gives_no_verdict():
     v = judge(_samples(60, 40, 100, 0.01), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
-    assert v.valid and v.bottlenecks[0]["rate_pps"] is None and v.bottlenecks[0]["busy_intervals"] < 200
+    assert v.valid and v.bottlenecks[0]["rate_pps"] is None and v.bottlenecks[0]["busy_slots"] < 200
+
+
+def test_a_backlogged_port_above_capacity_invalidates_with_the_figure():
+    """The runs behind the old headline: BMv2's per-priority rates served DLCP's ports 1.21-1.28x
+    their capacity while backlogged. Above 1.03x a run is invalid; 1.02x passes."""
+    v = judge(_samples(60, 40, 2560, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and v.reasons == [
+        "bottleneck l1:8 served 1.28x its capacity while backlogged (2560 of 2000 pps): the port was faster "
+        "than the run claims"]
+    assert abs(v.bottlenecks[0]["ratio"] - 1.28) < 1e-3
+    assert judge(_samples(60, 40, 2040, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"]).valid
+
+
+def test_frames_a_scheduler_dropped_invalidate():
+    v = judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"],
+              silent={"scheduler": {("sp1", 1): (5_000, 40)}})
+    assert not v.valid and v.reasons == [
+        "switch sp1 port 1 lost 40 of 5000 admitted frames in the port's scheduler (its FIFO overflowed)"]
+
+
+def test_backlog_meter_counts_intervals_queued_at_both_ends():
+    """Fake times: a port read every 50 ms; only intervals with frames queued at both ends count."""
+    m = BacklogMeter()
+    readings = [(0.00, 0, 0), (0.05, 3, 4), (0.10, 33, 10), (0.15, 63, 2), (0.20, 80, 0), (0.25, 80, 0),
+                (0.30, 81, 5), (0.35, 111, 1)]
+    for t, sent, queued in readings:
+        m.observe(t, PORT, sent, queued)
+    slots, micros = m.totals[PORT]
+    # counted: 0.05-0.10 (30), 0.10-0.15 (30), 0.30-0.35 (30): 90 slots in 150 ms = 600 per second
+    assert slots == 90 and abs(micros - 150_000) < 1e-6
+    m.observe(0.35, PORT, 111, 1)  # a repeated time adds nothing
+    assert m.totals[PORT] == (slots, micros)
 
 
 def test_only_the_measured_window_counts():

@@ -1,24 +1,23 @@
-/* Priority queue: a strict-priority port of capacity R, modelled in registers.
+/* Priority queue: what a strict-priority port of capacity R would queue ahead of each packet.
  *
- * Why: BMv2 rate-limits each priority queue separately (set_queue_rate gives every priority
- * queue of a port its own R), so two backlogged priorities drain 2R in total, interleaved.
- * A port that serves priorities strictly at capacity R cannot be built from BMv2's queues.
- * So every bottleneck port keeps a virtual queue: one backlog per priority, in registers,
- * drained at R by the packets' own timestamps, the highest priority first, exactly as a
- * strict-priority server of rate R would drain its queues. A packet's fate is decided
- * against that model (see SelectiveDrop and EcnMark): the backlog *ahead of it* is what a
- * strict-priority port would have queued in front of it, i.e. the sum of the backlogs at
- * its priority and above; the port's whole backlog (every priority) is kept beside it for
- * EcnMark. Admitted packets join its backlog (VqAdmit).
+ * Where the queue is: not in BMv2. BMv2 rate-limits each priority queue on its own
+ * (set_queue_rate gives every priority queue of a port its own R: two backlogged priorities
+ * drain 2R), so a bottleneck port's BMv2 queues are left unlimited and the port's scheduler
+ * is an HTB tree on its egress interface, installed by the controller (controller/scheduler.py):
+ * one class at the port's capacity R, eight leaves that borrow from it in strict priority
+ * order, a FIFO each. It plays the part of a hardware switch's traffic manager behind its
+ * pipeline; the pipeline tells it each admitted packet's queue in the frame (VqAdmit).
  *
- * The real BMv2 queues of the port stay in place, each rate-limited to R and at least as
- * deep as the virtual buffer: packets still queue physically (delay that hosts see), and a
- * later high-priority packet waits only for the high-priority packets ahead of it, not for an
- * earlier low-priority backlog. Limits, against
- * a real strict-priority port: the admitted traffic never exceeds R*T + B in any interval T
- * (B = the virtual buffer), but while a lower-priority real queue still holds packets and a
- * higher one receives, both drain at R, so the wire can carry up to 2R for at most B packets.
- * The virtual model charges both to R, so later arrivals are refused correspondingly.
+ * What the pipeline decides against: the scheduler's depth is not visible to ingress, so every
+ * bottleneck port keeps a virtual copy of it here: one backlog per priority, in registers,
+ * drained at R by the packets' own timestamps, the highest priority first, exactly as the
+ * scheduler drains its leaves, and charged per packet what the scheduler charges
+ * (max(length + overhead, mpu) bytes: one slot per frame for a capacity in packets, the
+ * frame's bytes on the wire for one in bits). Backlogs are in slots (full-size frames, 8.24
+ * fixed point). The backlog *ahead of* a packet is the sum at its priority and above; the
+ * port's whole backlog is kept beside it for EcnMark. SelectiveDrop and EcnMark decide
+ * against them, and only what they admit reaches the scheduler, so the real queue holds what
+ * the virtual one says, give or take the packets in flight inside the switch.
  *
  * Runs in ingress after Forwarding, Classify and Spray (it needs the egress port and the
  * queue); ports without a vq_config entry are not bottlenecks and skip it.
@@ -26,7 +25,7 @@
 #ifndef DLCP_PRIORITY_QUEUE_P4
 #define DLCP_PRIORITY_QUEUE_P4
 
-/* Per port: time of the last drain (us); per port x priority: backlog (packets << 24). */
+/* Per port: time of the last drain (us); per port x priority: backlog (slots << VQ_FRAC_BITS). */
 register<bit<48>>(MAX_PORTS) vq_last_us;
 register<bit<64>>(PORT_QUEUES) vq_backlog;
 
@@ -41,11 +40,19 @@ register<bit<64>>(PORT_QUEUES) vq_backlog;
 control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
                      inout standard_metadata_t standard_metadata) {
     bit<64> rate = 0;
+    bit<64> overhead = 0;
+    bit<64> mpu = 0;
+    bit<64> unit = 0;
 
-    action set_vq(bit<32> rate_fp, bit<32> capacity) {
+    /* rate_fp: slots per microsecond (8.24); capacity: buffer, slots; overhead, mpu, unit_fp:
+     * the scheduler's charge per packet (see VQ_UNIT_SHIFT). */
+    action set_vq(bit<32> rate_fp, bit<32> capacity, bit<16> overhead_bytes, bit<16> mpu_bytes, bit<32> unit_fp) {
         meta.vq_on = 1;
         rate = (bit<64>)rate_fp;
         meta.vq_capacity = capacity;
+        overhead = (bit<64>)overhead_bytes;
+        mpu = (bit<64>)mpu_bytes;
+        unit = (bit<64>)unit_fp;
     }
     action no_vq() {
         meta.vq_on = 0;
@@ -71,6 +78,11 @@ control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
                 elapsed = VQ_MAX_ELAPSED_US;
             }
             bit<64> budget = elapsed * rate;
+            bit<64> charged = (bit<64>)standard_metadata.packet_length + overhead;
+            if (charged < mpu) {
+                charged = mpu;
+            }
+            meta.vq_cost = (charged * unit) >> VQ_UNIT_SHIFT;
             bit<64> backlog;
             bit<64> ahead = 0;
             bit<64> total = 0;
@@ -88,14 +100,17 @@ control VirtualQueue(inout headers_t hdr, inout dlcp_metadata_t meta,
     }
 }
 
-/* After the drop decision: an admitted packet joins its priority's virtual backlog. */
+/* After the drop decision: an admitted packet joins its priority's virtual backlog, and its
+ * frame carries its queue to the port's scheduler (TM_TAG_BITS low bits of the source MAC,
+ * which Forwarding has just set to the port's own). */
 control VqAdmit(inout headers_t hdr, inout dlcp_metadata_t meta,
                 inout standard_metadata_t standard_metadata) {
     apply {
         if (meta.vq_on == 1 && meta.drop == 0) {
             bit<64> backlog;
             vq_backlog.read(backlog, meta.port_queue);
-            vq_backlog.write(meta.port_queue, backlog + ((bit<64>)1 << VQ_FRAC_BITS));
+            vq_backlog.write(meta.port_queue, backlog + meta.vq_cost);
+            hdr.ethernet.src_addr[TM_TAG_BITS - 1:0] = meta.queue;
         }
     }
 }

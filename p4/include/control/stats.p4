@@ -12,9 +12,10 @@
  * Service rate while backlogged, per egress port (registers; read over Thrift): when a packet
  * leaves while its queue still holds others (deq_qdepth > 0), the next departure from that
  * port is a pure service interval, so busy_gaps counts such intervals and busy_gap_us sums
- * their length. busy_gaps / busy_gap_us is the rate the port really achieved while it had
- * work, whatever the load: a testbed run checks it against the configured capacity, to tell
- * a congested port from a switch starved of CPU. */
+ * their length. busy_gaps / busy_gap_us is the rate BMv2's egress achieved while it had work.
+ * A bottleneck's queue is in its scheduler behind the switch (PriorityQueue), so BMv2's own
+ * queues there hardly fill: these registers are a diagnostic of BMv2, and the testbed judges
+ * a bottleneck by its scheduler's counters (topologies/validity.py). */
 #ifndef DLCP_STATS_P4
 #define DLCP_STATS_P4
 

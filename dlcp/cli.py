@@ -27,8 +27,12 @@ GLOBAL_OPTIONS: list[GlobalOption] = [
 
 def build_parser() -> argparse.ArgumentParser:
     """Every sub-command, in the order ``--help`` lists them: host, testbed, simulator, report, clean."""
-    parser = argparse.ArgumentParser(prog="dlcp", description="DLCP: demo, policy, wire format, and experiments "
-                                     "on a Mininet testbed of BMv2 switches.")
+    parser = argparse.ArgumentParser(
+        prog="dlcp", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="DLCP: demo, policy, wire format, and experiments on a Mininet testbed of BMv2 switches.",
+        epilog="Training through DLCP needs no command: init_process_group(\"dlcp\") in an unchanged PyTorch "
+               "script\n(options DLCP_LOSS_BOUND, DLCP_MTU, DLCP_LINE_RATE; failure behaviour and limits: "
+               "docs/backend.md).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_host_commands(sub)
     add_experiment_commands(sub)

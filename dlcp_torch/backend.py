@@ -230,8 +230,10 @@ def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
 
 def _split_rows(t: torch.Tensor, sizes: Sequence[int], world: int, what: str) -> list[torch.Tensor]:
     """``t`` cut along its first dimension into ``sizes`` rows each (equal parts if empty)."""
+    if t.dim() == 0:
+        raise ValueError(f"dlcp backend: {what}: a 0-dimensional tensor has no first dimension to split")
     if not sizes:
-        if t.shape[0] % world if t.dim() else True:
+        if t.shape[0] % world:
             raise ValueError(f"dlcp backend: {what}: a tensor of shape {tuple(t.shape)} does not split into "
                              f"{world} equal parts along its first dimension")
         sizes = [t.shape[0] // world] * world

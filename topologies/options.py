@@ -103,7 +103,8 @@ def add_shared_arguments(p: argparse.ArgumentParser, defaults: Any, ranges: Mapp
                                      f"arrived (default: {given}{defaults.loss_bound:g})")
     add_ecn_backlog_argument(p, default=None if policy_file else defaults.ecn_backlog)
     p.add_argument("--repeat", type=number(COMMON_RANGES["repeat"]), default=getattr(defaults, "repeat", 1),
-                   help="runs (seeds, in the simulator) per scheme, interleaved; >= 3 gives 95%% intervals")
+                   help="runs (seeds, in the simulator) per scheme, interleaved; >= 5 give 95%% intervals "
+                        "(fewer: ranges, and no verdict)")
 
 
 def add_ecn_backlog_argument(p: argparse.ArgumentParser, default: str | None = Policy.ecn_backlog) -> None:

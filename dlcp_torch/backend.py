@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -52,6 +53,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +93,8 @@ MAX_DEFAULT_MTU = 9000
 #: NICs), in bytes/s: 100 Gb/s. On loopback no link limits the rate and gloo paces nothing:
 #: this leaves the rate to the hosts' CPUs, as gloo's is.
 UNKNOWN_LINK_RATE = 100e9 / 8
+#: Longest a rank waits, when its group shuts down, for the others to shut down too (s).
+LEAVE_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel on one DLCP endpoint per process."""
 
     def __init__(self, endpoint: Endpoint, rank: int, world_size: int, options: BackendOptions,
-                 timeout: float) -> None:
+                 timeout: float, store: dist.Store | None = None) -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]  # stubs: store-taking form only
         self._rank, self._world = rank, world_size
         self.endpoint = endpoint
@@ -267,6 +271,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._broken: str | None = None  # why the group failed (then every call is refused)
         self._closer: threading.Thread | None = None
+        self._store = store
         self._group_name = ""
         self._group_desc = ""
         self.counts: Counter = Counter()
@@ -753,12 +758,23 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return self._p2p[key]
 
     def shutdown(self) -> None:
-        """Stop the endpoint and the pool (``destroy_process_group`` calls it). The endpoint
-        closes first, so a collective still waiting (on a peer that stopped, say) fails at once
-        instead of holding the pool until its timeout."""
+        """Stop the endpoint and the pool (``destroy_process_group`` calls it, and the
+        interpreter's exit). A healthy group leaves together: each rank says so in the store and
+        waits (at most :data:`LEAVE_WAIT` s) for the others before its endpoint closes. Why: a
+        rank that is done with the last collective may still be needed by a slower one's (its
+        STOPs, a resend), and a control connection that closes fails the group at once (see
+        :meth:`_on_peer_lost`). A failed group closes at once; the endpoint closes before the
+        pool, so a collective still waiting fails now instead of holding the pool."""
         if self._closed:
             return
         self._closed = True
+        if self._broken is None and self._store is not None:
+            try:
+                self._store.set(f"dlcp/leaving/{self._rank}", "1")
+                self._store.wait([f"dlcp/leaving/{r}" for r in range(self._world)],
+                                 timedelta(seconds=min(self.timeout, LEAVE_WAIT)))
+            except Exception as exc:  # noqa: BLE001 - a peer gone, or the store's host gone first: leave anyway
+                log.info("dlcp: rank %d leaves without every rank's word: %s", self._rank, exc)
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)
         self._pool.shutdown(wait=True)
         with contextlib.suppress(ValueError):  # no cycle left for the collector: the endpoint goes now
@@ -820,7 +836,10 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
                  "DLCP_LOSS_BOUND=0 for lossless)" if p > 0 else "lossless (loss bound 0)")
         print(f"dlcp: process group of {world_size} ranks: {bound}; {link}; timeout {seconds:g} s",
               file=sys.stderr, flush=True)
-    return DLCPProcessGroup(ep, rank, world_size, options, seconds)
+    pg = DLCPProcessGroup(ep, rank, world_size, options, seconds, store)
+    ref = weakref.ref(pg)
+    atexit.register(lambda: (lambda g: g.shutdown() if g is not None else None)(ref()))
+    return pg
 
 
 def group_stats(group: Any = None) -> dict[str, Any]:

@@ -231,3 +231,26 @@ def test_fsdp2_device_mesh_and_dtensor_run_as_through_gloo():
         assert ours[rank]["name"]  # the group has a name torch resolves it by
         assert ours[rank]["losses"] == pytest.approx(gloo[rank]["losses"], rel=1e-5, abs=1e-6)
         assert ours[rank]["full"] == list(range(8)) and ours[rank]["summed"] == [3.0, 3.0, 3.0]
+
+
+def _one_leaves_early(rank, world):
+    """Rank 0 is done after one send and destroys its group while ranks 1 and 2 still exchange."""
+    dist.init_process_group("dlcp")
+    x = torch.full((4,), 7.0)
+    if rank == 0:
+        dist.send(x, dst=1)
+    elif rank == 1:
+        dist.recv(x, src=0)
+        dist.recv(x, src=2)
+    else:
+        time.sleep(2.0)
+        dist.send(torch.full((4,), 9.0), dst=1)
+    dist.destroy_process_group()
+    return x.tolist()
+
+
+def test_a_rank_that_finishes_first_does_not_fail_the_others():
+    """A group leaves together: before, rank 0 closing its connections after its last call
+    failed the collectives ranks 1 and 2 still had between them ("lost rank 0")."""
+    res = _spawn(_one_leaves_early, 3)
+    assert res[1] == [9.0] * 4

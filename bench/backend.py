@@ -35,11 +35,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
 from hostagent.tables import Column, Record, Table  # noqa: E402
-from transport import LOAD_COLUMNS, Load, load_cells  # noqa: E402  (bench/transport.py)
+from bench.transport import LOAD_COLUMNS, Load, load_cells  # noqa: E402
 
 WARMUP = 3
 ALLREDUCE_BYTES = 57_000_000

@@ -118,7 +118,10 @@ def _ddp_bounds(rank, world):
         ddp(torch.randn(8, 256, generator=g)).pow(2).mean().backward()
         opt.step()
     params = [p.detach().clone() for p in model.parameters()]
+    from dlcp_torch.backend import DLCPProcessGroup
+
     pg = dist.group.WORLD
+    assert isinstance(pg, DLCPProcessGroup)
     sent = [m for m in pg.endpoint.message_log if m.direction == "send"]
     return params, sorted({m.loss_bound for m in sent}), sorted({m.priority for m in sent})
 

@@ -90,18 +90,22 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 def hostile_datagrams(n: int, job: int, victim: int, real: list[tuple[int, int]], seed: int = 0) -> list[bytes]:
     """``n`` datagrams of every hostile kind, in turn: forged copies of the headers of the real
     messages ``real`` (sender, message id), with the right job, sender, message and offsets, a
-    guessed token and a garbage payload; data for unknown messages from a configured rank (0),
-    from the ``victim`` itself and from a rank that does not exist (7); random bytes; a
-    truncated header; another version; another job."""
+    guessed token, a garbage payload and a guessed trailer (packet number and tag); data for
+    unknown messages from a configured rank (0), from the ``victim`` itself and from a rank that
+    does not exist (7), with guessed trailers; random bytes; a truncated header; another version;
+    another job."""
     rng = np.random.default_rng(seed)
     policy = Policy(loss_bound_push=0.0)
     garbage = rng.standard_normal(elems_per_packet(1500, np.float32) * 4).astype(np.float32) * 1e6
     kinds: list[list[bytes]] = []
-    kinds.append([d for sender, mid in real for d in  # one kind: forgeries of every real message in turn
+    def guessed(d: bytes) -> bytes:  # a trailer without the key: a guess
+        return d + rng.integers(0, 256, wire.TRAILER_SIZE, dtype=np.uint8).tobytes()
+
+    kinds.append([guessed(d) for sender, mid in real for d in  # one kind: forgeries of every real message in turn
                   packetize(garbage, MessageMeta(job_id=job, message_id=mid, sender_rank=sender,
                                                  token=int(rng.integers(1 << 32))), policy)])
     for sender in (0, victim, 7):
-        kinds.append([d for _ in range(16) for d in
+        kinds.append([guessed(d) for _ in range(16) for d in
                       packetize(garbage, MessageMeta(job_id=job, message_id=int(rng.integers(1 << 30)),
                                                      sender_rank=sender), policy)])
     kinds.append([rng.integers(0, 256, int(rng.integers(1, 1500)), dtype=np.uint8).tobytes() for _ in range(64)])

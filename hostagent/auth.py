@@ -1,31 +1,43 @@
-"""Who may speak for a rank: the control handshake's proofs and the data packets' tokens.
+"""Who may speak for a rank: the control handshake's proofs, the data keys derived from it, and
+the data packets' protection.
 
-Pure functions; the control path (:mod:`hostagent.control_path`) runs the exchange.
+Pure functions; the control path (:mod:`hostagent.control_path`) runs the exchange, and the
+packet protection itself is compiled code (``hostagent/native/seal.h``) that both data paths
+call.
 
 **Handshake.** A control connection from initiator I to acceptor A opens with four HELLO
 records (:data:`hostagent.wire.HELLO_BODY`)::
 
     1. I -> A  nonce_I                          (A checks: I is a configured rank other than A,
                                                  connecting from I's configured address)
-    2. A -> I  nonce_A, proof(A)                (I checks A's proof)
-    3. I -> A  proof(I), key(A->I)              (A checks I's proof; only now A learns a key)
-    4. A -> I  key(I->A)
+    2. A -> I  nonce_A, proof(A), kn_A          (I checks A's proof)
+    3. I -> A  proof(I), kn_I                   (A checks I's proof; only now A takes I's data)
+    4. A -> I  (done)                           (I takes A's data)
 
-``proof`` is an HMAC-SHA256 under the job secret of both nonces, both ranks, the job and the
-prover's role, so it can be neither replayed from another connection nor reflected back. A
-key is given only to a peer that proved the secret, and only after the giver checked it.
-Without a secret (``TransportConfig.secret`` unset) proofs are empty and not checked: the
-address check and the tokens still stop blind forgery from other hosts and other processes
-that never connected, but not a process that connects as a rank from that rank's address.
+``proof`` is an HMAC-SHA256 under the job secret of both nonces, both ranks, the job, the
+prover's role and its key nonce ``kn``, so it can be neither replayed from another connection
+nor reflected back, and nobody without the secret can put another key nonce in its place.
+Without a secret (``TransportConfig.secret`` unset) proofs are empty and not checked.
 
-**Tokens.** Each receiver draws a random key per sender and gives it in the handshake. Every
-data packet of message m of iteration i from S to R carries ``message_token(key_R[S], job, S,
-m, i)``; R checks it before a byte of the payload is used. Without the key a forger guesses a
-32-bit value per packet. The iteration is bound in because message ids repeat (an exchange's
-ids wrap every 1,024 iterations): without it, a packet recorded at iteration i would carry a
-valid token again at i + 1,024. The full 32-bit iteration repeats only after 2^32 uses. Keys and
-tokens travel in the clear: an attacker who can read the packets on the path is out of scope
-(that is what network encryption, such as IPsec or WireGuard, is for).
+**Keys.** Each endpoint draws a key nonce per peer (16 random bytes, kept until it has no
+connection with the peer left). The key of a direction S -> R is HKDF-SHA256 (RFC 5869) of the
+job secret, with the job, both ranks and both key nonces in its info (:func:`direction_key`):
+both sides compute it, neither sends it. Every datagram S sends R on the data path (data and
+credits) is sealed under it, every one R takes from S opened under it. Why key nonces per peer
+and not the connection's nonces: two ranks may hold two connections at once (both dialled), and
+both must give the same keys, whichever a side heard first; a side's key nonce is the same on
+each. Why both sides' nonces: a sender's packet numbers restart with its process, so its key
+must too (a new nonce of its own), whatever the receiver kept; and a receiver that restarted
+must not accept what was recorded for its previous life (a new nonce of its own).
+
+**Without a secret** the keys come from the nonces alone, which travel in the clear in the
+handshake: they stop blind forgery (an off-path host or process that never saw the handshake
+guesses a 128-bit tag), nothing more. Whoever can read the control connection can compute them.
+
+**Tokens.** A data packet's header ``token`` is :data:`DATA_TOKEN` (zero): the trailer's tag
+(:data:`hostagent.wire.TRAILER_SIZE`) authenticates the whole packet. A credit's token (keyed
+BLAKE2b of its header, :func:`credit_token`) is still computed under the direction key and
+checked behind the tag; it protects nothing the tag does not.
 """
 
 from __future__ import annotations
@@ -37,18 +49,25 @@ import struct
 
 from hostagent import wire
 
-#: Bytes of a nonce, a receive key, and a proof (HMAC-SHA256).
+#: Bytes of a nonce (handshake or key nonce), a direction key, and a proof (HMAC-SHA256).
 NONCE_BYTES = 16
 KEY_BYTES = 16
 PROOF_BYTES = 32
 #: Shortest job secret accepted: 128 bits, as a random key should have.
 MIN_SECRET_BYTES = 16
 
-#: Handshake steps (the first byte of a HELLO body).
+#: The ``token`` field of a data packet since wire version 3: zero. It was a 32-bit keyed hash of
+#: (job, sender, message, iteration) that covered neither ``seq``, the offset, the flags nor the
+#: payload; the trailer's 128-bit tag covers all of them (``hostagent/native/seal.h``).
+DATA_TOKEN = 0
+
+#: Handshake steps (the first byte of a HELLO body). STEP_KEY (4) now says only "done": no
+#: key is sent (its name is kept for the wire's step numbers).
 STEP_HELLO, STEP_CHALLENGE, STEP_RESPONSE, STEP_KEY = 1, 2, 3, 4
 
-_PROOF_INPUT = struct.Struct("!8sIHH16s16s")
-_TOKEN_INPUT = struct.Struct("!IHII")
+_PROOF_INPUT = struct.Struct("!8sIHH16s16s16s")
+_KEY_INFO = struct.Struct("!16sIHH16s16s")
+_KEY_SALT = b"DLCP direction key v1"
 # Where the token sits in a header (a credit's token is computed over the header around it).
 _TOKEN_AT = wire.FIELD_OFFSET["token"]
 _TOKEN_END = _TOKEN_AT + wire.FIELD_DTYPE["token"].itemsize
@@ -89,20 +108,59 @@ def parse_secret(text: str | bytes | None) -> bytes | None:
 
 
 def proof(secret: bytes | None, role: str, job_id: int, initiator: int, acceptor: int, nonce_i: bytes,
-          nonce_a: bytes) -> bytes:
-    """What ``role`` ("accept" or "initiate") sends to show it holds ``secret``; zeros without one."""
+          nonce_a: bytes, key_nonce: bytes = bytes(NONCE_BYTES)) -> bytes:
+    """What ``role`` ("accept" or "initiate") sends to show it holds ``secret``, binding the key
+    nonce it sends with it; zeros without a secret."""
     if secret is None:
         return bytes(PROOF_BYTES)
-    msg = _PROOF_INPUT.pack(role.encode(), job_id, initiator, acceptor, nonce_i, nonce_a)
+    msg = _PROOF_INPUT.pack(role.encode(), job_id, initiator, acceptor, nonce_i, nonce_a, key_nonce)
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
 def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator: int, acceptor: int,
-             nonce_i: bytes, nonce_a: bytes) -> bool:
-    """Whether ``got`` is ``role``'s proof for this connection (always true without a secret)."""
+             nonce_i: bytes, nonce_a: bytes, key_nonce: bytes = bytes(NONCE_BYTES)) -> bool:
+    """Whether ``got`` is ``role``'s proof for this connection and key nonce (always true
+    without a secret)."""
     if secret is None:
         return True
-    return hmac.compare_digest(got, proof(secret, role, job_id, initiator, acceptor, nonce_i, nonce_a))
+    return hmac.compare_digest(got, proof(secret, role, job_id, initiator, acceptor, nonce_i, nonce_a, key_nonce))
+
+
+def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    """HKDF (RFC 5869) with HMAC-SHA256: extract a key from ``ikm`` under ``salt``, expand it to
+    ``length`` bytes bound to ``info``. Built on the standard library's HMAC (the construction
+    is two lines of the RFC; no cipher is written here).
+
+    Example: ``hkdf_sha256(b"secret", b"salt", b"info", 16)``
+    """
+    if not 0 < length <= 255 * 32:
+        raise ValueError(f"HKDF-SHA256 gives 1..{255 * 32} bytes, not {length}")
+    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out += block
+        counter += 1
+    return out[:length]
+
+
+def direction_key(secret: bytes | None, job_id: int, sender: int, receiver: int, sender_nonce: bytes,
+                  receiver_nonce: bytes) -> bytes:
+    """The 16-byte AES key of everything ``sender`` sends ``receiver`` on the data path, from the
+    job secret and both sides' key nonces (see the module's docstring); never on the wire.
+    Without a secret it comes from the nonces alone: it stops only blind forgery.
+
+    Raises:
+        ValueError: a nonce of the wrong size.
+
+    Example::
+
+        k = direction_key(secret, 1, 0, 1, kn_0, kn_1)   # rank 0 -> rank 1; both compute it
+    """
+    if len(sender_nonce) != NONCE_BYTES or len(receiver_nonce) != NONCE_BYTES:
+        raise ValueError(f"key nonces have {NONCE_BYTES} bytes, got {len(sender_nonce)} and {len(receiver_nonce)}")
+    info = _KEY_INFO.pack(b"DLCP data", job_id, sender, receiver, sender_nonce, receiver_nonce)
+    return hkdf_sha256(secret or b"", _KEY_SALT, info, KEY_BYTES)
 
 
 def credit_token(key: bytes, header: bytes) -> int:
@@ -121,11 +179,3 @@ def credit_token(key: bytes, header: bytes) -> int:
         raise ValueError(f"a credit's header has at least {_TOKEN_END} bytes, got {len(header)}")
     blank = header[:_TOKEN_AT] + bytes(4) + header[_TOKEN_END:]
     return int.from_bytes(hashlib.blake2b(b"C" + blank, digest_size=4, key=key).digest(), "big")
-
-
-def message_token(key: bytes, job_id: int, sender: int, message_id: int, iteration: int = 0) -> int:
-    """The 32-bit token of message ``message_id`` of ``iteration`` from ``sender``, under the
-    receiver's ``key`` (keyed BLAKE2b; the compiled data path computes the same)."""
-    digest = hashlib.blake2b(_TOKEN_INPUT.pack(job_id, sender, message_id, iteration), digest_size=4,
-                             key=key).digest()
-    return int.from_bytes(digest, "big")

@@ -39,6 +39,8 @@ class ControlConn:
         self.step = 0  # last handshake step seen or sent
         self.nonce_i = b""
         self.nonce_a = b""
+        self.key_nonce = b""  # ours, sent in this handshake (hostagent.auth)
+        self.peer_key_nonce = b""  # the peer's, from its proof-bound HELLO
         self.authenticated = False
         self.auth_failed = False  # the peer answered with a wrong proof (a wrong secret; not retried)
         self.settled = threading.Event()

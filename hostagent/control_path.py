@@ -65,6 +65,7 @@ class ControlPath:
     _conns: dict[int, ControlConn]
     _all_conns: list[ControlConn]
     _dialing: dict[int, ControlConn]
+    _key_nonces: dict[int, bytes]  # rank -> our key nonce for it (hostagent.auth)
     _allowed_ips: dict[int, set[str]]
     ctl_stats: Counter
     ctl_records_received: Counter
@@ -387,38 +388,61 @@ class ControlPath:
                     raise _Rejected("wrong_address", f"claimed rank {rank} from {conn.peer_ip}, not from "
                                     f"{cfg.peer(rank).host}")
                 conn.rank, conn.nonce_i, conn.nonce_a, conn.step = rank, nonce, auth.new_nonce(), auth.STEP_CHALLENGE
-                self._send_hello(conn, auth.STEP_CHALLENGE, nonce=conn.nonce_a,
+                conn.key_nonce = self._key_nonce(rank)
+                self._send_hello(conn, auth.STEP_CHALLENGE, nonce=conn.nonce_a, key=conn.key_nonce,
                                  proof=auth.proof(cfg.secret, "accept", cfg.job_id, rank, self.rank, conn.nonce_i,
-                                                  conn.nonce_a))
+                                                  conn.nonce_a, conn.key_nonce))
             elif step == auth.STEP_RESPONSE and conn.step == auth.STEP_CHALLENGE:
                 if not auth.proof_ok(cfg.secret, proof, "initiate", cfg.job_id, rank, self.rank, conn.nonce_i,
-                                     conn.nonce_a):
+                                     conn.nonce_a, key):
                     raise _Rejected("bad_proof", f"claimed rank {rank} without proving the job secret")
                 conn.step = auth.STEP_KEY
-                with self._lock:  # before our key leaves: the peer's data may follow it at once
-                    self._core.peer_authenticated(rank, key)
-                    rx_key = self._core.rx_key(rank)
-                self._send_hello(conn, auth.STEP_KEY, key=rx_key)
-                self._authenticated(conn)  # after: no record of ours may overtake the key
+                with self._lock:  # before our "done" leaves: the peer's data may follow it at once
+                    self._keys_agreed(conn, rank, key)
+                self._send_hello(conn, auth.STEP_KEY)
+                self._authenticated(conn)  # after: no record of ours may overtake the "done"
             else:
                 raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
             return
         if step == auth.STEP_CHALLENGE and conn.step == auth.STEP_HELLO:
-            if not auth.proof_ok(cfg.secret, proof, "accept", cfg.job_id, self.rank, rank, conn.nonce_i, nonce):
+            if not auth.proof_ok(cfg.secret, proof, "accept", cfg.job_id, self.rank, rank, conn.nonce_i, nonce, key):
                 conn.auth_failed = True
                 raise _Rejected("bad_proof", "did not prove the job secret (is the secret the same on every rank?)")
-            conn.nonce_a, conn.step = nonce, auth.STEP_RESPONSE
-            with self._lock:
-                rx_key = self._core.rx_key(rank)
-            self._send_hello(conn, auth.STEP_RESPONSE, key=rx_key,
+            conn.nonce_a, conn.step, conn.peer_key_nonce = nonce, auth.STEP_RESPONSE, key
+            conn.key_nonce = self._key_nonce(rank)
+            self._send_hello(conn, auth.STEP_RESPONSE, key=conn.key_nonce,
                              proof=auth.proof(cfg.secret, "initiate", cfg.job_id, self.rank, rank, conn.nonce_i,
-                                              conn.nonce_a))
+                                              conn.nonce_a, conn.key_nonce))
         elif step == auth.STEP_KEY and conn.step == auth.STEP_RESPONSE:
             with self._lock:
-                self._core.peer_authenticated(rank, key)
+                self._keys_agreed(conn, rank, conn.peer_key_nonce)
             self._authenticated(conn)
         else:
             raise _Rejected("bad_handshake", f"sent handshake step {step} after step {conn.step}")
+
+    def _key_nonce(self, rank: int) -> bytes:
+        """Our key nonce for ``rank`` (:mod:`hostagent.auth`): drawn once, the same on every
+        connection with it, drawn anew once no connection with it is left."""
+        with self._lock:
+            kn = self._key_nonces.get(rank)
+            if kn is None:
+                kn = self._key_nonces[rank] = auth.new_nonce()
+            return kn
+
+    def _keys_agreed(self, conn: ControlConn, rank: int, peer_key_nonce: bytes) -> None:
+        """Both proofs checked on ``conn``: derive both direction keys and hand them to the
+        endpoint (self._lock held).
+
+        Raises:
+            _Rejected: our key nonce was withdrawn (the peer was lost) while this handshake ran:
+                its keys would be an old pair's, whose packet numbers may have been used.
+        """
+        if self._key_nonces.get(rank) != conn.key_nonce:
+            raise _Rejected("bad_handshake", f"rank {rank}'s keys were withdrawn during the handshake")
+        cfg = self.config
+        rx_key = auth.direction_key(cfg.secret, cfg.job_id, rank, self.rank, peer_key_nonce, conn.key_nonce)
+        tx_key = auth.direction_key(cfg.secret, cfg.job_id, self.rank, rank, conn.key_nonce, peer_key_nonce)
+        self._core.peer_authenticated(rank, tx_key, rx_key)
 
     def _send_hello(self, conn: ControlConn, step: int, nonce: bytes = b"", proof: bytes = b"",
                     key: bytes = b"") -> None:
@@ -502,6 +526,7 @@ class ControlPath:
                 self._conns[rank] = spare[-1]
             else:
                 self._core.peer_lost(rank)
+                self._key_nonces.pop(rank, None)  # the next connection derives new keys
         (log.warning if in_flight else log.info)("rank %d: peer rank %d %s", self.rank, rank, why)
         if lost:
             for callback in list(self.peer_lost_callbacks):

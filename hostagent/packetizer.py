@@ -39,7 +39,7 @@ class MessageMeta:
     layer: int = 0
     priority: int = 0
     token: int = 0
-    """The message token the receiver checks (see :func:`hostagent.auth.message_token`)."""
+    """The header's token field: :data:`hostagent.auth.DATA_TOKEN` on the wire (tests set others)."""
 
     def __post_init__(self) -> None:
         for name in ("job_id", "message_id", "sender_rank", "iteration", "tensor_id", "layer", "priority", "token"):
@@ -50,19 +50,21 @@ class MessageMeta:
 
 
 def elems_per_packet(mtu: int, dtype: np.dtype | type | str) -> int:
-    """How many elements of ``dtype`` fit in one IP packet of ``mtu`` bytes after the headers.
+    """How many elements of ``dtype`` fit in one IP packet of ``mtu`` bytes after the headers
+    and before the trailer (:data:`hostagent.wire.TRAILER_SIZE`).
 
     Raises:
         ValueError: the MTU leaves no room for one element, or more than ``elem_count`` can say.
 
-    Example: ``elems_per_packet(1500, np.float32) == 357``
+    Example: ``elems_per_packet(1500, np.float32) == 351``
     """
     itemsize = np.dtype(dtype).itemsize
-    room = mtu - wire.IP_UDP_OVERHEAD - wire.HEADER_SIZE
+    room = mtu - wire.IP_UDP_OVERHEAD - wire.HEADER_SIZE - wire.TRAILER_SIZE
     per = room // itemsize
     if per < 1:
         raise ValueError(
-            f"MTU {mtu} leaves {room} bytes after IP, UDP and DLCP headers: not one {itemsize}-byte element"
+            f"MTU {mtu} leaves {room} bytes after IP, UDP and DLCP headers and the trailer: "
+            f"not one {itemsize}-byte element"
         )
     if per > wire.FIELD_MAX["elem_count"]:
         raise ValueError(f"MTU {mtu} would put {per} elements in a packet; elem_count holds at most "
@@ -88,8 +90,9 @@ class PacketBatch:
 
     @property
     def datagram_bytes(self) -> int:
-        """Bytes of one full-size datagram (DLCP header + a full payload): the unit of pacing."""
-        return wire.HEADER_SIZE + self.elems_per_packet * self.payload.itemsize
+        """Bytes of one full-size datagram (DLCP header + a full payload + the trailer): the unit
+        of pacing."""
+        return wire.HEADER_SIZE + self.elems_per_packet * self.payload.itemsize + wire.TRAILER_SIZE
 
     @property
     def nbytes(self) -> int:

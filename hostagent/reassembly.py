@@ -46,6 +46,7 @@ REASONS: tuple[str, ...] = (
     "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
     "count_mismatch",  # elem_count or payload length differs from what this seq must carry
     "stale",  # right token for its own iteration, but recorded earlier (hostagent.protocol.incoming.stale)
+    "bad_mac",  # the trailer's tag is wrong (a bit changed anywhere, or not sealed under its sender's key)
 )
 _CODE = {name: i for i, name in enumerate(REASONS)}
 _H = wire.HEADER_SIZE
@@ -71,8 +72,8 @@ _OFFSET_WORD = wire.FIELD_OFFSET["elem_offset"] // 4
 assert wire.FIELD_OFFSET["seq"] % 4 == 0 and wire.FIELD_OFFSET["elem_offset"] % 4 == 0
 _I_SEQ, _I_TOKEN, _I_DTYPE, _I_TOTAL, _I_COUNT, _I_OFFSET = (
     wire.FIELD_INDEX[f] for f in ("seq", "token", "dtype", "total_pkts", "elem_count", "elem_offset"))
-_I_VERSION, _I_PTYPE, _I_JOB, _I_SENDER, _I_MESSAGE = (
-    wire.FIELD_INDEX[f] for f in ("version", "ptype", "job_id", "sender_rank", "message_id"))
+_I_VERSION, _I_PTYPE, _I_JOB, _I_SENDER, _I_MESSAGE, _I_ITERATION = (
+    wire.FIELD_INDEX[f] for f in ("version", "ptype", "job_id", "sender_rank", "message_id", "iteration"))
 
 
 class Assembly:
@@ -92,19 +93,24 @@ class Assembly:
         pkt_priority: np.ndarray | None = None,
         pkt_layer: np.ndarray | None = None,
         scale: float = 1.0,
+        iteration: int | None = None,
     ) -> None:
         """``accumulate``: add each payload into ``out`` (float32, or the wire's type: see
         :func:`hostagent.wire.destination_dtypes`) instead of copying it; with ``scale`` (a
         float32 message into float32), ``out = out * scale + payload``, and where no packet came
         ``out * scale`` at completion (:meth:`zero_missing`), as the compiled path adds.
         ``received`` (uint8), ``pkt_priority`` (uint8) and ``pkt_layer`` (int64), one per packet,
-        are adopted when given (a data path whose caller owns them), else allocated."""
+        are adopted when given (a data path whose caller owns them), else allocated.
+        ``iteration``: the iteration this use of the message id belongs to; a packet of another
+        is ``stale`` (recorded at an earlier use: its tag is right, it belongs elsewhere). None:
+        not checked."""
         if total_elems < 0 or total_elems > wire.FIELD_MAX["elem_offset"]:
             raise ValueError(f"total_elems={total_elems} outside 0..{wire.FIELD_MAX['elem_offset']}")
         if not 1 <= elems_per_packet <= wire.FIELD_MAX["elem_count"]:
             raise ValueError(f"elems_per_packet={elems_per_packet} outside 1..{wire.FIELD_MAX['elem_count']}")
         self.key = (sender_rank, message_id)
         self.token = token
+        self.iteration = iteration
         self.dtype_code = wire.dtype_code(dtype)
         self.wire_dtype = wire.NUMPY_DTYPES[self.dtype_code]
         self.total_elems = total_elems
@@ -213,8 +219,10 @@ class Assembly:
         n = len(lengths)
         per = self.elems_per_packet
         s0 = h0[_I_SEQ]
-        if (s0 + n > self.n_full or h0[_I_TOKEN] != self.token or h0[_I_DTYPE] != self.dtype_code
-                or h0[_I_TOTAL] != self.total_pkts or h0[_I_COUNT] != per or h0[_I_OFFSET] != s0 * per):
+        if (s0 + n > self.n_full or h0[_I_TOKEN] != self.token
+                or (self.iteration is not None and h0[_I_ITERATION] != self.iteration)
+                or h0[_I_DTYPE] != self.dtype_code or h0[_I_TOTAL] != self.total_pkts or h0[_I_COUNT] != per
+                or h0[_I_OFFSET] != s0 * per):
             return False
         payload = per * self.wire_dtype.itemsize
         if _H + payload > slots.shape[1] or _nz(lengths != _H + payload):
@@ -263,6 +271,8 @@ class Assembly:
         local = np.zeros(len(rows), dtype=np.uint8)
         checks = (
             ("bad_token", h["token"] != self.token),  # first: a forged packet counts for nothing else
+            ("stale", (h["iteration"] != self.iteration) if self.iteration is not None
+             else np.zeros(len(rows), dtype=bool)),  # an earlier use of the message id
             ("wrong_dtype", h["dtype"] != self.dtype_code),
             ("bad_seq", (h["total_pkts"] != self.total_pkts) | ~in_range),
             ("bad_offset", h["elem_offset"].astype(np.int64) != safe_seq * per),
@@ -399,7 +409,7 @@ class Reassembler:
     def expect(self, sender_rank: int, message_id: int, total_elems: int, dtype: np.dtype | type | str,
                elems_per_packet: int, out: np.ndarray | None = None, token: int = 0, **buffers: Any) -> Assembly:
         """Announce a message and preallocate (or adopt ``out`` as) its destination; its packets
-        must carry ``token`` (see :func:`hostagent.auth.message_token`).
+        must carry ``token`` (:data:`hostagent.auth.DATA_TOKEN` from an endpoint).
 
         Raises:
             ValueError: the message is already expected, or its parameters are invalid.

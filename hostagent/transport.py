@@ -86,6 +86,7 @@ class Endpoint(ControlPath):
         self._conns: dict[int, ControlConn] = {}  # rank -> the authenticated connection used for it
         self._all_conns: list[ControlConn] = []
         self._dialing: dict[int, ControlConn] = {}  # rank -> connection an application thread is opening
+        self._key_nonces: dict[int, bytes] = {}  # rank -> our key nonce for it (hostagent.auth)
         self._allowed_ips: dict[int, set[str]] = {}  # rank -> addresses it may connect from
         self.ctl_stats: Counter = Counter()
         self.ctl_records_received: Counter = Counter()

@@ -183,8 +183,26 @@ class TransportConfig:
     """The job secret (at least 16 bytes; hex text is accepted): control connections must prove
     it (:mod:`hostagent.auth`). Every rank of the job needs the same one. Never printed."""
 
+    encrypt: bool = False
+    """Encrypt every data packet's payload (AES-128-GCM with the header as additional data), for
+    jobs on networks others can read. Off, every datagram is still authenticated (a 128-bit
+    GMAC over header and payload, :data:`hostagent.wire.TRAILER_SIZE`), but gradients travel in
+    the clear. Every rank of the job needs the same setting. See docs/design/security.md."""
+
+    authenticate: bool = True
+    """Check every datagram's tag (above). False sends the trailer with a zero tag and checks
+    nothing: only to measure what the tag costs (``bench/transport.py --part protection``);
+    any host that can reach the data port can then write into a message. Every rank of the job
+    needs the same setting; ``encrypt`` needs it on."""
+
     check_address: bool = True
     """Accept a control connection for a rank only from the address that rank is configured at."""
+
+    @property
+    def protection(self) -> int:
+        """What every datagram's trailer does, as the data paths' code for it: 0 nothing
+        (``authenticate=False``), 1 a MAC over header and payload, 2 the payload encrypted too."""
+        return 2 if self.encrypt else 1 if self.authenticate else 0
 
     datapath: str = "native"
     """Which per-packet path runs: ``native``, the compiled one (built by ``make setup``), or
@@ -202,6 +220,9 @@ class TransportConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "secret", parse_secret(self.secret))
         ranks = [p.rank for p in self.peers]
+        if self.encrypt and not self.authenticate:
+            raise ValueError("TransportConfig.encrypt=True needs authenticate=True (encryption without the tag "
+                             "would let anyone change the ciphertext unnoticed)")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"TransportConfig.peers has duplicate ranks: {ranks}")
         if self.rank not in ranks:

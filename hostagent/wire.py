@@ -10,9 +10,11 @@ Why these fields: the receiver places a payload by ``elem_offset`` alone, so
 packets of one message may arrive in any order over any path (per-packet
 spraying); ``priority`` and ``drop_class`` are what the switch queues and drops on;
 ``total_pkts``/``seq`` let the receiver keep a per-packet bitmap for bounded-loss
-completion and selective retransmission; ``token`` is what a receiver checks before a
-payload touches a tensor: a value only the authenticated sender of that message can compute
-(:mod:`hostagent.auth`), so data cannot be forged by guessing the other fields.
+completion and selective retransmission. What a receiver checks before a payload touches a
+tensor is not in the header: every datagram of the data path ends in a trailer
+(:data:`TRAILER_SIZE`), a packet number and a 128-bit AES-GCM tag over the header and payload
+under the sender's direction key (:mod:`hostagent.auth`), so no field and no bit of the payload
+can be forged or changed. ``token`` is left from version 2 (0 on data; a credit's keyed hash).
 
 Layout rules: fixed size, network byte order (big-endian), every field a whole
 number of bytes so BMv2 (which needs headers whose width is a multiple of 8 bits)
@@ -41,8 +43,9 @@ import numpy as np
 DLCP_UDP_PORT = 17649
 
 #: Header version carried in every packet; a receiver rejects any other value.
-#: 2: the ``token`` field (version 1 had none).
-VERSION = 2
+#: 2: the ``token`` field (version 1 had none). 3: every data-path datagram ends in a trailer
+#: (:data:`TRAILER_SIZE`).
+VERSION = 3
 
 
 class PacketType(enum.IntEnum):
@@ -157,7 +160,7 @@ FIELDS: tuple[Field, ...] = (
     Field("sender_rank", 16, "rank of the sending worker"),
     Field("job_id", 32, "training job; packets of other jobs are rejected"),
     Field("message_id", 32, "message, unique per sender and job"),
-    Field("token", 32, "message token: keyed hash of (job, sender, message) under the receiver's key for the sender"),
+    Field("token", 32, "0 on data (the trailer's tag authenticates it); a credit's keyed hash of its header"),
     Field("iteration", 32, "training iteration the message belongs to"),
     Field("tensor_id", 32, "tensor or bucket id"),
     Field("layer", 16, "layer index (0 = nearest the input)"),
@@ -192,6 +195,13 @@ FIELD_MAX: dict[str, int] = {f.name: (1 << f.bits) - 1 for f in FIELDS}
 
 #: IPv4 (no options) + UDP headers in front of the DLCP header.
 IP_UDP_OVERHEAD = 20 + 8
+
+#: Bytes after the payload of every datagram on the data path (DATA and CREDIT): an 8-byte
+#: packet number and a 16-byte AES-GCM tag over the header and the payload, under the key of
+#: the sender's direction (:mod:`hostagent.auth`, ``hostagent/native/seal.h``). A trailer, not
+#: a header field, as QUIC and other AEAD protocols put it: the switch parses the header only,
+#: so the P4 header is unchanged; and the tag is computed after every header field is final.
+TRAILER_SIZE = 8 + 16
 
 
 @dataclass(frozen=True)
@@ -306,8 +316,9 @@ def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int 
 # ``sender_rank`` R, ``iteration`` a sequence number that grows with every credit R sends S,
 # ``total_pkts``/``elem_offset`` the high and low 32 bits of the data packets of S that R has
 # taken from its socket so far, ``elem_count`` the window: how many packets S may have sent
-# beyond that. ``token`` is :func:`hostagent.auth.credit_token`, under the key S gave R for its
-# tokens; S keeps the highest count of the highest sequence, so a replayed credit grants nothing.
+# beyond that. ``token`` is :func:`hostagent.auth.credit_token`, under the key of the direction
+# R -> S, and the trailer seals it under the same key; S keeps the highest count of the highest
+# sequence, so a replayed credit grants nothing.
 
 #: Most packets a credit can grant (``elem_count``'s width).
 MAX_CREDIT_WINDOW = FIELD_MAX["elem_count"]

@@ -45,8 +45,9 @@ def credit_window(socket_memory: int, max_datagram: int, senders: int) -> int:
 
 
 def max_datagram(config: TransportConfig) -> int:
-    """Bytes of the largest datagram an endpoint sends or receives: a full packet of float32."""
-    return wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4
+    """Bytes of the largest datagram an endpoint sends or receives: a full packet of float32 and
+    its trailer."""
+    return wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4 + wire.TRAILER_SIZE
 
 
 def initial_window(config: TransportConfig) -> int:

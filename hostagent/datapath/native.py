@@ -57,7 +57,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "flag_retx": int(wire.Flags.RETX), "flag_last": int(wire.Flags.LAST), "last_packets": wire.LAST_PACKETS,
         "flag_release": int(wire.Flags.RELEASE), "kinds": KINDS,
         "job_id": config.job_id, "rank": config.rank, "rx_fd": fd, "gro": gro, "offload": config.offload,
-        "max_datagram": max_datagram(config),
+        "max_datagram": max_datagram(config), "protect": config.protection,
         "rx_batch": config.rx_batch, "batch_bytes": 1 << 30, "socket_buffer": config.socket_buffer,
         "park_limit": config.park_limit, "top_priority": pol.top_priority, "dscp": list(pol.dscp),
         "shares": [float(s) for s in pol.shares()], "magnitude": pol.magnitude,

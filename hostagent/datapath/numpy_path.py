@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import auth, wire
+from hostagent import auth, sealing, wire
 from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due, credit_window,
                                        initial_window, max_datagram, release_due)
 from hostagent.lossmodel import drop_by_class
@@ -48,6 +48,7 @@ _LAST = int(wire.Flags.LAST)
 _CREDIT = int(wire.PacketType.CREDIT)
 _RETX = int(wire.Flags.RETX)
 _UNKNOWN, _STALE = REASONS.index("unknown_message"), REASONS.index("stale")
+_DATA = int(wire.PacketType.DATA)
 # Linux: with SO_RXQ_OVFL set, a datagram carries the socket's count of dropped datagrams.
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 # Linux: SO_MEMINFO reads a socket's memory counters (SK_MEMINFO_*, 9 x u32); the first two are
@@ -113,7 +114,11 @@ class _Sender:
     """What the receive side keeps per sender: its key and its feedback counters."""
 
     key: bytes | None = None
-    tx_key: bytes | None = None  # the key the sender gave us: signs the credits we grant it
+    tx_key: bytes | None = None  # the key of our direction to it: signs the credits we grant it
+    # the receive thread's sealers (hostagent.sealing): the sender's key opens what it sends
+    # us, ours seals the credits we grant it (kept while the key stays: their packet numbers)
+    opener: Any = None
+    credit_sealer: Any = None
     consumed: int = 0  # its packets taken from the socket, and as of the last credit
     credited: int = 0
     credit_seq: int = 0
@@ -200,7 +205,9 @@ class NumpyDatapath:
         self._fault: str | None = None  # fault_for_test
         # receive side
         self._lock = threading.Lock()
-        self.reassembler = Reassembler(config.job_id, token_of=self._park_token)
+        # (unannounced data goes to _park unchecked: its tag was checked in _open, and _park
+        # keeps only an authenticated sender's)
+        self.reassembler = Reassembler(config.job_id)
         self._rx: dict[tuple[int, int], _Rx] = {}
         self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._parked: dict[tuple[int, int], list[tuple[float, bytes]]] = {}
@@ -230,6 +237,7 @@ class NumpyDatapath:
         self._fired: set[tuple[int, int]] = set()
         self._host_pacer = Pacer(config.rate.burst_bytes, config.rate.pacing_slack)
         self._stage: np.ndarray | None = None
+        self._tx_sealers: dict[int, tuple[bytes, Any]] = {}  # destination -> (key, the send thread's sealer) (_tx_cv)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -351,13 +359,18 @@ class NumpyDatapath:
                 for key in [k for k in self._parked if k[0] == rank]:
                     del self._parked[key]
                 s.parked = 0
+            # the same key again (a second connection) keeps its sealer and its packet numbers
+            protection = self.config.protection
+            if rx_key is None or rx_key != s.key or s.opener is None:
+                s.opener = None if rx_key is None else sealing.new_sealer(rx_key, protection)
+            if tx_key is None or tx_key != s.tx_key or s.credit_sealer is None:
+                s.credit_sealer = None if tx_key is None else sealing.new_sealer(tx_key, protection)
             s.key, s.tx_key = rx_key, tx_key
-
-    def _park_token(self, src: int, message_id: int, iteration: int) -> int | None:
-        s = self._senders.get(src)
-        if s is None or s.key is None or src == self.config.rank:
-            return None
-        return auth.message_token(s.key, self.config.job_id, src, message_id, iteration)
+        with self._tx_cv:
+            if tx_key is None:
+                self._tx_sealers.pop(rank, None)
+            elif self._tx_sealers.get(rank, (None, None))[0] != tx_key:
+                self._tx_sealers[rank] = (tx_key, sealing.new_sealer(tx_key, protection))
 
     def expect(self, spec: RxSpec) -> None:
         key = (spec.src, spec.message_id)
@@ -372,6 +385,7 @@ class NumpyDatapath:
                 del self._rx[key]
             asm = self.reassembler.expect(spec.src, spec.message_id, spec.total_elems, dtype, spec.elems_per_packet,
                                           out=b.out, token=spec.token, accumulate=spec.accumulate,
+                                          iteration=spec.iteration,
                                           received=b.received, pkt_priority=b.pkt_priority, pkt_layer=b.pkt_layer,
                                           scale=spec.scale)
             rx = self._rx[key] = _Rx(spec, asm)
@@ -396,7 +410,8 @@ class NumpyDatapath:
             slots = np.zeros((len(replay), max(len(d) for d in replay)), dtype=np.uint8)
             for i, d in enumerate(replay):
                 slots[i, : len(d)] = np.frombuffer(d, np.uint8)
-            self._ingest(slots, np.array([len(d) for d in replay]), np.zeros(len(replay), dtype=bool), now)
+            self._ingest(slots, np.array([len(d) for d in replay]), np.zeros(len(replay), dtype=bool), now,
+                         opened=True)
 
     def progress(self, src: int, message_id: int) -> Progress | None:
         with self._lock:
@@ -531,7 +546,7 @@ class NumpyDatapath:
         still holds at least BEHIND_BACKLOG of its buffer: a real backlog, close to an overrun.
         """
         cfg = self.config
-        width = wire.HEADER_SIZE + elems_per_packet(cfg.mtu, np.float32) * 4  # a full datagram
+        width = self._max_datagram  # a full datagram, its trailer included
         spare = -(-GRO_BUFSIZE // width) if self.gro else 1  # room for one whole GRO read
         slots = np.zeros((cfg.rx_batch + spare, width), dtype=np.uint8)
         flat = slots.reshape(-1).data
@@ -709,8 +724,56 @@ class NumpyDatapath:
             return self._ingest(slots, lengths, ce, at)
         return {}
 
-    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray, now: float) -> dict[int, int]:
-        """Validate and place a batch; events for what it changed. Returns accepted datagrams per sender."""
+    def _open(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Check every datagram's trailer under its sender's key (decrypting in place), as the
+        compiled path's ingest_sealed does: what the header alone rejects goes on unopened (the
+        checks after reject and count it, and junk costs no AES); a datagram without room for a
+        trailer is ``truncated``, one whose tag fails ``bad_mac`` (counted, nothing of it used).
+        Returns the rest, authentic, without their trailers."""
+        n = len(lengths)
+        if n == 0 or slots.shape[1] < wire.HEADER_SIZE:
+            return slots, lengths, ce
+        cfg = self.config
+        hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n)
+        ptype = hdr["ptype"]
+        sealed = ((lengths >= wire.HEADER_SIZE) & (lengths <= min(slots.shape[1], self._max_datagram))
+                  & (hdr["version"] == wire.VERSION) & ((ptype == _DATA) | (ptype == _CREDIT))
+                  & (hdr["job_id"] == cfg.job_id))
+        bad = sealed & (lengths < wire.HEADER_SIZE + wire.TRAILER_SIZE)
+        truncated = int(np.count_nonzero(bad))
+        if cfg.protection != sealing.NONE:
+            check = sealed & ~bad
+            senders = hdr["sender_rank"]
+            for rank in np.unique(senders[check]).tolist():
+                rows = np.flatnonzero(check & (senders == rank))
+                with self._lock:
+                    s = self._senders.get(rank)
+                    opener = s.opener if s is not None else None
+                    if opener is not None:
+                        ok = sealing.open_rows(opener, slots, lengths, rows)
+                if opener is None:
+                    ok = np.zeros(len(rows), bool)
+                bad[rows[~ok]] = True
+        if not bad.any():
+            return slots, np.where(sealed, lengths - wire.TRAILER_SIZE, lengths), ce
+        with self._lock:
+            c = self.counters
+            c["data_pkts_received"] += int(np.count_nonzero(bad))
+            c["data_bytes_received"] += int(lengths[bad].sum())
+            c["ce_marked"] += int(np.count_nonzero(ce[bad]))
+            rejected = self.reassembler.stats.rejected
+            rejected["truncated"] += truncated
+            rejected["bad_mac"] += int(np.count_nonzero(bad)) - truncated
+        keep = ~bad
+        return slots[keep], np.where(sealed, lengths - wire.TRAILER_SIZE, lengths)[keep], ce[keep]
+
+    def _ingest(self, slots: np.ndarray, lengths: np.ndarray, ce: np.ndarray, now: float,
+                opened: bool = False) -> dict[int, int]:
+        """Validate and place a batch (``opened``: their trailers already checked and removed,
+        as parked datagrams' are); events for what it changed. Returns accepted datagrams per sender."""
+        if not opened:
+            slots, lengths, ce = self._open(slots, lengths, ce)
         n = len(lengths)
         hdr = slots[:, : wire.HEADER_SIZE].view(wire.HEADER_DTYPE).reshape(n) if slots.shape[1] >= wire.HEADER_SIZE \
             else None
@@ -862,7 +925,7 @@ class NumpyDatapath:
             waiting = {rx.spec.src for rx in self._rx.values() if not rx.state}
             out = []
             for rank, s in self._senders.items():
-                if s.key is None or s.tx_key is None or rank == self.config.rank:
+                if s.key is None or s.tx_key is None or s.credit_sealer is None or rank == self.config.rank:
                     continue
                 pending = s.consumed - s.credited
                 quiet_for = now - max(s.last_seen, s.last_credit)
@@ -887,7 +950,7 @@ class NumpyDatapath:
                                 flags=wire.Flags.RELEASE if release else wire.Flags.NONE,
                                 elem_count=grant, total_pkts=s.consumed >> 32, elem_offset=s.consumed & 0xFFFFFFFF)
                 h = dataclasses.replace(h, token=auth.credit_token(s.tx_key, wire.pack_header(h)))  # (every field)
-                out.append((s, s.consumed, overrun, lost, wire.pack_header(h), d.addr))
+                out.append((s, s.consumed, overrun, lost, sealing.seal(s.credit_sealer, wire.pack_header(h)), d.addr))
         for s, consumed, overrun, lost, datagram, addr in out:
             try:
                 sock.sendto(datagram, addr)
@@ -1278,12 +1341,17 @@ class NumpyDatapath:
         short_pos = int(hits[0]) if len(hits) else -1
         n_full = k - (1 if short_pos >= 0 else 0)
         total = n_full * width + (wire.HEADER_SIZE + (batch.payload.size % per) * batch.payload.itemsize
-                                  if short_pos >= 0 else 0)
+                                  + wire.TRAILER_SIZE if short_pos >= 0 else 0)
+        with self._tx_cv:
+            keyed = self._tx_sealers.get(d.rank)
         try:
+            if keyed is None:  # no key (the peer was lost): its control path tells
+                raise OSError(f"no key for rank {d.rank}")
             sender = self._sender_for(d, priority)
         except OSError:
             self.counters["send_errors"] += k
             return 0, 0
+        sealer = keyed[1]
         now = time.monotonic()
         with self._tx_cv:
             w = max(d.pacer.wait_time(total, d.rate, now),
@@ -1307,7 +1375,7 @@ class NumpyDatapath:
         order = [short_pos] if short_pos >= 0 else []
         if use_gso:
             if order:
-                n, nbytes = self._one_by_one(sender, batch, hrows, hidx, seqs, order)
+                n, nbytes = self._one_by_one(sender, sealer, batch, hrows, hidx, seqs, order)
             if self._stage is None or self._stage.shape[0] < n_full or self._stage.shape[1] != width:
                 self._stage = np.empty((max(n_full, 64), width), dtype=np.uint8)
             stage = self._stage[:n_full]
@@ -1315,21 +1383,31 @@ class NumpyDatapath:
             if short_pos >= 0:
                 keep[short_pos] = False
             stage[:, : wire.HEADER_SIZE] = hrows[hidx[keep]]
-            stage[:, wire.HEADER_SIZE :] = m.payload_rows[seqs[keep]]
+            stage[:, wire.HEADER_SIZE : width - wire.TRAILER_SIZE] = m.payload_rows[seqs[keep]]
+            sealing.seal_rows(sealer, stage, np.full(n_full, width - wire.TRAILER_SIZE, np.int64))
             n2, b2 = sender.send_rows(stage)
             n, nbytes = n + n2, nbytes + b2
         else:
-            n, nbytes = self._one_by_one(sender, batch, hrows, hidx, seqs, list(range(k)))
+            n, nbytes = self._one_by_one(sender, sealer, batch, hrows, hidx, seqs, list(range(k)))
         self.counters["gso_calls"] += sender.syscalls - calls0 if sender.gso else 0
         if sender.errors != errors0:  # e.g. ICMP unreachable from a dead peer; its TCP loss tells
             self.counters["send_errors"] += sender.errors - errors0
         return n, nbytes
 
     @staticmethod
-    def _one_by_one(sender: DatagramSender, batch: PacketBatch, hrows: np.ndarray, hidx: np.ndarray,
+    def _one_by_one(sender: DatagramSender, sealer: Any, batch: PacketBatch, hrows: np.ndarray, hidx: np.ndarray,
                     seqs: np.ndarray, positions: list[int]) -> tuple[int, int]:
-        buffers = [(memoryview(hrows[int(hidx[i])]), batch.payload_of(int(seqs[i]))) for i in positions]
-        sizes = np.array([wire.HEADER_SIZE + len(p) for _, p in buffers], dtype=np.int64)
+        """Datagrams one by one (each sealed in a row of its own: an encrypted payload cannot
+        leave from the tensor)."""
+        payloads = [batch.payload_of(int(seqs[i])) for i in positions]
+        lengths = np.array([wire.HEADER_SIZE + len(p) for p in payloads], dtype=np.int64)
+        rows = np.zeros((len(positions), batch.datagram_bytes), np.uint8)
+        for j, (i, p) in enumerate(zip(positions, payloads)):
+            rows[j, : wire.HEADER_SIZE] = hrows[int(hidx[i])]
+            rows[j, wire.HEADER_SIZE : lengths[j]] = np.frombuffer(p, np.uint8)
+        sizes = sealing.seal_rows(sealer, rows, lengths)
+        buffers = [(rows[j, : wire.HEADER_SIZE].data, rows[j, wire.HEADER_SIZE : sizes[j]].data)
+                   for j in range(len(positions))]
         return sender.send(buffers, sizes)
 
     # ------------------------------------------------------------------ figures

@@ -40,6 +40,7 @@
 #include <netinet/in.h>
 
 #include "layout.h"
+#include "seal.h"
 #include "tags.h"
 
 namespace dlcp {
@@ -47,7 +48,7 @@ namespace dlcp {
 // Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
 enum Reason : uint8_t {
     OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
-    BAD_OFFSET, COUNT_MISMATCH, STALE, N_REASONS
+    BAD_OFFSET, COUNT_MISMATCH, STALE, BAD_MAC, N_REASONS
 };
 
 // What happened, for the protocol core (Python reads them as tuples).
@@ -79,7 +80,8 @@ struct Config {
     int rx_fd = -1;            // the bound UDP data socket (Python owns and closes it)
     bool gro = false;          // UDP_GRO is on for rx_fd
     bool offload = true;       // UDP GSO for sends
-    uint32_t max_datagram = 0;  // widest valid datagram (header + a full float32 payload)
+    uint32_t max_datagram = 0;  // widest valid datagram (header + a full float32 payload + trailer)
+    Protect protect = Protect::MAC;  // what every datagram's trailer does (seal.h)
     uint32_t rx_batch = 2048;   // most datagrams in one receive batch
     uint32_t batch_bytes = 1 << 21;  // a batch also ends after this many bytes
     int socket_buffer = 16 << 20;
@@ -131,7 +133,7 @@ struct RxSpec {
     uint16_t src = 0;
     uint32_t message_id = 0;
     uint32_t token = 0;
-    uint32_t iteration = 0;     // the iteration its token binds (freshness per sender)
+    uint32_t iteration = 0;     // its packets carry it (another is an earlier use of the id: stale)
     uint8_t dtype = 0;          // wire code
     uint64_t total_elems = 0;
     uint32_t per = 1;
@@ -327,6 +329,9 @@ class Datapath {
         bool released = false;     // a RELEASE credit went since its latest packet (release_due)
         bool has_tx_key = false;
         uint8_t tx_key[16];
+        // the receive thread's openers and sealers (seal.h): the key of the sender's direction
+        // checks what it sends us (data and credits); the key of ours seals the credits we grant it
+        std::unique_ptr<Sealer> opener, credit_sealer;
         double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
         bool has_newest = false;
         uint32_t newest = 0;  // the newest iteration of its messages set up here (freshness)
@@ -411,6 +416,10 @@ class Datapath {
     // ``at``: when the datagram reached the host (its read's kernel stamp; < 0: ``now``)
     uint8_t ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                        double at = -1);
+    // Check a datagram's trailer (seal.h), decrypting in place, then ingest_one it without the
+    // trailer; a datagram that fails is counted (bad_mac) and nothing of it is used.
+    uint8_t ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
+                          double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
     double send_credits(double now);
     bool window_full(Dest* d, double now, double& wait);
@@ -464,8 +473,8 @@ class Datapath {
     TxMsg* pick(double now, double& wait);
     void activate_locked(TxMsg* m);
     void reorder_locked();
-    std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs, bool retx,
-                                                 uint32_t after);
+    std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, Sealer& sealer, const std::vector<uint32_t>& seqs,
+                                                 bool retx, uint32_t after);
     Sock& sock_for(Dest& d, uint8_t priority);
     uint64_t sendmmsg_plain(Sock& s, std::vector<struct iovec>& iov, size_t first, size_t count, uint32_t& sent);
 
@@ -520,6 +529,10 @@ class Datapath {
     std::vector<TxMsg*> active_;
     Pacer host_pacer_;
     std::vector<uint8_t> scratch_hdr_;
+    // the send thread's sealer per destination (seal.h; tx_mu_): replaced by a new key, kept
+    // alive by the send in progress that holds it
+    std::map<uint16_t, std::shared_ptr<Sealer>> tx_sealers_;
+    std::vector<uint8_t> scratch_trailers_, scratch_ct_;  // (the send thread's)
 
     // counters
     std::atomic<int64_t> data_pkts_sent_{0}, data_bytes_sent_{0}, retransmitted_pkts_{0}, send_errors_{0},

@@ -14,6 +14,7 @@
 
 #include "datapath.h"
 #include "tags.h"
+#include "seal.h"
 #include "token.h"
 
 namespace nb = nanobind;
@@ -58,6 +59,11 @@ Config make_config(const nb::dict& d) {
     c.gro = get<bool>(d, "gro");
     c.offload = get<bool>(d, "offload");
     c.max_datagram = get<uint32_t>(d, "max_datagram");
+    {
+        int protect = get<int>(d, "protect");
+        if (protect < 0 || protect > 2) throw std::invalid_argument("protect is 0 (none), 1 (MAC) or 2 (encrypt)");
+        c.protect = Protect(protect);
+    }
     c.rx_batch = get<uint32_t>(d, "rx_batch");
     c.batch_bytes = get<uint32_t>(d, "batch_bytes");
     c.socket_buffer = get<int>(d, "socket_buffer");
@@ -123,13 +129,6 @@ NB_MODULE(_datapath, m) {
     // its stopped data path alive until then too; nanobind would print that as a leak.
     nb::set_leak_warnings(false);
 
-    m.def("message_token",
-          [](nb::bytes key, uint32_t job, uint16_t sender, uint32_t mid, uint32_t iteration) {
-              if (key.size() != 16) throw std::invalid_argument("a receive key has 16 bytes");
-              return message_token(reinterpret_cast<const uint8_t*>(key.c_str()), job, sender, mid, iteration);
-          },
-          "key"_a, "job"_a, "sender"_a, "message_id"_a, "iteration"_a);
-
     m.def("credit_token",
           [](nb::bytes key, nb::bytes header, size_t token_offset) {
               if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
@@ -137,6 +136,64 @@ NB_MODULE(_datapath, m) {
                                   reinterpret_cast<const uint8_t*>(header.c_str()), header.size(), token_offset);
           },
           "key"_a, "header"_a, "token_offset"_a);
+
+    // The packet protection of seal.h, for the numpy data path and tests: the same code the
+    // compiled path seals and opens with, so the rule lives in one place.
+    m.attr("TRAILER_BYTES") = TRAILER_BYTES;
+    nb::class_<Sealer>(m, "PacketSealer")
+        .def("__init__",
+             [](Sealer* self, nb::bytes key, int mode) {
+                 if (key.size() != KEY_BYTES) throw std::invalid_argument("a direction key has 16 bytes");
+                 if (mode < 0 || mode > 2) throw std::invalid_argument("mode is 0 (none), 1 (MAC) or 2 (encrypt)");
+                 new (self) Sealer(reinterpret_cast<const uint8_t*>(key.c_str()), Protect(mode));
+             },
+             "key"_a, "mode"_a)
+        .def_prop_ro("mode", [](const Sealer& s) { return int(s.mode()); })
+        .def_prop_ro("sealed", &Sealer::sealed)
+        .def("seal_rows",
+             [](Sealer& s, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
+                size_t header_size, size_t ptype_offset) {
+                 // row i: a datagram of lengths[i] bytes; its trailer is written after it (the payload
+                 // encrypted in place with ENCRYPT)
+                 size_t n = rows.shape(0), width = rows.shape(1);
+                 if (lengths.shape(0) != n) throw std::invalid_argument("seal_rows: one length per row");
+                 need_aligned(lengths.data(), alignof(int64_t), "seal_rows: lengths");
+                 for (size_t i = 0; i < n; ++i)
+                     if (lengths.data()[i] < int64_t(header_size) || size_t(lengths.data()[i]) + TRAILER_BYTES > width ||
+                         ptype_offset >= header_size)
+                         throw std::invalid_argument("seal_rows: row " + std::to_string(i) + " holds no header, or "
+                                                     "no room for its trailer");
+                 nb::gil_scoped_release r;
+                 for (size_t i = 0; i < n; ++i) {
+                     uint8_t* d = rows.data() + i * width;
+                     size_t len = size_t(lengths.data()[i]);
+                     s.seal(d, header_size, ptype_offset, d + header_size, len - header_size, d + header_size, d + len);
+                 }
+             },
+             "rows"_a, "lengths"_a, "header_size"_a, "ptype_offset"_a)
+        .def("open_rows",
+             [](Sealer& s, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths, I64 which,
+                size_t header_size, size_t ptype_offset, U8 ok) {
+                 // rows[which[j]] (lengths[which[j]] bytes, trailer included) checked and, with
+                 // ENCRYPT, decrypted in place; ok[j] = 1 when authentic
+                 size_t n = rows.shape(0), width = rows.shape(1), k = which.shape(0);
+                 if (lengths.shape(0) != n || ok.shape(0) < k)
+                     throw std::invalid_argument("open_rows: one length per row and one ok per row opened");
+                 need_aligned(lengths.data(), alignof(int64_t), "open_rows: lengths");
+                 need_aligned(which.data(), alignof(int64_t), "open_rows: which");
+                 for (size_t j = 0; j < k; ++j) {
+                     int64_t i = which.data()[j];
+                     if (i < 0 || size_t(i) >= n) throw std::invalid_argument("open_rows: a row index out of range");
+                 }
+                 nb::gil_scoped_release r;
+                 for (size_t j = 0; j < k; ++j) {
+                     size_t i = size_t(which.data()[j]);
+                     int64_t len = lengths.data()[i];
+                     ok.data()[j] = len >= 0 && size_t(len) <= width &&
+                                    s.open(rows.data() + i * width, size_t(len), header_size, ptype_offset);
+                 }
+             },
+             "rows"_a, "lengths"_a, "which"_a, "header_size"_a, "ptype_offset"_a, "ok"_a);
 
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {

@@ -101,8 +101,10 @@ void Datapath::set_rx_key(uint16_t rank, const std::string& key) {
     if (key.size() == 16) {
         std::memcpy(s.key, key.data(), 16);
         s.authed = true;
+        if (!s.opener || !s.opener->same_key(s.key)) s.opener.reset(new Sealer(s.key, cfg_.protect));
     } else {
         s.authed = false;
+        s.opener.reset();
     }
 }
 
@@ -132,6 +134,20 @@ void Datapath::set_tx_key(uint16_t rank, const std::string& key) {
     SenderFb& s = fb_[rank];
     s.has_tx_key = key.size() == 16;
     if (s.has_tx_key) std::memcpy(s.tx_key, key.data(), 16);
+    // The same key again (a second connection with the peer) keeps its sealers and so their
+    // packet numbers: a nonce is never used twice under a key.
+    if (!s.has_tx_key) {
+        s.credit_sealer.reset();
+    } else if (!s.credit_sealer || !s.credit_sealer->same_key(s.tx_key)) {
+        s.credit_sealer.reset(new Sealer(s.tx_key, cfg_.protect));
+    }
+    std::lock_guard<std::mutex> t(tx_mu_);  // (lock order: rx_mu_, then tx_mu_, as on_credit takes them)
+    auto it = tx_sealers_.find(rank);
+    if (!s.has_tx_key) {
+        if (it != tx_sealers_.end()) tx_sealers_.erase(it);
+    } else if (it == tx_sealers_.end() || !it->second->same_key(s.tx_key)) {
+        tx_sealers_[rank] = std::make_shared<Sealer>(s.tx_key, cfg_.protect);
+    }
 }
 
 void Datapath::expect(const RxSpec& spec) {
@@ -334,6 +350,33 @@ double Datapath::drain_rate(double now) {
 
 // ------------------------------------------------------------------ validation and placement
 
+uint8_t Datapath::ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
+                                double at) {
+    const HeaderLayout& L = cfg_.layout;
+    // What ingest_one rejects on the header alone (no key needed) it rejects and counts there,
+    // before a tag is computed: junk costs no AES.
+    if (len < uint32_t(H_) || len > cfg_.max_datagram || rd(d, L.version) != cfg_.version ||
+        (rd(d, L.ptype) != cfg_.data_ptype && rd(d, L.ptype) != cfg_.credit_ptype) || rd(d, L.job_id) != cfg_.job_id)
+        return ingest_one(d, len, ce, now, touched, at);
+    uint8_t reason = OK;
+    if (len < uint32_t(H_) + TRAILER_BYTES) {
+        reason = TRUNCATED;
+    } else if (cfg_.protect != Protect::NONE) {
+        // checked under the key of the direction the sender claims: only it holds that key
+        auto fit = fb_.find(uint16_t(rd(d, L.sender_rank)));
+        Sealer* o = fit == fb_.end() ? nullptr : fit->second.opener.get();
+        if (!o || !o->open(d, len, size_t(H_), size_t(L.ptype.off))) reason = BAD_MAC;
+    }
+    if (reason != OK) {
+        data_pkts_received_ += 1;
+        data_bytes_received_ += len;
+        ce_marked_ += ce;
+        rejected_[reason] += 1;
+        return reason;
+    }
+    return ingest_one(d, len - uint32_t(TRAILER_BYTES), ce, now, touched, at);
+}
+
 uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                              double at) {
     const HeaderLayout& L = cfg_.layout;
@@ -364,18 +407,14 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
     auto it = rx_.find(key);
     SenderFb* fb = nullptr;
     if (it == rx_.end() || it->second->prog.state != 0) {  // unknown, or finished (its stragglers are late)
-        // Not set up (yet): kept only from an authenticated sender, with the right token.
+        // Not set up (yet): kept only from an authenticated sender (its tag, checked before
+        // this, was right: ingest_sealed).
         auto fit = fb_.find(sender);
         if (fit == fb_.end() || !fit->second.authed || sender == cfg_.rank) {
             rejected_[UNKNOWN_MESSAGE] += 1;
             return UNKNOWN_MESSAGE;
         }
         fb = &fit->second;
-        uint32_t want = message_token(fb->key, cfg_.job_id, sender, mid, rd(d, L.iteration));
-        if (rd(d, L.token) != want) {
-            rejected_[BAD_TOKEN] += 1;
-            return BAD_TOKEN;
-        }
         if (stale(sender, mid, rd(d, L.iteration))) {  // recorded earlier: it neither parks, widens nor counts
             rejected_[STALE] += 1;
             return STALE;
@@ -401,6 +440,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         uint32_t seq = rd(d, L.seq);
         if (rd(d, L.token) != s.token) {
             reason = BAD_TOKEN;
+        } else if (rd(d, L.iteration) != s.iteration) {
+            reason = STALE;  // an earlier use of the message id (recorded then: its tag is right)
         } else if (rd(d, L.dtype) != s.dtype) {
             reason = WRONG_DTYPE;
         } else if (rd(d, L.total_pkts) != m->total_pkts || seq >= m->total_pkts) {
@@ -586,7 +627,7 @@ double Datapath::send_credits(double now) {
         bool release = overrun || lost;
         auto ait = peer_addr_.find(kv.first);
         if (ait == peer_addr_.end()) continue;
-        uint8_t h[256];
+        uint8_t h[256 + TRAILER_BYTES];
         std::memset(h, 0, size_t(H_));
         s.credit_seq += 1;
         wr(h, L.version, cfg_.version);
@@ -600,9 +641,12 @@ double Datapath::send_credits(double now) {
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
         wr(h, L.token, credit_token(s.tx_key, h, size_t(H_), size_t(L.token.off)));  // (every other field set)
-        ssize_t r = sendto(credit_fd_, h, size_t(H_), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
+        if (!s.credit_sealer) continue;
+        s.credit_sealer->seal(h, size_t(H_), size_t(L.ptype.off), nullptr, 0, nullptr, h + H_);
+        const ssize_t size = ssize_t(H_) + ssize_t(TRAILER_BYTES);
+        ssize_t r = sendto(credit_fd_, h, size_t(size), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
                            sizeof(sockaddr_in));
-        if (r == ssize_t(H_)) {
+        if (r == size) {
             s.credited = s.consumed;
             s.last_credit = now;
             if (overrun) {
@@ -805,7 +849,7 @@ void Datapath::rx_loop() {
         }
         if (due.empty()) return;
         std::lock_guard<std::mutex> g(rx_mu_);
-        for (auto& d : due) ingest_one(d.data(), uint32_t(d.size()), false, now, touched);
+        for (auto& d : due) ingest_sealed(d.data(), uint32_t(d.size()), false, now, touched);
         end_batch(touched, now);
         credit_due = send_credits(now);
     };
@@ -920,7 +964,8 @@ void Datapath::rx_loop() {
             }
             {
                 std::lock_guard<std::mutex> g(rx_mu_);
-                for (const Dg& x : dgs) ingest_one(x.p, x.len, x.ce, now, touched, x.at);
+                // (the read buffer is ours: opened, and decrypted, in place)
+                for (const Dg& x : dgs) ingest_sealed(const_cast<uint8_t*>(x.p), x.len, x.ce, now, touched, x.at);
                 end_batch(touched, now);
                 credit_due = send_credits(now);
                 // The socket is a queue: all that arrived before this read's last datagram is
@@ -1003,11 +1048,15 @@ std::vector<uint8_t> Datapath::ingest_for_test(const uint8_t* rows, const int64_
     std::vector<uint8_t> reasons(n);
     std::lock_guard<std::mutex> g(rx_mu_);
     std::vector<RxMsg*> touched;
+    std::vector<uint8_t> row;  // a copy: a datagram is opened (decrypted) in place, the caller's rows stay
     for (size_t i = 0; i < n; ++i) {
         int64_t len = lengths[i];
         // a datagram longer than its row was cut by the read: the receive thread's "truncated"
         uint32_t l = len > int64_t(width) ? cfg_.max_datagram + 1 : uint32_t(std::max<int64_t>(0, len));
-        reasons[i] = ingest_one(rows + i * width, l, false, now, touched);
+        row.assign(rows + i * width, rows + i * width + std::min<size_t>(width, l));
+        row.resize(std::max<size_t>(row.size(), 1));
+        if (l > width) row.resize(l, 0);
+        reasons[i] = ingest_sealed(row.data(), l, false, now, touched);
     }
     end_batch(touched, now);
     return reasons;

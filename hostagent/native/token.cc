@@ -90,17 +90,6 @@ void blake2b_keyed(uint8_t* out, size_t outlen, const uint8_t* key, size_t keyle
     std::memcpy(out, digest, outlen);
 }
 
-uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uint32_t message_id, uint32_t iteration) {
-    uint8_t in[14] = {uint8_t(job >> 24),        uint8_t(job >> 16),        uint8_t(job >> 8),
-                      uint8_t(job),              uint8_t(sender >> 8),      uint8_t(sender),
-                      uint8_t(message_id >> 24), uint8_t(message_id >> 16), uint8_t(message_id >> 8),
-                      uint8_t(message_id),       uint8_t(iteration >> 24),  uint8_t(iteration >> 16),
-                      uint8_t(iteration >> 8),   uint8_t(iteration)};
-    uint8_t d[4];
-    blake2b_keyed(d, 4, key, 16, in, sizeof in);
-    return (uint32_t(d[0]) << 24) | (uint32_t(d[1]) << 16) | (uint32_t(d[2]) << 8) | d[3];
-}
-
 uint32_t credit_token(const uint8_t key[16], const uint8_t* header, size_t header_len, size_t token_off) {
     if (header_len + 1 > 128 || token_off + 4 > header_len)
         throw std::invalid_argument("credit_token: a header of at most 127 bytes with its token inside");

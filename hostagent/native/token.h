@@ -1,7 +1,8 @@
-// Message tokens: keyed BLAKE2b (RFC 7693) with a 4-byte digest, the function
-// hostagent.auth.message_token computes with hashlib. The receive path needs it for data of a
-// message not set up yet: such data is parked only when its token is right, so a forger cannot
-// crowd out a real sender's early packets. A test checks both sides agree on many inputs.
+// Credit tokens: keyed BLAKE2b (RFC 7693) with a 4-byte digest, the function
+// hostagent.auth.credit_token computes with hashlib (a test checks both agree). Since wire
+// version 3 a credit is authenticated by its trailer's tag (seal.h); the token is checked behind
+// it and protects nothing the tag does not (data packets carry none). Kept until the header's
+// token field goes (issue 44, item 7).
 #pragma once
 
 #include <cstddef>
@@ -11,10 +12,6 @@ namespace dlcp {
 
 // BLAKE2b of `in` (at most 128 bytes) under `key` (at most 64 bytes), `outlen` (1..64) bytes.
 void blake2b_keyed(uint8_t* out, size_t outlen, const uint8_t* key, size_t keylen, const uint8_t* in, size_t inlen);
-
-// The 32-bit token of (job, sender, message id, iteration) under a receiver's 16-byte key,
-// packed as hostagent.auth packs it (big-endian: u32 job, u16 sender, u32 message, u32 iteration).
-uint32_t message_token(const uint8_t key[16], uint32_t job, uint16_t sender, uint32_t message_id, uint32_t iteration);
 
 // The 32-bit token of a CREDIT, as hostagent.auth.credit_token computes it: keyed BLAKE2b of
 // 'C' followed by the whole header with its token field (4 bytes at token_off) zeroed, so every

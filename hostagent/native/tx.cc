@@ -306,7 +306,7 @@ void Datapath::submit(const TxSpec& spec) {
     m->n_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
-    m->datagram_bytes = uint32_t(H_) + spec.per * uint32_t(m->itemsize);
+    m->datagram_bytes = uint32_t(H_) + spec.per * uint32_t(m->itemsize) + uint32_t(TRAILER_BYTES);
     m->held = spec.held;
     uint64_t key = key_of(spec.dest, spec.message_id);
     std::lock_guard<std::mutex> g(tx_mu_);  // the send thread prepares it (tags from the payload) when it picks it
@@ -702,13 +702,15 @@ void Datapath::tx_loop() {
         if (!finished_pass && m->sending_priority() != before) reorder_locked();
         uint32_t pass_no = m->pass_no;
         Sock* sk = nullptr;
+        auto sit = tx_sealers_.find(d->rank);
+        std::shared_ptr<Sealer> sealer = sit == tx_sealers_.end() ? nullptr : sit->second;
         try {
             uint8_t prio = retx ? cfg_.top_priority
                                 : uint8_t(rd(m->hdr.data() + size_t(seqs[0]) * H_, cfg_.layout.priority));
-            sk = &sock_for(*d, prio);
+            if (sealer) sk = &sock_for(*d, prio);
         } catch (const std::exception&) {
-            send_errors_ += int64_t(seqs.size());  // no socket to the peer: its control path tells
         }
+        if (!sk) send_errors_ += int64_t(seqs.size());  // no socket, or no key (peer lost): its control path tells
         m->busy = true;
         g.unlock();
         if (!m->classed.empty()) classify(m, seqs);
@@ -722,7 +724,7 @@ void Datapath::tx_loop() {
         }
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
-        if (sk) sent = send_packets(m, *sk, seqs, retx, after);
+        if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, after);
         g.lock();
         m->busy = false;
         d->pacer.tokens -= double(sent.second);
@@ -764,13 +766,13 @@ void Datapath::classify(TxMsg* m, const std::vector<uint32_t>& seqs) {
 }
 
 uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first, size_t count, uint32_t& sent) {
-    // one datagram per mmsghdr (header + payload gathered by the kernel)
+    // one datagram per mmsghdr (header, payload and trailer gathered by the kernel)
     uint64_t bytes = 0;
     std::vector<mmsghdr> mm(count);
     for (size_t i = 0; i < count; ++i) {
         std::memset(&mm[i], 0, sizeof(mmsghdr));
-        mm[i].msg_hdr.msg_iov = &iov[2 * (first + i)];
-        mm[i].msg_hdr.msg_iovlen = 2;
+        mm[i].msg_hdr.msg_iov = &iov[3 * (first + i)];
+        mm[i].msg_hdr.msg_iovlen = 3;
     }
     size_t done = 0;
     while (done < count) {
@@ -788,8 +790,8 @@ uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first
     return bytes;
 }
 
-std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const std::vector<uint32_t>& seqs,
-                                                     bool retx, uint32_t after) {
+std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, Sealer& sealer,
+                                                     const std::vector<uint32_t>& seqs, bool retx, uint32_t after) {
     const HeaderLayout& L = cfg_.layout;
     size_t k = seqs.size();
     if (k == 0) return {0, 0};
@@ -826,17 +828,29 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
         uint8_t* h = const_cast<uint8_t*>(hp[order[j]]);
         wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
     }
-    std::vector<iovec> iov(2 * k);
+    // Each datagram sealed as it is about to leave, its header final (LAST, a resend's flags, its
+    // class): header | payload (or, encrypted, its ciphertext) | trailer, gathered by the kernel.
+    std::vector<iovec> iov(3 * k);
     std::vector<uint32_t> len(k);
+    const bool encrypt = sealer.mode() == Protect::ENCRYPT;
+    scratch_trailers_.resize(k * TRAILER_BYTES);
+    if (encrypt) scratch_ct_.resize(k * size_t(m->spec.per) * size_t(m->itemsize));
     for (size_t j = 0; j < k; ++j) {
         size_t i = order[j];
         uint32_t seq = seqs[i];
         uint32_t count = (m->tail && seq == m->n_full) ? m->tail : m->spec.per;
-        iov[2 * j].iov_base = const_cast<uint8_t*>(hp[i]);
-        iov[2 * j].iov_len = size_t(H_);
-        iov[2 * j + 1].iov_base = const_cast<uint8_t*>(m->src + size_t(seq) * m->spec.per * m->itemsize);
-        iov[2 * j + 1].iov_len = size_t(count) * m->itemsize;
-        len[j] = uint32_t(H_) + count * uint32_t(m->itemsize);
+        const uint8_t* payload = m->src + size_t(seq) * m->spec.per * m->itemsize;
+        size_t nbytes = size_t(count) * m->itemsize;
+        uint8_t* ct = encrypt ? scratch_ct_.data() + j * size_t(m->spec.per) * size_t(m->itemsize) : nullptr;
+        uint8_t* trailer = scratch_trailers_.data() + j * TRAILER_BYTES;
+        sealer.seal(hp[i], size_t(H_), size_t(L.ptype.off), payload, nbytes, ct, trailer);
+        iov[3 * j].iov_base = const_cast<uint8_t*>(hp[i]);
+        iov[3 * j].iov_len = size_t(H_);
+        iov[3 * j + 1].iov_base = const_cast<uint8_t*>(encrypt ? ct : payload);
+        iov[3 * j + 1].iov_len = nbytes;
+        iov[3 * j + 2].iov_base = trailer;
+        iov[3 * j + 2].iov_len = TRAILER_BYTES;
+        len[j] = uint32_t(H_) + count * uint32_t(m->itemsize) + uint32_t(TRAILER_BYTES);
     }
     uint32_t sent = 0;
     uint64_t bytes = 0;
@@ -849,8 +863,8 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, const st
             ++stop;
         if (s.gso && stop - j > 1) {
             msghdr mh{};
-            mh.msg_iov = &iov[2 * j];
-            mh.msg_iovlen = 2 * (stop - j);
+            mh.msg_iov = &iov[3 * j];
+            mh.msg_iovlen = 3 * (stop - j);
             alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(uint16_t))] = {};
             mh.msg_control = cbuf;
             mh.msg_controllen = sizeof cbuf;
@@ -923,7 +937,7 @@ std::map<std::string, int64_t> Datapath::stats() {
 std::map<std::string, int64_t> Datapath::rejected() {
     static const char* names[N_REASONS] = {"ok", "truncated", "bad_version", "not_data", "wrong_job", "bad_token",
                                            "unknown_message", "wrong_dtype", "bad_seq", "bad_offset", "count_mismatch",
-                                           "stale"};
+                                           "stale", "bad_mac"};
     std::map<std::string, int64_t> out;
     std::lock_guard<std::mutex> g(rx_mu_);
     for (int i = 1; i < N_REASONS; ++i)

@@ -110,14 +110,20 @@ class ProtocolCore:
             key = self.rx_keys[rank] = self.new_key()
         return key
 
-    def peer_authenticated(self, rank: int, tx_key: bytes) -> None:
-        """The handshake with ``rank`` completed: its key for our tokens, and it may send to us."""
+    def peer_authenticated(self, rank: int, tx_key: bytes, rx_key: bytes | None = None) -> None:
+        """The handshake with ``rank`` completed: the keys of both directions (derived by the
+        handshake, :func:`hostagent.auth.direction_key`; ``rx_key`` None: drawn here, as tests
+        do), and it may send to us."""
+        if rx_key is not None:
+            self.rx_keys[rank] = rx_key
         self.tx_keys[rank] = tx_key
         self.authed.add(rank)
         self.port.set_keys(rank, self.rx_key(rank), tx_key)
 
     def rx_token(self, src: int, message_id: int, iteration: int) -> int:
-        return auth.message_token(self.rx_key(src), self.config.job_id, src, message_id, iteration)
+        """The ``token`` field a data packet of this message carries: :data:`hostagent.auth.DATA_TOKEN`
+        since the trailer's tag authenticates every packet (wire version 3)."""
+        return auth.DATA_TOKEN
 
     # ------------------------------------------------------------------ records
     def queue(self, rank: int, ptype: wire.PacketType, message_id: int, body: bytes = b"",
@@ -193,7 +199,7 @@ class ProtocolCore:
         tx_key = self.tx_keys.get(dest)
         if tx_key is None:
             raise PeerFailed(f"rank {self.rank}: no authenticated control connection to rank {dest}")
-        token = auth.message_token(tx_key, self.config.job_id, self.rank, message_id, iteration)
+        token = auth.DATA_TOKEN  # (the trailer's tag authenticates each packet)
         self._order += 1
         classes = np.zeros(n, np.uint8) if drop_classes is None else drop_classes.astype(np.uint8)
         msg = Outgoing(dest, message_id, flat.size, per, flat.itemsize, p, priority,

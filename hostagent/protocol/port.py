@@ -110,8 +110,9 @@ class RxSpec:
     """Accumulating: ``out`` is multiplied by this before each packet is added, and where no
     packet came at completion (:attr:`hostagent.messages.Expect.scale`)."""
     iteration: int = 0
-    """The iteration ``token`` binds: the data path keeps the newest per sender and the last per
-    message id, so datagrams recorded earlier are stale (:func:`hostagent.protocol.incoming.stale`)."""
+    """The iteration its packets carry (a packet of another is an earlier use of the id: stale);
+    the data path keeps the newest per sender and the last per message id, so datagrams recorded
+    earlier are stale (:func:`hostagent.protocol.incoming.stale`)."""
 
 
 @dataclass(frozen=True)

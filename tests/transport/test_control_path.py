@@ -208,11 +208,16 @@ def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints
     junk leaves rank 0's early packets their room, so rank 0's message needs no resend."""
     from hostagent.packetizer import MessageMeta, packetize
 
+    from hostagent import sealing
+
     eps = endpoints(3, policy=Policy(loss_bound_push=0.0), park_limit=64)
+    eps[2].connect([1])
     junk = packetize(_grad(PER * 200), MessageMeta(job_id=1, message_id=999, sender_rank=2), Policy())
+    # sealed under rank 2's key (as rank 2 itself would seal it): an authenticated sender's junk
+    sealer = sealing.new_sealer(eps[2].core.tx_keys[1], sealing.MAC)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for d in junk:
-        sock.sendto(d, ("127.0.0.1", eps[1].me.data_port))
+        sock.sendto(sealing.seal(sealer, d), ("127.0.0.1", eps[1].me.data_port))
     sock.close()
     time.sleep(0.1)  # all of it parked or rejected before the real data comes
     x = _grad(PER * 40)

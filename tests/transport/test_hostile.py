@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench import rogue
-from hostagent import auth, control_path, wire
+from hostagent import auth, control_path, sealing, wire
 from hostagent.messages import Expect, PeerUnreachable
 from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from hostagent.policy import Policy
@@ -40,20 +40,21 @@ def _blast(port: int, datagrams: list[bytes]) -> None:
 
 
 def test_forged_data_arriving_first_never_reaches_the_tensor(endpoints):
-    """Copies of a real message's headers with a guessed token and garbage payloads, sent
-    before the real data, to a receiver that already expects the message with bound 0: the
-    message completes exact, and every forgery is counted as bad_token."""
+    """Copies of a real message's headers with a guessed token, garbage payloads and guessed
+    trailers, sent before the real data, to a receiver that already expects the message with
+    bound 0: the message completes exact, and every forgery is counted as bad_mac."""
     a, b = endpoints(2, policy=EXACT, secret=SECRET)
     a.connect([1])
     x = _grad(PER * 30)
     h = b.recv(0, 5, expect=Expect(x.size, np.float32, 0.0))
-    forged = [d for seed in range(20) for d in
+    rng = np.random.default_rng(0)
+    forged = [d + rng.integers(0, 256, wire.TRAILER_SIZE, dtype=np.uint8).tobytes() for seed in range(20) for d in
               packetize(_grad(x.size, 99) * 1e6, MessageMeta(job_id=1, message_id=5, sender_rank=0, token=seed), EXACT)]
     _blast(b.me.data_port, forged)
     time.sleep(0.1)
     a.send(1, x, 5, announce=False)
     np.testing.assert_array_equal(h.wait(10).data, x)
-    assert b.endpoint_stats()["reassembly"]["rejected"]["bad_token"] == len(forged)
+    assert b.endpoint_stats()["reassembly"]["rejected"]["bad_mac"] == len(forged)
 
 
 def test_hostile_datagrams_of_every_kind_change_no_tensor_and_delay_no_message(endpoints):
@@ -82,7 +83,7 @@ def test_hostile_datagrams_of_every_kind_change_no_tensor_and_delay_no_message(e
     assert worst < 1.0, f"a message took {worst:.2f} s under attack"
     assert st["parked_now"] == 0
     assert sum(rejected.values()) + st["rx_dropped_estimate"] >= len(hostile)
-    assert {"bad_token", "unknown_message", "truncated", "bad_version", "wrong_job"} <= set(rejected)
+    assert {"bad_mac", "truncated", "bad_version", "wrong_job"} <= set(rejected)
 
 
 def test_junk_at_an_overrun_receiver_blames_no_one(endpoints, caplog):
@@ -176,19 +177,21 @@ def test_a_packet_recorded_1024_iterations_ago_is_not_accepted_again(endpoints):
     """Message ids of an exchange repeat every 1,024 iterations. A datagram recorded at
     iteration i, replayed when the same id comes round at i + 1,024, carried a valid token when
     the token bound only (job, sender, message id): it was placed, and the message reported
-    exact with the old values. The token binds the iteration now."""
+    exact with the old values. Its tag is right (it was sealed by the real sender under the
+    current key), but a message takes only packets of its own iteration: it is stale."""
     a, b = endpoints(2, policy=EXACT, secret=SECRET)
     a.connect([1])
     mid, old = 77, 5
-    recorded = packetize(_grad(PER * 10, 1) * 1e3, MessageMeta(
-        job_id=1, message_id=mid, sender_rank=0, iteration=old, token=b.core.rx_token(0, mid, old)), EXACT)
+    sealer = sealing.new_sealer(a.core.tx_keys[1], sealing.MAC)  # as rank 0 sealed them at iteration 5
+    recorded = [sealing.seal(sealer, d) for d in packetize(_grad(PER * 10, 1) * 1e3, MessageMeta(
+        job_id=1, message_id=mid, sender_rank=0, iteration=old, token=b.core.rx_token(0, mid, old)), EXACT)]
     x = _grad(PER * 10, 2)
     h = b.recv(0, mid, expect=Expect(x.size, np.float32, 0.0, iteration=old + 1024))
     _blast(b.me.data_port, list(recorded))
     time.sleep(0.1)
     a.send(1, x, mid, iteration=old + 1024, announce=False)
     np.testing.assert_array_equal(h.wait(10).data, x)
-    assert b.endpoint_stats()["reassembly"]["rejected"]["bad_token"] == len(recorded)
+    assert b.endpoint_stats()["reassembly"]["rejected"]["stale"] == len(recorded)
 
 
 def test_strangers_on_the_control_port_are_refused_counted_and_harmless(endpoints):

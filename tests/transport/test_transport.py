@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from hostagent import wire
 from hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
 from hostagent.packetizer import elems_per_packet
 from hostagent.policy import Policy
@@ -217,9 +218,9 @@ def test_malformed_packets_from_scapy_are_counted_and_harmless(endpoints):
         bytes(DLCP(version=9, job_id=1, sender_rank=0, message_id=2)),  # bad version
         bytes(DLCP(job_id=77, sender_rank=0, message_id=2)),  # wrong job
         bytes(DLCP(job_id=1, sender_rank=0, message_id=1, seq=3, elem_offset=1 << 30, elem_count=4, total_pkts=56)
-              / Raw(b"\0" * 16)),  # message already done: a late straggler, not a write
+              / Raw(b"\0" * 16 + b"\1" * wire.TRAILER_SIZE)),  # a late straggler, its trailer guessed: bad_mac
         b"\x01\x01",  # truncated
-        bytes(DLCP(job_id=1, sender_rank=0, message_id=999, dtype=1)) + b"junk",  # never announced
+        bytes(DLCP(job_id=1, sender_rank=0, message_id=999, dtype=1)) + b"junk",  # no room for a trailer: truncated
     ]
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for pkt in bad * 20:
@@ -228,7 +229,8 @@ def test_malformed_packets_from_scapy_are_counted_and_harmless(endpoints):
     time.sleep(0.3)
     stats = b.endpoint_stats()
     rejected = stats["reassembly"]["rejected"]
-    assert rejected.get("bad_version") == 20 and rejected.get("wrong_job") == 20 and rejected.get("truncated") == 20
+    assert rejected.get("bad_version") == 20 and rejected.get("wrong_job") == 20 and rejected.get("truncated") == 40
+    assert rejected.get("bad_mac") == 20
     # the later message is exact
     y = _grad(50_000)
     a.send(1, y, message_id=2, loss_bound=0.0)
@@ -348,8 +350,11 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     rate_before = a.endpoint_stats()["rate_bytes_per_s"][1]
     a.announce(1, 5, per * 4, np.float32, 0.0)
     time.sleep(0.05)
+    from hostagent import sealing
+
+    sealer = sealing.new_sealer(a.core.tx_keys[1], sealing.MAC)  # as rank 0 seals them
     for d in batch:
-        ce.sendto(d, ("127.0.0.1", b.me.data_port))
+        ce.sendto(sealing.seal(sealer, d), ("127.0.0.1", b.me.data_port))
     ce.close()
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline and b.endpoint_stats()["ce_marked"] < 4:

@@ -26,8 +26,8 @@ def _receive(batch, data, order, job=5, rank=1, msg=7):
 
 
 def test_elems_per_packet():
-    assert elems_per_packet(1500, np.float32) == (1500 - 28 - wire.HEADER_SIZE) // 4
-    assert elems_per_packet(1500, np.float16) == (1500 - 28 - wire.HEADER_SIZE) // 2
+    assert elems_per_packet(1500, np.float32) == (1500 - 28 - wire.HEADER_SIZE - wire.TRAILER_SIZE) // 4 == 351
+    assert elems_per_packet(1500, np.float16) == (1500 - 28 - wire.HEADER_SIZE - wire.TRAILER_SIZE) // 2
     with pytest.raises(ValueError, match="not one"):
         elems_per_packet(60, np.float32)
 

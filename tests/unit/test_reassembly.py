@@ -253,7 +253,7 @@ def test_datagrams_wider_than_their_slots_are_truncated_not_a_crash():
     r = Reassembler(job_id=5)
     r.expect(1, 7, 400 * 4, np.float32, 400)  # 1,600-byte payloads
     batch = packetize(np.ones(1600, np.float32), MessageMeta(job_id=5, message_id=7, sender_rank=1), Policy(),
-                      mtu=H + 28 + 1600)
+                      mtu=H + 28 + 1600 + wire.TRAILER_SIZE)
     wide, lengths = batch.to_slots()
     slots = np.ascontiguousarray(wide[:, :1472])  # this receiver's rows: MTU 1500
     res = r.ingest_batch(slots, lengths)

@@ -1,0 +1,88 @@
+"""Every datagram's trailer, from Python: the compiled sealer (``hostagent/native/seal.h``)
+behind the numpy data path, tests and tools.
+
+A datagram on the data path is ``header | payload | pn | tag`` (:data:`hostagent.wire.TRAILER_SIZE`):
+AES-128-GCM under the key of its direction (:func:`hostagent.auth.direction_key`), with a
+nonce made of the packet type and the sender's packet number. Why one compiled implementation
+for both data paths: the rule of what a tag covers must be written once (issue 44, item 7), and
+OpenSSL's AES-GCM is what runs at line rate; Python only groups the rows and calls it.
+
+Example::
+
+    s = new_sealer(key, protection=1)
+    wire_bytes = seal(s, header + payload)          # what a sender puts on the wire
+    assert open_datagram(new_sealer(key, 1), wire_bytes) == header + payload
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hostagent import wire
+
+#: What a trailer does (``TransportConfig.protection``): nothing, a MAC, or encryption too.
+NONE, MAC, ENCRYPT = 0, 1, 2
+
+_PTYPE_AT = wire.FIELD_OFFSET["ptype"]
+
+
+def _native() -> Any:
+    try:
+        from hostagent import _datapath
+    except ImportError as exc:  # pragma: no cover - the package is built by `make setup`
+        raise ImportError("sealing datagrams needs the compiled module hostagent._datapath (run `make setup`; "
+                          "it needs libssl-dev)") from exc
+    return _datapath
+
+
+def new_sealer(key: bytes, protection: int) -> Any:
+    """A sealer for one direction's ``key`` (one thread at a time; its packet numbers count
+    from 0, so a key's sealer must live as long as the key is used to send).
+
+    Raises:
+        ValueError: a key that is not 16 bytes, or an unknown protection.
+    """
+    if protection not in (NONE, MAC, ENCRYPT):
+        raise ValueError(f"protection is {NONE} (none), {MAC} (MAC) or {ENCRYPT} (encrypt), not {protection}")
+    return _native().PacketSealer(key, protection)
+
+
+def seal_rows(sealer: Any, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Seal datagram ``i`` (``rows[i, :lengths[i]]``) in place: its trailer written after it, its
+    payload encrypted when the sealer encrypts. Returns the lengths on the wire.
+
+    Raises:
+        ValueError: a row without a header or without room for its trailer.
+    """
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    sealer.seal_rows(rows, lengths, wire.HEADER_SIZE, _PTYPE_AT)
+    return lengths + wire.TRAILER_SIZE
+
+
+def open_rows(sealer: Any, rows: np.ndarray, lengths: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Check rows ``which`` of ``rows`` (each ``lengths[i]`` bytes, trailer included) and, when
+    the sealer encrypts, decrypt them in place. Returns a bool per row of ``which``: authentic."""
+    which = np.ascontiguousarray(which, np.int64)
+    ok = np.zeros(len(which), np.uint8)
+    sealer.open_rows(rows, np.ascontiguousarray(lengths, np.int64), which, wire.HEADER_SIZE, _PTYPE_AT, ok)
+    return ok.astype(bool)
+
+
+def seal(sealer: Any, datagram: bytes) -> bytes:
+    """One datagram (header and payload) as it goes on the wire, trailer included."""
+    row = np.zeros((1, len(datagram) + wire.TRAILER_SIZE), np.uint8)
+    row[0, : len(datagram)] = np.frombuffer(datagram, np.uint8)
+    seal_rows(sealer, row, np.array([len(datagram)]))
+    return row.tobytes()
+
+
+def open_datagram(sealer: Any, datagram: bytes) -> bytes | None:
+    """A datagram from the wire without its trailer (decrypted), or None if not authentic."""
+    if len(datagram) < wire.HEADER_SIZE + wire.TRAILER_SIZE:
+        return None
+    row = np.frombuffer(datagram, np.uint8).copy().reshape(1, -1)
+    if not open_rows(sealer, row, np.array([len(datagram)]), np.array([0]))[0]:
+        return None
+    return row[0, : len(datagram) - wire.TRAILER_SIZE].tobytes()

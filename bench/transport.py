@@ -16,8 +16,10 @@ Prints, with the command, the commit and the machine's load beside every row:
      and parameter server, the default policy): the digits MLP, and the MNIST-1D CNN when
      ``mnist1d`` is installed.
   4. the testbed's workload on loopback (4 workers + PS as ``topologies.agent`` processes).
+  5. **protection** (issue 44): one sender -> one receiver on the compiled path with the trailer's tag
+     off, a MAC (the default) and encryption, interleaved; goodput, its ratio to "off", CPU.
 
-Parts 1-3 run their schemes interleaved (A B C, A B C, ...) for ``--rounds`` rounds; a figure is
+Parts 1-3 and 5 run their schemes interleaved (A B C, A B C, ...) for ``--rounds`` rounds; a figure is
 the median over rounds of each round's median, with the range over rounds. Ratios are taken
 within a round, then their median. Every participant is its own (spawned) process on this
 machine: with 2 cores, 4 processes share them, so parts 2-3 measure the hosts' software, CPU
@@ -27,9 +29,11 @@ CPU while it ran.
 Targets (issue 26, which calls part 2's profile 25 MB): ring lossless <= 1.0x gloo; ring at
 p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of packets resent after
 the first iteration; one sender >= 2 GB/s and >= 85 % of the bare pair, at most half the numpy
-path's CPU per 100 MB; DDP step through ``dlcp_hook`` <= 1.2x gloo (digits MLP).
+path's CPU per 100 MB; DDP step through ``dlcp_hook`` <= 1.2x gloo (digits MLP). Issue 44: with the
+MAC, one sender >= 90 % of its throughput with the tag off.
 
-Run: python bench/transport.py [--part goodput|collective|ddp|testbed] [--rounds 3] [--quick] [--line-rate GBPS]
+Run: python bench/transport.py [--part goodput|collective|ddp|testbed|protection] [--rounds 3] [--quick]
+[--line-rate GBPS] [--goodput-mtu BYTES]
 [--out FILE]
 (--out keeps the tables as JSON; `dlcp report FILE` prints them as Markdown for a results page)
 """
@@ -177,14 +181,22 @@ def _bare_pair(mtu: int, messages: int, rate: float = 0) -> tuple[list[tuple[int
     return got[WARMUP:], [float(c) for c in tx.stdout.split()][WARMUP:]
 
 
-def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str, line_rate: float, q) -> None:
+#: What every datagram's trailer does, by the name part 5 gives it: TransportConfig's
+#: (authenticate, encrypt).
+PROTECTIONS = {"mac": (True, False), "off": (False, False), "encrypt": (True, True)}
+
+
+def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str, line_rate: float, protection: str,
+                       q) -> None:
     from hostagent.ratecontrol import RateConfig
     from hostagent.transport import Endpoint, TransportConfig
 
     # a host on a link of ``line_rate`` (RateConfig's defaults are a 10 Gb/s host's, whose rate
     # increase would take half a second to climb to 25 Gb/s, inside the timed messages)
     rate = RateConfig.for_link(line_rate)
-    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath, rate=rate)).start()
+    authenticate, encrypt = PROTECTIONS[protection]
+    ep = Endpoint(TransportConfig(rank=rank, peers=peers, mtu=mtu, datapath=datapath, rate=rate,
+                                  authenticate=authenticate, encrypt=encrypt)).start()
     ep.connect()
     x = np.random.default_rng(0).standard_normal(GOODPUT_ELEMS).astype(np.float32)
     out = np.empty_like(x)  # a posted receive buffer, as MPI and NCCL receives take one
@@ -226,7 +238,8 @@ def _gloo_p2p_proc(rank: int, port: int, messages: int, q) -> None:
     dist.destroy_process_group()
 
 
-def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = LINE_RATE) -> dict:
+def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = LINE_RATE,
+                protection: str = "mac") -> dict:
     """MB/s of one 100 MB message (median) and CPU ms both processes spent per 100 MB."""
     mb = GOODPUT_ELEMS * 4 / 1e6
     if kind in ("bare", "bare-paced"):
@@ -244,7 +257,8 @@ def goodput_row(kind: str, messages: int, mtu: int = 1500, line_rate: float = LI
         return {"MB/s": statistics.median(rates), "stream": None, "cpu": cpu * 1e3 / mb * 100, "retx": 0,
                 "overruns": 0}
     peers = _peers(2)
-    (tx, stx), (rx, srx) = _run(_dlcp_goodput_proc, lambda r: (r, peers, mtu, messages, kind, line_rate), 2)
+    (tx, stx), (rx, srx) = _run(_dlcp_goodput_proc, lambda r: (r, peers, mtu, messages, kind, line_rate, protection),
+                                2)
     rates = [mb / t for t, _, _ in tx]
     cpu = statistics.median(c for _, c, _ in tx) + statistics.median(c for _, c, _ in rx)
     return {"MB/s": statistics.median(rates), "stream": statistics.median(mb / t for _, _, t in rx),
@@ -284,6 +298,35 @@ def goodput_table(args) -> Table:
             if None not in streams else (None, None, None)
         table.add(name, med, f"{lo:.0f}-{hi:.0f}", ratio, *stream, cpu[name][0], cpu[name][3],
                   sum(r["retx"] for r in res[name]), sum(r["overruns"] for r in res[name]), *load_cells(res[name]))
+    return table
+
+
+def protection_table(args) -> Table:
+    """Part 5: what authenticating (and encrypting) every datagram costs one sender."""
+    title = (f"5. one sender -> one receiver, DLCP's compiled path, 100 MB messages, MTU {args.goodput_mtu}, "
+             f"{args.line_rate:g} Gb/s configured: the trailer's tag off, a MAC (the default), encrypted")
+    print(title)
+    kinds = {"tag off (authenticate=False)": "off", "MAC, AES-128-GMAC (default)": "mac",
+             "AES-128-GCM encrypted": "encrypt"}
+    res = interleaved({k: partial(goodput_row, "native", args.messages, mtu=args.goodput_mtu,
+                                  line_rate=args.line_rate * 1e9 / 8, protection=v)
+                       for k, v in kinds.items()}, args.rounds, "MB/s")
+    base = "tag off (authenticate=False)"
+    s = summary(res, "MB/s", base)
+    cpu = summary(res, "cpu", base)
+    table = Table(title, [Column(""), Column("MB/s", "{:.0f}"), Column("range"), Column("of off", "{:.2f}"),
+                          Column("stream MB/s", "{:.0f}"), Column("cpu ms/100MB", "{:.0f}"),
+                          Column("cpu of off", "{:.2f}"), Column("retx"), Column("overruns"), *LOAD_COLUMNS],
+                  notes=["MB/s as in part 1 (send() to completion); of off: the median over rounds of the ratio to "
+                         "the tag-off row within a round (target, issue 44: MAC >= 0.90). Every row sends the same "
+                         "bytes (the trailer goes out zero when off), so the difference is the AES-GCM work: a "
+                         "GMAC over header and payload per datagram on each side, or the payload encrypted and "
+                         "decrypted too. cpu: user + system of both processes per 100 MB."])
+    for name in kinds:
+        med, lo, hi, ratio = s[name]
+        table.add(name, med, f"{lo:.0f}-{hi:.0f}", ratio, statistics.median(r["stream"] for r in res[name]),
+                  cpu[name][0], cpu[name][3], sum(r["retx"] for r in res[name]),
+                  sum(r["overruns"] for r in res[name]), *load_cells(res[name]))
     return table
 
 
@@ -572,7 +615,8 @@ def main() -> None:
                     help="the link DLCP's hosts are configured for in parts 1-2 (default 25; RateConfig's own is 10)")
     ap.add_argument("--numpy", action="store_true", help="add the numpy path's ring to part 2")
     ap.add_argument("--quick", action="store_true", help="1 round and fewer iterations: a smoke run")
-    ap.add_argument("--part", choices=("all", "goodput", "collective", "ddp", "testbed"), default="all")
+    ap.add_argument("--part", choices=("all", "goodput", "collective", "ddp", "testbed", "protection"), default="all")
+    ap.add_argument("--goodput-mtu", type=int, default=1500, help="MTU of part 5 (default 1500, as part 1)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the tables with the command and commit as JSON (dlcp report FILE prints them)")
     args = ap.parse_args()
@@ -580,7 +624,8 @@ def main() -> None:
         args.rounds, args.iterations, args.messages, args.steps = 1, 2, 2, 10
     record = Record.start("python bench/transport.py")
     print(record.header())
-    parts = {"goodput": goodput_table, "collective": collective_table, "ddp": ddp_table, "testbed": testbed_table}
+    parts = {"goodput": goodput_table, "collective": collective_table, "ddp": ddp_table, "testbed": testbed_table,
+             "protection": protection_table}
     done = []
     for part, make in parts.items():
         if args.part in ("all", part):

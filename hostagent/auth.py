@@ -34,6 +34,12 @@ must not accept what was recorded for its previous life (a new nonce of its own)
 handshake: they stop blind forgery (an off-path host or process that never saw the handshake
 guesses a 128-bit tag), nothing more. Whoever can read the control connection can compute them.
 
+**Control frames.** After its handshake, every frame of a control connection ends in the same
+trailer as a datagram (:data:`hostagent.wire.TRAILER_SIZE`): a GMAC under a key of that
+connection and direction (:func:`control_key`) over the frame's length prefix and content, its
+packet number the frame's index on the connection, which the reader checks. A frame changed,
+dropped, replayed or inserted on the way drops the connection (``ctl_rejected["bad_mac"]``).
+
 **Tokens.** A data packet's header ``token`` is :data:`DATA_TOKEN` (zero): the trailer's tag
 (:data:`hostagent.wire.TRAILER_SIZE`) authenticates the whole packet. A credit's token (keyed
 BLAKE2b of its header, :func:`credit_token`) is still computed under the direction key and
@@ -142,6 +148,20 @@ def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
         out += block
         counter += 1
     return out[:length]
+
+
+def control_key(secret: bytes | None, job_id: int, sender: int, receiver: int, nonce_i: bytes, nonce_a: bytes,
+                sender_nonce: bytes, receiver_nonce: bytes) -> bytes:
+    """The 16-byte key of the frames ``sender`` sends ``receiver`` on one control connection
+    after its handshake: as :func:`direction_key`, with the connection's own handshake nonces
+    too, so two connections of a pair never share a key (each numbers its frames from 0).
+
+    Example::
+
+        k = control_key(secret, 1, 0, 1, conn.nonce_i, conn.nonce_a, kn_0, kn_1)
+    """
+    info = _KEY_INFO.pack(b"DLCP control", job_id, sender, receiver, sender_nonce, receiver_nonce) + nonce_i + nonce_a
+    return hkdf_sha256(secret or b"", _KEY_SALT, info, KEY_BYTES)
 
 
 def direction_key(secret: bytes | None, job_id: int, sender: int, receiver: int, sender_nonce: bytes,

@@ -7,6 +7,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hostagent import wire
 
 #: Bytes queued on a control connection before its peer counts as not reading.
 CTL_WRITE_LIMIT = 4 << 20
@@ -42,6 +47,13 @@ class ControlConn:
         self.key_nonce = b""  # ours, sent in this handshake (hostagent.auth)
         self.peer_key_nonce = b""  # the peer's, from its proof-bound HELLO
         self.authenticated = False
+        # After the handshake (hostagent.auth, "Control frames"): our sealer for what we send,
+        # the opener for what we read, and the index the next frame read must carry. None: the
+        # job authenticates nothing (TransportConfig.authenticate False), frames go bare.
+        self.ctl_keys: tuple[bytes, bytes] | None = None  # (ours, the peer's) for this connection
+        self.tx_sealer: Any = None
+        self.rx_sealer: Any = None
+        self.rx_pn = 0
         self.auth_failed = False  # the peer answered with a wrong proof (a wrong secret; not retried)
         self.settled = threading.Event()
         self.wlock = threading.Lock()  # serialises take-records-then-send in Endpoint._flush
@@ -60,10 +72,14 @@ class ControlConn:
         has more than CTL_WRITE_LIMIT bytes unread (or the connection failed): it is not reading.
 
         With nothing queued the caller writes directly (non-blocking), so the common case costs
-        no hand-over to the writer thread; order is kept because the writer is idle then."""
+        no hand-over to the writer thread; order is kept because the writer is idle then.
+        After the handshake the frame is sealed here, under the lock, so its index is its place
+        on the wire."""
         with self._cv:
             if self._closing or self.error or self._pending + len(frame) > CTL_WRITE_LIMIT:
                 return False
+            if self.tx_sealer is not None:
+                frame = seal_frame(self.tx_sealer, frame)
             if not self._frames and not self._writing:
                 try:
                     sent = self.sock.send(frame, socket.MSG_DONTWAIT)
@@ -83,6 +99,24 @@ class ControlConn:
                 self._writer.start()
             self._cv.notify()
         return True
+
+    def open_frame(self, frame: bytes) -> bytes | None:
+        """A frame read after the handshake (its length prefix included), checked and without its
+        trailer; None when its tag is wrong or its index is not the next one (changed, dropped,
+        replayed or inserted on the way). Bare frames pass when the job authenticates nothing."""
+        if self.rx_sealer is None:
+            return frame
+        if len(frame) < wire.FRAME_PREFIX.size + wire.TRAILER_SIZE:
+            return None
+        row = np.frombuffer(_CONTROL_DOMAIN + frame, np.uint8).copy().reshape(1, -1)
+        ok = np.zeros(1, np.uint8)
+        self.rx_sealer.open_rows(row, np.array([row.shape[1]], np.int64), np.zeros(1, np.int64), 1, 0, ok)
+        pn = int.from_bytes(frame[-wire.TRAILER_SIZE : -wire.TRAILER_SIZE + 8], "big")
+        if not ok[0] or pn != self.rx_pn:
+            return None
+        self.rx_pn += 1
+        body = frame[wire.FRAME_PREFIX.size : -wire.TRAILER_SIZE]
+        return wire.FRAME_PREFIX.pack(len(body)) + body
 
     def _write_loop(self) -> None:
         while True:
@@ -119,3 +153,19 @@ class ControlConn:
         self.error = self.error or why
         self.settled.set()
         self._wake()
+
+
+#: What a sealed control frame's additional data starts with: the nonce's type byte of control
+#: frames (no data-path packet type has it; their keys differ anyway).
+_CONTROL_DOMAIN = b"\xc0"
+
+
+def seal_frame(sealer: Any, frame: bytes) -> bytes:
+    """``frame`` (length prefix, header, body) with a trailer: its prefix counts the trailer, and
+    the tag covers the prefix and everything after it (hostagent.auth, "Control frames")."""
+    body = frame[wire.FRAME_PREFIX.size :]
+    prefixed = wire.FRAME_PREFIX.pack(len(body) + wire.TRAILER_SIZE) + body
+    row = np.zeros((1, 1 + len(prefixed) + wire.TRAILER_SIZE), np.uint8)
+    row[0, : 1 + len(prefixed)] = np.frombuffer(_CONTROL_DOMAIN + prefixed, np.uint8)
+    sealer.seal_rows(row, np.array([1 + len(prefixed)], np.int64), 1 + len(prefixed), 0)
+    return row[0, 1:].tobytes()

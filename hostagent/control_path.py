@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hostagent import auth, wire
+from hostagent import auth, sealing, wire
 from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from hostagent.messages import PeerUnreachable, TransportClosed, TransportError
 from hostagent.protocol.core import IDLE_TICK
@@ -318,16 +318,23 @@ class ControlPath:
             return
         conn.buf += chunk
         # Before the handshake, only a HELLO frame is possible: a stranger cannot make us hold more.
-        largest = wire.MAX_FRAME if conn.authenticated else wire.HEADER_SIZE + wire.HELLO_BODY.size
         while len(conn.buf) >= wire.FRAME_PREFIX.size and not conn.error:
+            # (a sealed frame carries a trailer; the handshake may complete within this loop)
+            largest = wire.MAX_FRAME + wire.TRAILER_SIZE if conn.authenticated else wire.HEADER_SIZE + \
+                wire.HELLO_BODY.size
             (size,) = wire.FRAME_PREFIX.unpack_from(conn.buf)
             if not wire.HEADER_SIZE <= size <= largest:
                 self._reject(conn, "malformed", f"sent a control frame of {size} bytes")
                 return
             if len(conn.buf) < wire.FRAME_PREFIX.size + size:
                 break
-            frame = bytes(conn.buf[wire.FRAME_PREFIX.size : wire.FRAME_PREFIX.size + size])
+            whole = conn.open_frame(bytes(conn.buf[: wire.FRAME_PREFIX.size + size]))
             del conn.buf[: wire.FRAME_PREFIX.size + size]
+            if whole is None:
+                self._reject(conn, "bad_mac", "sent a control frame whose tag or index is wrong (changed, replayed, "
+                             "dropped or inserted on the way)")
+                return
+            frame = whole[wire.FRAME_PREFIX.size :]
             self.ctl_stats["frames_received"] += 1
             self.ctl_stats["bytes_received"] += wire.FRAME_PREFIX.size + size
             try:
@@ -443,6 +450,13 @@ class ControlPath:
         rx_key = auth.direction_key(cfg.secret, cfg.job_id, rank, self.rank, peer_key_nonce, conn.key_nonce)
         tx_key = auth.direction_key(cfg.secret, cfg.job_id, self.rank, rank, conn.key_nonce, peer_key_nonce)
         self._core.peer_authenticated(rank, tx_key, rx_key)
+        if cfg.protection != sealing.NONE:  # this connection's frames from now on (_authenticated)
+            conn.peer_key_nonce = peer_key_nonce
+            ctl = (cfg.secret, cfg.job_id)
+            conn.ctl_keys = (auth.control_key(*ctl, self.rank, rank, conn.nonce_i, conn.nonce_a, conn.key_nonce,
+                                              peer_key_nonce),
+                             auth.control_key(*ctl, rank, self.rank, conn.nonce_i, conn.nonce_a, peer_key_nonce,
+                                              conn.key_nonce))
 
     def _send_hello(self, conn: ControlConn, step: int, nonce: bytes = b"", proof: bytes = b"",
                     key: bytes = b"") -> None:
@@ -457,6 +471,9 @@ class ControlPath:
         """The handshake on ``conn`` succeeded: it may carry records; the first such for a rank
         is the one the endpoint uses (and whose loss fails the rank's messages)."""
         assert conn.rank is not None, "a connection authenticates after its hello names its rank"
+        if conn.ctl_keys is not None:  # every frame after the last HELLO is sealed (hostagent.auth)
+            conn.tx_sealer = sealing.new_sealer(conn.ctl_keys[0], sealing.MAC)
+            conn.rx_sealer = sealing.new_sealer(conn.ctl_keys[1], sealing.MAC)
         conn.authenticated = True
         with self._lock:
             self._conns.setdefault(conn.rank, conn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -187,6 +188,7 @@ class _Relay:
         self.target = target
         self.seen = bytearray()
         self.lock = threading.Lock()
+        self.tamper: str | None = None  # "flip" or "replay": done to the next chunk upstream, once
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -196,14 +198,19 @@ class _Relay:
             except OSError:
                 return
             up = socket.create_connection(self.target)
-            for src, dst in ((c, up), (up, c)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, upstream in ((c, up, True), (up, c, False)):
+                threading.Thread(target=self._pump, args=(src, dst, upstream), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
             while data := src.recv(65536):
                 with self.lock:
                     self.seen += data
+                    how, self.tamper = (self.tamper, None) if upstream else (None, self.tamper)
+                if how == "flip":
+                    data = data[:-1] + bytes([data[-1] ^ 1])
+                elif how == "replay":
+                    data = data + data
                 dst.sendall(data)
         except OSError:
             pass
@@ -270,3 +277,34 @@ def test_an_encrypting_rank_and_a_plain_one_do_not_understand_each_other(datapat
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("how", ["flip", "replay"])
+def test_a_control_frame_changed_or_replayed_on_the_way_drops_the_connection(datapath, how):
+    """After the handshake every control frame is sealed under its connection's key with its
+    index: a frame with a bit changed on the way, or sent twice, is refused (ctl_rejected
+    bad_mac) and the connection dropped, never handled as a record."""
+    (d0, c0), (d1, c1) = free_port_pairs(2)
+    relay = _Relay(("127.0.0.1", c1))
+    true = (Peer(0, "127.0.0.1", d0, c0), Peer(1, "127.0.0.1", d1, c1))
+    via_relay = (true[0], Peer(1, "127.0.0.1", d1, relay.port))
+    a = Endpoint(TransportConfig(rank=0, peers=via_relay, datapath=datapath, secret=auth.parse_secret(SECRET))).start()
+    b = Endpoint(TransportConfig(rank=1, peers=true, datapath=datapath, secret=auth.parse_secret(SECRET))).start()
+    try:
+        a.connect([1])
+        x = np.arange(PER * 2, dtype=np.float32)
+        h = b.recv(0, 1)
+        a.send(1, x, 1).wait(10)
+        np.testing.assert_array_equal(h.wait(10).data, x)  # sealed frames (META, STOP, ...) both ways
+        assert b.endpoint_stats()["ctl_rejected"] == {}
+        with relay.lock:
+            relay.tamper = how
+        a.announce(1, 2, PER, np.float32, 0.0)  # its next frame, changed or twice
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not b.endpoint_stats()["ctl_rejected"]:
+            time.sleep(0.01)
+        assert b.endpoint_stats()["ctl_rejected"] == {"bad_mac": 1}
+    finally:
+        a.close()
+        b.close()
+        relay.close()

@@ -107,6 +107,14 @@ class Endpoint(ControlPath):
         peer remains (it closed or failed): keep it short. The ``torch.distributed`` backend
         fails its group at once, as gloo does when a peer's socket closes."""
         log.info("endpoint rank %d config: %s", self.rank, config)
+        if not config.authenticate:
+            log.warning("endpoint rank %d: authenticate=False: no datagram or control frame is checked; any host "
+                        "that reaches this endpoint's ports can write into its messages (for measurements only)",
+                        self.rank)
+        elif config.secret is None:
+            log.info("endpoint rank %d: no job secret: packets are authenticated against blind forgery only (their "
+                     "keys come from handshake nonces anyone on the path can read; see docs/design/security.md)",
+                     self.rank)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, bound: tuple[socket.socket, socket.socket] | None = None) -> Endpoint:

@@ -10,7 +10,8 @@ Prints, with the command, the commit and the machine's load beside every row:
      and the CPU both processes spent per 100 MB.
   2. **collectives**: 4 processes averaging 57 MB in 12 tensors (fused into DDP's buckets) per
      iteration: gloo's all_reduce (with DDP's division), DLCP's ring and parameter server, lossless
-     and with p = 0.05 under 2 % injected loss; sync time per iteration (the slowest process).
+     and with p = 0.05 under 2 % injected loss, and the lossless ring with the trailer's tag off and
+     encrypted (issue 44); sync time per iteration (the slowest process).
      DLCP's processes are configured as hosts on 25 Gb/s links (``LINE_RATE``), as in part 1.
   3. **DDP training steps**: 4 workers, stock DDP over gloo against DDP with ``dlcp_hook`` (ring
      and parameter server, the default policy): the digits MLP, and the MNIST-1D CNN when
@@ -365,7 +366,7 @@ def _gloo_collective_proc(rank: int, port: int, iterations: int, start, q) -> No
 
 
 def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float, iterations: int, mtu: int,
-                          datapath: str, line_rate: float, start, q) -> None:
+                          datapath: str, line_rate: float, protection: str, start, q) -> None:
     from hostagent.exchange import PSServer, PSWorker, RingAllreduce
     from hostagent.policy import Policy
     from hostagent.ratecontrol import RateConfig
@@ -374,8 +375,10 @@ def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float,
     n = 4
     policy = Policy(loss_bound_push=p)
     inj = LossInjection(drop_probabilities=(loss,) * 4, seed=rank) if loss else LossInjection()
+    authenticate, encrypt = PROTECTIONS[protection]
     ep = Endpoint(TransportConfig(rank=rank, peers=peers, policy=policy, mtu=mtu, loss=inj, datapath=datapath,
-                                  rate=RateConfig.for_link(line_rate))).start()
+                                  rate=RateConfig.for_link(line_rate), authenticate=authenticate,
+                                  encrypt=encrypt)).start()
     ep.connect()
     plan = _buckets()
     bufs = [np.random.default_rng(rank).standard_normal(b.total).astype(np.float32) for b in plan]
@@ -416,11 +419,13 @@ def collective_row(scheme: str, iterations: int, mtu: int, line_rate: float = LI
         port = free_port_pairs(1)[0][1]
         rows = _run(_gloo_collective_proc, lambda r: (r, port, iterations, start), 4)
     else:
-        datapath, pattern, p, loss = scheme.split(":")
+        # datapath:pattern:p:loss[:protection] (PROTECTIONS; the MAC by default)
+        datapath, pattern, p, loss, *rest = scheme.split(":")
+        protection = rest[0] if rest else "mac"
         n = 5 if pattern == "ps" else 4  # the server is a fifth process
         peers = _peers(n)
         rows = _run(_dlcp_collective_proc, lambda r: (r, peers, pattern, float(p), float(loss), iterations, mtu,
-                                                       datapath, line_rate, start), n)
+                                                       datapath, line_rate, protection, start), n)
         rows = [r for r in rows if r.get("times")]
     per_it = [max(r["times"][i] for r in rows) for i in range(iterations)]
     sent = sum(r.get("sent", 0) for r in rows)
@@ -437,6 +442,8 @@ def collective_table(args) -> Table:
     schemes = {
         "gloo all_reduce": "gloo",
         "DLCP ring, lossless": "native:ring:0:0",
+        "DLCP ring, lossless, tag off": "native:ring:0:0:off",
+        "DLCP ring, lossless, encrypted": "native:ring:0:0:encrypt",
         "DLCP ring, p=.05, 2% loss": "native:ring:0.05:0.02",
         "DLCP ring, p=.05, 2% loss, direct all-gather": "native:ring-direct:0.05:0.02",
         "DLCP PS, lossless": "native:ps:0:0",

@@ -52,6 +52,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 def cmd_wire(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"udp_port": wire.DLCP_UDP_PORT, "header_bytes": wire.HEADER_SIZE,
+                          "trailer_bytes": wire.TRAILER_SIZE,
                           "fields": [{"name": f.name, "bits": f.bits, "doc": f.doc} for f in wire.FIELDS]}, indent=2))
         return 0
     print(f"DLCP header v{wire.VERSION}: {wire.HEADER_SIZE} bytes, network byte order, UDP port {wire.DLCP_UDP_PORT}")
@@ -60,6 +61,8 @@ def cmd_wire(args: argparse.Namespace) -> int:
     for f in wire.FIELDS:
         print(f"{offset:>6}  {f.bits:>4}  {f.name:<12} {f.doc}")
         offset += f.bits // 8
+    print(f"then the payload, then a {wire.TRAILER_SIZE}-byte trailer: packet number (8) and AES-GCM tag (16) "
+          "over header and payload (docs/design/security.md)")
     return 0
 
 

@@ -16,7 +16,7 @@ def test_wire_json_lists_every_field(capsys):
     assert cli.main(["wire", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [f["name"] for f in out["fields"]] == [f.name for f in wire.FIELDS]
-    assert out["header_bytes"] == wire.HEADER_SIZE
+    assert out["header_bytes"] == wire.HEADER_SIZE and out["trailer_bytes"] == wire.TRAILER_SIZE
 
 
 def test_policy_check_reports_the_bad_field(tmp_path, capsys):

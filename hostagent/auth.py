@@ -1,12 +1,12 @@
 """Who may speak for a rank: the control handshake's proofs, the data keys derived from it, and
 the data packets' protection.
 
-Pure functions; the control path (:mod:`hostagent.control_path`) runs the exchange, and the
+Pure functions; the control path (:mod:`dlcp.hostagent.control_path`) runs the exchange, and the
 packet protection itself is compiled code (``hostagent/native/seal.h``) that both data paths
 call.
 
 **Handshake.** A control connection from initiator I to acceptor A opens with four HELLO
-records (:data:`hostagent.wire.HELLO_BODY`)::
+records (:data:`dlcp.hostagent.wire.HELLO_BODY`)::
 
     1. I -> A  nonce_I                          (A checks: I is a configured rank other than A,
                                                  connecting from I's configured address)
@@ -35,13 +35,13 @@ handshake: they stop blind forgery (an off-path host or process that never saw t
 guesses a 128-bit tag), nothing more. Whoever can read the control connection can compute them.
 
 **Control frames.** After its handshake, every frame of a control connection ends in the same
-trailer as a datagram (:data:`hostagent.wire.TRAILER_SIZE`): a GMAC under a key of that
+trailer as a datagram (:data:`dlcp.hostagent.wire.TRAILER_SIZE`): a GMAC under a key of that
 connection and direction (:func:`control_key`) over the frame's length prefix and content, its
 packet number the frame's index on the connection, which the reader checks. A frame changed,
 dropped, replayed or inserted on the way drops the connection (``ctl_rejected["bad_mac"]``).
 
 **Tokens.** A data packet's header ``token`` is :data:`DATA_TOKEN` (zero): the trailer's tag
-(:data:`hostagent.wire.TRAILER_SIZE`) authenticates the whole packet. A credit's token (keyed
+(:data:`dlcp.hostagent.wire.TRAILER_SIZE`) authenticates the whole packet. A credit's token (keyed
 BLAKE2b of its header, :func:`credit_token`) is still computed under the direction key and
 checked behind the tag; it protects nothing the tag does not.
 """
@@ -53,7 +53,7 @@ import hmac
 import os
 import struct
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 #: Bytes of a nonce (handshake or key nonce), a direction key, and a proof (HMAC-SHA256).
 NONCE_BYTES = 16
@@ -109,7 +109,7 @@ def parse_secret(text: str | bytes | None) -> bytes | None:
         raw = bytes(text)
     if len(raw) < MIN_SECRET_BYTES:
         raise ValueError(f"the job secret has {len(raw)} bytes; use at least {MIN_SECRET_BYTES} random bytes "
-                         f"(e.g. {new_secret()[:16]}... from hostagent.auth.new_secret())")
+                         f"(e.g. {new_secret()[:16]}... from dlcp.hostagent.auth.new_secret())")
     return raw
 
 
@@ -184,7 +184,7 @@ def direction_key(secret: bytes | None, job_id: int, sender: int, receiver: int,
 
 
 def credit_token(key: bytes, header: bytes) -> int:
-    """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
+    """The 32-bit token of a CREDIT (:data:`dlcp.hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
     ``C`` and the whole header as sent, its ``token`` field read as zero. Every field is bound
     (the window in ``elem_count``, the count, the sequence, the RELEASE flag), so a copy with any
     of them changed is refused; and its input is longer than a data token's, so no data header

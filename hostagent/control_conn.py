@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 #: Bytes queued on a control connection before its peer counts as not reading.
 CTL_WRITE_LIMIT = 4 << 20
@@ -29,7 +29,7 @@ class ControlConn:
     connection (it owns the selector). The writer thread starts only when a frame first has to
     wait, so a connection that never gets that far (a stranger's) costs no thread.
 
-    Handshake state (:mod:`hostagent.auth`): ``rank`` is who the peer claims to be (or whom we
+    Handshake state (:mod:`dlcp.hostagent.auth`): ``rank`` is who the peer claims to be (or whom we
     called); nothing but HELLO records is accepted until :attr:`authenticated`, which is when
     :attr:`settled` is set; a failed handshake sets it too, with :attr:`error`.
     """
@@ -44,10 +44,10 @@ class ControlConn:
         self.step = 0  # last handshake step seen or sent
         self.nonce_i = b""
         self.nonce_a = b""
-        self.key_nonce = b""  # ours, sent in this handshake (hostagent.auth)
+        self.key_nonce = b""  # ours, sent in this handshake (dlcp.hostagent.auth)
         self.peer_key_nonce = b""  # the peer's, from its proof-bound HELLO
         self.authenticated = False
-        # After the handshake (hostagent.auth, "Control frames"): our sealer for what we send,
+        # After the handshake (dlcp.hostagent.auth, "Control frames"): our sealer for what we send,
         # the opener for what we read, and the index the next frame read must carry. None: the
         # job authenticates nothing (TransportConfig.authenticate False), frames go bare.
         self.ctl_keys: tuple[bytes, bytes] | None = None  # (ours, the peer's) for this connection
@@ -162,7 +162,7 @@ _CONTROL_DOMAIN = b"\xc0"
 
 def seal_frame(sealer: Any, frame: bytes) -> bytes:
     """``frame`` (length prefix, header, body) with a trailer: its prefix counts the trailer, and
-    the tag covers the prefix and everything after it (hostagent.auth, "Control frames")."""
+    the tag covers the prefix and everything after it (dlcp.hostagent.auth, "Control frames")."""
     body = frame[wire.FRAME_PREFIX.size :]
     prefixed = wire.FRAME_PREFIX.pack(len(body) + wire.TRAILER_SIZE) + body
     row = np.zeros((1, 1 + len(prefixed) + wire.TRAILER_SIZE), np.uint8)

@@ -1,8 +1,8 @@
 """Every datagram's trailer, from Python: the compiled sealer (``hostagent/native/seal.h``)
 behind the numpy data path, tests and tools.
 
-A datagram on the data path is ``header | payload | pn | tag`` (:data:`hostagent.wire.TRAILER_SIZE`):
-AES-128-GCM under the key of its direction (:func:`hostagent.auth.direction_key`), with a
+A datagram on the data path is ``header | payload | pn | tag`` (:data:`dlcp.hostagent.wire.TRAILER_SIZE`):
+AES-128-GCM under the key of its direction (:func:`dlcp.hostagent.auth.direction_key`), with a
 nonce made of the packet type and the sender's packet number. Why one compiled implementation
 for both data paths: the rule of what a tag covers must be written once (issue 44, item 7), and
 OpenSSL's AES-GCM is what runs at line rate; Python only groups the rows and calls it.
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 #: What a trailer does (``TransportConfig.protection``): nothing, a MAC, or encryption too.
 NONE, MAC, ENCRYPT = 0, 1, 2
@@ -30,9 +30,9 @@ _PTYPE_AT = wire.FIELD_OFFSET["ptype"]
 
 def _native() -> Any:
     try:
-        from hostagent import _datapath
+        from dlcp.hostagent import _datapath
     except ImportError as exc:  # pragma: no cover - the package is built by `make setup`
-        raise ImportError("sealing datagrams needs the compiled module hostagent._datapath (run `make setup`; "
+        raise ImportError("sealing datagrams needs the compiled module dlcp.hostagent._datapath (run `make setup`; "
                           "it needs libssl-dev)") from exc
     return _datapath
 

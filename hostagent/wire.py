@@ -13,7 +13,7 @@ spraying); ``priority`` and ``drop_class`` are what the switch queues and drops 
 completion and selective retransmission. What a receiver checks before a payload touches a
 tensor is not in the header: every datagram of the data path ends in a trailer
 (:data:`TRAILER_SIZE`), a packet number and a 128-bit AES-GCM tag over the header and payload
-under the sender's direction key (:mod:`hostagent.auth`), so no field and no bit of the payload
+under the sender's direction key (:mod:`dlcp.hostagent.auth`), so no field and no bit of the payload
 can be forged or changed. ``token`` is left from version 2 (0 on data; a credit's keyed hash).
 
 Layout rules: fixed size, network byte order (big-endian), every field a whole
@@ -198,7 +198,7 @@ IP_UDP_OVERHEAD = 20 + 8
 
 #: Bytes after the payload of every datagram on the data path (DATA and CREDIT): an 8-byte
 #: packet number and a 16-byte AES-GCM tag over the header and the payload, under the key of
-#: the sender's direction (:mod:`hostagent.auth`, ``hostagent/native/seal.h``). A trailer, not
+#: the sender's direction (:mod:`dlcp.hostagent.auth`, ``hostagent/native/seal.h``). A trailer, not
 #: a header field, as QUIC and other AEAD protocols put it: the switch parses the header only,
 #: so the P4 header is unchanged; and the tag is computed after every header field is final.
 TRAILER_SIZE = 8 + 16
@@ -316,7 +316,7 @@ def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int 
 # ``sender_rank`` R, ``iteration`` a sequence number that grows with every credit R sends S,
 # ``total_pkts``/``elem_offset`` the high and low 32 bits of the data packets of S that R has
 # taken from its socket so far, ``elem_count`` the window: how many packets S may have sent
-# beyond that. ``token`` is :func:`hostagent.auth.credit_token`, under the key of the direction
+# beyond that. ``token`` is :func:`dlcp.hostagent.auth.credit_token`, under the key of the direction
 # R -> S, and the trailer seals it under the same key; S keeps the highest count of the highest
 # sequence, so a replayed credit grants nothing.
 
@@ -356,7 +356,7 @@ BITMAP_PREFIX = struct.Struct("!I")
 FEEDBACK_BODY = struct.Struct("!IIII")
 #: HELLO body: handshake step (1-4), the sender's nonce (steps 1, 2), its proof that it holds
 #: the job secret (steps 2, 3; zeros without a secret) and its receive key for the peer (steps
-#: 3, 4). See :mod:`hostagent.auth` for the exchange.
+#: 3, 4). See :mod:`dlcp.hostagent.auth` for the exchange.
 HELLO_BODY = struct.Struct("!B16s32s16s")
 #: BATCH body: records back to back, each a 4-byte length and a record (header + body), so a
 #: peer's META, PROBE, STOP, BITMAP and FEEDBACK records of one moment cost one frame.

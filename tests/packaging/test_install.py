@@ -63,7 +63,7 @@ def test_the_examples_run_from_any_directory(tmp_path):
 
 def test_the_core_imports_without_torch():
     """``dlcp_torch`` and its workload registry load without torch, so the host side stays light."""
-    code = ("import sys, dlcp_torch, dlcp_torch.workloads, hostagent.policy, topologies.converge_run; "
+    code = ("import sys, dlcp_torch, dlcp_torch.workloads, dlcp.hostagent.policy, dlcp.topologies.converge_run; "
             "print(sorted(m for m in ('torch', 'sklearn', 'mnist1d', 'matplotlib', 'scipy') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert proc.stdout.strip() == "[]", proc.stdout
@@ -134,7 +134,7 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     bin_ = fresh_venv / "bin"
     env = _outside_env(fresh_venv, tmp_path)
     # installed, compiled, and without the source tree or what a training environment does not need
-    code = ("import importlib.util as u, hostagent, hostagent._datapath, dlcp_torch.workloads; "
+    code = ("import importlib.util as u, hostagent, dlcp.hostagent._datapath, dlcp_torch.workloads; "
             "print(hostagent.__file__); "
             f"print(sorted(m for m in {NOT_INSTALLED + ('examples',)!r} if u.find_spec(m)))")
     proc = _run([bin_ / "python", "-c", code], tmp_path, 120, env)
@@ -144,7 +144,7 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     assert extra == "[]", f"a training environment got {extra}"
 
     # the compiled P4 program goes with the package (the testbed and dlcpctl read it)
-    code = "import controller.pipeline as p; print(p.BMV2_JSON.exists() and p.P4INFO.exists(), p.BUILD_DIR)"
+    code = "import dlcp.controller.pipeline as p; print(p.BMV2_JSON.exists() and p.P4INFO.exists(), p.BUILD_DIR)"
     proc = _run([bin_ / "python", "-c", code], tmp_path, 120, env)
     assert proc.returncode == 0, _tail(proc)
     found, where = proc.stdout.split()

@@ -1,4 +1,4 @@
-"""Every datagram's trailer (hostagent.sealing, hostagent/native/seal.h), on both data paths:
+"""Every datagram's trailer (dlcp.hostagent.sealing, hostagent/native/seal.h), on both data paths:
 a changed bit anywhere is refused and counted, encryption round-trips, both paths put the same
 bytes on the wire, and the keys never cross it."""
 
@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostagent import auth, sealing, wire
-from hostagent.datapath import native_available
-from hostagent.datapath.credits import max_datagram
-from hostagent.loopback import free_port_pairs
-from hostagent.messages import Expect, TransportError
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy
-from hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
-from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+from dlcp.hostagent import auth, sealing, wire
+from dlcp.hostagent.datapath import native_available
+from dlcp.hostagent.datapath.credits import max_datagram
+from dlcp.hostagent.loopback import free_port_pairs
+from dlcp.hostagent.messages import Expect, TransportError
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
+from dlcp.hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 from tests.conftest import loopback_peers
 
 PER = elems_per_packet(1500, np.float32)
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.skipif(native_available() is not None, reason=str(nativ
 
 def _paths(**config):
     """A native and a numpy data path for rank 0 of a 2-rank job, threads not started."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=tuple(Peer(r, "127.0.0.1", 43000 + 2 * r, 43001 + 2 * r) for r in range(2)),
                           **config)
@@ -118,8 +118,8 @@ def test_what_a_path_puts_on_the_wire_opens_under_the_key_and_is_encrypted_when_
     """A message sent by a path, as a plain socket standing in for rank 1 reads it: every
     datagram opens under the direction's key, with packet numbers 0, 1, 2, ... in the order
     they left; encrypted, no payload leaves in the clear; opened, they place the message."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     x = np.random.default_rng(2).standard_normal(PER * 6 + 11).astype(np.float32)
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

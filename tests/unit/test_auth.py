@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hostagent import auth
-from hostagent.transport_config import TransportConfig, local_peers
+from dlcp.hostagent import auth
+from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 SECRET = bytes(range(32))
 KN0, KN1 = b"\x10" * 16, b"\x21" * 16

@@ -39,13 +39,13 @@ UNLAYERED = ("tests",)
 
 #: Inside hostagent: what each part must not reach, directly or through other modules.
 HOSTAGENT_RULES: dict[str, tuple[str, ...]] = {
-    "hostagent.protocol": ("hostagent.datapath", "hostagent.transport", "hostagent.exchange"),
-    "hostagent.datapath": ("hostagent.transport", "hostagent.exchange"),
+    "dlcp.hostagent.protocol": ("dlcp.hostagent.datapath", "dlcp.hostagent.transport", "dlcp.hostagent.exchange"),
+    "dlcp.hostagent.datapath": ("dlcp.hostagent.transport", "dlcp.hostagent.exchange"),
 }
 
 
 def _module_name(path: Path) -> str:
-    """``hostagent/protocol/core.py`` -> ``hostagent.protocol.core``; a package is its ``__init__``."""
+    """``hostagent/protocol/core.py`` -> ``dlcp.hostagent.protocol.core``; a package is its ``__init__``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -184,4 +184,4 @@ def test_the_reader_sees_lazy_relative_and_from_imports(tmp_path):
     ``from package import module`` all name the module they load."""
     src = tmp_path / "x.py"
     src.write_text("def f():\n    from dlcp_sim import run\n    from . import commands\n\n    import dlcp.cli\n")
-    assert list(_imports("topologies.x", src)) == [(2, "dlcp_sim.run"), (3, "topologies.commands"), (5, "dlcp.cli")]
+    assert list(_imports("topologies.x", src)) == [(2, "dlcp_sim.run"), (3, "dlcp.topologies.commands"), (5, "dlcp.cli")]

@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install --quiet -e '.[all]'
-	$(PY) -c 'import hostagent._datapath'
+	$(PY) -c 'import dlcp.hostagent._datapath'
 	@touch $@
 
 # What CI runs on: setup plus the extras whose tests skip without them (ns-3 for the simulator,

@@ -36,8 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
-from hostagent.tables import Column, Record, Table  # noqa: E402
+from dlcp.hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
+from dlcp.hostagent.tables import Column, Record, Table  # noqa: E402
 from bench.transport import LOAD_COLUMNS, Load, load_cells  # noqa: E402
 
 WARMUP = 3

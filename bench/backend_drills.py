@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
+from dlcp.hostagent.loopback import free_tcp_ports  # noqa: E402  (after the path above)
 
 
 def _entry(drill: str, rank: int, world: int, port: int, timeout_s: float, barriers: int, q: Any) -> None:

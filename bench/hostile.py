@@ -35,13 +35,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostagent import auth, wire  # noqa: E402
-from hostagent.packetizer import elems_per_packet  # noqa: E402
-from hostagent.policy import Policy  # noqa: E402
-from hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
+from dlcp.hostagent import auth, wire  # noqa: E402
+from dlcp.hostagent.packetizer import elems_per_packet  # noqa: E402
+from dlcp.hostagent.policy import Policy  # noqa: E402
+from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
 from bench import rogue  # noqa: E402
-from hostagent.loopback import free_port_pairs  # noqa: E402
-from hostagent.tables import Column, Record, Table  # noqa: E402
+from dlcp.hostagent.loopback import free_port_pairs  # noqa: E402
+from dlcp.hostagent.tables import Column, Record, Table  # noqa: E402
 
 EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)

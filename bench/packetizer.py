@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hostagent.packetizer import MessageMeta, packetize
-from hostagent.policy import Policy
-from hostagent.reassembly import Reassembler
-from hostagent.tables import Column, Record, Table
+from dlcp.hostagent.packetizer import MessageMeta, packetize
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.reassembly import Reassembler
+from dlcp.hostagent.tables import Column, Record, Table
 
 
 def _median_time(fn, runs: int) -> float:

@@ -37,10 +37,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import transport as bt  # noqa: E402  (the same buckets and ports as part 2)
-from hostagent.exchange import RingAllreduce, step_of, tensor_of  # noqa: E402
-from hostagent.policy import Policy  # noqa: E402
-from hostagent.ratecontrol import RateConfig  # noqa: E402
-from hostagent.transport import Endpoint, LossInjection, TransportConfig  # noqa: E402
+from dlcp.hostagent.exchange import RingAllreduce, step_of, tensor_of  # noqa: E402
+from dlcp.hostagent.policy import Policy  # noqa: E402
+from dlcp.hostagent.ratecontrol import RateConfig  # noqa: E402
+from dlcp.hostagent.transport import Endpoint, LossInjection, TransportConfig  # noqa: E402
 
 WARMUP = 2  # iterations before the counters start: the first meet cold buffers and rates
 

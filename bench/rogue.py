@@ -1,6 +1,6 @@
 """A scripted hostile or faulty peer on real sockets: control handshakes and data datagrams.
 
-It speaks the handshake of :mod:`hostagent.auth` step by step, with whatever secret (or none)
+It speaks the handshake of :mod:`dlcp.hostagent.auth` step by step, with whatever secret (or none)
 the test gives it, so a test can stop anywhere: never answer, answer wrongly, complete the
 handshake and then stop reading, or claim a rank it is not. :func:`hostile_datagrams` makes
 data packets of every hostile kind. ``bench/hostile.py`` and the transport's tests use both, so it
@@ -13,9 +13,9 @@ import socket
 
 import numpy as np
 
-from hostagent import auth, wire
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import Policy
 
 
 def send_hello(sock: socket.socket, rank: int, job_id: int, step: int, nonce: bytes = b"", proof: bytes = b"",

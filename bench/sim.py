@@ -25,8 +25,8 @@ from pathlib import Path
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions
-from hostagent.tables import Column, Record, Table
-from hostagent.policy import PATTERNS
+from dlcp.hostagent.tables import Column, Record, Table
+from dlcp.hostagent.policy import PATTERNS
 
 TARGET_S = 600.0
 

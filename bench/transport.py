@@ -15,7 +15,7 @@ Prints, with the command, the commit and the machine's load beside every row:
   3. **DDP training steps**: 4 workers, stock DDP over gloo against DDP with ``dlcp_hook`` (ring
      and parameter server, the default policy): the digits MLP, and the MNIST-1D CNN when
      ``mnist1d`` is installed.
-  4. the testbed's workload on loopback (4 workers + PS as ``topologies.agent`` processes).
+  4. the testbed's workload on loopback (4 workers + PS as ``dlcp.topologies.agent`` processes).
 
 Parts 1-3 run their schemes interleaved (A B C, A B C, ...) for ``--rounds`` rounds; a figure is
 the median over rounds of each round's median, with the range over rounds. Ratios are taken
@@ -53,8 +53,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
-from hostagent.tables import Column, Record, Table  # noqa: E402
+from dlcp.hostagent.loopback import free_port_pairs  # noqa: E402  (after the path above)
+from dlcp.hostagent.tables import Column, Record, Table  # noqa: E402
 
 # 57 MB (14.25 M float32) in 12 tensors of uneven size (a scaled CNN-like profile, first layers
 # small). Earlier versions of this file called it 25 MB; the sizes are the same.
@@ -72,7 +72,7 @@ WARMUP = 2  # iterations or messages before timing starts: the first ones meet c
 # ----------------------------------------------------------------------------- plumbing
 
 def _peers(n: int):
-    from hostagent.transport import Peer
+    from dlcp.hostagent.transport import Peer
 
     return tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(n)))
 
@@ -178,8 +178,8 @@ def _bare_pair(mtu: int, messages: int, rate: float = 0) -> tuple[list[tuple[int
 
 
 def _dlcp_goodput_proc(rank: int, peers, mtu: int, messages: int, datapath: str, line_rate: float, q) -> None:
-    from hostagent.ratecontrol import RateConfig
-    from hostagent.transport import Endpoint, TransportConfig
+    from dlcp.hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.transport import Endpoint, TransportConfig
 
     # a host on a link of ``line_rate`` (RateConfig's defaults are a 10 Gb/s host's, whose rate
     # increase would take half a second to climb to 25 Gb/s, inside the timed messages)
@@ -290,7 +290,7 @@ def goodput_table(args) -> Table:
 # ----------------------------------------------------------------------------- part 2: collectives
 
 def _buckets() -> list:
-    from hostagent.fusion import plan_buckets
+    from dlcp.hostagent.fusion import plan_buckets
 
     return plan_buckets(TENSOR_ELEMS, [0] * len(TENSOR_ELEMS))
 
@@ -323,10 +323,10 @@ def _gloo_collective_proc(rank: int, port: int, iterations: int, start, q) -> No
 
 def _dlcp_collective_proc(rank: int, peers, pattern: str, p: float, loss: float, iterations: int, mtu: int,
                           datapath: str, line_rate: float, start, q) -> None:
-    from hostagent.exchange import PSServer, PSWorker, RingAllreduce
-    from hostagent.policy import Policy
-    from hostagent.ratecontrol import RateConfig
-    from hostagent.transport import Endpoint, LossInjection, TransportConfig
+    from dlcp.hostagent.exchange import PSServer, PSWorker, RingAllreduce
+    from dlcp.hostagent.policy import Policy
+    from dlcp.hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.transport import Endpoint, LossInjection, TransportConfig
 
     n = 4
     policy = Policy(loss_bound_push=p)
@@ -488,14 +488,14 @@ def ddp_table(args) -> Table:
 # ----------------------------------------------------------------------------- part 4: the testbed workload
 
 def testbed_workload(fusion: bool, iterations: int) -> dict:
-    """The testbed's workload on loopback: 4 workers + PS as separate ``topologies.agent``
+    """The testbed's workload on loopback: 4 workers + PS as separate ``dlcp.topologies.agent``
     processes with the testbed's spec (ResNet-50 profile at scale 0.002, the rate configuration
     of 2000-pps bottlenecks), no switch and no compute, so an iteration is all communication."""
     import json
     import tempfile
 
-    from hostagent.policy import Policy
-    from topologies.runner import RunOptions, agent_spec
+    from dlcp.hostagent.policy import Policy
+    from dlcp.topologies.runner import RunOptions, agent_spec
 
     opts = RunOptions(workers=4, iterations=iterations, compute_ms=0.0, fusion=fusion)
     ports = free_port_pairs(5)
@@ -503,9 +503,9 @@ def testbed_workload(fusion: bool, iterations: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "agent.json"
         path.write_text(json.dumps(spec))
-        server = subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), "4"])
+        server = subprocess.Popen([sys.executable, "-m", "dlcp.topologies.agent", str(path), "4"])
         outs = [Path(tmp) / f"w{r}.jsonl" for r in range(4)]
-        workers = [subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), str(r), str(outs[r])])
+        workers = [subprocess.Popen([sys.executable, "-m", "dlcp.topologies.agent", str(path), str(r), str(outs[r])])
                    for r in range(4)]
         try:
             for w in workers:
@@ -528,11 +528,11 @@ def testbed_workload(fusion: bool, iterations: int) -> dict:
 
 def layer_sizes_bytes(spec: dict) -> int:
     """Bytes of datagrams (DLCP header + payload) one worker pushes per iteration."""
-    from hostagent.fusion import plan_buckets
-    from hostagent.model_profiles import layer_sizes
-    from hostagent.packetizer import elems_per_packet
-    from hostagent.wire import HEADER_SIZE
-    from topologies.workload import fusion_for
+    from dlcp.hostagent.fusion import plan_buckets
+    from dlcp.hostagent.model_profiles import layer_sizes
+    from dlcp.hostagent.packetizer import elems_per_packet
+    from dlcp.hostagent.wire import HEADER_SIZE
+    from dlcp.topologies.workload import fusion_for
 
     sizes = layer_sizes(spec["model"], spec["scale"])
     per = elems_per_packet(spec["mtu"], np.float32)

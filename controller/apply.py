@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller import pipeline
-from controller.network import Network
-from controller.p4info import P4Schema
-from controller.p4rt import Pipeline
-from controller.switch import ApplyReport, Switch, plan_entries
-from hostagent.errors import DlcpUserError
+from dlcp.controller import pipeline
+from dlcp.controller.network import Network
+from dlcp.controller.p4info import P4Schema
+from dlcp.controller.p4rt import Pipeline
+from dlcp.controller.switch import ApplyReport, Switch, plan_entries
+from dlcp.hostagent.errors import DlcpUserError
 
 
 def load_program() -> tuple[P4Schema, Pipeline]:

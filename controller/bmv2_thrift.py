@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 _VERSION_1 = 0x80010000
 _CALL, _REPLY, _EXCEPTION = 1, 2, 3

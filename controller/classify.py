@@ -6,8 +6,8 @@ traffic from the network file's ``dscp_queues`` (unlisted: best effort, queue 0)
 
 from __future__ import annotations
 
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 TABLES = ("dlcp_priority", "dscp_queue")
 

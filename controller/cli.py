@@ -27,18 +27,18 @@ from typing import Any
 import yaml
 from p4.v1 import p4runtime_pb2
 
-from controller import desired
-from controller.apply import apply_network, load_program
-from controller.entries import TableEntry
-from controller.network import MAX_PORT, NetworkError, check_thresholds, load_network
-from controller import scheduler
-from controller.priority_queue import vq_params
-from controller.scheduler import parse_capacity
-from controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch
-from hostagent.clikit import GlobalOption, finish_parser, number, run_cli
-from hostagent.errors import UsageError
-from hostagent.policy import MAX_PRIORITIES, Policy, PolicyError, load_policy, save_policy
-from hostagent.ranges import Range
+from dlcp.controller import desired
+from dlcp.controller.apply import apply_network, load_program
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import MAX_PORT, NetworkError, check_thresholds, load_network
+from dlcp.controller import scheduler
+from dlcp.controller.priority_queue import vq_params
+from dlcp.controller.scheduler import parse_capacity
+from dlcp.controller.switch import PORT_QUEUE_COUNTERS, ApplyReport, Switch
+from dlcp.hostagent.clikit import GlobalOption, finish_parser, number, run_cli
+from dlcp.hostagent.errors import UsageError
+from dlcp.hostagent.policy import MAX_PRIORITIES, Policy, PolicyError, load_policy, save_policy
+from dlcp.hostagent.ranges import Range
 
 #: Seconds to wait for a switch: any positive time.
 TIMEOUT = Range(0, lo_open=True)

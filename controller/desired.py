@@ -7,9 +7,9 @@ the P4 program applies them.
 
 from __future__ import annotations
 
-from controller import classify, ecn, forwarding, priority_queue, selective_drop, spray
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller import classify, ecn, forwarding, priority_queue, selective_drop, spray
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 MECHANISMS = (forwarding, classify, spray, priority_queue, selective_drop, ecn)
 #: Tables whose entries come from the policy alone (what ``dlcpctl policy set`` rewrites).

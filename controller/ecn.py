@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 TABLES = ("ecn_threshold",)
 #: The P4 action for each ``Policy.ecn_backlog``.

@@ -2,7 +2,7 @@
 
 A :class:`TableEntry` says what the application means, with names and plain values:
 ``TableEntry("ipv4_lpm", {"dst_addr": ("10.0.1.0", 24)}, "set_nexthop", {"port": 1, ...})``.
-:meth:`TableEntry.encode` resolves names through the :class:`~controller.p4info.P4Schema`
+:meth:`TableEntry.encode` resolves names through the :class:`~dlcp.controller.p4info.P4Schema`
 and writes canonical P4Runtime bytes (minimal big-endian strings; LPM host bits cleared),
 so two entries that mean the same thing encode the same and compare equal after
 :meth:`TableEntry.decode`. Encoding errors name the table and the field.
@@ -18,8 +18,8 @@ from typing import Any
 
 from p4.v1 import p4runtime_pb2
 
-from controller.p4info import P4Schema, SchemaError
-from hostagent.errors import DlcpUserError
+from dlcp.controller.p4info import P4Schema, SchemaError
+from dlcp.hostagent.errors import DlcpUserError
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 

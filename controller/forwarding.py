@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 TABLES = ("ipv4_lpm",)
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import yaml
 
-from controller.scheduler import Charge, PortScheduler, charge
-from hostagent.errors import DlcpUserError
-from hostagent.policy import MAX_QUEUE_DEPTH, Policy, PolicyError, load_policy
+from dlcp.controller.scheduler import Charge, PortScheduler, charge
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.hostagent.policy import MAX_QUEUE_DEPTH, Policy, PolicyError, load_policy
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 #: BMv2's port numbers are 9 bits; 511 is the drop port.
@@ -66,7 +66,7 @@ class PortSpec:
     """0: not a bottleneck (BMv2 forwards as fast as it can). Otherwise the port sends this many
     frames per second, every frame one slot whatever its size, strictly by priority (the P4
     program's virtual queue decides, an HTB tree on ``interface`` schedules:
-    :mod:`controller.scheduler`)."""
+    :mod:`dlcp.controller.scheduler`)."""
     capacity_bps: int = 0
     """Instead of ``capacity_pps``: this many bits per second, each frame charged its bytes on an
     Ethernet wire (+24: FCS, preamble, gap), so a 66-byte ACK costs 90 bytes, not a slot."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 
 class SchemaError(DlcpUserError, LookupError):

@@ -21,7 +21,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A bottleneck port gets a ``vq_config`` entry, which turns on the strict-priority virtual
 queue drained at the port's capacity and charging each packet what the port's scheduler
-charges (:mod:`controller.scheduler`, which installs that scheduler on the port's interface).
+charges (:mod:`dlcp.controller.scheduler`, which installs that scheduler on the port's interface).
 
 BMv2's own queues are never rate-limited: BMv2 limits each priority queue on its own, so
 rates there would give a port one capacity per priority (see the P4 file). Every queue of
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.entries import TableEntry
-from controller.network import Network, PortSpec, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, PortSpec, SwitchSpec
 
 TABLES = ("vq_config",)
 #: Fixed-point fraction bits of the virtual queue (VQ_FRAC_BITS in defines.p4).

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Literal
 
-from controller.entries import TableEntry
-from hostagent.errors import DlcpUserError
+from dlcp.controller.entries import TableEntry
+from dlcp.hostagent.errors import DlcpUserError
 
 Kind = Literal["insert", "modify", "delete"]
 

@@ -53,7 +53,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class QdiscReader:
     (about a tenth of a millisecond, where running ``tc`` costs milliseconds of CPU)."""
 
     def __init__(self, netns: str | None, interfaces: Sequence[str]) -> None:
-        from controller.bmv2_thrift import in_netns
+        from dlcp.controller.bmv2_thrift import in_netns
 
         self.netns = netns
         self.sock = in_netns(netns, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))

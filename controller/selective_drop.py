@@ -6,8 +6,8 @@ gets one, so it is never dropped selectively.
 
 from __future__ import annotations
 
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 TABLES = ("drop_threshold",)
 

@@ -6,8 +6,8 @@ random over the members; other traffic always hashes its 5-tuple.
 
 from __future__ import annotations
 
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
 
 TABLES = ("ecmp_group", "ecmp_member")
 #: Policy.lb_mode -> the P4 program's LB_* constant.

@@ -3,7 +3,7 @@
 ``apply`` pushes the pipeline only when its cookie differs (a fresh or restarted switch),
 reads the installed entries of the tables DLCP owns, writes only the difference,
 re-asserts the BMv2 queue settings and installs (or updates in place) the scheduler of every
-bottleneck port on its interface (:mod:`controller.scheduler`). Everything is validated and encoded
+bottleneck port on its interface (:mod:`dlcp.controller.scheduler`). Everything is validated and encoded
 before the first write, so a mistake in the network file never leaves a switch
 half-configured; a second ``apply`` writes nothing.
 """
@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 
 from p4.v1 import p4runtime_pb2
 
-from controller import desired as desired_mod
-from controller import priority_queue, scheduler
-from controller.bmv2_thrift import SimpleSwitchThrift
-from controller.entries import TableEntry
-from controller.network import Network, SwitchSpec
-from controller.p4info import P4Schema
-from controller.p4rt import Pipeline, SwitchConnection
-from controller.reconcile import Change, check_unique, diff
+from dlcp.controller import desired as desired_mod
+from dlcp.controller import priority_queue, scheduler
+from dlcp.controller.bmv2_thrift import SimpleSwitchThrift
+from dlcp.controller.entries import TableEntry
+from dlcp.controller.network import Network, SwitchSpec
+from dlcp.controller.p4info import P4Schema
+from dlcp.controller.p4rt import Pipeline, SwitchConnection
+from dlcp.controller.reconcile import Change, check_unique, diff
 
 log = logging.getLogger(__name__)
 

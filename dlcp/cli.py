@@ -1,7 +1,7 @@
 """``dlcp``: the whole command line, gathered from the layers that own its sub-commands.
 
-The host-side commands (demo, policy, wire) come from :mod:`hostagent.cli`, the testbed's (run,
-sweep, calibrate, converge, clean) from :mod:`topologies.commands`, ``sim`` from
+The host-side commands (demo, policy, wire) come from :mod:`dlcp.hostagent.cli`, the testbed's (run,
+sweep, calibrate, converge, clean) from :mod:`dlcp.topologies.commands`, ``sim`` from
 :mod:`dlcp_sim.cli` and ``report``, which reads what all of them write, from :mod:`dlcp.report`.
 This module sits at the top of the package graph, so it adds the global options and the dispatch
 and nothing else: a command's options stay with the code they drive.
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from dlcp.report import add_report_command
 from dlcp_sim.cli import add_sim_command
-from hostagent.cli import add_host_commands
-from hostagent.clikit import GlobalOption, finish_parser, run_cli
-from topologies.commands import add_clean_command, add_experiment_commands
+from dlcp.hostagent.cli import add_host_commands
+from dlcp.hostagent.clikit import GlobalOption, finish_parser, run_cli
+from dlcp.topologies.commands import add_clean_command, add_experiment_commands
 
 #: Accepted before or after the sub-command (``dlcp --debug run`` and ``dlcp run --debug``).
 GLOBAL_OPTIONS: list[GlobalOption] = [

@@ -1,9 +1,9 @@
 """``dlcp report``: any kept result as the Markdown a results page shows, in the order given.
 
 One reader for every kind of result: a run's results.json, testbed's or simulator's (one
-schema, :mod:`topologies.results`), a sweep's sweep.csv (testbed's or simulator's, one table
-writer, :func:`topologies.sweepkit.markdown`), a convergence study's converge.csv and a
-benchmark's tables file (:mod:`hostagent.tables`). It lives in the program's package because it
+schema, :mod:`dlcp.topologies.results`), a sweep's sweep.csv (testbed's or simulator's, one table
+writer, :func:`dlcp.topologies.sweepkit.markdown`), a convergence study's converge.csv and a
+benchmark's tables file (:mod:`dlcp.hostagent.tables`). It lives in the program's package because it
 reads what every layer below writes.
 """
 
@@ -15,15 +15,15 @@ from pathlib import Path
 
 from dlcp_sim import report as sim_report
 from dlcp_sim.sweep import markdown as sim_sweep_markdown
-from hostagent import tables
-from hostagent.errors import DlcpUserError, UsageError
-from hostagent.provenance import results_file, write_slim
-from topologies import converge
-from topologies import results_table as testbed_report
-from topologies.report import against
-from topologies.results import ResultsError, upgrade
-from topologies.sweep import markdown as testbed_sweep_markdown
-from topologies.sweepkit import read_csv, sweep_csv
+from dlcp.hostagent import tables
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.hostagent.provenance import results_file, write_slim
+from dlcp.topologies import converge
+from dlcp.topologies import results_table as testbed_report
+from dlcp.topologies.report import against
+from dlcp.topologies.results import ResultsError, upgrade
+from dlcp.topologies.sweep import markdown as testbed_sweep_markdown
+from dlcp.topologies.sweepkit import read_csv, sweep_csv
 
 
 def add_report_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 SOURCES = Path(__file__).parent / "ns3"
 #: ns-3 modules the program links (their static initialisers register TypeIds, so all of them

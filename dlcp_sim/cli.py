@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from dlcp_sim.scenario import HOST_MODELS, JOB_PLACEMENTS, RANGES, TCP_VARIANTS, SimOptions
-from hostagent.errors import UsageError
-from hostagent.provenance import provenance
-from topologies.progress import Progress
-from topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
+from dlcp.hostagent.errors import UsageError
+from dlcp.hostagent.provenance import provenance
+from dlcp.topologies.progress import Progress
+from dlcp.topologies.options import SYNTHETIC_WORKLOADS, add_shared_arguments, checked
 
 
 def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
@@ -95,7 +95,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if args.sweep or args.param or args.values:
         from dlcp_sim.sweep import parse_sweep, sweep
-        from topologies.sweep import sweep_request
+        from dlcp.topologies.sweep import sweep_request
 
         param, vals = sweep_request(args.param, args.values, args.sweep)
         name, values = parse_sweep(f"{param}={','.join(vals)}")

@@ -1,9 +1,9 @@
 """A simulator run's ``results.json`` as a results-page section (``dlcp report``).
 
-The testbed's runs have their own (:func:`topologies.results_table.markdown`); this is the same
+The testbed's runs have their own (:func:`dlcp.topologies.results_table.markdown`); this is the same
 idea for ``dlcp sim --out``: what ran, with which command at which commit, and one table per
 run, computed from the per-seed results in the file, so no results page types a figure by hand.
-Both read the one results schema (:mod:`topologies.results`).
+Both read the one results schema (:mod:`dlcp.topologies.results`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from dlcp_sim.run import SMALL_FLOW_BYTES
-from hostagent.provenance import provenance_lines
-from topologies.results import by_scheme
-from topologies.results import slim as slim_results
-from topologies.stats import Estimate, median_ci, paired_ratios, verdict
+from dlcp.hostagent.provenance import provenance_lines
+from dlcp.topologies.results import by_scheme
+from dlcp.topologies.results import slim as slim_results
+from dlcp.topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
 #: How the TCP variants are written in prose.
@@ -24,7 +24,7 @@ TCP_NAMES = {"dctcp": "DCTCP", "cubic": "Cubic", "newreno": "NewReno"}
 
 
 def is_sim_results(results: Any) -> bool:
-    """Whether ``results`` (in schema 2, :func:`topologies.results.upgrade`) came from ``dlcp sim``."""
+    """Whether ``results`` (in schema 2, :func:`dlcp.topologies.results.upgrade`) came from ``dlcp sim``."""
     return isinstance(results, dict) and results.get("source") == "simulator"
 
 

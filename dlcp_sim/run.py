@@ -20,10 +20,10 @@ from dlcp_sim.scenario import (
     line_rate_bound,
     scenario_text,
 )
-from hostagent.errors import DlcpUserError
-from topologies.progress import Progress
-from topologies.results import document
-from topologies.stats import Estimate, median_ci, paired_ratios, verdict
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.topologies.progress import Progress
+from dlcp.topologies.results import document
+from dlcp.topologies.stats import Estimate, median_ci, paired_ratios, verdict
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
         provenance: dict | None = None, progress: Progress | None = None) -> dict[str, list[SchemeResult]]:
     """Every scheme of ``opts`` at seeds ``opts.seed .. opts.seed + repeat - 1`` (the seed draws
     the gradients and the flow hashes: which flows collide); with ``out``, writes
-    ``results.json`` there (with ``provenance``: what made it, :mod:`hostagent.provenance`).
+    ``results.json`` there (with ``provenance``: what made it, :mod:`dlcp.hostagent.provenance`).
     ``progress`` counts each simulated scheme and seed (a line with an ETA)."""
     if repeat < 1:
         raise DlcpUserError("--repeat must be at least 1")
@@ -245,7 +245,7 @@ def run(opts: SimOptions, repeat: int = 1, out: Path | None = None,
 
 def results_document(opts: SimOptions, repeat: int, results: dict[str, list[SchemeResult]],
                      provenance: dict | None) -> dict:
-    """The run as a results file (:mod:`topologies.results`, the testbed's shape): one record
+    """The run as a results file (:mod:`dlcp.topologies.results`, the testbed's shape): one record
     per scheme and seed, in the order they ran, its metrics named as the testbed's."""
     runs = []
     for r in range(repeat):
@@ -262,7 +262,7 @@ def results_document(opts: SimOptions, repeat: int, results: dict[str, list[Sche
 
 def summary(results: dict[str, list[SchemeResult]]) -> dict[str, dict]:
     """Per scheme: medians over seeds with 95 % intervals of sync p50 and p99, and the speedup
-    over the baseline paired by seed (the testbed's statistics, :mod:`topologies.stats`).
+    over the baseline paired by seed (the testbed's statistics, :mod:`dlcp.topologies.stats`).
 
     With background flows, also their completion times (average, p99, small flows' p99) over
     the flows that started while every scheme of that seed was still training (so the schemes

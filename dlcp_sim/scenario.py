@@ -1,11 +1,11 @@
 """A simulated experiment as data, and the scenario file the C++ simulator reads.
 
 Pure: options and a scheme in, text out. Every policy fact comes from the same places the
-testbed reads: the scheme's :class:`~hostagent.policy.Policy` (:mod:`topologies.schemes`), the
-worker's buckets (:func:`topologies.workload.worker_plan`: the model profile, fusion, layer
-priorities), per-packet priorities of fused buckets (:func:`hostagent.policy.packet_tags`) and
+testbed reads: the scheme's :class:`~dlcp.hostagent.policy.Policy` (:mod:`dlcp.topologies.schemes`), the
+worker's buckets (:func:`dlcp.topologies.workload.worker_plan`: the model profile, fusion, layer
+priorities), per-packet priorities of fused buckets (:func:`dlcp.hostagent.policy.packet_tags`) and
 drop classes from the magnitudes of synthetic gradients drawn as the testbed agent draws them
-(:func:`hostagent.policy.payload_drop_classes`).
+(:func:`dlcp.hostagent.policy.payload_drop_classes`).
 """
 
 from __future__ import annotations
@@ -16,20 +16,21 @@ from typing import Any
 import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
-from hostagent.errors import DlcpUserError, UsageError
-from hostagent.fusion import Bucket, Layout
-from hostagent.packetizer import elems_per_packet
-from hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
-from hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, payload_drop_classes
-from hostagent.ranges import Range
-from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
-from hostagent.transport_config import TransportConfig, bottleneck_timers
-from hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
-from topologies.bound import job_traffic, port_loads
-from topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
-from topologies.schemes import check_schemes, policy_for
-from topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
-from topologies.workload import worker_plan
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.hostagent.fusion import Bucket, Layout
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
+from dlcp.hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, payload_drop_classes
+from dlcp.hostagent.ranges import Range
+from dlcp.hostagent.ratecontrol import (CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig,
+                                        bottleneck_rates)
+from dlcp.hostagent.transport_config import TransportConfig, bottleneck_timers
+from dlcp.hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
+from dlcp.topologies.bound import job_traffic, port_loads
+from dlcp.topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
+from dlcp.topologies.schemes import check_schemes, policy_for
+from dlcp.topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
+from dlcp.topologies.workload import worker_plan
 
 #: TCP variants of the background flows and of the ``tcp`` scheme (ns-3's TcpDctcp, TcpCubic,
 #: TcpNewReno).
@@ -40,7 +41,7 @@ HOST_MODELS = ("dctcp", "agent")
 JOB_PLACEMENTS = ("spread", "packed")
 #: The allowed values of every numeric option of the simulator: checked by
 #: :class:`SimOptions` and by ``dlcp sim``'s parser as the options are typed. What the testbed
-#: takes too is :data:`topologies.options.COMMON_RANGES`.
+#: takes too is :data:`dlcp.topologies.options.COMMON_RANGES`.
 RANGES: dict[str, Range] = {
     **{k: v for k, v in COMMON_RANGES.items() if k != "repeat"},  # repeat: seeds, an argument of run()
     "leaves": Range(1, 250),  # addresses 10.leaf.host.2
@@ -69,7 +70,7 @@ RANGES: dict[str, Range] = {
 SIM_ONLY_SCHEMES = {"tcp": "baseline", **{f"tcp-{v}": "baseline" for v in TCP_VARIANTS}}
 
 #: The choice options of the simulator and their allowed values (the workload and pattern are
-#: the testbed's: :mod:`topologies.options`).
+#: the testbed's: :mod:`dlcp.topologies.options`).
 CHOICES: dict[str, tuple[str, ...]] = {
     "workload": SYNTHETIC_WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
     "jobs_placement": JOB_PLACEMENTS, "host_model": HOST_MODELS, "background_tcp": TCP_VARIANTS,
@@ -83,7 +84,7 @@ def gradient_tcp(scheme: str, opts: SimOptions) -> str:
 
 
 def sim_policy(scheme: str, opts: SimOptions) -> Policy:
-    """The switch and loss policy of a simulated scheme (:func:`topologies.schemes.policy_for`;
+    """The switch and loss policy of a simulated scheme (:func:`dlcp.topologies.schemes.policy_for`;
     a simulator-only scheme takes its testbed counterpart's)."""
     return policy_for(SIM_ONLY_SCHEMES.get(scheme, scheme), opts.buffer, opts.loss_bound, opts.ecn_backlog)
 
@@ -120,7 +121,7 @@ class SimOptions:
     compute_ms: float = 0.0
     loss_bound: float = 0.05
     ecn_backlog: str = Policy.ecn_backlog
-    """What switch ports compare with the ECN threshold (:attr:`hostagent.policy.Policy.ecn_backlog`)."""
+    """What switch ports compare with the ECN threshold (:attr:`dlcp.hostagent.policy.Policy.ecn_backlog`)."""
     mtu: int = 1500
     schemes: tuple[str, ...] = ("baseline", "dlcp")
     warmup: int = 0
@@ -133,11 +134,11 @@ class SimOptions:
     itself, as TCP's slow start (fast at 10 Gb/s). ``agent``: the
     host agent's own rules, what the testbed runs: congestion reported at most every 2 ms, clean
     reports every 20 ms during a bulk transfer (else 200 ms) and free beside a STOP or BITMAP
-    (:meth:`hostagent.control_path.ControlPath._take_feedback`), a cut at most once per
+    (:meth:`dlcp.hostagent.control_path.ControlPath._take_feedback`), a cut at most once per
     window (not again before every packet sent before it was reported), the increase granted
-    per 2 ms since the last report (:meth:`hostagent.ratecontrol.RateController.on_feedback`),
+    per 2 ms since the last report (:meth:`dlcp.hostagent.ratecontrol.RateController.on_feedback`),
     and pacing by token buckets that let a burst of 16 packets leave at once
-    (:class:`hostagent.ratecontrol.Pacer`)."""
+    (:class:`dlcp.hostagent.ratecontrol.Pacer`)."""
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
@@ -249,7 +250,7 @@ def bucket_plans(opts: SimOptions, policy: Policy) -> list[BucketPlan]:
     """Every message of one worker's iteration, packet by packet, as the testbed agent sends it.
 
     ``ps``: one plan per fused bucket. ``ring``: per bucket, the ``workers`` chunks
-    :class:`~hostagent.exchange.RingAllreduce` cuts it into (at ``linspace(0, n, W + 1)``, each
+    :class:`~dlcp.hostagent.exchange.RingAllreduce` cuts it into (at ``linspace(0, n, W + 1)``, each
     chunk packetized on its own with its slice of the bucket's layout), bucket-major: chunk
     ``c`` of bucket ``b`` is plan ``b * workers + c``.
     """
@@ -294,9 +295,9 @@ def topology(opts: SimOptions) -> TopologyDesc:
 
 def line_rate_bound(opts: SimOptions, scheme: str) -> float:
     """Seconds the busiest link needs for one iteration's gradient packets, every job at once:
-    each job's packets per host pair (:func:`topologies.bound.job_traffic`, the testbed's
+    each job's packets per host pair (:func:`dlcp.topologies.bound.job_traffic`, the testbed's
     rule, at least (1-p) of each message), split evenly over the equal-cost paths
-    (:func:`topologies.bound.port_loads`), on every switch port and every host's own link,
+    (:func:`dlcp.topologies.bound.port_loads`), on every switch port and every host's own link,
     each a full-size packet at that link's rate."""
     policy = sim_policy(scheme, opts)
     buckets = [b.total for b in _worker_plan(opts, policy)[2]]
@@ -340,7 +341,7 @@ def timers_us(opts: SimOptions) -> tuple[float, float]:
     """(answer_idle, probe_timeout) in microseconds. A receiver answers a probe once no data of
     the message arrived for about one full buffer's drain plus a base round trip (data merely
     queued is not reported missing); a probe unanswered for twice that plus a round trip is
-    re-sent. The real transport measures both (hostagent.ratecontrol.AnswerTimer). Packet times
+    re-sent. The real transport measures both (dlcp.hostagent.ratecontrol.AnswerTimer). Packet times
     are taken at the slower of host links and uplinks, where queues build."""
     packet_us = opts.mtu * 8 / (min(opts.link_gbps, opts.uplink_rate_gbps) * 1e3)
     rtt = 8 * (opts.link_delay_us + packet_us)  # host-leaf-spine-leaf-host and back
@@ -368,7 +369,7 @@ def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
     """Scenario lines of the host agent's report timers, timed increase, cut once per window
     and token-bucket pacing of ``burst_bytes`` (``host_model agent``), from the agent's own
     configuration with ``timers`` set for the bottleneck as the testbed sets them
-    (:func:`hostagent.transport_config.bottleneck_timers`)."""
+    (:func:`dlcp.hostagent.transport_config.bottleneck_timers`)."""
     tc: dict[str, Any] = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
     tc.update(timers)
     rc = RateConfig()
@@ -387,7 +388,7 @@ def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
 def _agent_end_of_pass(tc: dict[str, Any]) -> list[str]:
     """Scenario lines of the agent's end of pass: LAST on a pass's final LAST_PACKETS packets,
     answered as a PROBE, a PROBE only when no answer came within the answer timer's delay, and
-    the answer after the message's own quiet (:func:`hostagent.protocol.incoming.answer_grace`).
+    the answer after the message's own quiet (:func:`dlcp.hostagent.protocol.incoming.answer_grace`).
 
     Why not the simulator's own timers (:func:`timers_us`): those wait out a full buffer's drain
     before answering, 91 ms at 700 packets/s; the agent waits four of the message's packet gaps.

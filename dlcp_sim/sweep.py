@@ -7,7 +7,7 @@ seed and, with background traffic, the background flows' completion times and th
 the baseline's), ``sweep.md`` (the same as a Markdown table) and ``sweep.png`` (speedup
 against the value, and with background traffic the FCT ratios). Rows and table are pure
 functions of the results; only :func:`sweep` runs anything. The loop, the CSV, the cells and
-the error bars are the testbed's too (:mod:`topologies.sweepkit`).
+the error bars are the testbed's too (:mod:`dlcp.topologies.sweepkit`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from dlcp_sim.scenario import SimOptions
-from hostagent.errors import UsageError
-from topologies.progress import Progress
-from topologies.sweepkit import SweepColumn
-from topologies.sweepkit import cell as kit_cell
-from topologies.sweepkit import markdown as sweep_table
-from topologies.sweepkit import errorbars, finish_axes, put_estimate, run_values, value_axis
+from dlcp.hostagent.errors import UsageError
+from dlcp.topologies.progress import Progress
+from dlcp.topologies.sweepkit import SweepColumn
+from dlcp.topologies.sweepkit import cell as kit_cell
+from dlcp.topologies.sweepkit import markdown as sweep_table
+from dlcp.topologies.sweepkit import errorbars, finish_axes, put_estimate, run_values, value_axis
 
 #: Options a sweep may vary (every numeric or choice field of SimOptions but the seed).
 SWEEPABLE = tuple(f.name for f in fields(SimOptions) if f.name not in ("schemes", "seed"))

@@ -70,20 +70,20 @@ from dlcp_torch.bucket_order import BackwardOrder
 from dlcp_torch.staging import HostCopies, Staging
 from dlcp_torch.tensors import as_numpy, torch_dtype
 from dlcp_torch.work import DLCPWork
-from hostagent.auth import parse_secret
-from hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
-from hostagent.messages import Expect, TransportError, TransportTimeout
-from hostagent.netif import interface_for
-from hostagent.policy import Policy
-from hostagent.ratecontrol import RateConfig
-from hostagent.transport import Endpoint, TransportConfig
+from dlcp.hostagent.auth import parse_secret
+from dlcp.hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
+from dlcp.hostagent.messages import Expect, TransportError, TransportTimeout
+from dlcp.hostagent.netif import interface_for
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.ratecontrol import RateConfig
+from dlcp.hostagent.transport import Endpoint, TransportConfig
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
-#: Sums of these take the ring, each in its own type on the wire (:data:`hostagent.exchange.RING_DTYPES`,
+#: Sums of these take the ring, each in its own type on the wire (:data:`dlcp.hostagent.exchange.RING_DTYPES`,
 #: as torch types); float64 and integers are gathered and reduced exactly.
 RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
 #: The largest data packet the backend cuts by default (IP bytes): the interface's MTU up to

@@ -3,7 +3,7 @@
 Why order is enough: DDP issues its buckets as their gradients are ready, which is roughly
 last layer first, and FSDP reduce-scatters its units the same way; the next forward pass needs
 the first layers first. So the k-th gradient collective of a pass of K holds layers at about
-position K-1-k from the input, and gets the priority :func:`hostagent.policy.layer_priorities`
+position K-1-k from the input, and gets the priority :func:`dlcp.hostagent.policy.layer_priorities`
 gives that position among K. K is the count of the pass before (a pass is one autograd graph
 task); the first pass, whose K is not known yet, sends everything at the top priority.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from hostagent.policy import Policy, layer_priorities
+from dlcp.hostagent.policy import Policy, layer_priorities
 
 
 def bucket_priority(k: int, count: int | None, policy: Policy) -> int:

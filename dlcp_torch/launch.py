@@ -9,7 +9,7 @@ One script runs unchanged on localhost, in the Mininet testbed and on real machi
 * **explicit peers**: ``peers=["10.0.0.1:17649:17650", ...]`` (host:data_port:control_port per
   worker rank; with ``pattern="ps"`` one more entry for the server).
 
-**The job secret** that control connections must prove (:mod:`hostagent.auth`): ``secret=``
+**The job secret** that control connections must prove (:mod:`dlcp.hostagent.auth`): ``secret=``
 if given, else ``DLCP_SECRET`` (hex) if set, else, under env://, one that rank 0 draws and
 publishes in the rendezvous store for the others; with explicit peers and neither, there is
 none (control connections are then checked by address only). The store is as trusted as
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from dlcp_torch.state import WIRE_DTYPES, DLCPState, start_server
-from hostagent.auth import new_secret, parse_secret
-from hostagent.policy import Policy
-from hostagent.ratecontrol import RateConfig
-from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig, reserve_ports
+from dlcp.hostagent.auth import new_secret, parse_secret
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.ratecontrol import RateConfig
+from dlcp.hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig, reserve_ports
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +198,9 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
             module docstring.
         offload: UDP GSO/GRO where the kernel takes them (off where a software switch reads
             the hosts' links, as in the testbed).
-        timers: :class:`~hostagent.transport.TransportConfig` timers to set instead of their
+        timers: :class:`~dlcp.hostagent.transport.TransportConfig` timers to set instead of their
             defaults (``feedback_interval``, ...), as
-            :func:`hostagent.transport_config.bottleneck_timers` gives them for a slow path.
+            :func:`dlcp.hostagent.transport_config.bottleneck_timers` gives them for a slow path.
         wire_dtype: ``"float16"`` (``"bfloat16"``) sends gradients in that type, half the bytes,
             as PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``) does (see
             :class:`~dlcp_torch.state.DLCPState`).

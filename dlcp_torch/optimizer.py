@@ -1,7 +1,7 @@
 """``DistributedOptimizer``: DLCP without DDP, BytePS/Horovod style.
 
 Each parameter's gradient is handed over the moment autograd finishes accumulating it (a
-post-accumulate-grad hook) and packed into its bucket (:mod:`hostagent.fusion`: DDP's caps by
+post-accumulate-grad hook) and packed into its bucket (:mod:`dlcp.hostagent.fusion`: DDP's caps by
 default); a bucket is exchanged as soon as all its gradients are in, so the layers nearest the
 output start exchanging while backward still runs on the layers nearest the input. Every
 packet carries the priority of the layer it holds. ``step()`` waits for every exchange (each
@@ -23,7 +23,7 @@ import torch
 
 from dlcp_torch.state import DLCPState
 from dlcp_torch.tensors import as_numpy, from_numpy
-from hostagent.fusion import Bucket, Bucketer, FusionConfig, plan_buckets
+from dlcp.hostagent.fusion import Bucket, Bucketer, FusionConfig, plan_buckets
 
 
 class DistributedOptimizer:

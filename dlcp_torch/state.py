@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hostagent import wire
-from hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
-from hostagent.fusion import Layout
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import PATTERNS, Policy, layer_priorities
-from hostagent.transport import Endpoint
+from dlcp.hostagent import wire
+from dlcp.hostagent.exchange import Missing, PSServer, PSWorker, RingAllreduce, lost_elements, message_id
+from dlcp.hostagent.fusion import Layout
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import PATTERNS, Policy, layer_priorities
+from dlcp.hostagent.transport import Endpoint
 
 if TYPE_CHECKING:  # torch is imported where it is used: a testbed agent exchanging numpy arrays never loads it
     import torch
@@ -52,7 +52,7 @@ class DLCPState:
     """State of DLCP gradient exchange for one worker.
 
     Args:
-        endpoint: this worker's started :class:`~hostagent.transport.Endpoint`.
+        endpoint: this worker's started :class:`~dlcp.hostagent.transport.Endpoint`.
         pattern: ``"ps"`` (push to ``server_rank``, pull the average) or ``"ring"``
             (ring allreduce over ``workers``).
         workers: transport ranks of all workers, in ring order; the same list everywhere.

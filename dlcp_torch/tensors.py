@@ -1,7 +1,7 @@
 """Tensors as numpy arrays and back, without a copy, bfloat16 included.
 
 numpy has no bfloat16 of its own and ``Tensor.numpy()`` refuses one; ml_dtypes' ``bfloat16``
-(what :mod:`hostagent.wire` carries) has the same bits, so a bfloat16 tensor is seen through an
+(what :mod:`dlcp.hostagent.wire` carries) has the same bits, so a bfloat16 tensor is seen through an
 int16 view. Everything in :mod:`dlcp_torch` that hands a tensor to DLCP goes through here.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 BFLOAT16 = wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]
 

@@ -15,8 +15,8 @@ import argparse
 import dataclasses
 import os
 
-from hostagent.policy import PATTERNS
-from hostagent.model_profiles import PROFILES
+from dlcp.hostagent.policy import PATTERNS
+from dlcp.hostagent.model_profiles import PROFILES
 from dlcp_torch.workloads.synthetic import SyntheticConfig, run, run_local
 
 

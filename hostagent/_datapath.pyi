@@ -1,4 +1,4 @@
-# Generated from the compiled module by `python -m nanobind.stubgen -m hostagent._datapath`
+# Generated from the compiled module by `python -m nanobind.stubgen -m dlcp.hostagent._datapath`
 # (regenerate when hostagent/native/module.cc changes its bindings), then progress and tx_info,
 # which return nb::object, given their `tuple | None`; for type checkers only.
 """DLCP's compiled per-packet path (see hostagent/native/datapath.h)."""

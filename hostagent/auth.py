@@ -1,9 +1,9 @@
 """Who may speak for a rank: the control handshake's proofs and the data packets' tokens.
 
-Pure functions; the control path (:mod:`hostagent.control_path`) runs the exchange.
+Pure functions; the control path (:mod:`dlcp.hostagent.control_path`) runs the exchange.
 
 **Handshake.** A control connection from initiator I to acceptor A opens with four HELLO
-records (:data:`hostagent.wire.HELLO_BODY`)::
+records (:data:`dlcp.hostagent.wire.HELLO_BODY`)::
 
     1. I -> A  nonce_I                          (A checks: I is a configured rank other than A,
                                                  connecting from I's configured address)
@@ -35,7 +35,7 @@ import hmac
 import os
 import struct
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 #: Bytes of a nonce, a receive key, and a proof (HMAC-SHA256).
 NONCE_BYTES = 16
@@ -84,7 +84,7 @@ def parse_secret(text: str | bytes | None) -> bytes | None:
         raw = bytes(text)
     if len(raw) < MIN_SECRET_BYTES:
         raise ValueError(f"the job secret has {len(raw)} bytes; use at least {MIN_SECRET_BYTES} random bytes "
-                         f"(e.g. {new_secret()[:16]}... from hostagent.auth.new_secret())")
+                         f"(e.g. {new_secret()[:16]}... from dlcp.hostagent.auth.new_secret())")
     return raw
 
 
@@ -106,7 +106,7 @@ def proof_ok(secret: bytes | None, got: bytes, role: str, job_id: int, initiator
 
 
 def credit_token(key: bytes, header: bytes) -> int:
-    """The 32-bit token of a CREDIT (:data:`hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
+    """The 32-bit token of a CREDIT (:data:`dlcp.hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
     ``C`` and the whole header as sent, its ``token`` field read as zero. Every field is bound
     (the window in ``elem_count``, the count, the sequence, the RELEASE flag), so a copy with any
     of them changed is refused; and its input is longer than a data token's, so no data header

@@ -3,7 +3,7 @@
 They need nothing above ``hostagent``. The ``dlcp`` program itself (:mod:`dlcp.cli`)
 gathers these with the testbed's and the simulator's commands, so every package's command
 line depends only downward. Exceptions become exit codes in
-:func:`hostagent.clikit.run_cli`.
+:func:`dlcp.hostagent.clikit.run_cli`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from hostagent import wire
-from hostagent.clikit import number
-from hostagent.lossmodel import CAPACITY, LOAD
-from hostagent.policy import Policy, load_policy
-from hostagent.ranges import Range
+from dlcp.hostagent import wire
+from dlcp.hostagent.clikit import number
+from dlcp.hostagent.lossmodel import CAPACITY, LOAD
+from dlcp.hostagent.policy import Policy, load_policy
+from dlcp.hostagent.ranges import Range
 
 #: numpy's generators take any seed >= 0.
 SEED = Range(0)
@@ -26,7 +26,7 @@ def _policy_from(path: str | None) -> Policy:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hostagent import demo
+    from dlcp.hostagent import demo
 
     print(demo.run(load=args.load, capacity=args.capacity, seed=args.seed))
     return 0

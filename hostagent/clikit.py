@@ -1,7 +1,7 @@
 """Command-line plumbing shared by ``dlcp`` and ``dlcpctl``: exceptions become exit codes.
 
 Library code never prints or exits; a command's function returns its exit code. Here a
-:class:`~hostagent.errors.DlcpUserError` prints one line on stderr (exit 2 for usage, 1
+:class:`~dlcp.hostagent.errors.DlcpUserError` prints one line on stderr (exit 2 for usage, 1
 otherwise); anything else prints one line and the log path, with the traceback under ``--debug``.
 Both programs also share how options are checked as they are parsed (:func:`number`,
 :func:`numbers`), how ``--help`` shows defaults, global flags after the sub-command, and
@@ -22,8 +22,8 @@ from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from hostagent.errors import DlcpUserError, UsageError
-from hostagent.ranges import Range
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.hostagent.ranges import Range
 
 #: A global option: its flags and ``add_argument`` keywords (given before or after the sub-command).
 GlobalOption = tuple[tuple[str, ...], dict[str, Any]]

@@ -24,7 +24,7 @@ class ControlConn:
     connection (it owns the selector). The writer thread starts only when a frame first has to
     wait, so a connection that never gets that far (a stranger's) costs no thread.
 
-    Handshake state (:mod:`hostagent.auth`): ``rank`` is who the peer claims to be (or whom we
+    Handshake state (:mod:`dlcp.hostagent.auth`): ``rank`` is who the peer claims to be (or whom we
     called); nothing but HELLO records is accepted until :attr:`authenticated`, which is when
     :attr:`settled` is set; a failed handshake sets it too, with :attr:`error`.
     """

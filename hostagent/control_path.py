@@ -1,12 +1,12 @@
-"""The control path of an :class:`~hostagent.transport.Endpoint`: the ``ctl`` thread.
+"""The control path of an :class:`~dlcp.hostagent.transport.Endpoint`: the ``ctl`` thread.
 
-A thin driver of the protocol core (:mod:`hostagent.protocol.core`): it reads control frames
+A thin driver of the protocol core (:mod:`dlcp.hostagent.protocol.core`): it reads control frames
 from every peer and hands their records to the core, hands it the data path's events (an
 eventfd it selects on), runs its timers when it asks to be run, and sends every peer's queued
-records as one frame. It runs the handshake of :mod:`hostagent.auth` that opens each
+records as one frame. It runs the handshake of :mod:`dlcp.hostagent.auth` that opens each
 connection. It never opens a connection and never blocks on one: a frame goes out directly when
 the socket takes it, otherwise through that connection's own writer thread and a bounded queue
-(:class:`~hostagent.control_conn.ControlConn`), so a dead or non-reading peer cannot stall it.
+(:class:`~dlcp.hostagent.control_conn.ControlConn`), so a dead or non-reading peer cannot stall it.
 
 State this path owns: ``_conns`` / ``_all_conns`` and the handshakes.
 """
@@ -22,18 +22,18 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hostagent import auth, wire
-from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
-from hostagent.messages import PeerUnreachable, TransportClosed, TransportError
-from hostagent.protocol.core import IDLE_TICK
-from hostagent.protocol.port import EventKind
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
+from dlcp.hostagent.messages import PeerUnreachable, TransportClosed, TransportError
+from dlcp.hostagent.protocol.core import IDLE_TICK
+from dlcp.hostagent.protocol.port import EventKind
 
 if TYPE_CHECKING:
-    from hostagent.policy import Policy
-    from hostagent.protocol.core import ProtocolCore
-    from hostagent.transport_config import Peer, TransportConfig
+    from dlcp.hostagent.policy import Policy
+    from dlcp.hostagent.protocol.core import ProtocolCore
+    from dlcp.hostagent.transport_config import Peer, TransportConfig
 
-log = logging.getLogger("hostagent.transport")
+log = logging.getLogger("dlcp.hostagent.transport")
 
 MAX_PENDING_HANDSHAKES = 64  # accepted connections still in their handshake; past it the oldest goes
 
@@ -50,7 +50,7 @@ class _Rejected(Exception):
 
 class ControlPath:
     """The ``ctl`` thread's methods and the connections, mixed into
-    :class:`~hostagent.transport.Endpoint` (whose ``__init__`` creates the state they share)."""
+    :class:`~dlcp.hostagent.transport.Endpoint` (whose ``__init__`` creates the state they share)."""
 
     # The state these methods share with Endpoint, which creates it (declared for type checkers).
     config: TransportConfig
@@ -104,7 +104,7 @@ class ControlPath:
 
     def _conn_to(self, rank: int, deadline: float | None = None) -> ControlConn:
         """The authenticated control connection to ``rank``, opening one (and running the
-        handshake of :mod:`hostagent.auth`) if there is none; application threads only.
+        handshake of :mod:`dlcp.hostagent.auth`) if there is none; application threads only.
 
         Raises:
             PeerUnreachable: no connection within the deadline, or the peer failed the handshake
@@ -366,7 +366,7 @@ class ControlPath:
 
     # ------------------------------------------------------------------ handshake
     def _on_hello(self, conn: ControlConn, h: wire.Header, body: bytes) -> None:
-        """One step of the handshake of :mod:`hostagent.auth` on ``conn``.
+        """One step of the handshake of :mod:`dlcp.hostagent.auth` on ``conn``.
 
         Raises:
             _Rejected: anything out of order, from the wrong address, or with a wrong proof.

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostagent.lossmodel import congested_fifo
-from hostagent.packetizer import MessageMeta, packetize
-from hostagent.policy import Policy
-from hostagent.reassembly import Reassembler
+from dlcp.hostagent.lossmodel import congested_fifo
+from dlcp.hostagent.packetizer import MessageMeta, packetize
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.reassembly import Reassembler
 
 
 def real_gradient(seed: int = 0) -> tuple[np.ndarray, str]:

@@ -3,7 +3,7 @@
 Both take a list of numpy gradients per iteration (one per tensor, in forward order, so
 tensor 0 is nearest the input) and return the averaged gradients, same shapes, float32. All
 tensors of an iteration are in flight at once; each tensor's priority comes from its
-position (:func:`hostagent.policy.layer_priorities`), so the tensors the next forward pass
+position (:func:`dlcp.hostagent.policy.layer_priorities`), so the tensors the next forward pass
 needs first go first.
 
 How missing elements count (the bound lets up to p of a message go missing):
@@ -20,10 +20,10 @@ Message ids: both sides of a message compute its id from (iteration, tensor, ste
 :func:`message_id`, so no id needs to be exchanged; ids repeat every 1024 iterations.
 
 Fusion: :meth:`PSWorker.exchange` and :meth:`RingAllreduce.allreduce` pack the tensors into
-buckets (:mod:`hostagent.fusion`, DDP's caps by default) and exchange one message per bucket,
+buckets (:mod:`dlcp.hostagent.fusion`, DDP's caps by default) and exchange one message per bucket,
 each packet tagged with the priority of the layer it carries; ``FusionConfig(enabled=False)``
 sends one message per tensor. The ``*_detailed`` methods exchange exactly the arrays they are
-given (one message each), with an optional :class:`~hostagent.fusion.Layout` per array.
+given (one message each), with an optional :class:`~dlcp.hostagent.fusion.Layout` per array.
 
 Control frames: a receiver that knows what it will receive (a PS worker's pull, every ring
 step) posts the size with its ``recv`` (``expect``), so the sender sends no META for it.
@@ -41,12 +41,12 @@ from typing import Literal
 
 import numpy as np
 
-from hostagent import wire
-from hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
-from hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, layer_priorities, payload_drop_classes
-from hostagent.transport import Endpoint
+from dlcp.hostagent import wire
+from dlcp.hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
+from dlcp.hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import Policy, layer_priorities, payload_drop_classes
+from dlcp.hostagent.transport import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ control frames and scheduling. Real training fuses gradients into buckets (PyTor
 the first 1 MB so communication starts early; Horovod and BytePS fuse likewise). Fusion alone
 would throw away DLCP's per-layer priority, so a fused message carries a :class:`Layout`
 (where each tensor starts and its layer's priority) and every packet is tagged with the most
-urgent layer it holds (:func:`hostagent.policy.packet_tags`).
+urgent layer it holds (:func:`dlcp.hostagent.policy.packet_tags`).
 
 Pure planning (:func:`plan_buckets`) is separate from the run-time packing (:class:`Bucketer`),
 which copies each gradient into its bucket as it becomes ready and says when a bucket is full.
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hostagent.policy import packet_tags
+from dlcp.hostagent.policy import packet_tags
 
 #: PyTorch DDP's defaults (``bucket_cap_mb=25``; the first bucket is 1 MB).
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hostagent.ranges import Range
+from dlcp.hostagent.ranges import Range
 
 #: What :func:`congested_fifo` models: a positive offered load (multiple of the port's rate) and
 #: a queue of at least one packet; ``dlcp demo`` checks its options against these.
@@ -55,7 +55,7 @@ def congested_fifo(
     A fluid model of one switch port: packets arrive evenly at ``load`` times the port's
     service rate and the queue drains continuously. A packet finding ``capacity`` packets
     queued is tail-dropped. With ``thresholds`` (one per droppable class, as
-    :attr:`hostagent.policy.Policy.drop_thresholds`), a packet of class ``k >= 1`` is also
+    :attr:`dlcp.hostagent.policy.Policy.drop_thresholds`), a packet of class ``k >= 1`` is also
     dropped when the depth exceeds ``thresholds[k-1]``: DLCP's selective dropping. Class 0
     only ever meets the tail drop.
 

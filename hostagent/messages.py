@@ -174,7 +174,7 @@ class Expect:
     accumulate: bool = False
     """Add the message into ``out`` as its packets arrive instead of copying it: a reduction done
     by the receive path, once per packet. Missing packets add nothing. ``out`` is float32, or for
-    a float16 message float16 (a float16 sum, as :func:`hostagent.wire.destination_dtypes` says)."""
+    a float16 message float16 (a float16 sum, as :func:`dlcp.hostagent.wire.destination_dtypes` says)."""
     then_send: tuple[tuple[int, int], ...] = ()
     """Held sends, (destination, message id), that start the moment this message completes
     (see ``Endpoint.send(..., held=True)``): a ring's next step leaves without waiting for Python."""

@@ -8,8 +8,8 @@ kernel without an intermediate copy. :meth:`PacketBatch.to_slots` materialises w
 datagrams for tests, benchmarks and tools that need them.
 
 Every tag is vectorised: sequence numbers and offsets are ``arange``s, drop classes come
-from one reduction over a 2-D view of the payload (:func:`hostagent.policy.packet_magnitudes`)
-and one argsort (:func:`hostagent.policy.drop_classes`). No Python loop runs per element or
+from one reduction over a 2-D view of the payload (:func:`dlcp.hostagent.policy.packet_magnitudes`)
+and one argsort (:func:`dlcp.hostagent.policy.drop_classes`). No Python loop runs per element or
 per packet.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from hostagent import wire
-from hostagent.policy import Policy, payload_drop_classes
+from dlcp.hostagent import wire
+from dlcp.hostagent.policy import Policy, payload_drop_classes
 
 #: Default IP packet size: a standard Ethernet MTU.
 DEFAULT_MTU = 1500
@@ -39,7 +39,7 @@ class MessageMeta:
     layer: int = 0
     priority: int = 0
     token: int = 0
-    """The message token the receiver checks (see :func:`hostagent.auth.message_token`)."""
+    """The message token the receiver checks (see :func:`dlcp.hostagent.auth.message_token`)."""
 
     def __post_init__(self) -> None:
         for name in ("job_id", "message_id", "sender_rank", "iteration", "tensor_id", "layer", "priority", "token"):
@@ -75,7 +75,7 @@ class PacketBatch:
     """All packets of one message: headers plus a zero-copy view of the payload."""
 
     headers: np.ndarray
-    """One :data:`hostagent.wire.HEADER_DTYPE` record per packet, in sequence order."""
+    """One :data:`dlcp.hostagent.wire.HEADER_DTYPE` record per packet, in sequence order."""
 
     payload: np.ndarray
     """The message elements, flat, in the caller's memory (little-endian)."""
@@ -151,7 +151,7 @@ def packetize(data: np.ndarray, meta: MessageMeta, policy: Policy, mtu: int = DE
         policy: how drop classes are assigned (magnitude kind, number and shares of classes).
         mtu: IP packet size the datagrams must fit in.
         packet_priorities: for a fused message (several layers in one buffer), the priority of
-            each packet (:func:`hostagent.policy.packet_tags` computes them from the layout);
+            each packet (:func:`dlcp.hostagent.policy.packet_tags` computes them from the layout);
             ``meta.priority`` otherwise.
         packet_layers: likewise the layer field of each packet; ``meta.layer`` otherwise.
 

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from hostagent.errors import DlcpUserError
-from hostagent.ranges import Range
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.hostagent.ranges import Range
 
 #: v1model's ``standard_metadata.priority`` is 3 bits: at most 8 queues.
 MAX_PRIORITIES = 8
@@ -93,7 +93,7 @@ LB_MODES = ("round_robin", "random", "flow")
 ECN_BACKLOGS = ("ahead", "port")
 
 #: The exchange patterns a job's gradients take: a parameter server
-#: (:class:`hostagent.exchange.PSServer`) or ring allreduce (:class:`hostagent.exchange.RingAllreduce`).
+#: (:class:`dlcp.hostagent.exchange.PSServer`) or ring allreduce (:class:`dlcp.hostagent.exchange.RingAllreduce`).
 #: Defined here, in a light module, for the shim, the testbed, the simulator and their flags.
 PATTERNS = ("ps", "ring")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hostagent.errors import UsageError
+from dlcp.hostagent.errors import UsageError
 
 
 @dataclass(frozen=True)

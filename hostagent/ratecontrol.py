@@ -88,7 +88,7 @@ class RateConfig:
 def bottleneck_rates(bottleneck: float, mtu: int) -> dict:
     """:class:`RateConfig` knobs for hosts whose path narrows to ``bottleneck`` bytes/s: start
     at half of it, never above twice it (a host link is faster than the bottleneck), grow by
-    1 % of it per increase interval. The testbed (``topologies.runner.testbed_rate``) and the
+    1 % of it per increase interval. The testbed (``dlcp.topologies.runner.testbed_rate``) and the
     simulator (``dlcp_sim.scenario``) both configure hosts this way, with exact pacing (no
     ``pacing_slack``: the simulator's hosts model bursts of ``burst_bytes`` only)."""
     return {"initial_rate": bottleneck * 0.5, "line_rate": bottleneck * 2.0, "min_rate": 10_000.0,

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import wire
-from hostagent.policy import is_complete
+from dlcp.hostagent import wire
+from dlcp.hostagent.policy import is_complete
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ REASONS: tuple[str, ...] = (
     "bad_seq",  # seq or total_pkts does not fit the announced message
     "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
     "count_mismatch",  # elem_count or payload length differs from what this seq must carry
-    "stale",  # right token for its own iteration, but recorded earlier (hostagent.protocol.incoming.stale)
+    "stale",  # right token for its own iteration, but recorded earlier (dlcp.hostagent.protocol.incoming.stale)
 )
 _CODE = {name: i for i, name in enumerate(REASONS)}
 _H = wire.HEADER_SIZE
@@ -94,7 +94,7 @@ class Assembly:
         scale: float = 1.0,
     ) -> None:
         """``accumulate``: add each payload into ``out`` (float32, or the wire's type: see
-        :func:`hostagent.wire.destination_dtypes`) instead of copying it; with ``scale`` (a
+        :func:`dlcp.hostagent.wire.destination_dtypes`) instead of copying it; with ``scale`` (a
         float32 message into float32), ``out = out * scale + payload``, and where no packet came
         ``out * scale`` at completion (:meth:`zero_missing`), as the compiled path adds.
         ``received`` (uint8), ``pkt_priority`` (uint8) and ``pkt_layer`` (int64), one per packet,
@@ -399,7 +399,7 @@ class Reassembler:
     def expect(self, sender_rank: int, message_id: int, total_elems: int, dtype: np.dtype | type | str,
                elems_per_packet: int, out: np.ndarray | None = None, token: int = 0, **buffers: Any) -> Assembly:
         """Announce a message and preallocate (or adopt ``out`` as) its destination; its packets
-        must carry ``token`` (see :func:`hostagent.auth.message_token`).
+        must carry ``token`` (see :func:`dlcp.hostagent.auth.message_token`).
 
         Raises:
             ValueError: the message is already expected, or its parameters are invalid.

@@ -1,4 +1,4 @@
-"""A scapy dissector for the DLCP header, derived from :data:`hostagent.wire.FIELDS`.
+"""A scapy dissector for the DLCP header, derived from :data:`dlcp.hostagent.wire.FIELDS`.
 
 For tests, captures and debugging only: scapy builds a Python object per packet and is
 far too slow for the data path (the packetizer and reassembler use numpy).
@@ -6,7 +6,7 @@ far too slow for the data path (the packetizer and reassembler use numpy).
 Example::
 
     from scapy.all import Ether, IP, UDP
-    from hostagent.scapy_layer import DLCP
+    from dlcp.hostagent.scapy_layer import DLCP
     pkt = Ether(raw_bytes)          # a captured frame
     pkt[DLCP].seq, pkt[DLCP].drop_class
 """
@@ -17,7 +17,7 @@ from scapy.fields import ByteEnumField, ByteField, FlagsField, IntField, ShortFi
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 _BY_WIDTH = {8: ByteField, 16: ShortField, 32: IntField}
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostagent.provenance import provenance, provenance_lines
+from dlcp.hostagent.provenance import provenance, provenance_lines
 
 #: What ``kind`` a tables file says it is, so a report tells it from a run's results.
 KIND = "tables"

@@ -4,23 +4,23 @@ An endpoint has a UDP socket for DLCP data packets and a TCP control connection 
 META, PROBE, BITMAP, STOP and FEEDBACK records; records bound for one peer at one moment travel
 together in one frame (BATCH). Three parts, each in its own module:
 
-* the **protocol core** (:mod:`hostagent.protocol`): every message's state (deadlines, probes,
+* the **protocol core** (:mod:`dlcp.hostagent.protocol`): every message's state (deadlines, probes,
   bitmaps, feedback, rate decisions) as a state machine that takes the time and what arrived;
-* the **data path** (:mod:`hostagent.datapath`): everything per packet, compiled by default,
+* the **data path** (:mod:`dlcp.hostagent.datapath`): everything per packet, compiled by default,
   with threads outside the interpreter lock: sending by priority and pace (GSO), receiving
   (GRO), validating every field and the token, placing payloads by offset, bitmaps, parking;
-* the **control thread** (:mod:`hostagent.control_path`): the handshake, control frames, the
+* the **control thread** (:mod:`dlcp.hostagent.control_path`): the handshake, control frames, the
   data path's events and the core's timers.
 
 This module holds the public API and the lifecycle. The protocol for one message is described
-in :mod:`hostagent.protocol.core`. Every control connection opens with the handshake of
-:mod:`hostagent.auth`; every data packet carries its message's token, which the receiver checks
+in :mod:`dlcp.hostagent.protocol.core`. Every control connection opens with the handshake of
+:mod:`dlcp.hostagent.auth`; every data packet carries its message's token, which the receiver checks
 before anything else, so neither a frame nor a datagram from outside the job reaches a message.
 
 Every finished message's figures, with monotonic times, stay in :attr:`Endpoint.message_log`
 (the testbed's time breakdown reads them), and every change of a destination's sending rate in
 :attr:`Endpoint.rate_log`. Every wait has a deadline; a peer whose control connection drops
-fails every message to or from it with :class:`~hostagent.messages.PeerFailed`, naming the peer
+fails every message to or from it with :class:`~dlcp.hostagent.messages.PeerFailed`, naming the peer
 and the message.
 """
 
@@ -39,16 +39,16 @@ from typing import Any
 
 import numpy as np
 
-from hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
-from hostagent.control_path import ControlPath
-from hostagent.datapath import open_datapath
-from hostagent.fusion import Layout
-from hostagent.messages import (Expect, MessageStats, PeerFailed, PeerUnreachable, RateChange, RecvHandle, RecvResult,
-                                SendHandle, TransportClosed, TransportError, TransportTimeout)
-from hostagent.protocol.core import IDLE_TICK, ProtocolCore
-from hostagent.reassembly import REASONS
-from hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
-from hostagent.udp_offload import enable_arrival_stamps, enable_gro
+from dlcp.hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
+from dlcp.hostagent.control_path import ControlPath
+from dlcp.hostagent.datapath import open_datapath
+from dlcp.hostagent.fusion import Layout
+from dlcp.hostagent.messages import (Expect, MessageStats, PeerFailed, PeerUnreachable, RateChange, RecvHandle,
+                                     RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
+from dlcp.hostagent.protocol.core import IDLE_TICK, ProtocolCore
+from dlcp.hostagent.reassembly import REASONS
+from dlcp.hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
+from dlcp.hostagent.udp_offload import enable_arrival_stamps, enable_gro
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class Endpoint(ControlPath):
         return self.config.datapath
 
     def rejected(self) -> Counter:
-        """Datagrams the data path rejected, by reason (:data:`~hostagent.reassembly.REASONS`)."""
+        """Datagrams the data path rejected, by reason (:data:`~dlcp.hostagent.reassembly.REASONS`)."""
         return Counter(self.dp.stats()["rejected"]) if self.dp is not None else Counter()
 
     @property
@@ -400,7 +400,7 @@ class Endpoint(ControlPath):
             "late_after_completion": s.late, "send_errors": s.send_errors,
             "messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "duplicate_pkts": d.get("duplicates", 0),
-            # receiver-driven credits (hostagent.datapath.credits): granted (of them, releases after
+            # receiver-driven credits (dlcp.hostagent.datapath.credits): granted (of them, releases after
             # an overrun of our socket, and releases of a sender whose packets were lost on the
             # way), received, and how often a full window held this endpoint's sending, and gave up
             # waiting for a credit

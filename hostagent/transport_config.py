@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from hostagent import wire
-from hostagent.auth import parse_secret
-from hostagent.packetizer import DEFAULT_MTU
-from hostagent.policy import Policy
-from hostagent.ratecontrol import RateConfig
+from dlcp.hostagent import wire
+from dlcp.hostagent.auth import parse_secret
+from dlcp.hostagent.packetizer import DEFAULT_MTU
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.ratecontrol import RateConfig
 
 
 #: A receiver's congestion reports to one sender come at most once per this many packet times of
@@ -24,7 +24,7 @@ FEEDBACK_PACKETS = 16
 
 def bottleneck_timers(bottleneck: float, mtu: int) -> dict[str, float]:
     """:class:`TransportConfig` knobs for hosts whose path narrows to ``bottleneck`` bytes/s, as
-    :func:`hostagent.ratecontrol.bottleneck_rates` gives the rate knobs: a congestion report at
+    :func:`dlcp.hostagent.ratecontrol.bottleneck_rates` gives the rate knobs: a congestion report at
     most every :data:`FEEDBACK_PACKETS` packet times of the bottleneck, and never more often
     than the default ``feedback_interval``.
 
@@ -133,9 +133,9 @@ class TransportConfig:
     """The reordering window a receiver assumes for a sender before it has measured that
     sender's path. A PROBE (or the end of a pass) is answered once no data of the message
     arrived for the window, or for four of the message's own mean packet gaps if longer
-    (:func:`hostagent.protocol.incoming.answer_grace`), so packets still in flight are not
+    (:func:`dlcp.hostagent.protocol.incoming.answer_grace`), so packets still in flight are not
     reported missing; the window then follows the reordering measured on the path
-    (:data:`hostagent.protocol.incoming.REORDER_MIN` and the rule beside it)."""
+    (:data:`dlcp.hostagent.protocol.incoming.REORDER_MIN` and the rule beside it)."""
 
     feedback_interval: float = 0.002
     """How often a receiver reports congestion (CE marks, socket overruns) to a sender."""
@@ -181,7 +181,7 @@ class TransportConfig:
 
     secret: bytes | None = field(default=None, repr=False)
     """The job secret (at least 16 bytes; hex text is accepted): control connections must prove
-    it (:mod:`hostagent.auth`). Every rank of the job needs the same one. Never printed."""
+    it (:mod:`dlcp.hostagent.auth`). Every rank of the job needs the same one. Never printed."""
 
     check_address: bool = True
     """Accept a control connection for a rank only from the address that rank is configured at."""

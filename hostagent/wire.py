@@ -12,7 +12,7 @@ spraying); ``priority`` and ``drop_class`` are what the switch queues and drops 
 ``total_pkts``/``seq`` let the receiver keep a per-packet bitmap for bounded-loss
 completion and selective retransmission; ``token`` is what a receiver checks before a
 payload touches a tensor: a value only the authenticated sender of that message can compute
-(:mod:`hostagent.auth`), so data cannot be forged by guessing the other fields.
+(:mod:`dlcp.hostagent.auth`), so data cannot be forged by guessing the other fields.
 
 Layout rules: fixed size, network byte order (big-endian), every field a whole
 number of bytes so BMv2 (which needs headers whose width is a multiple of 8 bits)
@@ -306,7 +306,7 @@ def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int 
 # ``sender_rank`` R, ``iteration`` a sequence number that grows with every credit R sends S,
 # ``total_pkts``/``elem_offset`` the high and low 32 bits of the data packets of S that R has
 # taken from its socket so far, ``elem_count`` the window: how many packets S may have sent
-# beyond that. ``token`` is :func:`hostagent.auth.credit_token`, under the key S gave R for its
+# beyond that. ``token`` is :func:`dlcp.hostagent.auth.credit_token`, under the key S gave R for its
 # tokens; S keeps the highest count of the highest sequence, so a replayed credit grants nothing.
 
 #: Most packets a credit can grant (``elem_count``'s width).
@@ -345,7 +345,7 @@ BITMAP_PREFIX = struct.Struct("!I")
 FEEDBACK_BODY = struct.Struct("!IIII")
 #: HELLO body: handshake step (1-4), the sender's nonce (steps 1, 2), its proof that it holds
 #: the job secret (steps 2, 3; zeros without a secret) and its receive key for the peer (steps
-#: 3, 4). See :mod:`hostagent.auth` for the exchange.
+#: 3, 4). See :mod:`dlcp.hostagent.auth` for the exchange.
 HELLO_BODY = struct.Struct("!B16s32s16s")
 #: BATCH body: records back to back, each a 4-byte length and a record (header + body), so a
 #: peer's META, PROBE, STOP, BITMAP and FEEDBACK records of one moment cost one frame.

@@ -7,8 +7,8 @@ import shutil as _shutil
 
 import pytest
 
-from hostagent.loopback import free_port_pairs
-from hostagent.transport import Endpoint, Peer, TransportConfig
+from dlcp.hostagent.loopback import free_port_pairs
+from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig
 
 
 def loopback_peers(n: int) -> tuple[Peer, ...]:

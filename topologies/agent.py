@@ -1,10 +1,10 @@
 """The host agent of a testbed run: one worker (or the parameter server) in a Mininet host.
 
-Started by the runner inside a host's namespace as ``python -m topologies.agent SPEC RANK``.
+Started by the runner inside a host's namespace as ``python -m dlcp.topologies.agent SPEC RANK``.
 A worker exchanges synthetic gradients with the per-tensor sizes of a real model
-(:mod:`hostagent.model_profiles`), overlapping them with a simulated backward pass: tensors
+(:mod:`dlcp.hostagent.model_profiles`), overlapping them with a simulated backward pass: tensors
 become ready from the output layer back to the input, ``compute_ms`` in total, and are packed
-into buckets as they do (:mod:`hostagent.fusion`, DDP's caps scaled like the model, or one
+into buckets as they do (:mod:`dlcp.hostagent.fusion`, DDP's caps scaled like the model, or one
 message per tensor without fusion); each full bucket is handed to DLCP at once, every packet
 tagged with the priority of the layer it carries.
 Iteration 0 warms up (connections, rates); after the measured iterations come
@@ -27,15 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
-from hostagent.exchange import iteration_of, step_of, tensor_of
-from hostagent.fusion import Bucketer, FusionConfig
-from hostagent.messages import MessageStats, RateChange
-from hostagent.policy import Policy
-from hostagent.ratecontrol import RateConfig
-from hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
-from topologies.breakdown import iteration_breakdown
-from topologies.training import Training
-from topologies.workload import TRAINING_WORKLOADS, worker_plan
+from dlcp.hostagent.exchange import iteration_of, step_of, tensor_of
+from dlcp.hostagent.fusion import Bucketer, FusionConfig
+from dlcp.hostagent.messages import MessageStats, RateChange
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.ratecontrol import RateConfig
+from dlcp.hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
+from dlcp.topologies.breakdown import iteration_breakdown
+from dlcp.topologies.training import Training
+from dlcp.topologies.workload import TRAINING_WORKLOADS, worker_plan
 
 
 def _endpoint(spec: dict, rank: int) -> Endpoint:
@@ -218,8 +218,8 @@ def run_server(spec: dict, rank: int, out: Path | None = None) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
-    if spec.get("transport") == "gloo":  # what users run, for comparison (topologies.gloo_agent)
-        from topologies import gloo_agent
+    if spec.get("transport") == "gloo":  # what users run, for comparison (dlcp.topologies.gloo_agent)
+        from dlcp.topologies import gloo_agent
 
         gloo_agent.main(spec, rank, Path(sys.argv[3]))
     elif rank == spec["workers"] and spec["pattern"] == "ps":

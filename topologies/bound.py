@@ -6,11 +6,11 @@ N / (capacity left to the gradients) seconds. The bound is the largest of these 
 bottleneck ports. No scheme can beat it, so it is the yardstick a measured communication
 time is compared with ("how far from line rate").
 
-Everything here is pure: a run's agent spec and a :class:`~topologies.topos.TopologyDesc`
+Everything here is pure: a run's agent spec and a :class:`~dlcp.topologies.topos.TopologyDesc`
 in, numbers out. The traffic follows the code that sends it: the agent's bucket plan
-(:func:`topologies.workload.worker_plan`), :class:`hostagent.exchange.PSWorker` /
-:class:`~hostagent.exchange.PSServer` for the parameter server and
-:class:`~hostagent.exchange.RingAllreduce` for the ring. Only gradient data packets count:
+(:func:`dlcp.topologies.workload.worker_plan`), :class:`dlcp.hostagent.exchange.PSWorker` /
+:class:`~dlcp.hostagent.exchange.PSServer` for the parameter server and
+:class:`~dlcp.hostagent.exchange.RingAllreduce` for the ring. Only gradient data packets count:
 control frames (META, STOP, ACKs) travel on TCP and are a few per message.
 """
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, required_elements
-from topologies.topos import TopologyDesc
-from topologies.workload import worker_plan
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import Policy, required_elements
+from dlcp.topologies.topos import TopologyDesc
+from dlcp.topologies.workload import worker_plan
 
 Port = tuple[str, int]
 """(switch name, egress port)."""
@@ -35,7 +35,7 @@ Flow = tuple[str, str]
 
 
 def bucket_sizes(spec: Mapping) -> list[int]:
-    """Elements of every message a worker sends per iteration, as :func:`topologies.agent.run_worker`
+    """Elements of every message a worker sends per iteration, as :func:`dlcp.topologies.agent.run_worker`
     plans them (same sizes, priorities and fusion caps).
 
     Raises:
@@ -48,7 +48,7 @@ def bucket_sizes(spec: Mapping) -> list[int]:
 def message_packets(elems: int, per_packet: int, loss_bound: float = 0.0) -> int:
     """Fewest data packets that complete a message of ``elems`` elements under bound ``p``.
 
-    Completion counts elements (:func:`hostagent.policy.is_complete`): ``required_elements``
+    Completion counts elements (:func:`dlcp.hostagent.policy.is_complete`): ``required_elements``
     = ``total - floor(p * total)`` must arrive. Every packet holds ``per_packet`` elements but
     the last, so the fewest packets are full ones: ``ceil(required / per_packet)``, which is
     ``ceil((1 - p) * packets)`` up to the short last packet. ``p = 0`` gives every packet; an

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hostagent.messages import MessageStats
+from dlcp.hostagent.messages import MessageStats
 
 PARTS = ("compute", "first_byte", "transmission", "recovery", "straggler")
 
@@ -28,7 +28,7 @@ PARTS = ("compute", "first_byte", "transmission", "recovery", "straggler")
 def iteration_breakdown(t0: float, ready: float, end: float, received: Iterable[MessageStats]) -> dict[str, float]:
     """Seconds of each part (but straggler) of an iteration that started at ``t0``, had its last
     gradient ready at ``ready`` and finished at ``end``; ``received``: the iteration's received
-    messages (from :attr:`hostagent.transport.Endpoint.message_log`)."""
+    messages (from :attr:`dlcp.hostagent.transport.Endpoint.message_log`)."""
     critical = [m for m in received if m.finished_at >= ready]
     sync = max(0.0, end - ready)
     arrivals = [m.first_arrival for m in critical if m.first_arrival is not None]

@@ -2,7 +2,7 @@
 
 Runs register what they start (process ids, switch namespaces) in ``/tmp/dlcp-runs``. This
 kills those processes (if they still run), removes the bottleneck schedulers ``dlcpctl``
-installed (root qdiscs with DLCP's handle, :data:`controller.scheduler.HANDLE`, in this
+installed (root qdiscs with DLCP's handle, :data:`dlcp.controller.scheduler.HANDLE`, in this
 namespace and in the ones it deletes), deletes the namespaces, and removes any network
 namespace or interface whose name starts with ``dlcp`` (the prefix of everything DLCP
 creates). It does not kill processes by name.
@@ -15,9 +15,9 @@ import os
 import signal
 from pathlib import Path
 
-from controller import scheduler
-from topologies import netns
-from topologies.registry import REGISTRY
+from dlcp.controller import scheduler
+from dlcp.topologies import netns
+from dlcp.topologies.registry import REGISTRY
 
 
 def clean_namespaces(names: list[str]) -> None:

@@ -12,20 +12,20 @@ from dataclasses import replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hostagent.clikit import number
-from hostagent.errors import DlcpUserError
-from hostagent.policy import Policy, PolicyError, load_policy
-from hostagent.transport_config import DATAPATHS
-from topologies.options import WORKLOADS, add_shared_arguments, checked
+from dlcp.hostagent.clikit import number
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.hostagent.policy import Policy, PolicyError, load_policy
+from dlcp.hostagent.transport_config import DATAPATHS
+from dlcp.topologies.options import WORKLOADS, add_shared_arguments, checked
 
 if TYPE_CHECKING:
-    from topologies.runner import RunOptions
+    from dlcp.topologies.runner import RunOptions
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     """The run the options describe; the policy file is read here, its loss bound and ECN rule
     overridden by ``--loss-bound`` and ``--ecn-backlog`` when they are given."""
-    from topologies.runner import RunOptions
+    from dlcp.topologies.runner import RunOptions
 
     policy = args.policy
     loss_bound = args.loss_bound if args.loss_bound is not None else (
@@ -45,8 +45,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from topologies.report import summary
-    from topologies.runner import run
+    from dlcp.topologies.report import summary
+    from dlcp.topologies.runner import run
 
     opts = run_options(args)
     if args.capacity == "auto":
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _calibrated(opts: RunOptions) -> int:
     """The largest capacity at which runs stay valid, its trials reported on stderr."""
-    from topologies.sweep import calibrate
+    from dlcp.topologies.sweep import calibrate
 
     cap, trials = calibrate(opts)
     for t in trials:
@@ -83,7 +83,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from topologies.sweep import check_values, sweep, sweep_request
+    from dlcp.topologies.sweep import check_values, sweep, sweep_request
 
     opts = run_options(args)
     param, values = sweep_request(args.param, args.values, args.sweep)
@@ -105,7 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from topologies.clean import clean
+    from dlcp.topologies.clean import clean
 
     removed = clean()
     print(f"removed {removed['processes']} processes, {removed['schedulers']} port schedulers, "
@@ -117,7 +117,7 @@ def _capacity_options(text: str, mtu: int) -> dict:
     """``capacity_pps`` and ``capacity_bps`` of a ``--capacity``: ``600`` (packets per second),
     ``7.4mbit`` (bits per second on the wire; ``capacity_pps`` is then the full-size frames per
     second it carries), or ``auto`` (calibrated later; 2000 until then)."""
-    from controller.scheduler import charge, parse_capacity
+    from dlcp.controller.scheduler import charge, parse_capacity
 
     if text == "auto":
         return {"capacity_pps": 2000, "capacity_bps": 0}
@@ -130,7 +130,7 @@ def _capacity_options(text: str, mtu: int) -> dict:
 def _capacity(text: str) -> str:
     """``--capacity``: packets per second in the run's range, bits per second (``7.4mbit``) that
     carry as many full-size frames, or ``auto``."""
-    from topologies.runner import RANGES
+    from dlcp.topologies.runner import RANGES
 
     if text == "auto":
         return text
@@ -157,7 +157,7 @@ def _policy_file(path: str) -> Policy:
 
 def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
     """The parse-time check of a :class:`RunOptions` field's option, from its one range."""
-    from topologies.runner import RANGES
+    from dlcp.topologies.runner import RANGES
 
     return checked(RANGES, field, kind)
 
@@ -165,7 +165,7 @@ def _checked(field: str, kind: type = int) -> Callable[[str], Any]:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of one testbed experiment (shared by run, sweep and calibrate); defaults are
     :class:`RunOptions`' and every number is checked against its :data:`RANGES` as it is parsed."""
-    from topologies.runner import RANGES, RunOptions
+    from dlcp.topologies.runner import RANGES, RunOptions
 
     d = RunOptions()
     p.add_argument("--topology", choices=["star", "dumbbell", "leafspine"], default=d.topology)
@@ -222,7 +222,7 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     add_run_arguments(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("sweep", help="vary one parameter across schemes: sweep.csv and a speedup figure (root)")
-    from topologies.sweep import PARAMS
+    from dlcp.topologies.sweep import PARAMS
 
     p.add_argument("--param", choices=sorted(PARAMS), help="the parameter to vary")
     p.add_argument("--values",
@@ -236,7 +236,7 @@ def add_experiment_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("converge", help="final accuracy and time-to-accuracy under bounded loss, over seeds, "
                        "on loopback (real training; no root)")
-    from topologies.converge_run import add_converge_arguments, cmd_converge
+    from dlcp.topologies.converge_run import add_converge_arguments, cmd_converge
 
     add_converge_arguments(p)
     p.set_defaults(func=cmd_converge)

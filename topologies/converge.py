@@ -11,10 +11,10 @@ MNIST-1D by default) on this machine, no switches and no root, and writes into i
 * ``converge.md``: per configuration the mean final accuracy with its 95 % interval, the
   difference from lossless training of the same pattern (paired by seed) with its interval,
   and the time to reach the lossless accuracy minus 0.5 points.
-* ``accuracy-vs-bound.png`` and ``accuracy-vs-time.png`` (:mod:`topologies.converge_plot`).
+* ``accuracy-vs-bound.png`` and ``accuracy-vs-time.png`` (:mod:`dlcp.topologies.converge_plot`).
 
 This module is the pure part (the grid, the CSV rows, the statistics, the table), tested
-without training; :mod:`topologies.converge_run` runs the runs and writes the report.
+without training; :mod:`dlcp.topologies.converge_run` runs the runs and writes the report.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 
-from hostagent.errors import DlcpUserError, UsageError
-from hostagent.lossmodel import PROBABILITY
-from hostagent.policy import LOSS_BOUND, PATTERNS
-from hostagent.ranges import Range
-from topologies.stats import CONFIDENCE
-from topologies.tta import time_to_accuracy
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.hostagent.lossmodel import PROBABILITY
+from dlcp.hostagent.policy import LOSS_BOUND, PATTERNS
+from dlcp.hostagent.ranges import Range
+from dlcp.topologies.stats import CONFIDENCE
+from dlcp.topologies.tta import time_to_accuracy
 
 #: A bounded configuration meets the issue's target when it is within this of lossless (0.5 points).
 TOLERANCE = 0.005
@@ -252,7 +252,7 @@ def append_row(path: Path, row: dict) -> None:
 class MeanCI:
     """A mean over seeds with its Student-t confidence interval (none below 2 values).
 
-    Not :func:`topologies.stats.median_ci`: the target is about the *mean* final accuracy, and
+    Not :func:`dlcp.topologies.stats.median_ci`: the target is about the *mean* final accuracy, and
     with five seeds a percentile bootstrap cannot produce an interval wider than the values
     themselves, so it would claim more than five runs can show.
     """

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from collections.abc import Sequence
 
-from topologies.converge import Grid, Settings, Summary, config_of, mean_trace
+from dlcp.topologies.converge import Grid, Settings, Summary, config_of, mean_trace
 
 
 def _pyplot():

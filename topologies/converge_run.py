@@ -16,12 +16,12 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hostagent.clikit import number, numbers
-from hostagent.errors import DlcpUserError
-from topologies.converge import (RANGES, Config, Grid, Settings, Summary, append_row, key_of, markdown_table,
-                                 read_rows, row_of, rows_for, run_key, summarise)
-from topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
-from topologies.progress import eta
+from dlcp.hostagent.clikit import number, numbers
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.topologies.converge import (RANGES, Config, Grid, Settings, Summary, append_row, key_of, markdown_table,
+                                      read_rows, row_of, rows_for, run_key, summarise)
+from dlcp.topologies.converge_plot import plot_accuracy_vs_bound, plot_accuracy_vs_time
+from dlcp.topologies.progress import eta
 
 if TYPE_CHECKING:  # torch is imported when a study starts, not when the command line is built
     from dlcp_torch.workloads.base import Workload
@@ -155,7 +155,7 @@ def report(out: Path, settings: Settings, grid: Grid) -> list[Summary]:
 
 def cmd_converge(args: argparse.Namespace) -> int:
     """``dlcp converge``: run the study the options describe, print its table."""
-    from topologies import converge as cv
+    from dlcp.topologies import converge as cv
 
     steps = args.steps or check_workload(args.workload).steps
     settings = cv.Settings(workload=args.workload, workers=args.workers, steps=steps,
@@ -182,7 +182,7 @@ def _losses(text: str) -> str | tuple[float, ...]:
 
 
 def add_converge_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``dlcp converge`` (registered by :mod:`topologies.commands`)."""
+    """The options of ``dlcp converge`` (registered by :mod:`dlcp.topologies.commands`)."""
     p.add_argument("--workload", choices=["mnist1d", "digits"], default="mnist1d",
                    help="the workload to train (mnist1d needs: pip install 'dlcp[mnist1d]')")
     p.add_argument("--workers", type=number(RANGES["workers"]), default=4)

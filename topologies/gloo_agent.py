@@ -1,6 +1,6 @@
 """The host agent of a gloo scheme: what users run instead of DLCP, on the same hosts and fabric.
 
-Started like DLCP's agent (``python -m topologies.agent SPEC RANK OUT``, with ``spec["transport"]
+Started like DLCP's agent (``python -m dlcp.topologies.agent SPEC RANK OUT``, with ``spec["transport"]
 == "gloo"``): the workers join a ``torch.distributed`` process group over gloo (TCP) whose store
 is on worker 0's host, and exchange gradients as stock ``DistributedDataParallel`` does, with
 PyTorch's own communication hook where the scheme names one (:data:`HOOKS`). There is no
@@ -8,11 +8,11 @@ parameter server: gloo's all-reduce is a ring.
 
 * A training workload (digits, MNIST-1D) trains the same model from the same seed, on the same
   shard and batches, with the same optimiser and evaluation points as DLCP's agent
-  (:class:`topologies.training.Training`); only the exchange differs.
+  (:class:`dlcp.topologies.training.Training`); only the exchange differs.
 * A synthetic workload exchanges the same buckets as DLCP's agent, with the same simulated
   backward pass: each bucket is all-reduced (asynchronously, as DDP's reducer does) as soon as it
   is full; ``fp16`` sends it as float16 (as ``fp16_compress_hook`` does). PowerSGD needs a
-  real model's matrices and is refused there (:meth:`topologies.runner.RunOptions.validate`).
+  real model's matrices and is refused there (:meth:`dlcp.topologies.runner.RunOptions.validate`).
 
 The records are DLCP's agent's, with what means something for TCP: ``sync_time`` is from the
 last gradient being ready (a hook on every parameter) to the step's end, as DLCP's is;
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from topologies.training import Training
-from topologies.workload import TRAINING_WORKLOADS, worker_plan
+from dlcp.topologies.training import Training
+from dlcp.topologies.workload import TRAINING_WORKLOADS, worker_plan
 
 #: The DDP communication hook of each gloo scheme's ``hook`` (None: DDP's own all-reduce).
 HOOKS = (None, "fp16", "powersgd")
@@ -186,10 +186,10 @@ def _all_reduce(hook: str | None) -> Callable[[np.ndarray], Callable[[], None]]:
 
 def run_worker(spec: dict, rank: int, out: Path) -> None:
     """Synthetic gradients of a model profile over gloo: the buckets and backward pass of DLCP's
-    agent (:func:`topologies.agent.run_worker`), each bucket all-reduced as it fills."""
+    agent (:func:`dlcp.topologies.agent.run_worker`), each bucket all-reduced as it fills."""
     import torch
 
-    from hostagent.fusion import Bucketer
+    from dlcp.hostagent.fusion import Bucketer
 
     if spec.get("hook") not in (None, "fp16"):
         raise ValueError(f"hook {spec.get('hook')!r} needs a training workload")

@@ -1,4 +1,4 @@
-"""Realise a :class:`~topologies.topos.TopologyDesc` with Mininet and BMv2 switches.
+"""Realise a :class:`~dlcp.topologies.topos.TopologyDesc` with Mininet and BMv2 switches.
 
 ``DlcpSwitch`` is a Mininet ``Switch`` in a network namespace of its own (so BMv2's Thrift
 server, which binds every address, stays inside it). The namespace is given a name with
@@ -16,9 +16,9 @@ from pathlib import Path
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
-from topologies import netns
-from topologies.bmv2 import Bmv2Options, Bmv2Switch
-from topologies.topos import TopologyDesc
+from dlcp.topologies import netns
+from dlcp.topologies.bmv2 import Bmv2Options, Bmv2Switch
+from dlcp.topologies.topos import TopologyDesc
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What a testbed run (:class:`~topologies.runner.RunOptions`) and a simulated one
+"""What a testbed run (:class:`~dlcp.topologies.runner.RunOptions`) and a simulated one
 (:class:`~dlcp_sim.scenario.SimOptions`) share, defined once: the names, meanings, allowed values
 and command-line flags of the options both take, and the one check both apply.
 
@@ -15,15 +15,15 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hostagent.clikit import number
-from hostagent.errors import UsageError
-from hostagent.model_profiles import PROFILES
-from hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, PATTERNS, Policy
-from hostagent.ranges import Range
-from topologies.schemes import MIN_BUFFER
-from topologies.workload import TRAINING_WORKLOADS
+from dlcp.hostagent.clikit import number
+from dlcp.hostagent.errors import UsageError
+from dlcp.hostagent.model_profiles import PROFILES
+from dlcp.hostagent.policy import ECN_BACKLOGS, LOSS_BOUND, MAX_QUEUE_DEPTH, PATTERNS, Policy
+from dlcp.hostagent.ranges import Range
+from dlcp.topologies.schemes import MIN_BUFFER
+from dlcp.topologies.workload import TRAINING_WORKLOADS
 
-#: Synthetic gradients with a real model's tensor sizes (:mod:`hostagent.model_profiles`): what
+#: Synthetic gradients with a real model's tensor sizes (:mod:`dlcp.hostagent.model_profiles`): what
 #: both the testbed and the simulator send.
 SYNTHETIC_WORKLOADS: tuple[str, ...] = tuple(PROFILES)
 #: Every workload the testbed runs: the synthetic ones and real PyTorch training.

@@ -3,7 +3,7 @@ chooses it: a route to an ECMP group picks member ``crc16(src, dst, proto, sport
 size`` (p4/include/control/spray.p4, for everything but sprayed DLCP data).
 
 Why: per-flow ECMP makes a run's outcome depend on which flows share a link. With fixed source
-ports (:func:`topologies.runner.flow_port_base`) the paths of DLCP's data and of the cross
+ports (:func:`dlcp.topologies.runner.flow_port_base`) the paths of DLCP's data and of the cross
 traffic are known before the run, so each run records them and a slow run can be told apart
 from an unlucky draw. Pure functions over the ``network.json`` a run writes.
 """

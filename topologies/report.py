@@ -8,7 +8,7 @@ communication-only calibration iterations are left out, the latter used only for
   repetition (run r of each, interleaved); the reference is what users run (``gloo``) when it
   ran, else ``baseline``, or ``--reference``;
 * comm / bound: the calibration iterations' communication time (p50; nothing to hide it
-  behind) over the line-rate bound (:mod:`topologies.bound`), how far from what the
+  behind) over the line-rate bound (:mod:`dlcp.topologies.bound`), how far from what the
   bottlenecks allow (sync / bound is kept in the metrics, but sync is only what the backward
   pass left exposed, and may be far below the bound);
 * lost fraction and retransmitted packets;
@@ -18,17 +18,17 @@ communication-only calibration iterations are left out, the latter used only for
   outside [0, 1] is not a result: it is flagged with its reason and its inputs;
 * straggler spread (TicTac): per iteration, (max - min) / mean of the workers' iteration
   times, averaged;
-* where the time goes (:mod:`topologies.breakdown`): compute, first byte, transmission,
+* where the time goes (:mod:`dlcp.topologies.breakdown`): compute, first byte, transmission,
   recovery and straggler wait, means in ms, and a stacked-bar plot per scheme;
 * messages and control frames (sent and received) per worker per iteration, medians: what
   fusion and the batched control path cost;
-* validity (:mod:`topologies.validity`) and the cross traffic's delivered rate and loss;
-* training workloads: final accuracy, and time-to-accuracy (:mod:`topologies.tta`): training
+* validity (:mod:`dlcp.topologies.validity`) and the cross traffic's delivered rate and loss;
+* training workloads: final accuracy, and time-to-accuracy (:mod:`dlcp.topologies.tta`): training
   seconds to a target accuracy (``--target-accuracy``, default the reference's final accuracy
   minus 0.5 points), its speedup paired by run, and a plot of accuracy against training time.
 
 With ``--repeat N`` the summary gives, per scheme, medians over its runs with 95 % bootstrap
-intervals from 5 runs on (the range, and no call, from fewer: :mod:`topologies.stats`) and
+intervals from 5 runs on (the range, and no call, from fewer: :mod:`dlcp.topologies.stats`) and
 calls a speedup only when its interval excludes 1; beside the speedup, the service ratio of
 the scheme's bottleneck ports (what they served while backlogged over their capacity).
 """
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from topologies.breakdown import PARTS, add_stragglers
-from topologies.results import by_scheme, repetitions, schemes
-from topologies.stats import Estimate, median_ci, paired_ratios, verdict, versus
-from topologies.tta import accuracy_trace, default_target, time_to_accuracy
+from dlcp.topologies.breakdown import PARTS, add_stragglers
+from dlcp.topologies.results import by_scheme, repetitions, schemes
+from dlcp.topologies.stats import Estimate, median_ci, paired_ratios, verdict, versus
+from dlcp.topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
 
 def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
@@ -222,7 +222,7 @@ def aggregate(results: dict) -> dict[str, dict]:
 
 def service_range(runs: list[dict]) -> tuple[float, float] | None:
     """The lowest and highest service ratio (a bottleneck port's rate while backlogged over its
-    capacity, :mod:`topologies.validity`) over the ports and ``runs``; None where no port was
+    capacity, :mod:`dlcp.topologies.validity`) over the ports and ``runs``; None where no port was
     backlogged long enough to tell."""
     ratios = [b["ratio"] for r in runs for b in (r.get("validity") or {}).get("bottlenecks", [])
               if b.get("ratio") is not None]

@@ -9,7 +9,7 @@ in the same place whichever made them. Schema 2, in ``results.json``::
       "schema": 2,
       "source": "testbed" | "simulator",   # which made it; what its per-run detail holds
       "options": {...},                    # what ran: RunOptions or SimOptions as a dict
-      "provenance": {...},                 # command, commit, time (hostagent.provenance)
+      "provenance": {...},                 # command, commit, time (dlcp.hostagent.provenance)
       "reference": "baseline",             # the scheme speedups are paired against (None: none ran)
       "runs": [                            # one per scheme and repetition, in the order they ran
         {"scheme": "dlcp", "repeat": 0, "seed": 1 | None,

@@ -2,7 +2,7 @@
 results page is regenerated from its results files, never typed by hand.
 
 Pure functions: a results dict in, Markdown text out. The figures are the report's
-(:func:`topologies.report.aggregate`): medians over valid runs with 95 % bootstrap intervals
+(:func:`dlcp.topologies.report.aggregate`): medians over valid runs with 95 % bootstrap intervals
 (ranges with fewer than 5 runs),
 speedups paired by run against the reference scheme.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from hostagent.provenance import provenance_lines
-from topologies.report import aggregate, describe, reference, scheme_metrics, service_text
-from topologies.results import slim as slim_results
-from topologies.stats import MIN_INTERVAL_RUNS, Estimate, versus
+from dlcp.hostagent.provenance import provenance_lines
+from dlcp.topologies.report import aggregate, describe, reference, scheme_metrics, service_text
+from dlcp.topologies.results import slim as slim_results
+from dlcp.topologies.stats import MIN_INTERVAL_RUNS, Estimate, versus
 
 
 def _cell(est: Estimate | None, fmt: str, suffix: str = "") -> str:
@@ -45,7 +45,7 @@ def scheme_table(results: dict) -> str:
     """One row per scheme: valid runs, sync and iteration p50, speedup against the reference,
     the service ratio of its bottleneck ports beside it (what they served while backlogged over
     their capacity, lowest-highest: a speedup on ports faster than claimed is not DLCP's), comm /
-    bound (:mod:`topologies.report`), time to accuracy and its speedup (training
+    bound (:mod:`dlcp.topologies.report`), time to accuracy and its speedup (training
     workloads), final accuracy, and the cross traffic's loss, retransmissions and goodput
     beside it."""
     agg = aggregate(results)

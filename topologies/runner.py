@@ -7,11 +7,11 @@ cross traffic, start the agents (parameter server and workers) in their hosts, w
 workers, stop the rest, read the switch counters; finally write ``results.json``, the plots
 and the summary, and tear everything down.
 
-Schemes (``topologies.schemes.SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
+Schemes (``dlcp.topologies.schemes.SCHEMES``): ``baseline`` (one FIFO queue, per-flow ECMP, reliable transport, no
 selective drop), ``dlcp`` (all three mechanisms) and ablations that switch on one mechanism
 at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` (selective
 dropping), ``bounded`` (bounded-loss completion); and what users run instead
-(``topologies.schemes.GLOO_SCHEMES``): ``gloo`` (stock DDP over gloo), ``gloo-fp16`` and
+(``dlcp.topologies.schemes.GLOO_SCHEMES``): ``gloo`` (stock DDP over gloo), ``gloo-fp16`` and
 ``powersgd`` (PyTorch's compression hooks), on the baseline's fabric. A scheme may name its
 pattern (``dlcp:ring``); the speedups are against the reference scheme (``gloo`` when it runs,
 else ``baseline``).
@@ -31,27 +31,27 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from hostagent.auth import new_secret
-from hostagent.errors import DlcpUserError, UsageError
-from hostagent.model_profiles import PROFILES
-from hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
-from hostagent.ranges import Range
-from hostagent.ratecontrol import bottleneck_rates
-from hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, bottleneck_timers
-from topologies import paths, traffic
-from topologies.bmv2 import terminate_group
-from topologies.netns import tcp_counters
-from topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
-from hostagent.provenance import provenance
-from topologies.registry import REGISTRY, Registry
-from topologies.options import COMMON_RANGES, WORKLOADS, check_options
-from topologies.progress import Progress
-from topologies.results import document
-from topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
-                                wire_dtype_of)
-from topologies.topos import TOPOLOGIES, TopologyDesc, short
-from topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
-from topologies.workload import TRAINING_WORKLOADS
+from dlcp.hostagent.auth import new_secret
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.hostagent.model_profiles import PROFILES
+from dlcp.hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
+from dlcp.hostagent.ranges import Range
+from dlcp.hostagent.ratecontrol import bottleneck_rates
+from dlcp.hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, bottleneck_timers
+from dlcp.topologies import paths, traffic
+from dlcp.topologies.bmv2 import terminate_group
+from dlcp.topologies.netns import tcp_counters
+from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
+from dlcp.hostagent.provenance import provenance
+from dlcp.topologies.registry import REGISTRY, Registry
+from dlcp.topologies.options import COMMON_RANGES, WORKLOADS, check_options
+from dlcp.topologies.progress import Progress
+from dlcp.topologies.results import document
+from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
+                                     wire_dtype_of)
+from dlcp.topologies.topos import TOPOLOGIES, TopologyDesc, short
+from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
+from dlcp.topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RunOptions:
     mtu: int = 1500
     loss_bound: float = 0.05
     ecn_backlog: str = Policy.ecn_backlog
-    """What switches compare with the ECN threshold (:attr:`hostagent.policy.Policy.ecn_backlog`)."""
+    """What switches compare with the ECN threshold (:attr:`dlcp.hostagent.policy.Policy.ecn_backlog`)."""
     fusion: bool = True
     """Pack tensors into DDP-style buckets (caps scaled by ``scale``); off: one message per tensor."""
     repeat: int = 1
@@ -93,7 +93,7 @@ class RunOptions:
     cross_priority: int | None = None
     """Switch queue of the cross traffic (its DSCP maps there); None: best effort (queue 0)."""
     strict: bool = False
-    """``dlcp run`` exits non-zero when a scheme's run is invalid (see topologies.validity)."""
+    """``dlcp run`` exits non-zero when a scheme's run is invalid (see dlcp.topologies.validity)."""
     target_accuracy: float | None = None
     """Training workloads: time-to-accuracy target; None: the baseline's final accuracy - 0.5 points."""
     eval_every: int | None = None
@@ -103,9 +103,9 @@ class RunOptions:
     timeout: float = 600.0
     policy: Policy | None = None
     """The base policy (``--policy FILE``): each scheme keeps what of it that scheme turns on
-    (:func:`topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
+    (:func:`dlcp.topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
     datapath: str = "native"
-    """DLCP's data path on every host (:attr:`hostagent.transport_config.TransportConfig.datapath`):
+    """DLCP's data path on every host (:attr:`dlcp.hostagent.transport_config.TransportConfig.datapath`):
     the compiled one, or ``numpy`` to compare the two on the same fabric."""
     reference: str | None = None
     """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
@@ -140,7 +140,7 @@ class RunOptions:
 
 #: The allowed values of every numeric option of a run: checked by :meth:`RunOptions.validate`
 #: and by ``dlcp run``'s parser as the options are typed (a field set to None is not checked).
-#: What the simulator takes too is :data:`topologies.options.COMMON_RANGES`.
+#: What the simulator takes too is :data:`dlcp.topologies.options.COMMON_RANGES`.
 RANGES: dict[str, Range] = {
     **COMMON_RANGES,
     "workers": Range(2, 7),
@@ -175,7 +175,7 @@ def reference_scheme(opts: RunOptions) -> str | None:
 
 
 def scheme_policy(scheme: str, opts: RunOptions) -> Policy:
-    """The policy of one scheme (:func:`topologies.schemes.policy_for`) at this run's buffer and
+    """The policy of one scheme (:func:`dlcp.topologies.schemes.policy_for`) at this run's buffer and
     bound, from the run's base policy (``--policy``) when it has one."""
     return policy_for(scheme, opts.buffer, opts.loss_bound, opts.ecn_backlog, base=opts.policy)
 
@@ -198,7 +198,7 @@ def cross_pairs(topo: TopologyDesc) -> list[tuple]:
 
 
 def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) -> dict | None:
-    """The line-rate bound of one scheme (:mod:`topologies.bound`); None for real training.
+    """The line-rate bound of one scheme (:mod:`dlcp.topologies.bound`); None for real training.
 
     The capacity left to the gradients is the bottleneck's minus the UDP cross traffic's
     average (rate x 50 % duty) where that traffic shares the gradients' queue: always without
@@ -220,8 +220,8 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
 
 def capacity_slots(opts: RunOptions) -> float:
     """A bottleneck's capacity in slots (full-size frames) per second, what its scheduler's
-    service is measured in (:func:`controller.scheduler.charge`)."""
-    from controller.scheduler import charge
+    service is measured in (:func:`dlcp.controller.scheduler.charge`)."""
+    from dlcp.controller.scheduler import charge
 
     return opts.capacity_bps / 8 / charge(True, opts.mtu).slot if opts.capacity_bps else float(opts.capacity_pps)
 
@@ -232,7 +232,7 @@ def testbed_rate(capacity_pps: int, mtu: int) -> dict:
     return bottleneck_rates(capacity_pps * mtu, mtu)
 
 
-#: The port of gloo's rendezvous store, on worker 0's host (``topologies.agent.run_gloo``).
+#: The port of gloo's rendezvous store, on worker 0's host (``dlcp.topologies.agent.run_gloo``).
 GLOO_STORE_PORT = 29500
 
 
@@ -240,7 +240,7 @@ GLOO_STORE_PORT = 29500
 #: FLOW_PORT_DRAWS): below Linux's ephemeral range (32768-60999), so no other socket takes them.
 FLOW_PORTS, FLOW_PORT_STEP, FLOW_PORT_DRAWS = 20000, 1024, 12
 #: Offsets of the cross traffic's senders from a repetition's base (DLCP's data sockets take
-#: the first 8 per rank, :func:`hostagent.transport_config.source_ports`).
+#: the first 8 per rank, :func:`dlcp.hostagent.transport_config.source_ports`).
 CROSS_UDP_PORT, CROSS_TCP_PORT = 512, 513
 #: Where the cross traffic's sinks listen.
 CROSS_SINK_PORT = 5001
@@ -259,7 +259,7 @@ def flow_port_base(repeat: int) -> int:
 def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: list[tuple[str, str]],
                repeat: int) -> dict[str, str]:
     """The path of every flow of one run whose path a switch hashes from its 5-tuple
-    (:mod:`topologies.paths`), as ``{flow: "switch:port switch:port ..."}``: DLCP's data between
+    (:mod:`dlcp.topologies.paths`), as ``{flow: "switch:port switch:port ..."}``: DLCP's data between
     every two ranks at each priority (unless sprayed, ``lb_mode`` other than ``flow``, or gloo,
     whose ports are its own) and the cross traffic's UDP and TCP (``cross``: their source and
     destination addresses). A parameter server's workers send only to the server and back; a
@@ -286,7 +286,7 @@ def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: lis
 def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
                ports: list[tuple[int, int]] | None = None, scheme: str = "dlcp",
                store_port: int = GLOO_STORE_PORT, repeat: int | None = None) -> dict:
-    """What every host agent of a run reads (``topologies.agent``): peers, policy, workload, rates.
+    """What every host agent of a run reads (``dlcp.topologies.agent``): peers, policy, workload, rates.
 
     ``ports`` gives each rank its own (data, control) ports (agents sharing one address, as on
     loopback); by default every host uses DLCP's ports. GSO/GRO stay off: a BMv2 switch reading
@@ -354,12 +354,12 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
                 index: int, repeat: int, sock_dir: Path) -> dict:
     """One run of the scheme ``label`` names (``dlcp``, ``dlcp:ring``, ``gloo``): its switch
     configuration, then its agents (:func:`_measure_scheme`)."""
-    from controller import pipeline
-    from controller.apply import apply_network
-    from controller.network import parse_network
-    from controller.p4info import P4Schema
-    from controller.p4rt import Pipeline
-    from controller.switch import Switch
+    from dlcp.controller import pipeline
+    from dlcp.controller.apply import apply_network
+    from dlcp.controller.network import parse_network
+    from dlcp.controller.p4info import P4Schema
+    from dlcp.controller.p4rt import Pipeline
+    from dlcp.controller.switch import Switch
 
     scheme, pattern = split_label(label, opts.pattern)
     opts = replace(opts, pattern=pattern)
@@ -414,8 +414,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
             for d in dsts:
-                cross.append(_popen_in(net.get(d), [PYTHON, "-m", "topologies.traffic", "sink", str(CROSS_SINK_PORT)],
-                                       sdir / f"sink-{short(d)}.log"))
+                sink_cmd = [PYTHON, "-m", "dlcp.topologies.traffic", "sink", str(CROSS_SINK_PORT)]
+                cross.append(_popen_in(net.get(d), sink_cmd, sdir / f"sink-{short(d)}.log"))
             time.sleep(0.5)
             duration = str(opts.timeout)
             rate = str(opts.capacity_pps * opts.cross_rate)
@@ -424,23 +424,23 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             base, sink = flow_port_base(repeat), str(CROSS_SINK_PORT)
             udp = ["udp", dst.ip, sink, rate, "0.5", "0.5", duration, *tos, "--sport", str(base + CROSS_UDP_PORT)]
             tcp = ["tcp", dst2.ip, sink, "0.5", "0.5", duration, *tos, "--sport", str(base + CROSS_TCP_PORT)]
-            cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "topologies.traffic", *udp],
+            cross.append(_popen_in(net.get(src.name), [PYTHON, "-m", "dlcp.topologies.traffic", *udp],
                                    sdir / "cross-udp.log"))
-            cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "topologies.traffic", *tcp],
+            cross.append(_popen_in(net.get(src2.name), [PYTHON, "-m", "dlcp.topologies.traffic", *tcp],
                                    sdir / "cross-tcp.log"))
         for c, name in zip(cross, [f"sink:{short(d)}" for d in sorted(dsts)] + ["cross-udp", "cross-tcp"]
                             if opts.cross_traffic else []):
             monitor.add(name, c.pid)
         if opts.pattern == "ps":
-            procs.append(_popen_in(net.get(server.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
-                                                          str(len(workers)), str(sdir / "server.jsonl")],
-                                   sdir / "server.log"))
+            server_cmd = [PYTHON, "-m", "dlcp.topologies.agent", str(sdir / "agent.json"), str(len(workers)),
+                          str(sdir / "server.jsonl")]
+            procs.append(_popen_in(net.get(server.name), server_cmd, sdir / "server.log"))
             monitor.add("server", procs[-1].pid)
         outs = []
         for rank, w in enumerate(workers):
             out = sdir / f"worker{rank}.jsonl"
             outs.append(out)
-            procs.append(_popen_in(net.get(w.name), [PYTHON, "-m", "topologies.agent", str(sdir / "agent.json"),
+            procs.append(_popen_in(net.get(w.name), [PYTHON, "-m", "dlcp.topologies.agent", str(sdir / "agent.json"),
                                                      str(rank), str(out)], sdir / f"worker{rank}.log"))
             monitor.add(f"worker{rank}", procs[-1].pid)
         registry.pids += [p.pid for p in procs + cross]
@@ -493,7 +493,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
 
 
 def _host_tcp(net) -> dict[str, dict[str, int] | None]:
-    """Every host's TCP counters (:func:`topologies.netns.tcp_counters`): over a run, the
+    """Every host's TCP counters (:func:`dlcp.topologies.netns.tcp_counters`): over a run, the
     difference tells which hosts' connections (gloo's, DLCP's control, the cross traffic) lost
     segments and waited out retransmission timeouts."""
     return {short(h.name): tcp_counters(h.pid) for h in net.hosts if getattr(h, "pid", None)}
@@ -581,12 +581,12 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     opts.validate()
     if os.geteuid() != 0:
         raise DlcpUserError("dlcp run needs root (Mininet creates namespaces and links): use sudo")
-    from topologies import bmv2
+    from dlcp.topologies import bmv2
 
     if bmv2.binary() is None:
         raise DlcpUserError("simple_switch_grpc is not installed (BMv2 from p4lang's packages)")
     try:
-        from topologies import net as tnet
+        from dlcp.topologies import net as tnet
     except ImportError as exc:
         raise DlcpUserError(f"Mininet is not importable ({exc}); install it (Debian: apt-get install mininet) "
                             "and run make setup again") from None
@@ -616,13 +616,13 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
         try:
             net.stop()
         finally:
-            from topologies.clean import clean_namespaces
+            from dlcp.topologies.clean import clean_namespaces
 
             clean_namespaces(registry.netns)
             registry.remove()
             shutil.rmtree(sock_dir, ignore_errors=True)
             _progress(opts, "")
-    from topologies.report import finish
+    from dlcp.topologies.report import finish
 
     finish(run_dir, results)
     return run_dir, results

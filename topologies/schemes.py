@@ -1,5 +1,5 @@
 """The schemes an experiment compares, and the policy each one means: one definition, read by
-the testbed (:mod:`topologies.runner`) and the simulator (:mod:`dlcp_sim`).
+the testbed (:mod:`dlcp.topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 
 ``baseline`` is one FIFO queue, per-flow ECMP, a reliable transport and no selective drops;
 ``dlcp`` turns on all of DLCP's mechanisms; the others turn on one each (ablations).
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from hostagent.errors import DlcpUserError
-from hostagent.policy import PATTERNS, Policy
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.hostagent.policy import PATTERNS, Policy
 
 #: Which mechanisms each scheme turns on.
 SCHEMES: dict[str, dict[str, bool]] = {
@@ -82,7 +82,7 @@ def check_schemes(schemes: tuple[str, ...], extra: tuple[str, ...] = ()) -> None
 
 
 #: The smallest port buffer a scheme's policy can be derived from: its quarter, the last drop
-#: threshold, must be at least one packet (:class:`~hostagent.policy.Policy`'s check).
+#: threshold, must be at least one packet (:class:`~dlcp.hostagent.policy.Policy`'s check).
 MIN_BUFFER = 4
 
 

@@ -1,16 +1,16 @@
 """``dlcp sweep`` and ``dlcp calibrate``: experiments made of several ``dlcp run``s.
 
-A sweep varies one parameter of :class:`~topologies.runner.RunOptions` across values, runs
+A sweep varies one parameter of :class:`~dlcp.topologies.runner.RunOptions` across values, runs
 every scheme (with ``--repeat``) at each value, and writes ``sweep.csv`` (one row per value and
 scheme: medians with their 95 % intervals, the verdict, validity), ``sweep.md`` (the same as a
 Markdown table) and ``sweep.png`` (speedup over the reference scheme with interval bars against the
 parameter). Each value keeps its own run
 directory, with its own results.json and summary, under the sweep's directory. The loop, the
-CSV, the cells and the error bars are the simulator's too (:mod:`topologies.sweepkit`).
+CSV, the cells and the error bars are the simulator's too (:mod:`dlcp.topologies.sweepkit`).
 
 Calibration answers "at which bottleneck capacity does this machine still emulate the network
 faithfully?": it runs short experiments from the highest candidate capacity down and stops at
-the first at which every run is valid (:mod:`topologies.validity`).
+the first at which every run is valid (:mod:`dlcp.topologies.validity`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hostagent.errors import DlcpUserError, UsageError
-from topologies.report import aggregate, reference
-from topologies.runner import RANGES, RunOptions, reference_scheme, run
-from topologies.stats import verdict
-from topologies.progress import Progress
-from topologies.sweepkit import SweepColumn, cell, errorbars, finish_axes, put_estimate, run_values, value_axis
-from topologies.sweepkit import markdown as sweep_table
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.topologies.report import aggregate, reference
+from dlcp.topologies.runner import RANGES, RunOptions, reference_scheme, run
+from dlcp.topologies.stats import verdict
+from dlcp.topologies.progress import Progress
+from dlcp.topologies.sweepkit import SweepColumn, cell, errorbars, finish_axes, put_estimate, run_values, value_axis
+from dlcp.topologies.sweepkit import markdown as sweep_table
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What every sweep shares: the testbed's (``dlcp sweep``, :mod:`topologies.sweep`) and the
+"""What every sweep shares: the testbed's (``dlcp sweep``, :mod:`dlcp.topologies.sweep`) and the
 simulator's (``dlcp sim --sweep``, :mod:`dlcp_sim.sweep`).
 
 A sweep runs one experiment per value of one option and keeps, per value and scheme, a row of

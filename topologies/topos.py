@@ -3,7 +3,7 @@
 A :class:`TopologyDesc` is pure description (names, addresses, ports, roles), derived from a
 few integers the way p4-utils derives addresses: host ``i`` is ``10.0.0.i`` with MAC
 ``00:00:0a:00:00:<i>``; switch ``k``'s port ``p`` has MAC ``00:aa:00:00:<k>:<p>``. Mininet
-realises it (:mod:`topologies.net`); :meth:`TopologyDesc.network` computes the controller's
+realises it (:mod:`dlcp.topologies.net`); :meth:`TopologyDesc.network` computes the controller's
 network file: a /32 route per host on every switch, over every shortest path (an ECMP
 group where there are several), and the bottleneck ports with their capacity.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from topologies.netns import PREFIX
+from dlcp.topologies.netns import PREFIX
 
 
 @dataclass(frozen=True)

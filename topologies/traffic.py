@@ -1,8 +1,8 @@
 """Cross traffic for testbed runs: UDP and TCP senders with an on/off pattern, and sinks.
 
-    python -m topologies.traffic sink PORT
-    python -m topologies.traffic udp DST PORT RATE_PPS ON_S OFF_S DURATION_S [--dscp N]
-    python -m topologies.traffic tcp DST PORT ON_S OFF_S DURATION_S [--dscp N]
+    python -m dlcp.topologies.traffic sink PORT
+    python -m dlcp.topologies.traffic udp DST PORT RATE_PPS ON_S OFF_S DURATION_S [--dscp N]
+    python -m dlcp.topologies.traffic tcp DST PORT ON_S OFF_S DURATION_S [--dscp N]
 
 UDP sends 1000-byte datagrams at RATE_PPS during "on" periods; TCP sends as fast as the
 network lets it during "on" periods (one connection, so per-flow ECMP keeps it on one path).
@@ -498,7 +498,7 @@ def _host(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m topologies.traffic", description="Cross traffic for testbed runs.")
+    p = _Parser(prog="python -m dlcp.topologies.traffic", description="Cross traffic for testbed runs.")
     sub = p.add_subparsers(dest="role", required=True, metavar="{sink,udp,tcp}")
     s = sub.add_parser("sink", help="count UDP and TCP received on PORT")
     s.add_argument("port", type=_port, metavar="PORT")

@@ -1,5 +1,5 @@
-"""What every training agent of a testbed run shares, DLCP's (:mod:`topologies.agent`) and
-gloo's (:mod:`topologies.gloo_agent`): the model, its data, this worker's batches, the optimiser
+"""What every training agent of a testbed run shares, DLCP's (:mod:`dlcp.topologies.agent`) and
+gloo's (:mod:`dlcp.topologies.gloo_agent`): the model, its data, this worker's batches, the optimiser
 and the evaluations, so schemes differ only in how gradients are exchanged."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Training:
 
     def evaluate(self, f, it: int) -> None:
         """Every worker evaluates at the same iterations, outside the timed part, so none waits
-        for another's evaluation (:mod:`topologies.tta`); the last one is also the final."""
+        for another's evaluation (:mod:`dlcp.topologies.tta`); the last one is also the final."""
         from dlcp_torch.workloads.base import accuracy
 
         (_, _), (xte, yte) = self.data

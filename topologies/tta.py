@@ -4,7 +4,7 @@ DLCP's promise is faster training *at equal accuracy*, so the figure that matter
 time a job needs to reach a target accuracy, not the time per iteration alone: bounded loss
 can make iterations faster and each of them worth a little less.
 
-The agents of a training workload (``topologies.agent.run_training``) evaluate the test set
+The agents of a training workload (``dlcp.topologies.agent.run_training``) evaluate the test set
 every ``eval_every`` iterations, all of them at the same iterations and outside the timed
 part of an iteration, so no worker waits for another's evaluation. The run's clock is the
 sum of the measured iterations' times (the warm-up iteration, which opens connections, is

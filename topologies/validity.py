@@ -9,7 +9,7 @@ samples, every ``interval`` seconds,
   traffic), with psutil;
 * for every bottleneck port, what it served while backlogged and for how long, from its
   scheduler's counters (:class:`ServiceSampler`, every 10 ms: the HTB tree on the port's
-  interface, :mod:`controller.scheduler`; an interval counts when the scheduler held frames
+  interface, :mod:`dlcp.controller.scheduler`; an interval counts when the scheduler held frames
   at both its ends), in slots (full-size frames).
 
 The pure functions below turn those samples into a verdict over the measured iterations: the
@@ -370,7 +370,7 @@ class MeteredPort:
     netns: str | None
     interface: str
     charge: Any
-    """:class:`controller.scheduler.Charge` of the port."""
+    """:class:`dlcp.controller.scheduler.Charge` of the port."""
 
 
 class ServiceSampler:
@@ -379,7 +379,7 @@ class ServiceSampler:
     :class:`RunMonitor` samples, :meth:`counts` the frames each scheduler sent and dropped."""
 
     def __init__(self, ports: dict[Port, MeteredPort], interval: float = 0.01) -> None:
-        from controller.scheduler import QdiscReader
+        from dlcp.controller.scheduler import QdiscReader
 
         self.ports, self.interval = ports, interval
         self.meter = BacklogMeter()

@@ -1,6 +1,6 @@
 """A synthetic testbed workload as the agents build it: per-tensor sizes, priorities, buckets.
 
-One definition, read by the agent that sends the gradients (:mod:`topologies.agent`) and by
+One definition, read by the agent that sends the gradients (:mod:`dlcp.topologies.agent`) and by
 what reasons about them without sending (the line-rate bound, the benchmark), so both see
 the same messages. Light on purpose: no torch, no sockets.
 """
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hostagent.fusion import Bucket, FusionConfig, plan_buckets
-from hostagent.model_profiles import layer_sizes
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy, layer_priorities
+from dlcp.hostagent.fusion import Bucket, FusionConfig, plan_buckets
+from dlcp.hostagent.model_profiles import layer_sizes
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import Policy, layer_priorities
 
 #: Testbed workloads that train a real model (:mod:`dlcp_torch.workloads`) instead of
 #: exchanging synthetic gradients; the agent runs them with ``run_training``.

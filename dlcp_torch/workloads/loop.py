@@ -26,10 +26,10 @@ import torch.distributed as dist
 
 import dlcp_torch
 from dlcp_torch.workloads.base import SEED_STRIDE, Workload, accuracy
-from hostagent.loopback import free_tcp_ports
-from hostagent.policy import PATTERNS, Policy
-from hostagent.tables import Column, Record, Table
-from hostagent.transport import LossInjection
+from dlcp.hostagent.loopback import free_tcp_ports
+from dlcp.hostagent.policy import PATTERNS, Policy
+from dlcp.hostagent.tables import Column, Record, Table
+from dlcp.hostagent.transport import LossInjection
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlcp_torch.workloads.base import MissingDependency, Workload
-from hostagent.policy import PATTERNS
+from dlcp.hostagent.policy import PATTERNS
 from dlcp_torch.workloads.loop import TrainConfig, compare, run_local, train
 
 

@@ -1,6 +1,6 @@
 """Gradients of a real model's tensor sizes through DLCP, without the model: the exchange alone.
 
-The "model" holds one parameter per tensor of a profile from :mod:`hostagent.model_profiles`
+The "model" holds one parameter per tensor of a profile from :mod:`dlcp.hostagent.model_profiles`
 (ResNet-50's 161 tensors by default); each step's backward produces random gradients of those
 shapes, which DLCP's DistributedOptimizer sends as soon as each exists, highest priority first.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 import dlcp_torch
-from hostagent.loopback import free_tcp_ports
-from hostagent.model_profiles import layer_sizes
-from hostagent.policy import Policy
+from dlcp.hostagent.loopback import free_tcp_ports
+from dlcp.hostagent.model_profiles import layer_sizes
+from dlcp.hostagent.policy import Policy
 
 
 @dataclass(frozen=True)

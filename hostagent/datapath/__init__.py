@@ -1,11 +1,11 @@
-"""The per-packet path of an endpoint, behind :class:`~hostagent.protocol.port.DataPort`.
+"""The per-packet path of an endpoint, behind :class:`~dlcp.hostagent.protocol.port.DataPort`.
 
 Two implementations with the same behaviour, chosen by ``TransportConfig.datapath``:
 
-* ``"native"`` (default): :mod:`hostagent.datapath.native`, the compiled path
+* ``"native"`` (default): :mod:`dlcp.hostagent.datapath.native`, the compiled path
   (``hostagent/native/``, C++ built by ``make setup``), whose threads never take the interpreter
   lock;
-* ``"numpy"``: :mod:`hostagent.datapath.numpy_path`, the same in Python and numpy: slower, kept as
+* ``"numpy"``: :mod:`dlcp.hostagent.datapath.numpy_path`, the same in Python and numpy: slower, kept as
   the readable reference and as a fallback where the extension cannot be built.
 
 The transport tests run against both and expect identical outcomes.
@@ -16,18 +16,18 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING
 
-from hostagent.transport_config import DATAPATHS
+from dlcp.hostagent.transport_config import DATAPATHS
 
 if TYPE_CHECKING:
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
-    from hostagent.transport_config import TransportConfig
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.transport_config import TransportConfig
 
 
 def native_available() -> str | None:
     """None when the compiled data path imports, else why not (for messages and test skips)."""
     try:
-        from hostagent import _datapath  # noqa: F401
+        from dlcp.hostagent import _datapath  # noqa: F401
     except ImportError as exc:
         return (f"the compiled data path is not built ({exc}); run `make setup` (or `pip install .`), "
                 f"or use TransportConfig(datapath='numpy')")
@@ -44,10 +44,10 @@ def open_datapath(config: TransportConfig, udp: socket.socket, gro: bool) -> Nat
         why = native_available()
         if why is not None:
             raise RuntimeError(why)
-        from hostagent.datapath.native import NativeDatapath
+        from dlcp.hostagent.datapath.native import NativeDatapath
 
         return NativeDatapath(config, udp, gro)
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     return NumpyDatapath(config, udp, gro)
 

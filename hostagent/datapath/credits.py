@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hostagent import wire
-from hostagent.packetizer import elems_per_packet
-from hostagent.transport_config import TransportConfig
+from dlcp.hostagent import wire
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.transport_config import TransportConfig
 
 #: The windows of all senders together fill at most this fraction of the receiver's socket
 #: memory limit. Why so little: the kernel counts a queued datagram at up to twice its bytes
@@ -62,7 +62,7 @@ def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = Fals
     CREDIT_QUIET (``quiet_for`` seconds since its last packet). Also, with nothing consumed,
     when the receiver's socket overran since the sender's last credit (``overrun``: the kernel
     dropped datagrams, and a message from this sender is incomplete) and the sender went quiet:
-    that credit carries :data:`hostagent.wire.Flags.RELEASE`, and the sender counts what it sent
+    that credit carries :data:`dlcp.hostagent.wire.Flags.RELEASE`, and the sender counts what it sent
     and was not consumed as lost (:func:`acked_after_credit`); :func:`release_due` says when a
     quiet sender's packets were lost on the way instead.
 
@@ -78,7 +78,7 @@ def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = Fals
 
 
 def release_due(incomplete: bool, released: bool, last_arrival: float, seen_until: float) -> bool:
-    """Whether a sender's next credit releases all it sent (:data:`hostagent.wire.Flags.RELEASE`)
+    """Whether a sender's next credit releases all it sent (:data:`dlcp.hostagent.wire.Flags.RELEASE`)
     because its packets stopped coming while a message of its is incomplete: nothing of it
     arrived for CREDIT_QUIET up to ``seen_until``, the time up to which the receive thread has
     read everything that reached the host (arrival stamps, so a reader that was descheduled does

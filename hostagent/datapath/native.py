@@ -1,8 +1,8 @@
-"""The compiled data path (``hostagent._datapath``) as a :class:`~hostagent.protocol.port.DataPort`.
+"""The compiled data path (``dlcp.hostagent._datapath``) as a :class:`~dlcp.hostagent.protocol.port.DataPort`.
 
 Builds the extension's configuration from the one definition of each fact (the header layout
-from :mod:`hostagent.wire`, tags from the :class:`~hostagent.policy.Policy`, limits from the
-:class:`~hostagent.transport_config.TransportConfig`) and keeps every buffer the compiled code
+from :mod:`dlcp.hostagent.wire`, tags from the :class:`~dlcp.hostagent.policy.Policy`, limits from the
+:class:`~dlcp.hostagent.transport_config.TransportConfig`) and keeps every buffer the compiled code
 reads or writes alive until that message is retired or forgotten: the extension holds raw
 pointers, never references.
 
@@ -22,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import _datapath, wire
-from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEOUT, MIN_WINDOW, initial_window,
-                                        max_datagram)
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
-from hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
-from hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
-                                         REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
-from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
-from hostagent.transport_config import TransportConfig
+from dlcp.hostagent import _datapath, wire
+from dlcp.hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEOUT, MIN_WINDOW, initial_window,
+                                             max_datagram)
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
+from dlcp.hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
+                                              REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
+from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
+from dlcp.hostagent.transport_config import TransportConfig
 
 #: Element kinds of the compiled path, by wire dtype code.
 KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1, int(wire.Dtype.BFLOAT16): 2}
@@ -233,7 +233,7 @@ class NativeDatapath:
 
     # ------------------------------------------------------------------ figures
     def stats(self) -> dict[str, Any]:
-        """Counters, under the names :meth:`hostagent.transport.Endpoint.endpoint_stats` reports."""
+        """Counters, under the names :meth:`dlcp.hostagent.transport.Endpoint.endpoint_stats` reports."""
         s: dict[str, Any] = dict(self._dp.stats())
         s["rejected"] = dict(self._dp.rejected())
         s["injected_drops"] = {int(k): int(v) for k, v in self._dp.injected_drops().items()}

@@ -1,9 +1,9 @@
 """The data path in Python and numpy: the readable reference, and the fallback.
 
-The same behaviour as the compiled path (:mod:`hostagent.datapath.native`), with two Python
+The same behaviour as the compiled path (:mod:`dlcp.hostagent.datapath.native`), with two Python
 threads: ``rx`` receives datagrams in batches into preallocated rows (GRO reads land in them
 directly), applies the loss injection, and hands each batch to the vectorised
-:class:`~hostagent.reassembly.Reassembler`, which validates every field (the token included)
+:class:`~dlcp.hostagent.reassembly.Reassembler`, which validates every field (the token included)
 before a byte is written; ``tx`` sends the message whose next packet has the highest priority,
 paced per destination and for the host, runs of full-size packets by UDP GSO from a staging
 buffer. Slower than the compiled path because both threads share the interpreter lock with
@@ -27,20 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import auth, wire
-from hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due, credit_window,
-                                       initial_window, max_datagram, release_due)
-from hostagent.lossmodel import drop_by_class
-from hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
-from hostagent.protocol.incoming import FRESH_KEPT, iteration_before, narrow_reorder, stale, widen_reorder
-from hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
-from hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
-from hostagent.reassembly import REASONS, Assembly, Reassembler
-from hostagent.transport_config import PORTS_PER_DEST, TransportConfig
-from hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender, gro_segment_size,
-                                   split_segments)
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due,
+                                             credit_window, initial_window, max_datagram, release_due)
+from dlcp.hostagent.lossmodel import drop_by_class
+from dlcp.hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
+from dlcp.hostagent.protocol.incoming import FRESH_KEPT, iteration_before, narrow_reorder, stale, widen_reorder
+from dlcp.hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
+from dlcp.hostagent.reassembly import REASONS, Assembly, Reassembler
+from dlcp.hostagent.transport_config import PORTS_PER_DEST, TransportConfig
+from dlcp.hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender,
+                                        gro_segment_size, split_segments)
 
-log = logging.getLogger("hostagent.transport")
+log = logging.getLogger("dlcp.hostagent.transport")
 
 _CE = 0b11  # congestion experienced
 _ECT0 = 0b10  # ECN-capable transport
@@ -848,7 +848,7 @@ class NumpyDatapath:
 
     def _send_credits(self, now: float, seen_until: float) -> float:
         """Grant every sender whose packets we took from the socket a window, by the rules of
-        :mod:`hostagent.datapath.credits` (a quarter of its window used, or its packets quiet; or
+        :mod:`dlcp.hostagent.datapath.credits` (a quarter of its window used, or its packets quiet; or
         our socket overran while a message of its is incomplete; or, with everything that arrived
         up to ``seen_until`` read, its packets stopped coming while a message of its is
         incomplete). Returns when a quiet sender's credit falls due (0: none waits)."""
@@ -941,7 +941,7 @@ class NumpyDatapath:
         ``park_limit`` per sender); count stragglers of finished messages as late. Returns per
         row a code of REASONS (0: kept). The reassembler has checked the rows' tokens against
         their own iterations: nothing forged or from an unauthenticated rank gets here; what was
-        recorded earlier is stale (:func:`~hostagent.protocol.incoming.stale`)."""
+        recorded earlier is stale (:func:`~dlcp.hostagent.protocol.incoming.stale`)."""
         verdict = np.full(len(rows), _UNKNOWN, np.uint8)
         if hdr is None:  # slots narrower than a header: nothing passed the token check
             return verdict

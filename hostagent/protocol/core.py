@@ -3,9 +3,9 @@
 :class:`ProtocolCore` holds every message's protocol state (deadlines, probes, bitmaps,
 feedback, rate decisions). It never touches a socket, a thread or a clock: each call takes the
 time ``now`` and what arrived (a control record, the data path's events), drives the data path
-through the narrow :class:`~hostagent.protocol.port.DataPort`, and leaves the control records to
+through the narrow :class:`~dlcp.hostagent.protocol.port.DataPort`, and leaves the control records to
 send in an outbox; :meth:`ProtocolCore.handle_timer` says when it wants to be called again. The
-endpoint's threads (:mod:`hostagent.transport`, :mod:`hostagent.control_path`) are thin drivers
+endpoint's threads (:mod:`dlcp.hostagent.transport`, :mod:`dlcp.hostagent.control_path`) are thin drivers
 around it, and tests drive it with a fake clock and an in-memory data path.
 
 The protocol, sender S to receiver R, for one message:
@@ -21,7 +21,7 @@ The protocol, sender S to receiver R, for one message:
    missing packets, most important first, at the top priority and in drop class 0, until STOP.
    A PROBE from S is only the fallback, when no answer came within the measured answer time.
 4. R reports CE marks and its socket overruns in FEEDBACK every few milliseconds, with the rate
-   it can drain; S's :class:`~hostagent.ratecontrol.RateController` sets the pacing rate.
+   it can drain; S's :class:`~dlcp.hostagent.ratecontrol.RateController` sets the pacing rate.
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from hostagent import auth, wire
-from hostagent.fusion import Layout
-from hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, RecvHandle, RecvResult, SendHandle,
-                                TransportClosed, TransportError, TransportTimeout)
-from hostagent.packetizer import MessageMeta, elems_per_packet
-from hostagent.policy import required_elements, retransmission_set
-from hostagent.protocol.incoming import (HOLE_CHECK_INTERVAL, Incoming, answer_due, answer_grace, overdue_holes,
-                                        packet_gap)
-from hostagent.protocol.outgoing import Outgoing
-from hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
-from hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
-from hostagent.transport_config import EndpointStats, TransportConfig
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.fusion import Layout
+from dlcp.hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, RecvHandle, RecvResult, SendHandle,
+                                     TransportClosed, TransportError, TransportTimeout)
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet
+from dlcp.hostagent.policy import required_elements, retransmission_set
+from dlcp.hostagent.protocol.incoming import (HOLE_CHECK_INTERVAL, Incoming, answer_due, answer_grace, overdue_holes,
+                                              packet_gap)
+from dlcp.hostagent.protocol.outgoing import Outgoing
+from dlcp.hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
+from dlcp.hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
+from dlcp.hostagent.transport_config import EndpointStats, TransportConfig
 
-log = logging.getLogger("hostagent.transport")
+log = logging.getLogger("dlcp.hostagent.transport")
 
 MESSAGE_LOG = 4096  # finished messages whose figures an endpoint keeps (message_log)
 RATE_LOG = 16384  # sending-rate changes an endpoint keeps (rate_log)
@@ -147,7 +147,7 @@ class ProtocolCore:
              layout: Layout | None = None, announce: bool = True, held: bool = False,
              snapshot: np.ndarray | None = None, defer: bool = False,
              drop_classes: np.ndarray | None = None) -> SendHandle:
-        """Start sending ``data`` (see :meth:`hostagent.transport.Endpoint.send`); with ``defer``
+        """Start sending ``data`` (see :meth:`dlcp.hostagent.transport.Endpoint.send`); with ``defer``
         the data path gets it only at :meth:`release`, once its META has left."""
         if dest == self.rank:
             raise ValueError("an endpoint does not send to itself")
@@ -234,7 +234,7 @@ class ProtocolCore:
     # ------------------------------------------------------------------ receiving
     def recv(self, src: int, message_id: int, now: float, out: np.ndarray | None = None,
              expect: Expect | None = None, accumulate: bool = False) -> RecvHandle:
-        """Ask for a message (see :meth:`hostagent.transport.Endpoint.recv`)."""
+        """Ask for a message (see :meth:`dlcp.hostagent.transport.Endpoint.recv`)."""
         self.config.peer(src)
         key = (src, message_id)
         if expect is not None:
@@ -823,7 +823,7 @@ def _wire_array(data: Any) -> np.ndarray:
 def _deliver_into(out: np.ndarray, accumulate: bool, res: RecvResult, src: int, message_id: int) -> RecvResult:
     """A message received into a buffer of its own, copied (or with ``accumulate`` added) into
     the ``out`` its recv gave, under the rule of a message placed there as it arrives: a sum
-    may go into float32 or the message's own type (:func:`hostagent.wire.destination_dtypes`).
+    may go into float32 or the message's own type (:func:`dlcp.hostagent.wire.destination_dtypes`).
 
     Raises:
         ValueError: ``out`` has another size, or a type the message cannot go into.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hostagent.messages import MessageStats, RecvHandle, RecvResult
-from hostagent.policy import is_complete
-from hostagent.protocol.port import Progress, RxBuffers
+from dlcp.hostagent.messages import MessageStats, RecvHandle, RecvResult
+from dlcp.hostagent.policy import is_complete
+from dlcp.hostagent.protocol.port import Progress, RxBuffers
 
 #: An end of pass is answered after at most this much quiet, however slowly data arrived.
 MAX_ANSWER_GRACE = 0.1

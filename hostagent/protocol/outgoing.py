@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hostagent.messages import MessageStats, SendHandle
+from dlcp.hostagent.messages import MessageStats, SendHandle
 
 
 class Outgoing:
@@ -55,7 +55,7 @@ class Outgoing:
     @property
     def nbytes(self) -> int:
         """Bytes of datagrams (header + payload) of the whole message."""
-        from hostagent.wire import HEADER_SIZE
+        from dlcp.hostagent.wire import HEADER_SIZE
 
         return self.packets * HEADER_SIZE + self.total_elems * self.itemsize
 

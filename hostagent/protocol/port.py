@@ -1,10 +1,10 @@
 """What the protocol core asks of a data path, and what a data path tells it.
 
-The core (:mod:`hostagent.protocol.core`) decides; a data path moves packets. This module is the
+The core (:mod:`dlcp.hostagent.protocol.core`) decides; a data path moves packets. This module is the
 whole contract between them: the specifications of a message to receive (:class:`RxSpec`) or to
 send (:class:`TxSpec`), the :class:`DataPort` methods the core calls, and the events a data path
 reports (:class:`Event`). Two data paths implement it: the compiled one
-(:mod:`hostagent.datapath.native`) and the numpy one (:mod:`hostagent.datapath.numpy_path`);
+(:mod:`dlcp.hostagent.datapath.native`) and the numpy one (:mod:`dlcp.hostagent.datapath.numpy_path`);
 the core's tests use an in-memory one on a fake clock.
 
 Every buffer in a spec belongs to the caller, who keeps it alive until the message is retired
@@ -108,10 +108,10 @@ class RxSpec:
     """Held sends, (destination, message id), to start when this message completes."""
     scale: float = 1.0
     """Accumulating: ``out`` is multiplied by this before each packet is added, and where no
-    packet came at completion (:attr:`hostagent.messages.Expect.scale`)."""
+    packet came at completion (:attr:`dlcp.hostagent.messages.Expect.scale`)."""
     iteration: int = 0
     """The iteration ``token`` binds: the data path keeps the newest per sender and the last per
-    message id, so datagrams recorded earlier are stale (:func:`hostagent.protocol.incoming.stale`)."""
+    message id, so datagrams recorded earlier are stale (:func:`dlcp.hostagent.protocol.incoming.stale`)."""
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from controller import pipeline
-from controller.network import Network, parse_network
-from controller.p4info import P4Schema
-from controller.p4rt import Pipeline
-from controller.switch import Switch
-from topologies import netns
-from topologies.bmv2 import Bmv2Options, Bmv2Switch
+from dlcp.controller import pipeline
+from dlcp.controller.network import Network, parse_network
+from dlcp.controller.p4info import P4Schema
+from dlcp.controller.p4rt import Pipeline
+from dlcp.controller.switch import Switch
+from dlcp.topologies import netns
+from dlcp.topologies.bmv2 import Bmv2Options, Bmv2Switch
 
 PORTS = (1, 2, 3, 4)
 _counter = itertools.count()

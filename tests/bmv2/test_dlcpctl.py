@@ -27,7 +27,8 @@ def _write_network(rig, tmp_path, **policy):
 
 
 def ctl(*args):
-    return subprocess.run([sys.executable, "-m", "controller.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "dlcp.controller.cli", *map(str, args)],
+                          capture_output=True, text=True)
 
 
 def test_apply_diff_show_stats(rig, tmp_path):
@@ -68,7 +69,7 @@ def test_policy_set_changes_switch_live(rig, tmp_path):
 
 def _root_rate(rig) -> int:
     """The rate of port 2's scheduler class, bits per second (tc 6.1 has no JSON for HTB classes)."""
-    from controller.scheduler import parse_capacity
+    from dlcp.controller.scheduler import parse_capacity
 
     shown = subprocess.run(["tc", "-n", rig.ns, "class", "show", "dev", rig.switch_iface(2)],
                            capture_output=True, text=True, check=True)
@@ -77,7 +78,7 @@ def _root_rate(rig) -> int:
 
 
 def test_apply_installs_the_scheduler_and_remove_takes_only_it(rig, tmp_path):
-    from controller import scheduler
+    from dlcp.controller import scheduler
 
     net = _write_network(rig, tmp_path)
     out = ctl("apply", net)
@@ -121,7 +122,7 @@ def test_user_errors_are_one_line(rig, tmp_path):
 def test_shell_attaches_p4runtime_shell(rig, tmp_path):
     net = _write_network(rig, tmp_path)
     assert ctl("apply", net).returncode == 0
-    out = subprocess.run([sys.executable, "-m", "controller.cli", "shell", str(net), "s1"], input="tables\nexit\n",
+    out = subprocess.run([sys.executable, "-m", "dlcp.controller.cli", "shell", str(net), "s1"], input="tables\nexit\n",
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "DlcpIngress.forwarding.ipv4_lpm" in out.stdout

@@ -11,9 +11,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.sendrecv import sendp
 
-from hostagent import wire
-from hostagent.scapy_layer import DLCP
-from topologies import netns
+from dlcp.hostagent import wire
+from dlcp.hostagent.scapy_layer import DLCP
+from dlcp.topologies import netns
 from tests.bmv2.conftest import capture, host_mac, send_fast, switch_mac, wire_times
 
 pytestmark = pytest.mark.bmv2
@@ -101,12 +101,12 @@ def test_dlcp_packets_spray_tcp_flows_stay(rig, mode):
 
 
 def test_a_flow_takes_the_member_its_5_tuple_hash_predicts(rig):
-    # topologies.paths predicts each flow's path from its 5-tuple (what a run records with its
+    # dlcp.topologies.paths predicts each flow's path from its 5-tuple (what a run records with its
     # fixed source ports): the switch must pick exactly that member, for DLCP data under flow
     # hashing, other UDP and TCP alike, over three members so the modulo matters.
-    from topologies.paths import TCP as TCP_PROTO
-    from topologies.paths import UDP as UDP_PROTO
-    from topologies.paths import ecmp_member
+    from dlcp.topologies.paths import TCP as TCP_PROTO
+    from dlcp.topologies.paths import UDP as UDP_PROTO
+    from dlcp.topologies.paths import ecmp_member
 
     members = (2, 3, 4)
     groups = {1: [{"port": p, "dmac": host_mac(p)} for p in members]}

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import multiprocessing as mp
 
-from hostagent.loopback import free_tcp_ports
+from dlcp.hostagent.loopback import free_tcp_ports
 
 STEPS = 6
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hostagent.loopback import free_tcp_ports
+from dlcp.hostagent.loopback import free_tcp_ports
 from tests.shim.test_backend import _spawn
 
 

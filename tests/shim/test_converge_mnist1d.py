@@ -8,7 +8,7 @@ import pytest
 
 import dlcp_torch.workloads.mnist1d as m1d
 from dlcp import cli
-from topologies.converge import read_rows
+from dlcp.topologies.converge import read_rows
 
 needs_mnist1d = pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,
                                    reason="needs mnist1d (pip install -e '.[mnist1d]')")

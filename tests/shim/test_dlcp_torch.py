@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dlcp_torch
-from hostagent.policy import Policy
-from hostagent.transport import Endpoint, LossInjection, TransportConfig
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.transport import Endpoint, LossInjection, TransportConfig
 from tests.conftest import loopback_peers
 
 STEPS = 8
@@ -23,7 +23,7 @@ STEPS = 8
 
 def _port() -> tuple[int, int]:
     """Distinct free ports for torch's store (MASTER_PORT) and DLCP's (DLCP_STORE_PORT)."""
-    from hostagent.loopback import free_tcp_ports
+    from dlcp.hostagent.loopback import free_tcp_ports
 
     udp, tcp = free_tcp_ports(2)
     return udp, tcp

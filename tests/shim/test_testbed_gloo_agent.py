@@ -1,4 +1,4 @@
-"""The testbed's gloo agents (``topologies.gloo_agent``) on loopback: what users run, started as
+"""The testbed's gloo agents (``dlcp.topologies.gloo_agent``) on loopback: what users run, started as
 the runner starts it, against DLCP's agents on the same workload. No root, no switches."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hostagent.loopback import free_port_pairs
-from topologies.runner import RunOptions, agent_spec, scheme_policy
+from dlcp.hostagent.loopback import free_port_pairs
+from dlcp.topologies.runner import RunOptions, agent_spec, scheme_policy
 
 
 def _train(tmp_path: Path, scheme: str, opts: RunOptions) -> list[dict]:
@@ -23,7 +23,7 @@ def _train(tmp_path: Path, scheme: str, opts: RunOptions) -> list[dict]:
     d = tmp_path / scheme
     d.mkdir()
     (d / "agent.json").write_text(json.dumps(spec))
-    agent = [sys.executable, "-m", "topologies.agent", str(d / "agent.json")]
+    agent = [sys.executable, "-m", "dlcp.topologies.agent", str(d / "agent.json")]
     server = (subprocess.Popen([*agent, str(n)]) if spec["transport"] == "dlcp" and opts.pattern == "ps"
               else None)
     outs = [d / f"w{r}.jsonl" for r in range(n)]

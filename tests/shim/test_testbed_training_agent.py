@@ -1,4 +1,4 @@
-"""The testbed's training agents (``topologies.agent``) on loopback: real PyTorch training of the
+"""The testbed's training agents (``dlcp.topologies.agent``) on loopback: real PyTorch training of the
 digits MLP through dlcp_torch, 2 workers + PS as separate processes with the testbed's spec,
 and the time-to-accuracy trace the report builds from what they write."""
 
@@ -9,10 +9,10 @@ import math
 import subprocess
 import sys
 
-from hostagent.policy import Policy
+from dlcp.hostagent.policy import Policy
 from tests.conftest import free_port_pairs
-from topologies.report import scheme_metrics
-from topologies.runner import RunOptions, agent_spec
+from dlcp.topologies.report import scheme_metrics
+from dlcp.topologies.runner import RunOptions, agent_spec
 
 
 def test_training_agents_evaluate_together_and_give_a_time_to_accuracy_trace(tmp_path):
@@ -20,9 +20,9 @@ def test_training_agents_evaluate_together_and_give_a_time_to_accuracy_trace(tmp
     spec = agent_spec(opts, Policy(), ["127.0.0.1"] * 3, free_port_pairs(3))
     path = tmp_path / "agent.json"
     path.write_text(json.dumps(spec))
-    server = subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), "2"])
+    server = subprocess.Popen([sys.executable, "-m", "dlcp.topologies.agent", str(path), "2"])
     outs = [tmp_path / f"w{r}.jsonl" for r in range(2)]
-    workers = [subprocess.Popen([sys.executable, "-m", "topologies.agent", str(path), str(r), str(outs[r])])
+    workers = [subprocess.Popen([sys.executable, "-m", "dlcp.topologies.agent", str(path), str(r), str(outs[r])])
                for r in range(2)]
     try:
         for w in workers:

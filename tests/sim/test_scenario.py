@@ -13,13 +13,13 @@ from dlcp_sim.scenario import (
     scenario_text,
     topology,
 )
-from hostagent.errors import DlcpUserError
-from hostagent.model_profiles import layer_sizes
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import layer_priorities
-from topologies.bound import message_packets
-from topologies.schemes import policy_for
-from topologies.workload import worker_plan
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.hostagent.model_profiles import layer_sizes
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import layer_priorities
+from dlcp.topologies.bound import message_packets
+from dlcp.topologies.schemes import policy_for
+from dlcp.topologies.workload import worker_plan
 
 
 def _lines(text: str, key: str) -> list[list[str]]:
@@ -68,7 +68,7 @@ def test_buckets_leave_as_the_backward_pass_fills_them():
 
 
 def test_the_agent_host_model_is_the_host_agents_rules():
-    from hostagent.ratecontrol import INITIAL_ALPHA, RateConfig
+    from dlcp.hostagent.ratecontrol import INITIAL_ALPHA, RateConfig
 
     agent = scenario_text(SimOptions(host_model="agent"), "dlcp")
     assert _lines(agent, "increase_interval_us") == [[f"{RateConfig().increase_interval * 1e6:g}"]]

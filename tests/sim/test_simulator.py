@@ -16,8 +16,8 @@ import pytest
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions, background_flows, bucket_plans, scenario_text
-from topologies.results import CORE_METRICS
-from topologies.schemes import policy_for
+from dlcp.topologies.results import CORE_METRICS
+from dlcp.topologies.schemes import policy_for
 
 pytestmark = pytest.mark.ns3
 

@@ -9,7 +9,7 @@ import pytest
 
 from dlcp_sim.scenario import SimOptions
 from dlcp_sim.sweep import markdown, options_at, parse_sweep, rows_of, sweep
-from hostagent.errors import DlcpUserError
+from dlcp.hostagent.errors import DlcpUserError
 
 
 def test_a_sweep_names_an_option_and_its_values():

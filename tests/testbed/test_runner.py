@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from topologies import netns
-from topologies.results import CORE_METRICS
-from topologies.topos import leafspine, star
+from dlcp.topologies import netns
+from dlcp.topologies.results import CORE_METRICS
+from dlcp.topologies.topos import leafspine, star
 
 pytestmark = [pytest.mark.root, pytest.mark.bmv2]
 SMALL = ["--iterations", "2", "--scale", "0.0005", "--compute-ms", "20", "--quiet"]

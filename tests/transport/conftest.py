@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hostagent.datapath import DATAPATHS, native_available
-from hostagent.transport import Endpoint, TransportConfig
+from dlcp.hostagent.datapath import DATAPATHS, native_available
+from dlcp.hostagent.transport import Endpoint, TransportConfig
 from tests.conftest import loopback_peers
 
 

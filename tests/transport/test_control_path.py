@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from hostagent.fusion import Layout
-from hostagent.messages import Expect
-from hostagent.policy import Policy
-from hostagent.packetizer import elems_per_packet
-from hostagent.udp_offload import gso_supported
+from dlcp.hostagent.fusion import Layout
+from dlcp.hostagent.messages import Expect
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.udp_offload import gso_supported
 
 PER = elems_per_packet(1500, np.float32)  # elements per packet at the default MTU
 
@@ -141,7 +141,7 @@ def test_a_socket_that_refuses_gso_falls_back_and_still_delivers(endpoints):
 def test_receive_backlog_reads_how_full_the_socket_is():
     import socket
 
-    from hostagent.datapath.numpy_path import receive_backlog
+    from dlcp.hostagent.datapath.numpy_path import receive_backlog
 
     rx, tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -164,7 +164,7 @@ def test_receive_backlog_reads_how_full_the_socket_is():
 def test_recovery_is_answered_at_the_end_of_a_pass_without_probes(endpoints):
     """The last packets of each pass carry Flags.LAST, so a receiver missing packets sends its
     bitmap at once: loss is recovered without the sender's PROBE (its timer is the fallback)."""
-    from hostagent.transport import LossInjection
+    from dlcp.hostagent.transport import LossInjection
 
     a, b = endpoints(2, policy=Policy(loss_bound_push=0.0),
                      per_rank={1: {"loss": LossInjection(drop_probabilities=(0, 0.1, 0.1, 0.1), seed=3)}})
@@ -189,8 +189,8 @@ def test_a_reliable_messages_holes_are_resent_during_its_pass(endpoints):
     enough for a loaded machine's control threads to look at it several times): the receiver
     reports holes as they stay open (NACK) and the sender resends them during the pass, so the
     answer to the pass's end has little left to ask for; every element exact."""
-    from hostagent.ratecontrol import RateConfig
-    from hostagent.transport import LossInjection
+    from dlcp.hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.transport import LossInjection
 
     slow = RateConfig(initial_rate=5e6, line_rate=5e6, burst_bytes=16 * 1024)
     a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), rate=slow,
@@ -206,7 +206,7 @@ def test_a_reliable_messages_holes_are_resent_during_its_pass(endpoints):
 def test_one_senders_early_junk_does_not_crowd_out_anothers_early_data(endpoints):
     """Packets for messages not known yet are parked per sender: rank 2 filling its budget with
     junk leaves rank 0's early packets their room, so rank 0's message needs no resend."""
-    from hostagent.packetizer import MessageMeta, packetize
+    from dlcp.hostagent.packetizer import MessageMeta, packetize
 
     eps = endpoints(3, policy=Policy(loss_bound_push=0.0), park_limit=64)
     junk = packetize(_grad(PER * 200), MessageMeta(job_id=1, message_id=999, sender_rank=2), Policy())
@@ -232,8 +232,8 @@ def test_a_peer_that_stops_reading_costs_only_its_own_messages(datapath):
     meanwhile."""
     import threading
 
-    from hostagent.messages import PeerFailed, PeerUnreachable
-    from hostagent.transport import Endpoint, TransportConfig
+    from dlcp.hostagent.messages import PeerFailed, PeerUnreachable
+    from dlcp.hostagent.transport import Endpoint, TransportConfig
     from tests.conftest import loopback_peers
     from bench import rogue
 
@@ -288,7 +288,7 @@ def test_a_stranger_claiming_a_ranks_connection_cannot_fail_its_messages(endpoin
     """One well-formed frame on a new connection that claims to be rank 0, then a close: the
     real rank 0's message in flight still completes (before, every in-flight message from rank
     0 failed with PeerFailed)."""
-    from hostagent import wire
+    from dlcp.hostagent import wire
 
     a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
     a.connect([1])
@@ -313,7 +313,7 @@ def test_a_slowly_paced_destination_does_not_hold_up_the_others(endpoints):
     one thread: the other receiver's message goes at full speed meanwhile. (It used to send a
     whole GSO call per pick and sleep 0.4 s before each one to the slow receiver, and the fast
     receiver's message waited as long.)"""
-    from hostagent.ratecontrol import RateController
+    from dlcp.hostagent.ratecontrol import RateController
 
     class Congested(RateController):
         @property

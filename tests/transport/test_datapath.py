@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from bench import rogue
-from hostagent import auth, wire
-from hostagent.datapath import native_available
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
-from hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
-from hostagent.reassembly import REASONS
-from hostagent.transport_config import TransportConfig, local_peers
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.datapath import native_available
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
+from dlcp.hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
+from dlcp.hostagent.reassembly import REASONS
+from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = elems_per_packet(1500, np.float32)
 KEY1 = bytes(range(16))  # the receiver's key for sender 1 (authenticated); sender 2 has none
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.skipif(native_available() is not None, reason=str(nativ
 
 def _paths(**config):
     """A native and a numpy data path for rank 0 of a 3-rank job, threads not started."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -303,8 +303,8 @@ def _capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None) 
     """Send ``spec`` from a started data path (``which``) of rank 0 and return the first ``n``
     datagrams that a plain socket standing in for rank 1 receives, then (``resend``) those of
     a retransmission of these sequence numbers."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
@@ -376,9 +376,9 @@ def test_holes_reported_during_a_pass_are_resent_ahead_of_its_rest_and_only_if_s
     the pass still ends with LAST on its final three first-pass packets, not on a resend. The
     credit window (8 packets, no credits from this plain receiver) holds the pass after 8 until
     the credit timeout (1 s here), so the resend comes in the middle of the pass."""
-    from hostagent.datapath import native, numpy_path
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath import native, numpy_path
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     monkeypatch.setattr(native, "CREDIT_TIMEOUT", 1.0)
     monkeypatch.setattr(numpy_path, "CREDIT_TIMEOUT", 1.0)
@@ -440,8 +440,8 @@ def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_cla
     threads, each a run of whole packets (the last with the short tail): the classes it sends
     are those of one pass over the whole message. (The threshold is lowered here so that 38
     packets split three ways.)"""
-    import hostagent.datapath.native as native_mod
-    import hostagent.policy as policy_mod
+    import dlcp.hostagent.datapath.native as native_mod
+    import dlcp.hostagent.policy as policy_mod
 
     x = np.random.default_rng(5).standard_normal(PER * 37 + 11).astype(np.float32)
     want = drop_classes(packet_magnitudes(x, PER, "l2"), Policy())  # one thread: below the real threshold
@@ -462,8 +462,8 @@ def test_a_large_message_sends_the_policys_sampled_classes(which, monkeypatch):
     its packets; the compiled path computes each packet's class as it sends it. Both paths
     send (and report in drop_class_out) exactly the policy's classes. (The thresholds are
     lowered here so that 38 packets are a large message, one of every 4 in the sample.)"""
-    import hostagent.datapath.native as native_mod
-    import hostagent.policy as policy_mod
+    import dlcp.hostagent.datapath.native as native_mod
+    import dlcp.hostagent.policy as policy_mod
 
     x = np.random.default_rng(6).standard_normal(PER * 37 + 11).astype(np.float32)
     x[PER * 5: PER * 9] = 0  # four packets tied at zero
@@ -488,7 +488,7 @@ def test_a_large_message_sends_the_policys_sampled_classes(which, monkeypatch):
 def test_the_compiled_tags_equal_the_policys():
     """Drop classes from the compiled path are the policy's for the same magnitudes (ties by
     packet order included), and its magnitudes equal numpy's to float32 rounding."""
-    from hostagent import _datapath
+    from dlcp.hostagent import _datapath
 
     rng = np.random.default_rng(0)
     for n, per, classes, kind in [(10_000, 357, 4, "l2"), (1, 7, 4, "l2"), (12_345, 100, 3, "maxabs"),
@@ -520,8 +520,8 @@ def test_the_bindings_refuse_arrays_that_do_not_fit_before_touching_them():
     floats past a 1-element ``out``; ``submit`` read past a 10-element payload declared as 15
     elements (and sent elements 10-14); a snapshot was compared with the payload, not with the
     message; an unaligned ``out`` reached ``reinterpret_cast<float*>``. Each is a ValueError now."""
-    from hostagent import _datapath
-    from hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent import _datapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
 
     x = np.ones(PER * 10, np.float32)
     with pytest.raises(ValueError, match="out has 1 entries for 10 packets"):
@@ -564,7 +564,7 @@ def _raw_bits(a: np.ndarray) -> np.ndarray:
 
 
 def test_the_compiled_tokens_are_the_python_tokens():
-    from hostagent import _datapath
+    from dlcp.hostagent import _datapath
 
     rng = np.random.default_rng(4)
     for _ in range(500):
@@ -617,7 +617,7 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     that arrived until then (later if it is behind),
     so a ring's bounded step starts the next without Python. Without its LAST it waits (the
     protocol core probes then)."""
-    from hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), probe_grace=0.002)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -654,9 +654,9 @@ def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
     (an answer to an end of pass waits for it, not for an empty socket). It moves with the
     kernel's arrival stamps while datagrams come, and to the time the socket was found empty,
     on the same clock as ``time.monotonic``; never past the present."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
-    from hostagent.udp_offload import enable_arrival_stamps
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.udp_offload import enable_arrival_stamps
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -687,8 +687,8 @@ def test_an_empty_datagram_ahead_of_others_is_not_an_empty_socket(which):
     ahead of a 1,000-byte one read 0, and ``rx_seen_until`` said "all read up to now" with both
     unread (an answer then listed packets still waiting in the socket). Nothing is read here
     (the threads are not started), so it must stay where it was; an empty socket says now."""
-    from hostagent.datapath.native import NativeDatapath
-    from hostagent.datapath.numpy_path import NumpyDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -714,7 +714,7 @@ def test_both_paths_learn_a_senders_reordering_window_alike():
     a first-pass packet that comes after its message's LAST widens it to 1.25 x its lateness at
     once, also when the message was already complete; a resend (RETX) never does; a message
     whose pass ended with nothing after it narrows it by 0.9, down to REORDER_MIN."""
-    from hostagent.protocol.incoming import REORDER_MIN
+    from dlcp.hostagent.protocol.incoming import REORDER_MIN
 
     paths, sock = _paths(probe_grace=0.002)
     x = np.arange(1, PER * 10 + 1, dtype=np.float32)
@@ -779,7 +779,7 @@ def test_only_a_datagram_with_its_messages_token_moves_the_reordering_window_and
     """A forged late packet (wrong token) changes nothing; a genuine one replayed long after its
     message's LAST widens the window at most to MAX_ANSWER_GRACE (security design: what junk
     cannot move)."""
-    from hostagent.protocol.incoming import MAX_ANSWER_GRACE
+    from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE
 
     paths, sock = _paths(probe_grace=0.002)
     x = np.arange(1, PER * 10 + 1, dtype=np.float32)
@@ -804,7 +804,7 @@ def test_calls_waiting_for_a_data_path_lock_let_python_run(call, lock):
     (or send) thread holds for a whole batch while holding the interpreter lock: every Python
     thread of the training process stood still meanwhile. Here a thread of the extension holds
     the lock; the call waits in another Python thread, and this one must still run to let go."""
-    from hostagent.datapath.native import NativeDatapath
+    from dlcp.hostagent.datapath.native import NativeDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

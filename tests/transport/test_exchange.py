@@ -9,11 +9,11 @@ from functools import partial
 import numpy as np
 import pytest
 
-from hostagent import wire
-from hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
-from hostagent.messages import Expect, MessageStats, RecvResult
-from hostagent.policy import Policy
-from hostagent.transport import LossInjection
+from dlcp.hostagent import wire
+from dlcp.hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
+from dlcp.hostagent.messages import Expect, MessageStats, RecvResult
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.transport import LossInjection
 
 SHAPES = [(3, 5), (1000,), (64, 33), (1,), (7, 7, 7), (120_000,)]
 

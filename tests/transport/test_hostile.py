@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from bench import rogue
-from hostagent import auth, control_path, wire
-from hostagent.messages import Expect, PeerUnreachable
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy
-from hostagent.loopback import free_port_pairs
-from hostagent.transport import Endpoint, Peer, TransportConfig
+from dlcp.hostagent import auth, control_path, wire
+from dlcp.hostagent.messages import Expect, PeerUnreachable
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.loopback import free_port_pairs
+from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig
 
 SECRET = auth.new_secret()
 PER = elems_per_packet(1500, np.float32)
@@ -157,7 +157,7 @@ def test_a_flood_longer_than_the_deadline_does_not_silence_the_answers(endpoints
     """While junk keeps the receive socket busy, a message that lost packets still gets its
     bitmap, and completes: an answer waits for a busy socket only briefly (it used to wait for
     an idle socket, and every such message missed its deadline)."""
-    from hostagent.transport import LossInjection
+    from dlcp.hostagent.transport import LossInjection
 
     a, b = endpoints(2, policy=EXACT, secret=SECRET, message_deadline=3.0,
                      per_rank={1: {"loss": LossInjection(drop_probabilities=(0.05,) * 4, seed=1)}})

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
-from hostagent.packetizer import elems_per_packet
-from hostagent.policy import Policy
-from hostagent.ratecontrol import RateConfig
-from hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig, TransportError,
-                                 TransportTimeout)
+from dlcp.hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.ratecontrol import RateConfig
+from dlcp.hostagent.transport import (Endpoint, LossInjection, PeerFailed, PeerUnreachable, TransportConfig,
+                                      TransportError, TransportTimeout)
 from tests.conftest import loopback_peers
 
 RNG = np.random.default_rng(7)
@@ -94,7 +94,7 @@ def test_loss_above_bound_is_recovered_to_the_bound(endpoints, p):
 
 def test_loss_below_bound_completes_without_retransmission(endpoints):
     # only the smallest class is dropped, 20 % of it: about 5 % of the packets, under p = 0.1
-    from hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.ratecontrol import RateConfig
 
     loss = LossInjection(drop_probabilities=(0, 0, 0, 0.2), seed=2)
     paced = RateConfig(initial_rate=100e6, line_rate=100e6)  # no socket-buffer overrun: only injected loss
@@ -123,7 +123,7 @@ def test_delay_and_reorder_still_exact(endpoints):
 
 
 def test_priority_order_when_two_messages_compete(endpoints):
-    from hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.ratecontrol import RateConfig
 
     slow = RateConfig(initial_rate=20e6, line_rate=20e6, burst_bytes=16 * 1024)  # 20 MB/s
     a, b = endpoints(2, per_rank={0: {"rate": slow}})
@@ -173,7 +173,7 @@ def test_hard_deadline_names_the_message(endpoints):
 
 
 def _slow_sender(peers, ready):
-    from hostagent.ratecontrol import RateConfig
+    from dlcp.hostagent.ratecontrol import RateConfig
 
     slow = RateConfig(initial_rate=5e6, line_rate=5e6, burst_bytes=16 * 1024)
     ep = Endpoint(TransportConfig(rank=1, peers=peers, rate=slow)).start()
@@ -207,7 +207,7 @@ def test_peer_killed_mid_transfer_gives_a_clear_error(datapath):
 def test_malformed_packets_from_scapy_are_counted_and_harmless(endpoints):
     from scapy.packet import Raw
 
-    from hostagent.scapy_layer import DLCP
+    from dlcp.hostagent.scapy_layer import DLCP
 
     a, b = endpoints(2)
     x = _grad(20_000)
@@ -337,7 +337,7 @@ def test_ecn_marks_are_counted_and_echoed(endpoints):
     s = a.send(1, x, message_id=4, loss_bound=0.0)
     s.wait(T)
     r.wait(T)
-    from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+    from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 
     per = elems_per_packet(1500, np.float32)
     meta = MessageMeta(job_id=1, message_id=5, sender_rank=0, token=b.core.rx_token(0, 5, 0))

@@ -11,7 +11,7 @@ import torch.distributed as dist  # noqa: E402
 from dlcp_torch import collective_checks as checks  # noqa: E402
 from dlcp_torch.bucket_order import BackwardOrder, bucket_priority  # noqa: E402
 from dlcp_torch.work import DLCPWork  # noqa: E402
-from hostagent.policy import Policy  # noqa: E402
+from dlcp.hostagent.policy import Policy  # noqa: E402
 
 
 @pytest.mark.parametrize("op, dtype", [

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from hostagent.packetizer import elems_per_packet
-from topologies.bound import (bucket_sizes, cross_traffic_load, iteration_traffic, line_rate_bound, message_packets,
-                              path_fractions, port_loads)
-from topologies.runner import RunOptions, agent_spec, scheme_policy
-from topologies.topos import leafspine, star
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.topologies.bound import (bucket_sizes, cross_traffic_load, iteration_traffic, line_rate_bound,
+                                   message_packets, path_fractions, port_loads)
+from dlcp.topologies.runner import RunOptions, agent_spec, scheme_policy
+from dlcp.topologies.topos import leafspine, star
 
 PER = elems_per_packet(1500, np.float32)  # 357
 

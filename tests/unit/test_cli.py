@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from controller import cli as ctl
+from dlcp.controller import cli as ctl
 from dlcp import cli
-from hostagent import wire
-from topologies.commands import run_options
+from dlcp.hostagent import wire
+from dlcp.topologies.commands import run_options
 
 
 def test_wire_json_lists_every_field(capsys):
@@ -59,12 +59,12 @@ def test_demo_runs_and_selective_drop_spares_class_0():
 def test_a_testbed_agent_for_synthetic_gradients_does_not_load_torch():
     """Nine agents start per scheme on two cores: importing torch (about 2.5 s of CPU each) only
     where real training needs it keeps the start of every run short."""
-    code = "import sys, topologies.agent, dlcp_torch.state; sys.exit('torch' in sys.modules)"
+    code = "import sys, dlcp.topologies.agent, dlcp_torch.state; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_run_passes_the_ecn_rule_to_every_schemes_policy():
-    from topologies.runner import scheme_policy
+    from dlcp.topologies.runner import scheme_policy
 
     args = cli.build_parser().parse_args(["run", "--ecn-backlog", "port", "--scheme", "baseline,dlcp"])
     opts = run_options(args)

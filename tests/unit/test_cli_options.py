@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from controller import cli as ctl
+from dlcp.controller import cli as ctl
 from dlcp import cli
-from hostagent import clikit
-from hostagent.clikit import DefaultsHelpFormatter, package_version
-from hostagent.ranges import Range
-from topologies.commands import run_options
-from topologies.progress import Progress, eta
-from topologies.runner import agent_spec, scheme_policy
+from dlcp.hostagent import clikit
+from dlcp.hostagent.clikit import DefaultsHelpFormatter, package_version
+from dlcp.hostagent.ranges import Range
+from dlcp.topologies.commands import run_options
+from dlcp.topologies.progress import Progress, eta
+from dlcp.topologies.runner import agent_spec, scheme_policy
 
 
 def _usage_error(main, argv: list[str], capsys) -> str:
@@ -190,7 +190,7 @@ def test_loss_bound_overrides_the_files_and_the_default(tmp_path):
 
 
 def test_sweep_keeps_the_policy_at_every_value(tmp_path):
-    from topologies.sweep import check_values
+    from dlcp.topologies.sweep import check_values
 
     f = _policy_file(tmp_path, lb_mode="random")
     args = cli.build_parser().parse_args(["sweep", "--param", "buffer", "--values", "16,32", "--policy", f,

@@ -8,12 +8,12 @@ import pytest
 import yaml
 from google.protobuf import text_format
 
-from controller import desired, pipeline
-from controller.entries import EntryError, TableEntry, encode_value
-from controller.network import NetworkError, load_network, parse_network
-from controller.p4info import P4Schema, SchemaError
-from controller.priority_queue import queue_settings, rate_fixed_point
-from controller.reconcile import diff
+from dlcp.controller import desired, pipeline
+from dlcp.controller.entries import EntryError, TableEntry, encode_value
+from dlcp.controller.network import NetworkError, load_network, parse_network
+from dlcp.controller.p4info import P4Schema, SchemaError
+from dlcp.controller.priority_queue import queue_settings, rate_fixed_point
+from dlcp.controller.reconcile import diff
 
 GOLDEN = Path(__file__).parent / "golden"
 SCHEMA = P4Schema.load(pipeline.P4INFO)

@@ -6,11 +6,11 @@ import pytest
 from scipy import stats as sps
 
 from dlcp.cli import build_parser
-from hostagent.errors import DlcpUserError
-from topologies.converge import (Config, Grid, Settings, append_row, key_of, markdown_table, mean_ci, mean_trace,
-                                 parse_floats, parse_switches, read_rows, row_of, rows_for, run_key, summarise,
-                                 target_verdict, time_to_accuracy)
-from topologies.converge_run import max_jobs, report
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.topologies.converge import (Config, Grid, Settings, append_row, key_of, markdown_table, mean_ci, mean_trace,
+                                      parse_floats, parse_switches, read_rows, row_of, rows_for, run_key, summarise,
+                                      target_verdict, time_to_accuracy)
+from dlcp.topologies.converge_run import max_jobs, report
 
 SETTINGS = Settings(workload="mnist1d", workers=2, steps=100, eval_every=50)
 

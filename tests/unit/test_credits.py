@@ -1,4 +1,4 @@
-"""The credit rules (hostagent.datapath.credits): when a receiver credits a sender, and what a
+"""The credit rules (dlcp.hostagent.datapath.credits): when a receiver credits a sender, and what a
 sender may count as done with after a credit. Pure functions, no sockets."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from hostagent import auth, wire
-from hostagent.datapath.credits import CREDIT_QUIET, acked_after_credit, credit_due, release_due
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.datapath.credits import CREDIT_QUIET, acked_after_credit, credit_due, release_due
 
 KEY = bytes(range(16))
 

@@ -96,7 +96,7 @@ def _parser(program: str):
     if program == "dlcp":
         from dlcp.cli import build_parser
     else:
-        from controller.cli import build_parser
+        from dlcp.controller.cli import build_parser
     return build_parser()
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hostagent import wire
-from hostagent.fusion import Bucketer, FusionConfig, Layout, plan_buckets
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy, packet_tags
+from dlcp.hostagent import wire
+from dlcp.hostagent.fusion import Bucketer, FusionConfig, Layout, plan_buckets
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import Policy, packet_tags
 
 
 def _reference_tags(starts, prios, layers, total, per):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hostagent.lossmodel import congested_fifo, drop_by_class
+from dlcp.hostagent.lossmodel import congested_fifo, drop_by_class
 
 
 def test_drop_by_class_respects_probabilities():

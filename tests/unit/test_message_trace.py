@@ -1,8 +1,8 @@
 """The testbed agent's per-message trace, and the message-id fields it reads."""
 
-from hostagent.exchange import iteration_of, message_id, step_of, tensor_of
-from hostagent.messages import MessageStats, RateChange
-from topologies.agent import message_trace, rate_trace
+from dlcp.hostagent.exchange import iteration_of, message_id, step_of, tensor_of
+from dlcp.hostagent.messages import MessageStats, RateChange
+from dlcp.topologies.agent import message_trace, rate_trace
 
 
 def test_message_id_fields_come_back_out():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hostagent.model_profiles import PROFILES, layer_sizes
+from dlcp.hostagent.model_profiles import PROFILES, layer_sizes
 
 
 @pytest.mark.parametrize("name,total,tensors", [("resnet50", 25_557_032, 161), ("vgg16", 138_357_544, 32),

@@ -1,4 +1,4 @@
-"""The testbed and the simulator speak one option vocabulary (topologies.options): the same
+"""The testbed and the simulator speak one option vocabulary (dlcp.topologies.options): the same
 fields, ranges, choices, flags and messages for what both take. Nothing here runs anything."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from dlcp import cli
 from dlcp_sim.scenario import RANGES as SIM_RANGES
 from dlcp_sim.scenario import SimOptions
-from hostagent.errors import UsageError
-from topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, WORKLOADS, check_options, option_name
-from topologies.runner import RANGES as RUN_RANGES
-from topologies.runner import RunOptions
+from dlcp.hostagent.errors import UsageError
+from dlcp.topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, WORKLOADS, check_options, option_name
+from dlcp.topologies.runner import RANGES as RUN_RANGES
+from dlcp.topologies.runner import RunOptions
 
 SHARED = [name for name in COMMON_RANGES if name != "repeat"]  # repeat: a field of the testbed, seeds in the sim
 
@@ -85,7 +85,7 @@ def test_check_options_names_the_first_bad_field():
         capacity_pps: int = 5
         pattern: str = "ps"
 
-    from hostagent.ranges import Range
+    from dlcp.hostagent.ranges import Range
 
     with pytest.raises(UsageError, match=r"^--capacity: 5 is not >= 10$"):
         check_options(Opts(), {"capacity_pps": Range(10)}, {"pattern": ("ps", "ring")})

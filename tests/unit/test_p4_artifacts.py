@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import desired, pipeline
-from controller.p4info import P4Schema
-from hostagent import wire
+from dlcp.controller import desired, pipeline
+from dlcp.controller.p4info import P4Schema
+from dlcp.hostagent import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_every_table_the_controller_owns_exists():
 
 
 def test_controller_constants_match_p4_defines():
-    from controller import priority_queue, spray
+    from dlcp.controller import priority_queue, spray
 
     defines = (ROOT / "p4/include/defines.p4").read_text()
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from hostagent import wire
-from hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from hostagent.policy import Policy
-from hostagent.reassembly import Reassembler
+from dlcp.hostagent import wire
+from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
+from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.reassembly import Reassembler
 
 POLICY = Policy()
 SIZES = [0, 1, 357, 358, 359, 1000, 4096 + 3, (1 << 20) + 17]

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hostagent import policy as P
-from hostagent.policy import Policy, PolicyError
+from dlcp.hostagent import policy as P
+from dlcp.hostagent.policy import Policy, PolicyError
 
 
 def test_defaults_are_valid_and_documented():

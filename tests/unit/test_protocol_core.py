@@ -12,13 +12,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from hostagent import auth, wire
-from hostagent.messages import Expect, PeerFailed, TransportTimeout
-from hostagent.policy import Policy, required_elements
-from hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
-from hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
-from hostagent.protocol.port import EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
-from hostagent.transport_config import TransportConfig, local_peers
+from dlcp.hostagent import auth, wire
+from dlcp.hostagent.messages import Expect, PeerFailed, TransportTimeout
+from dlcp.hostagent.policy import Policy, required_elements
+from dlcp.hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
+from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
+from dlcp.hostagent.protocol.port import EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = 357  # elements per packet at MTU 1500 (float32)
 KEY = b"k" * 16  # this endpoint's receive key for every sender
@@ -219,7 +219,7 @@ def test_a_reliable_messages_holes_are_reported_once_they_stayed_open_for_a_reor
     reader having read all that arrived for a reordering window after the first, goes out in a
     NACK, once; a hole a late packet filled in between never does; a reader that is behind
     holds the report. Nothing is looked at while no packet was skipped."""
-    from hostagent.protocol.incoming import HOLE_CHECK_INTERVAL
+    from dlcp.hostagent.protocol.incoming import HOLE_CHECK_INTERVAL
 
     core, port = make_core()
     port.reorder = 0.001

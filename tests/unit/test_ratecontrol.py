@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hostagent.policy import retransmission_set
-from hostagent.ratecontrol import Pacer, RateConfig, RateController
+from dlcp.hostagent.policy import retransmission_set
+from dlcp.hostagent.ratecontrol import Pacer, RateConfig, RateController
 
 
 def test_additive_increase_capped_at_line_rate():
@@ -183,7 +183,7 @@ def test_receiver_ceiling_caps_the_start_and_lifts_when_withdrawn():
 
 
 def test_answer_timer_waits_for_the_usual_answer_plus_its_jitter():
-    from hostagent.ratecontrol import AnswerTimer
+    from dlcp.hostagent.ratecontrol import AnswerTimer
 
     t = AnswerTimer(initial=0.005, floor=0.001, ceiling=0.5)
     assert t.probe_delay() == 0.005  # nothing measured yet
@@ -198,7 +198,7 @@ def test_answer_timer_waits_for_the_usual_answer_plus_its_jitter():
 
 
 def test_drain_meter_measures_only_while_behind_and_forgets():
-    from hostagent.ratecontrol import DrainMeter, drain_share
+    from dlcp.hostagent.ratecontrol import DrainMeter, drain_share
 
     m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
     m.batch(0.0, 10_000, behind=False, now=0.001)  # kept up: nothing to learn
@@ -218,7 +218,7 @@ def test_drain_meter_learns_nothing_from_a_receiver_that_keeps_up_with_a_paced_s
     overloaded: what it took is the sender's pace, not its own limit, and advertising that
     as a ceiling would hold the sender there for good (the first design did, at 440-750 MB/s
     for a receiver able to take 1 GB/s)."""
-    from hostagent.ratecontrol import DrainMeter
+    from dlcp.hostagent.ratecontrol import DrainMeter
 
     m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
     t = 0.0
@@ -231,7 +231,7 @@ def test_drain_meter_learns_nothing_from_a_receiver_that_keeps_up_with_a_paced_s
 def test_drain_meter_counts_short_fast_stretches_as_well_as_long_slow_ones():
     """No minimum length: a sample from a quick catch-up weighs as much as one from a stretch
     in which the thread was descheduled, so the estimate is not biased low."""
-    from hostagent.ratecontrol import DrainMeter
+    from dlcp.hostagent.ratecontrol import DrainMeter
 
     m = DrainMeter(stretch=0.005, min_bytes=1000, fresh=0.5)
     m.batch(0.0, 1_000_000, behind=True, now=0.0005)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
-from topologies.results import document
-from topologies.stats import median_ci, paired_ratios, verdict, versus
+from dlcp.topologies.report import aggregate, ordering_efficiency, scheme_metrics, summary
+from dlcp.topologies.results import document
+from dlcp.topologies.stats import median_ci, paired_ratios, verdict, versus
 
 
 def test_e_inside_0_1_is_a_value_with_its_inputs():
@@ -59,7 +59,7 @@ def test_paired_ratios_skip_missing_runs():
 
 def as_testbed_results(runs: list[dict], options: dict | None = None, reference: str = "baseline",
                     provenance: dict | None = None) -> dict:
-    """A testbed results file (schema 2, :mod:`topologies.results`) around ``runs``."""
+    """A testbed results file (schema 2, :mod:`dlcp.topologies.results`) around ``runs``."""
     return document("testbed", options if options is not None else {"target_accuracy": None}, runs,
                     provenance=provenance, reference=reference)
 
@@ -98,8 +98,8 @@ def test_aggregate_pairs_runs_and_summary_marks_invalid_runs():
 
 
 def test_breakdown_parts_add_up_and_stragglers_come_from_the_slowest_worker():
-    from hostagent.messages import MessageStats
-    from topologies.breakdown import add_stragglers, iteration_breakdown
+    from dlcp.hostagent.messages import MessageStats
+    from dlcp.topologies.breakdown import add_stragglers, iteration_breakdown
 
     def msg(first, rec, fin):
         return MessageStats(0, 1, "recv", 10, 1, 40, 0.0, first_arrival=first, recovery_started=rec, finished_at=fin,
@@ -133,7 +133,7 @@ def _training_run(scheme: str, repeat: int, iter_s: float, accs: list[float]) ->
 
 
 def test_accuracy_trace_and_time_to_accuracy():
-    from topologies.tta import accuracy_trace, default_target, time_to_accuracy
+    from dlcp.topologies.tta import accuracy_trace, default_target, time_to_accuracy
 
     s = _training_run("baseline", 0, 0.5, [0.1, 0.5, 0.7, 0.8, 0.85, 0.9])
     trace = accuracy_trace(s["iterations"])
@@ -168,7 +168,7 @@ def test_time_to_accuracy_is_paired_by_run_against_the_baselines_target():
 
 
 def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
-    from topologies.results_table import host_tcp_table
+    from dlcp.topologies.results_table import host_tcp_table
 
     def run(scheme: str, agents: int, cross: int) -> dict:
         counters = {"h1": {"RetransSegs": agents, "TCPTimeouts": agents // 10},
@@ -186,7 +186,7 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
 
 
 def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():
-    from topologies.report import path_sharing
+    from dlcp.topologies.report import path_sharing
 
     paths = {"cross udp": "l1:9 sp2:2 l2:4", "cross tcp": "l1:8 sp1:2 l2:4", "worker0>server q0": "l1:9 sp2:2 l2:3",
              "worker1>server q0": "l1:8 sp1:2 l2:3", "server>worker0 q0": "l2:8 sp1:1 l1:1"}

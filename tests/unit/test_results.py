@@ -1,4 +1,4 @@
-"""One results schema for testbed and simulator (:mod:`topologies.results`): files of either
+"""One results schema for testbed and simulator (:mod:`dlcp.topologies.results`): files of either
 source, old or new, read as schema 2 with the metrics named alike; what is not a results file
 is refused with its reason."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dlcp.cli import main
-from topologies.results import (CORE_METRICS, SCHEMA, ResultsError, by_scheme, document, load, repetitions, schemes,
-                                slim, upgrade)
+from dlcp.topologies.results import (CORE_METRICS, SCHEMA, ResultsError, by_scheme, document, load, repetitions,
+                                     schemes, slim, upgrade)
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from controller import scheduler
-from controller.network import NetworkError, parse_network
-from controller.priority_queue import VQ_FRAC_BITS, VQ_UNIT_SHIFT, unit_fixed_point, vq_params
-from controller.scheduler import Charge, PortScheduler, charge, parse_capacity, parse_qdisc_dump, tc_batch
+from dlcp.controller import scheduler
+from dlcp.controller.network import NetworkError, parse_network
+from dlcp.controller.priority_queue import VQ_FRAC_BITS, VQ_UNIT_SHIFT, unit_fixed_point, vq_params
+from dlcp.controller.scheduler import Charge, PortScheduler, charge, parse_capacity, parse_qdisc_dump, tc_batch
 
 
 @pytest.mark.parametrize("text,want", [("600", (600, 0)), ("600pps", (600, 0)), ("7.4mbit", (0, 7_400_000)),
@@ -116,7 +116,7 @@ def test_tc_json_arrays_of_a_batch():
 
 @pytest.fixture
 def veth_ns():
-    from topologies import netns
+    from dlcp.topologies import netns
 
     ns = f"dlcpq{os.getpid() % 10000}"
     netns.add_netns(ns)
@@ -140,7 +140,7 @@ def _wire(ns: str, frames: list[bytes], expect: int, timeout: float = 30.0) -> l
     """Send ``frames`` back to back into q0 (whose scheduler holds them), and give (kernel receive
     time, queue, seq) of what reaches q1; kernel timestamps, so a busy machine's late reads do
     not bend the rates."""
-    from controller.bmv2_thrift import in_netns
+    from dlcp.controller.bmv2_thrift import in_netns
 
     def sockets() -> tuple[socket.socket, socket.socket]:
         tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
@@ -211,7 +211,7 @@ def test_capacity_in_bits_charges_each_frame_its_bytes(veth_ns):
 
 
 def test_dlcp_clean_removes_schedulers_in_this_namespace_and_every_one_it_deletes(monkeypatch, tmp_path):
-    from topologies import clean as clean_mod
+    from dlcp.topologies import clean as clean_mod
 
     removed: list[str | None] = []
 

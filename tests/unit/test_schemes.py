@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from hostagent.errors import DlcpUserError, UsageError
-from topologies.report import aggregate, summary
-from topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_bound, scheme_policy
-from topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, mechanisms, split_label
-from topologies.topos import star
+from dlcp.hostagent.errors import DlcpUserError, UsageError
+from dlcp.topologies.report import aggregate, summary
+from dlcp.topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_bound, scheme_policy
+from dlcp.topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, mechanisms, split_label
+from dlcp.topologies.topos import star
 
-from topologies.results import upgrade
+from dlcp.topologies.results import upgrade
 
 from .test_report import _run, _training_run, as_testbed_results
 
@@ -121,7 +121,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     import json
 
     from dlcp import cli
-    from topologies.results_table import markdown
+    from dlcp.topologies.results_table import markdown
 
     runs = []
     for r in range(5):
@@ -164,8 +164,8 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
 def test_every_scheme_of_a_repetition_sends_from_its_fixed_ports():
     # Per-flow ECMP hashes the 5-tuple: the schemes of one repetition share source ports, so
     # they meet the same collisions; repetitions draw others (as the simulator's seeds).
-    from hostagent.transport_config import Peer, TransportConfig, source_ports
-    from topologies.runner import CROSS_TCP_PORT, FLOW_PORT_DRAWS, flow_port_base
+    from dlcp.hostagent.transport_config import Peer, TransportConfig, source_ports
+    from dlcp.topologies.runner import CROSS_TCP_PORT, FLOW_PORT_DRAWS, flow_port_base
 
     opts = RunOptions(workers=7)
     ips = [f"10.0.0.{i}" for i in range(1, 9)]
@@ -183,8 +183,8 @@ def test_every_scheme_of_a_repetition_sends_from_its_fixed_ports():
 
 
 def test_a_run_records_the_path_of_every_flow_hashed_flow():
-    from topologies.runner import flow_paths
-    from topologies.topos import leafspine
+    from dlcp.topologies.runner import flow_paths
+    from dlcp.topologies.topos import leafspine
 
     opts = RunOptions(topology="leafspine", workers=4, pattern="ps")
     topo = leafspine(4)

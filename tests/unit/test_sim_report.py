@@ -10,7 +10,7 @@ import pytest
 from dlcp.cli import main
 from dlcp_sim.report import is_sim_results, markdown, slim
 from dlcp_sim.scenario import SimOptions
-from topologies.results import document
+from dlcp.topologies.results import document
 
 
 def _run(scheme: str, repeat: int, p50: float, **kw) -> dict:

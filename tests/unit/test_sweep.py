@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from hostagent.errors import DlcpUserError
-from topologies.runner import RunOptions
-from topologies.sweep import options_at, plot, rows_of, sweep_request
-from topologies.sweepkit import write_csv
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.topologies.runner import RunOptions
+from dlcp.topologies.sweep import options_at, plot, rows_of, sweep_request
+from dlcp.topologies.sweepkit import write_csv
 from tests.unit.test_report import _run, as_testbed_results
 
 
@@ -59,7 +59,7 @@ def test_a_sweep_is_named_one_way_or_the_other_on_testbed_and_simulator_alike():
 
 
 def test_a_sweep_that_stops_keeps_the_rows_of_the_values_it_ran(tmp_path):
-    from topologies.sweepkit import run_values
+    from dlcp.topologies.sweepkit import run_values
 
     def run_one(value: str) -> list[dict]:
         if value == "b":
@@ -77,8 +77,8 @@ def test_dlcp_report_prints_a_sweeps_table_from_its_csv_as_the_sweep_wrote_it(tm
     from dlcp.cli import main
     from dlcp_sim.sweep import markdown as sim_markdown
     from dlcp_sim.sweep import rows_of as sim_rows_of
-    from topologies.sweep import markdown
-    from topologies.sweepkit import read_csv
+    from dlcp.topologies.sweep import markdown
+    from dlcp.topologies.sweepkit import read_csv
 
     rows = []
     for value, d in (("0", 0.8), ("0.5", 0.7)):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dlcp.cli import main
-from hostagent import tables
-from hostagent.tables import Column, Table
+from dlcp.hostagent import tables
+from dlcp.hostagent.tables import Column, Table
 
 
 def _table() -> Table:

@@ -14,16 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hostagent.loopback import free_shared_port
-from topologies import traffic
-from topologies.traffic import (
-    build_parser,
-    is_on,
-    on_time,
-    open_socket,
-    read_summaries,
-    summarise,
-)
+from dlcp.hostagent.loopback import free_shared_port
+from dlcp.topologies import traffic
+from dlcp.topologies.traffic import (build_parser, is_on, on_time, open_socket, read_summaries, summarise)
 
 ROOT = Path(__file__).resolve().parents[2]
 LO = "127.0.0.1"
@@ -41,7 +34,7 @@ def listening(port: int) -> bool:
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "topologies.traffic", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "dlcp.topologies.traffic", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -178,7 +171,7 @@ def test_open_socket_binds_the_source_port_it_is_given(proto):
 
 
 def test_udp_sender_stops_by_itself_after_duration():
-    proc = subprocess.run([sys.executable, "-m", "topologies.traffic", "udp", LO, str(free_shared_port()), "200",
+    proc = subprocess.run([sys.executable, "-m", "dlcp.topologies.traffic", "udp", LO, str(free_shared_port()), "200",
                            "0.1", "0", "0.3"], cwd=ROOT, capture_output=True, text=True, timeout=5, check=False)
     assert proc.returncode == 0, proc.stderr
     (sent,) = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -214,7 +207,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, capsys):
 
 
 def test_bad_arguments_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "topologies.traffic", "udp", LO, "5001", "100", "1", "1", "1",
+    proc = subprocess.run([sys.executable, "-m", "dlcp.topologies.traffic", "udp", LO, "5001", "100", "1", "1", "1",
                            "--dscp", "99"], cwd=ROOT, capture_output=True, text=True, timeout=5, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "--dscp" in proc.stderr and "0..63" in proc.stderr
@@ -285,7 +278,7 @@ def test_read_summaries_skips_non_json_and_tolerates_missing_files(tmp_path):
 
 
 def test_tcp_counters_are_read_from_the_kernels_tables():
-    from topologies.netns import parse_tcp_counters
+    from dlcp.topologies.netns import parse_tcp_counters
 
     text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
             "Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs\nTcp: 1 200 1910283 1205\n"

@@ -1,4 +1,4 @@
-"""UDP GSO send and GRO receive (hostagent.udp_offload), on real loopback sockets.
+"""UDP GSO send and GRO receive (dlcp.hostagent.udp_offload), on real loopback sockets.
 
 Every socket test sends a few hundred datagrams over 127.0.0.1 and checks each one byte for
 byte, so a planning mistake (a datagram cut at the wrong place by the kernel) cannot pass.
@@ -14,22 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from hostagent import wire
-from hostagent.udp_offload import (
-    GRO_ANCBUF,
-    GRO_BUFSIZE,
-    MAX_GSO_BYTES,
-    MAX_SEGMENTS,
-    SOL_UDP,
-    UDP_GRO,
-    UDP_SEGMENT,
-    DatagramSender,
-    enable_gro,
-    gro_segment_size,
-    gso_supported,
-    plan_gso_calls,
-    split_segments,
-)
+from dlcp.hostagent import wire
+from dlcp.hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, MAX_GSO_BYTES, MAX_SEGMENTS, SOL_UDP, UDP_GRO,
+                                        UDP_SEGMENT, DatagramSender, enable_gro, gro_segment_size, gso_supported,
+                                        plan_gso_calls, split_segments)
 
 FULL = 1472  # 44-byte DLCP header + 357 float32 = a 1500-byte IP packet
 SO_NO_CHECK = getattr(socket, "SO_NO_CHECK", 11)

@@ -6,9 +6,9 @@ import subprocess
 import sys
 import time
 
-from topologies.runner import _reap
-from topologies.validity import (BacklogMeter, ProcessLife, RunMonitor, Sample, ValidityRules, judge, losses,
-                                 machine_busy)
+from dlcp.topologies.runner import _reap
+from dlcp.topologies.validity import (BacklogMeter, ProcessLife, RunMonitor, Sample, ValidityRules, judge, losses,
+                                      machine_busy)
 
 PORT = ("l1", 8)
 

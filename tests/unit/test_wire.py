@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hostagent import wire
+from dlcp.hostagent import wire
 
 
 def test_header_is_byte_aligned_and_fixed_size():
@@ -78,9 +78,9 @@ def test_scapy_dissects_an_encoded_packet():
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
-    from hostagent.packetizer import MessageMeta, packetize
-    from hostagent.policy import Policy
-    from hostagent.scapy_layer import DLCP
+    from dlcp.hostagent.packetizer import MessageMeta, packetize
+    from dlcp.hostagent.policy import Policy
+    from dlcp.hostagent.scapy_layer import DLCP
 
     data = np.arange(400, dtype=np.float32)
     batch = packetize(data, MessageMeta(job_id=3, message_id=11, sender_rank=2, layer=4, priority=6, tensor_id=8),

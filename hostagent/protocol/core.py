@@ -170,9 +170,9 @@ class ProtocolCore:
         per = elems_per_packet(self.config.mtu, data.dtype)
         n = -(-flat.size // per)
         pkt_prio = pkt_layer = None
-        if layout is not None:
-            if layout.total != flat.size:
-                raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
+        if layout is not None and layout.total != flat.size:
+            raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
+        if layout is not None and not layout.uniform(priority, layer):
             prio, layers = layout.packet_tags(per)
             if n and (prio.min() < 0 or prio.max() >= self.policy.num_priorities):
                 raise ValueError(f"packet priorities outside the policy's 0..{self.policy.num_priorities - 1}")

@@ -57,9 +57,19 @@ def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_nam
     dtype = getattr(torch, dtype_name)
     dist.init_process_group(backend)
     times = []
+    cpu = 0.0  # this process's CPU seconds (every thread) over the timed calls, barriers included
+
+    def mark(i: int) -> None:
+        nonlocal cpu
+        if i == WARMUP:
+            cpu = -time.process_time()
+        elif i == iters + WARMUP:
+            cpu += time.process_time()
+
     if case == "all_reduce":
         x = torch.randn(ALLREDUCE_BYTES // 4).to(dtype)
-        for _ in range(iters + WARMUP):
+        for i in range(iters + WARMUP):
+            mark(i)
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(x)
@@ -75,19 +85,23 @@ def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_nam
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(BATCH, widths[0], generator=g).to(dtype)
-        for _ in range(iters + WARMUP):
+        for i in range(iters + WARMUP):
+            mark(i)
             dist.barrier()
             t0 = time.perf_counter()
             opt.zero_grad()
             ddp(x).float().pow(2).mean().backward()
             opt.step()
             times.append(time.perf_counter() - t0)
-    q.put((rank, times[WARMUP:]))
+    mark(iters + WARMUP)
+    q.put((rank, times[WARMUP:], cpu / iters))
     dist.destroy_process_group()
 
 
 def run(backend: str, case: str, dtype: str, world: int, iters: int) -> dict:
-    """One row's run: the slowest rank's median ms per call or step."""
+    """One row's run: the slowest rank's median ms per call or step, and the CPU ms all ranks
+    spent per call (every thread of every process: on this machine's 2 cores a call cannot take
+    less than half of it)."""
     (port,) = free_tcp_ports(1)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -101,8 +115,8 @@ def run(backend: str, case: str, dtype: str, world: int, iters: int) -> dict:
             p.join(60)
             if p.is_alive():
                 p.kill()
-    per = [max(times[i] for _, times in rows) for i in range(iters)]
-    return {"ms": statistics.median(per) * 1e3}
+    per = [max(times[i] for _, times, _ in rows) for i in range(iters)]
+    return {"ms": statistics.median(per) * 1e3, "cpu_ms": sum(cpu for _, _, cpu in rows) * 1e3}
 
 
 def table(args: argparse.Namespace) -> Table:
@@ -121,17 +135,23 @@ def table(args: argparse.Namespace) -> Table:
                 out["load"], out["idle"] = load.load, load.idle
                 res[case][backend].append(out)
                 print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} {backend:<5} "
-                      f"{out['ms']:8.1f} ms  {load}", flush=True)
+                      f"{out['ms']:8.1f} ms  cpu {out['cpu_ms']:7.1f} ms  {load}", flush=True)
     t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
-                      Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"), *LOAD_COLUMNS],
+                      Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"),
+                      Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
-                     "x gloo: median of the per-round ratios, range: their min-max over rounds"])
+                     "x gloo: median of the per-round ratios, range: their min-max over rounds",
+                     "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
+                     "2 cores give at most 2 CPU ms per ms"])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
         dms = statistics.median(x["ms"] for x in by["dlcp"])
+        gcpu = statistics.median(x["cpu_ms"] for x in by["gloo"])
+        dcpu = statistics.median(x["cpu_ms"] for x in by["dlcp"])
         t.add("all_reduce" if case == "all_reduce" else f"DDP step {case}", dtype, world, gms, dms,
-              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", *load_cells(by["gloo"] + by["dlcp"]))
+              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu,
+              *load_cells(by["gloo"] + by["dlcp"]))
     return t
 
 

@@ -7,7 +7,9 @@ passes when every survivor raised (``DistBackendError`` or ``RuntimeError``) wit
 timeout + 5 s, destroyed its group and exited 0 (no crash). ``barriers``: ``--barriers``
 back-to-back ``dist.barrier()`` calls (every other one ``async_op``) finish; ``bad calls``:
 a SUM of uint16, a broadcast from rank 5, a mismatched all_gather list and size each raise at
-the call.
+the call; ``mismatch``: every rank all_reduces a tensor of its own size (rank r: 1000 + r
+elements), which no rank can see at the call: every rank must raise within 5 s (gloo fails at
+once), not at the timeout.
 
 Targets (issue 45): 20 of 20 for each drill with 4 processes.
 
@@ -66,6 +68,8 @@ def _entry(drill: str, rank: int, world: int, port: int, timeout_s: float, barri
                 except (ValueError, RuntimeError):
                     refused += 1
             outcome = "finished" if refused == 4 else f"accepted {4 - refused} bad calls"
+        elif drill == "mismatch":
+            dist.all_reduce(torch.ones(1000 + rank))
     except Exception as exc:  # noqa: BLE001 - what the survivor saw is the result
         outcome = type(exc).__name__
     q.put((rank, outcome, time.monotonic() - t0))
@@ -99,9 +103,11 @@ def drill_once(drill: str, world: int, timeout_s: float, barriers: int) -> tuple
                 p.kill()
                 p.join(10)
     if not why:
-        want = ("DistBackendError", "RuntimeError") if victim is not None else ("finished",)
+        raises = victim is not None or drill == "mismatch"
+        want = ("DistBackendError", "RuntimeError") if raises else ("finished",)
         bad = {r: o for r, (o, _) in got.items() if o not in want}
-        late = {r: round(a, 1) for r, (_, a) in got.items() if a > timeout_s + 5}
+        limit = 5.0 if drill == "mismatch" else timeout_s + 5
+        late = {r: round(a, 1) for r, (_, a) in got.items() if a > limit}
         crashed = {r: procs[r].exitcode for r in survivors if procs[r].exitcode != 0}
         why = "; ".join(f"{k}: {v}" for k, v in (("outcomes", bad), ("late", late), ("exit codes", crashed)) if v)
     slowest = max((a for _, a in got.values()), default=float("nan"))
@@ -114,7 +120,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=20.0, help="the process group's timeout, s (default 20)")
     ap.add_argument("--barriers", type=int, default=1000)
-    ap.add_argument("--drills", nargs="+", default=["kill", "stop", "barriers", "bad calls"])
+    ap.add_argument("--drills", nargs="+", default=["kill", "stop", "barriers", "bad calls", "mismatch"])
     args = ap.parse_args()
     print(f"backend drills: {args.world} processes, timeout {args.timeout:g} s, {args.repeat} each", flush=True)
     for drill in args.drills:

@@ -1,7 +1,7 @@
 """Where the committed, compiled P4 program lives, so nothing needs p4c at run time.
 
 In a source checkout it is ``p4/build``; an installed copy carries the same two files in
-``controller/p4_build`` (the wheel's build installs them there). ``DLCP_P4_BUILD`` overrides both.
+``dlcp/controller/p4_build`` (the wheel's build installs them there). ``DLCP_P4_BUILD`` overrides both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ _HERE = Path(__file__).resolve().parent
 
 def build_dir() -> Path:
     """The directory of ``dlcp.json`` and ``dlcp.p4info.txt``: ``DLCP_P4_BUILD``, else the
-    checkout's ``p4/build``, else the installed copy's ``controller/p4_build``."""
+    checkout's ``p4/build``, else the installed copy's ``dlcp/controller/p4_build``."""
     if os.environ.get("DLCP_P4_BUILD"):
         return Path(os.environ["DLCP_P4_BUILD"])
     checkout = _HERE.parent / "p4" / "build"

@@ -22,7 +22,8 @@ from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
 from dlcp.hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, payload_drop_classes
 from dlcp.hostagent.ranges import Range
-from dlcp.hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig, bottleneck_rates
+from dlcp.hostagent.ratecontrol import (CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig,
+                                        bottleneck_rates)
 from dlcp.hostagent.transport_config import TransportConfig, bottleneck_timers
 from dlcp.hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
 from dlcp.topologies.bound import job_traffic, port_loads

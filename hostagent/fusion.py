@@ -99,6 +99,13 @@ class Layout:
     def first_layer(self) -> int:
         return int(self.layers.min()) if self.layers.size else 0
 
+    def uniform(self, priority: int, layer: int) -> bool:
+        """Whether every packet takes ``priority`` and ``layer`` (one segment of those): then a
+        message's own priority and layer tag every packet, with no per-packet arrays to make
+        (a ring chunk of one tensor, on every step of every call)."""
+        return (self.starts.size == 1 and int(self.priorities[0]) == priority
+                and int(self.layers[0]) % 65536 == layer % 65536)
+
     def slice(self, lo: int, hi: int) -> Layout:
         """The layout of elements ``[lo, hi)`` (a ring chunk), rebased to start at 0."""
         if not 0 <= lo <= hi <= self.total:

@@ -32,6 +32,13 @@ class TransportTimeout(TransportError):
     """A message passed its deadline."""
 
 
+class MessageMismatch(TransportError):
+    """The two ends of a message disagree on its shape: the sender's element type, element count
+    or elements per packet differ from what the receiver expects (a collective's tensors that
+    differ across ranks, or an MTU that differs). The receiver finds it at the sender's first
+    PROBE and refuses the message; both ends raise this at once, rather than at the deadline."""
+
+
 class TransportClosed(TransportError):
     """The endpoint was closed while the message was in flight."""
 

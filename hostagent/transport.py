@@ -43,8 +43,9 @@ from dlcp.hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from dlcp.hostagent.control_path import ControlPath
 from dlcp.hostagent.datapath import open_datapath
 from dlcp.hostagent.fusion import Layout
-from dlcp.hostagent.messages import (Expect, MessageStats, PeerFailed, PeerUnreachable, RateChange, RecvHandle,
-                                     RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
+from dlcp.hostagent.messages import (Expect, MessageMismatch, MessageStats, PeerFailed, PeerUnreachable, RateChange,
+                                     RecvHandle, RecvResult, SendHandle, TransportClosed, TransportError,
+                                     TransportTimeout)
 from dlcp.hostagent.protocol.core import IDLE_TICK, ProtocolCore
 from dlcp.hostagent.reassembly import REASONS
 from dlcp.hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
@@ -385,6 +386,7 @@ class Endpoint(ControlPath):
             ctl_bytes_sent=self.ctl_stats["bytes_sent"], ctl_frames_received=self.ctl_stats["frames_received"],
             ctl_bytes_received=self.ctl_stats["bytes_received"], ctl_records_sent=Counter(c.ctl_records_sent),
             ctl_records_received=Counter(self.ctl_records_received), probes_unknown=c.probes_unknown,
+            messages_refused=c.messages_refused,
             holes_reported=c.holes_reported, holes_resent=c.holes_resent, ctl_rejected=Counter(self.ctl_rejected),
             gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
 
@@ -420,7 +422,8 @@ class Endpoint(ControlPath):
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
-            "probes_unknown": s.probes_unknown, "ctl_rejected": dict(s.ctl_rejected),
+            "probes_unknown": s.probes_unknown, "messages_refused": s.messages_refused,
+            "ctl_rejected": dict(s.ctl_rejected),
             # reliable messages' holes reported before their pass ended (NACK), and resent for them
             "holes_reported": s.holes_reported, "holes_resent": s.holes_resent,
             "authenticated_peers": authed, "drain_bytes_per_s": self.dp.drain_rate(time.monotonic()),
@@ -475,7 +478,7 @@ def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
     return udp, tcp
 
 
-__all__ = ["CTL_WRITE_LIMIT", "IDLE_TICK", "Endpoint", "EndpointStats", "Expect", "LossInjection", "MessageStats",
-           "Peer", "PeerFailed", "PeerUnreachable", "REASONS", "RecvHandle", "RecvResult", "SendHandle",
+__all__ = ["CTL_WRITE_LIMIT", "IDLE_TICK", "Endpoint", "EndpointStats", "Expect", "LossInjection", "MessageMismatch",
+           "MessageStats", "Peer", "PeerFailed", "PeerUnreachable", "REASONS", "RecvHandle", "RecvResult", "SendHandle",
            "TransportClosed", "TransportConfig", "TransportError", "TransportTimeout", "local_peers",
            "reserve_ports"]

@@ -281,6 +281,8 @@ class EndpointStats:
     ctl_records_sent: Counter = field(default_factory=Counter)
     ctl_records_received: Counter = field(default_factory=Counter)
     probes_unknown: int = 0
+    messages_refused: int = 0
+    """Receives failed because the sender's PROBE stated another shape (MessageMismatch)."""
     holes_reported: int = 0
     """Packets this endpoint reported missing before their pass ended (NACK, reliable messages)."""
     holes_resent: int = 0

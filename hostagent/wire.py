@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import ml_dtypes
 import numpy as np
@@ -76,6 +76,9 @@ class Flags(enum.IntFlag):
     #: the receiver's socket overran or with the receiver caught up (lost on the way): whatever
     #: the sender sent and the receiver did not consume was lost (``datapath.credits.release_due``)
     RELEASE = 0x08
+    #: on a STOP: the receiver refuses the message, whose shape (element type, count, elements
+    #: per packet) differs from what it expects; the header carries its expectation, as a PROBE's
+    MISMATCH = 0x10
 
 
 #: How many of a sending pass's final packets carry LAST (fewer when its last priority level has
@@ -333,6 +336,33 @@ def header_fields_for_p4() -> list[tuple[str, int]]:
 # --- control frames -------------------------------------------------------------------
 # Control packets (META, PROBE, BITMAP, NACK, STOP, FEEDBACK) travel on a TCP connection per peer,
 # each as one frame: a 4-byte big-endian length of what follows, a DLCP header, then a body.
+
+# A PROBE (and a refusing STOP, flag MISMATCH) says the message's shape in its header: ``dtype``,
+# ``total_pkts``, ``elem_offset`` the message's total elements and ``elem_count`` its elements
+# per packet, so a receiver whose posted receive expects another shape refuses it at once.
+
+
+class ShapeFields(TypedDict):
+    """The header fields that state a message's shape (see above)."""
+
+    dtype: int
+    total_pkts: int
+    elem_offset: int
+    elem_count: int
+
+
+def shape_fields(dtype_code: int, total_elems: int, elems_per_packet: int) -> ShapeFields:
+    """The header fields that state a message's shape (see above)."""
+    packets = -(-total_elems // elems_per_packet) if elems_per_packet else 0
+    return ShapeFields(dtype=dtype_code, total_pkts=packets, elem_offset=total_elems, elem_count=elems_per_packet)
+
+
+def describe_shape(dtype_code: int, total_elems: int, elems_per_packet: int) -> str:
+    """``"1000 float32 elements (2236 per packet)"``: a shape as an error message says it."""
+    known = {int(code): dt.name for code, dt in NUMPY_DTYPES.items()}
+    kind = known.get(dtype_code, f"dtype code {dtype_code}")
+    return f"{total_elems} {kind} elements ({elems_per_packet} per packet)"
+
 
 #: Frame length prefix.
 FRAME_PREFIX = struct.Struct("!I")

@@ -414,8 +414,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
             for d in dsts:
-                cross.append(_popen_in(net.get(d), [PYTHON, "-m", "dlcp.topologies.traffic", "sink", str(CROSS_SINK_PORT)],
-                                       sdir / f"sink-{short(d)}.log"))
+                sink_cmd = [PYTHON, "-m", "dlcp.topologies.traffic", "sink", str(CROSS_SINK_PORT)]
+                cross.append(_popen_in(net.get(d), sink_cmd, sdir / f"sink-{short(d)}.log"))
             time.sleep(0.5)
             duration = str(opts.timeout)
             rate = str(opts.capacity_pps * opts.cross_rate)
@@ -432,9 +432,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                             if opts.cross_traffic else []):
             monitor.add(name, c.pid)
         if opts.pattern == "ps":
-            procs.append(_popen_in(net.get(server.name), [PYTHON, "-m", "dlcp.topologies.agent", str(sdir / "agent.json"),
-                                                          str(len(workers)), str(sdir / "server.jsonl")],
-                                   sdir / "server.log"))
+            server_cmd = [PYTHON, "-m", "dlcp.topologies.agent", str(sdir / "agent.json"), str(len(workers)),
+                          str(sdir / "server.jsonl")]
+            procs.append(_popen_in(net.get(server.name), server_cmd, sdir / "server.log"))
             monitor.add("server", procs[-1].pid)
         outs = []
         for rank, w in enumerate(workers):

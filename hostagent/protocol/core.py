@@ -36,8 +36,8 @@ import numpy as np
 
 from dlcp.hostagent import auth, wire
 from dlcp.hostagent.fusion import Layout
-from dlcp.hostagent.messages import (Expect, MessageStats, PeerFailed, RateChange, RecvHandle, RecvResult, SendHandle,
-                                     TransportClosed, TransportError, TransportTimeout)
+from dlcp.hostagent.messages import (Expect, MessageMismatch, MessageStats, PeerFailed, RateChange, RecvHandle,
+                                     RecvResult, SendHandle, TransportClosed, TransportError, TransportTimeout)
 from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet
 from dlcp.hostagent.policy import required_elements, retransmission_set
 from dlcp.hostagent.protocol.incoming import (HOLE_CHECK_INTERVAL, Incoming, answer_due, answer_grace, overdue_holes,
@@ -176,9 +176,9 @@ class ProtocolCore:
         per = elems_per_packet(self.config.mtu, data.dtype)
         n = -(-flat.size // per)
         pkt_prio = pkt_layer = None
-        if layout is not None:
-            if layout.total != flat.size:
-                raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
+        if layout is not None and layout.total != flat.size:
+            raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
+        if layout is not None and not layout.uniform(priority, layer):
             prio, layers = layout.packet_tags(per)
             if n and (prio.min() < 0 or prio.max() >= self.policy.num_priorities):
                 raise ValueError(f"packet priorities outside the policy's 0..{self.policy.num_priorities - 1}")
@@ -203,7 +203,8 @@ class ProtocolCore:
         self._order += 1
         classes = np.zeros(n, np.uint8) if drop_classes is None else drop_classes.astype(np.uint8)
         msg = Outgoing(dest, message_id, flat.size, per, flat.itemsize, p, priority,
-                       now + self.config.message_deadline, self._order, classes, held, now, snapshot, iteration)
+                       now + self.config.message_deadline, self._order, classes, held, now, snapshot, iteration,
+                       int(code))
         self.out[key] = msg
         self._rate_for(dest, now)
         if announce:
@@ -367,6 +368,10 @@ class ProtocolCore:
         elif t == wire.PacketType.PROBE:
             msg = self.inc.get(key)
             if msg is not None:
+                theirs = (int(h.dtype), h.elem_offset, h.elem_count)
+                if theirs != (msg.dtype_code, msg.total_elems, msg.elems_per_packet):
+                    self._refuse(msg, theirs)
+                    return
                 msg.ask(now)
                 msg.probes += 1
                 return
@@ -377,6 +382,8 @@ class ProtocolCore:
                 self.stats.probes_unknown += 1
                 return
             self.queue(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
+        elif t == wire.PacketType.STOP and h.flags & wire.Flags.MISMATCH:
+            self._on_refusal(h)
         elif t == wire.PacketType.STOP:
             self._on_stop(src, h.message_id, body, now)
         elif t == wire.PacketType.BITMAP:
@@ -416,6 +423,35 @@ class ProtocolCore:
             return
         if handle is None and self.announced is not None:
             self.announced.put(key)
+
+    def _refuse(self, msg: Incoming, theirs: tuple[int, int, int]) -> None:
+        """The sender's PROBE states another shape than this receive expects: every packet of
+        it was being rejected (wrong type, count or offsets) and would be until the deadline.
+        Fail the receive now and tell the sender, whose send fails alike (:meth:`_on_refusal`)."""
+        mine = (msg.dtype_code, msg.total_elems, msg.elems_per_packet)
+        del self.inc[msg.key]
+        self.port.forget(*msg.key, remember=False)
+        self.stats.messages_refused += 1
+        if msg.handle:
+            msg.handle._fail(MessageMismatch(
+                f"rank {self.rank}: message {msg.message_id} from rank {msg.src}: rank {msg.src} sends "
+                f"{wire.describe_shape(*theirs)}, this rank expects {wire.describe_shape(*mine)}"
+                f"{_mismatch_hint(theirs, mine)}"))
+        self.queue(msg.src, wire.PacketType.STOP, msg.message_id, wire.STOP_BODY.pack(0), flags=wire.Flags.MISMATCH,
+                   **wire.shape_fields(*mine))
+
+    def _on_refusal(self, h: wire.Header) -> None:
+        """The receiver refused a message of ours: it expects another shape (:meth:`_refuse`)."""
+        m = self.out.pop((h.sender_rank, h.message_id), None)
+        if m is None:
+            return
+        self.port.retire(h.sender_rank, h.message_id)
+        theirs = (int(h.dtype), h.elem_offset, h.elem_count)
+        mine = (m.dtype_code, m.total_elems, m.elems_per_packet)
+        m.handle._fail(MessageMismatch(
+            f"rank {self.rank}: message {m.message_id} to rank {m.dest}: rank {m.dest} expects "
+            f"{wire.describe_shape(*theirs)}, this rank sends {wire.describe_shape(*mine)}"
+            f"{_mismatch_hint(mine, theirs)}"))
 
     def _on_stop(self, src: int, message_id: int, body: bytes, now: float) -> None:
         (held,) = wire.STOP_BODY.unpack_from(body)
@@ -634,7 +670,8 @@ class ProtocolCore:
             # the first probe, or no answer to the last one (the receiver did not know the message yet)
             m.probe_sent_at = now
             m.probes += 1
-            self.queue(m.dest, wire.PacketType.PROBE, m.message_id)
+            self.queue(m.dest, wire.PacketType.PROBE, m.message_id,
+                       **wire.shape_fields(m.dtype_code, m.total_elems, m.elems_per_packet))
             wake = min(wake, now + timer.reprobe_timeout())
         for rank in sorted(self.authed):
             if rank == self.rank:
@@ -848,5 +885,12 @@ def _deliver_into(out: np.ndarray, accumulate: bool, res: RecvResult, src: int, 
 def _rest(result: RecvResult) -> tuple:
     return (result.stats, result.received, result.elems_per_packet, result.packet_priorities, result.packet_layers)
 
+
+
+def _mismatch_hint(sent: tuple[int, int, int], expected: tuple[int, int, int]) -> str:
+    """What most likely differs, for the error: the data, or the ranks' MTUs."""
+    if sent[:2] == expected[:2]:
+        return " (the same data cut into other packets: the ranks' MTUs differ)"
+    return " (the ranks' tensors differ in size or type)"
 
 __all__ = ["HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK"]

@@ -17,12 +17,14 @@ class Outgoing:
 
     def __init__(self, dest: int, message_id: int, total_elems: int, elems_per_packet: int, itemsize: int,
                  loss_bound: float, priority: int, deadline: float, order: int, drop_class: np.ndarray,
-                 held: bool, now: float, snapshot: np.ndarray | None = None, iteration: int = 0) -> None:
+                 held: bool, now: float, snapshot: np.ndarray | None = None, iteration: int = 0,
+                 dtype_code: int = 0) -> None:
         self.dest = dest
         self.message_id = message_id
         self.total_elems = total_elems
         self.elems_per_packet = elems_per_packet
         self.itemsize = itemsize
+        self.dtype_code = dtype_code  # (its PROBEs state the shape: wire.shape_fields)
         self.packets = -(-total_elems // elems_per_packet) if elems_per_packet else 0
         self.loss_bound = loss_bound
         self.priority = priority

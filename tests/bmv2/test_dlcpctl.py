@@ -27,7 +27,8 @@ def _write_network(rig, tmp_path, **policy):
 
 
 def ctl(*args):
-    return subprocess.run([sys.executable, "-m", "dlcp.controller.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "dlcp.controller.cli", *map(str, args)],
+                          capture_output=True, text=True)
 
 
 def test_apply_diff_show_stats(rig, tmp_path):

@@ -33,6 +33,9 @@ TORCH = "torch==2.13.0"
 EXTRAS = "torch,mnist1d,converge"
 #: What a training environment must not pull in (the testbed's and the digits' extras).
 NOT_INSTALLED = ("scapy", "p4runtime_sh", "p4", "grpc", "sklearn", "psutil")
+#: Names a user's site-packages must not get from us: the repository's folders of these names
+#: install as dlcp.hostagent, dlcp.controller and dlcp.topologies.
+GENERIC = ("hostagent", "controller", "topologies")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -134,14 +137,18 @@ def test_a_non_editable_install_runs_dlcp_converge_and_version_from_any_director
     bin_ = fresh_venv / "bin"
     env = _outside_env(fresh_venv, tmp_path)
     # installed, compiled, and without the source tree or what a training environment does not need
-    code = ("import importlib.util as u, hostagent, dlcp.hostagent._datapath, dlcp_torch.workloads; "
-            "print(hostagent.__file__); "
-            f"print(sorted(m for m in {NOT_INSTALLED + ('examples',)!r} if u.find_spec(m)))")
+    code = ("import importlib.util as u, dlcp.hostagent as h, dlcp.hostagent._datapath, dlcp_torch.workloads; "
+            "print(h.__file__); "
+            f"print(sorted(m for m in {NOT_INSTALLED + ('examples',) + GENERIC!r} if u.find_spec(m)))")
     proc = _run([bin_ / "python", "-c", code], tmp_path, 120, env)
     assert proc.returncode == 0, _tail(proc)
     where, extra = proc.stdout.split("\n")[:2]
     assert str(fresh_venv) in where and str(REPO) not in where, where
     assert extra == "[]", f"a training environment got {extra}"
+    # what the install put at the top of site-packages (its RECORD): DLCP's own names only
+    record = next((fresh_venv / "lib").glob("python3*/site-packages/dlcp-*.dist-info/RECORD"))
+    tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines() if line}
+    assert {t for t in tops if not t.startswith("dlcp")} <= {"..", "bin"} and "dlcp" in tops, sorted(tops)
 
     # the compiled P4 program goes with the package (the testbed and dlcpctl read it)
     code = "import dlcp.controller.pipeline as p; print(p.BMV2_JSON.exists() and p.P4INFO.exists(), p.BUILD_DIR)"

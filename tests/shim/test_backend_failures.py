@@ -34,8 +34,8 @@ def _drill_entry(fn, rank, world, port, q, timeout_s, *args):
 
 
 def _drill(fn, world: int, timeout_s: float, victim: int, *args) -> tuple[dict, dict]:
-    """Run ``fn`` in ``world`` processes; every rank but ``victim`` reports what it raised and
-    when. Returns (reports by rank, exit codes by rank)."""
+    """Run ``fn`` in ``world`` processes; every rank but ``victim`` (-1: none) reports what it
+    raised and when. Returns (reports by rank, exit codes by rank)."""
     (port,) = free_tcp_ports(1)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -44,7 +44,7 @@ def _drill(fn, world: int, timeout_s: float, victim: int, *args) -> tuple[dict, 
         p.start()
     reports: dict[int, tuple] = {}
     try:
-        for _ in range(world - 1):
+        for _ in range(world - (0 <= victim < world)):
             rank, kind, after, msg = q.get(timeout=timeout_s + 120)
             reports[rank] = (kind, after, msg)
         for r, p in enumerate(procs):
@@ -125,6 +125,31 @@ def test_bad_calls_raise_at_the_call_naming_what_and_the_group_goes_on():
             msg, after = got
             assert "dlcp backend" in msg or "dlcp" in msg, (name, msg)
             assert after < 1.0, (name, after)
+
+
+def _mismatched(rank, world, case):
+    """Each rank calls the same collective with a tensor of its own size (or type)."""
+    if case == "all_reduce":
+        dist.all_reduce(torch.ones(1000 if rank == 0 else 400))
+    elif case == "dtype":
+        dist.all_reduce(torch.ones(100, dtype=torch.float32 if rank == 0 else torch.float64))
+    elif rank == 0:  # send 10 elements into a receive of 4
+        dist.send(torch.ones(10), 1)
+    else:
+        dist.recv(torch.zeros(4), 0)
+
+
+@pytest.mark.parametrize("case", ["all_reduce", "dtype", "send_recv"])
+def test_tensors_that_differ_across_ranks_make_both_raise_at_once(case):
+    """gloo fails at once on a size mismatch; so does dlcp (not at the group's timeout)."""
+    timeout_s = 60.0
+    reports, codes = _drill(_mismatched, 2, timeout_s, -1, case)
+    for rank in (0, 1):
+        kind, after, msg = reports[rank]
+        assert kind == "DistBackendError", (rank, kind, msg)
+        assert "tensors differ" in msg, msg
+        assert after < 10, (rank, after)
+    assert codes == {0: 0, 1: 0}
 
 
 def _barriers(rank, world, n):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlcp.hostagent.fusion import Layout
-from dlcp.hostagent.messages import Expect
+from dlcp.hostagent.messages import Expect, MessageMismatch
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.hostagent.udp_offload import gso_supported
@@ -69,6 +69,34 @@ def test_data_before_the_receiver_expects_it_is_parked_then_placed(endpoints):
     got = b.recv(0, 3, expect=Expect(x.size, np.float32, 0.0)).wait(10)
     np.testing.assert_array_equal(got.data, x)
     s.wait(10)
+
+
+@pytest.mark.parametrize("case", ["size", "dtype", "mtu"])
+def test_a_message_of_another_shape_fails_both_ends_at_once(endpoints, case):
+    """What the receive expects and what the sender sends differ (a collective's tensors that
+    differ across ranks, or ranks with other MTUs): every packet would be rejected until the
+    deadline; the sender's PROBE states the shape, and both ends raise at once, saying what differs."""
+    mtus = {"mtu": {1: {"mtu": 9000}}}.get(case)
+    a, b = endpoints(2, per_rank=mtus, policy=Policy(loss_bound_push=0.0), message_deadline=30.0)
+    x = _grad(1000)
+    want = {"size": Expect(400, np.float32, 0.0), "dtype": Expect(500, np.float16, 0.0),
+            "mtu": Expect(1000, np.float32, 0.0)}[case]
+    t0 = time.monotonic()
+    r = b.recv(0, 9, expect=want)
+    s = a.send(1, x, 9, announce=False)
+    hint = "MTUs differ" if case == "mtu" else "tensors differ"
+    with pytest.raises(MessageMismatch, match=f"message 9 from rank 0: rank 0 sends 1000 float32 .*{hint}"):
+        r.wait(10)
+    with pytest.raises(MessageMismatch, match=f"message 9 to rank 1: rank 1 expects .*{hint}"):
+        s.wait(10)
+    assert time.monotonic() - t0 < 5  # a probe's time, not the 30 s deadline
+    assert b.endpoint_stats()["messages_refused"] == 1
+    if case == "mtu":
+        return
+    # the pair goes on: the next message of the right shape passes
+    r = b.recv(0, 10, expect=Expect(x.size, np.float32, 0.0))
+    a.send(1, x, 10, announce=False).wait(10)
+    np.testing.assert_array_equal(r.wait(10).data, x)
 
 
 def test_a_clean_exchange_sends_no_probe_and_few_frames(endpoints):

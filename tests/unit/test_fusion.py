@@ -161,3 +161,14 @@ def test_control_records_batch_and_reject_malformed_batches():
         wire.split_batch(body[:-3])
     with pytest.raises(wire.MalformedHeader, match="bad_batch"):
         wire.split_batch(wire.RECORD_PREFIX.pack(5) + b"12345")
+
+
+def test_a_layout_is_uniform_only_when_one_segment_carries_the_messages_own_tags():
+    """A uniform layout needs no per-packet arrays: the message's priority and layer tag every
+    packet. Anything else (two segments, another priority or layer) keeps the arrays."""
+    one = Layout.single(1000, 5, 3)
+    assert one.uniform(5, 3) and one.uniform(5, 3 + 65536)  # (the header's layer is 16 bits)
+    assert not one.uniform(4, 3) and not one.uniform(5, 2)
+    two = Layout.of_sizes([500, 500], [5, 5], [3, 3])
+    assert not two.uniform(5, 3)
+    assert two.slice(0, 400).uniform(5, 3)  # a chunk inside one segment

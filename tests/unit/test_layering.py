@@ -34,6 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("examples", "bench"),
 )
 LAYER_OF = {pkg: level for level, pkgs in enumerate(LAYERS) for pkg in pkgs}
+#: Folders of the repository that install inside the ``dlcp`` package (``hostagent/`` is
+#: ``dlcp.hostagent``): the rules are about layers, whatever name a layer imports by.
+INSIDE_DLCP = ("hostagent", "controller", "topologies")
 #: Free to import any layer, and imported by none.
 UNLAYERED = ("tests",)
 
@@ -47,12 +50,26 @@ HOSTAGENT_RULES: dict[str, tuple[str, ...]] = {
 def _module_name(path: Path) -> str:
     """``hostagent/protocol/core.py`` -> ``dlcp.hostagent.protocol.core``; a package is its ``__init__``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] in INSIDE_DLCP:
+        parts.insert(0, "dlcp")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    """The layer (a key of LAYER_OF) a dotted module name belongs to."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "dlcp" and len(parts) > 1 and parts[1] in INSIDE_DLCP else parts[0]
+
+
+def _files(pkg: str) -> list[Path]:
+    """The package's own modules: ``dlcp/hostagent`` etc. are links to the folders beside it."""
+    return sorted(f for f in (ROOT / pkg).rglob("*.py")
+                  if not any((ROOT / folder).is_symlink() for folder in f.relative_to(ROOT).parents))
 
 
 def _modules() -> dict[str, Path]:
     """Every module of every layered package, by dotted name."""
-    return {_module_name(f): f for pkg in LAYER_OF for f in sorted((ROOT / pkg).rglob("*.py"))}
+    return {_module_name(f): f for pkg in LAYER_OF for f in _files(pkg)}
 
 
 MODULES = _modules()
@@ -117,15 +134,15 @@ def test_every_package_has_a_layer():
 def test_imports_only_go_down(pkg):
     wrong = []
     for module, edges in GRAPH.items():
-        if module.split(".")[0] != pkg:
+        if _layer(module) != pkg:
             continue
         for target, line in sorted(edges.items()):
-            other = target.split(".")[0]
+            other = _layer(target)
             if other == pkg or LAYER_OF[other] < LAYER_OF[pkg]:
                 continue
             how = "beside it in its layer" if LAYER_OF[other] == LAYER_OF[pkg] else "above it"
             wrong.append(f"{_where(module, line)} imports {target} ({how})")
-    for path in sorted((ROOT / pkg).rglob("*.py")):
+    for path in _files(pkg):
         for line, imported in _imports(_module_name(path), path):
             if imported.split(".")[0] in UNLAYERED:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported} (tests)")
@@ -184,4 +201,5 @@ def test_the_reader_sees_lazy_relative_and_from_imports(tmp_path):
     ``from package import module`` all name the module they load."""
     src = tmp_path / "x.py"
     src.write_text("def f():\n    from dlcp_sim import run\n    from . import commands\n\n    import dlcp.cli\n")
-    assert list(_imports("topologies.x", src)) == [(2, "dlcp_sim.run"), (3, "dlcp.topologies.commands"), (5, "dlcp.cli")]
+    assert list(_imports("dlcp.topologies.x", src)) == [(2, "dlcp_sim.run"), (3, "dlcp.topologies.commands"),
+                                                         (5, "dlcp.cli")]

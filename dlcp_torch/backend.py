@@ -124,6 +124,15 @@ class BackendOptions:
     """How a device tensor is copied to host memory and back (:mod:`dlcp_torch.staging`):
     CUDA's pinned, side-stream copies when CUDA is available."""
 
+    encrypt: bool = False
+    """Encrypt every packet's payload (``TransportConfig.encrypt``), for jobs on networks others
+    can read. Every packet is authenticated either way (a 128-bit tag over header and payload)."""
+
+    authenticate: bool = True
+    """Check every packet's tag (``TransportConfig.authenticate``). False only where nothing but
+    the job can reach the ranks' ports, to save what the tag costs (docs/results/benchmarks.md):
+    any process that can reach a data port could then write into a collective."""
+
     def __post_init__(self) -> None:
         if self.mtu is not None and not 576 <= self.mtu <= 65535:
             raise ValueError(f"BackendOptions.mtu={self.mtu} must be in 576..65535")
@@ -133,11 +142,22 @@ class BackendOptions:
             raise ValueError(f"BackendOptions.threads={self.threads} must be >= 1")
         if self.message_deadline is not None and self.message_deadline <= 0:
             raise ValueError(f"BackendOptions.message_deadline={self.message_deadline} must be > 0")
+        if self.encrypt and not self.authenticate:
+            raise ValueError("BackendOptions: encrypt=True needs authenticate=True")
 
     @staticmethod
     def from_env() -> BackendOptions:
-        """Defaults, with ``DLCP_LOSS_BOUND``, ``DLCP_MTU`` and ``DLCP_LINE_RATE`` (Gb/s) applied."""
+        """Defaults, with ``DLCP_LOSS_BOUND``, ``DLCP_MTU``, ``DLCP_LINE_RATE`` (Gb/s),
+        ``DLCP_ENCRYPT`` and ``DLCP_AUTHENTICATE`` (1 or 0) applied."""
         opts = BackendOptions()
+
+        def flag(name: str) -> bool | None:
+            text = os.environ.get(name)
+            if text is None:
+                return None
+            if text not in ("0", "1"):
+                raise ValueError(f"{name}={text!r} must be 0 or 1")
+            return text == "1"
 
         def number(name: str, kind: Callable[[str], Any]) -> Any:
             text = os.environ.get(name)
@@ -160,6 +180,11 @@ class BackendOptions:
         gbps = number("DLCP_LINE_RATE", float)
         if gbps is not None:
             opts = replace(opts, line_rate=gbps * 1e9 / 8)
+        encrypt, authenticate = flag("DLCP_ENCRYPT"), flag("DLCP_AUTHENTICATE")
+        if encrypt is not None:
+            opts = replace(opts, encrypt=encrypt)
+        if authenticate is not None:
+            opts = replace(opts, authenticate=authenticate)
         return opts
 
 
@@ -805,8 +830,12 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
         else:
             rate, rate_from = UNKNOWN_LINK_RATE, f"{iface.name if iface else 'the interface'} reports no speed"
     cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=mtu, rate=RateConfig.for_link(rate),
-                          message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret)
-    return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from})"
+                          message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret,
+                          encrypt=options.encrypt, authenticate=options.authenticate)
+    protection = ("packets encrypted and authenticated" if options.encrypt else
+                  "packets authenticated (DLCP_ENCRYPT=1 to encrypt)" if options.authenticate else
+                  "packets NOT authenticated (DLCP_AUTHENTICATE=0)")
+    return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from}); {protection}"
 
 
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> DLCPProcessGroup:

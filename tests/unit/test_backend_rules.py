@@ -3,6 +3,8 @@ failure semantics (no processes, no sockets)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -91,3 +93,31 @@ def test_a_reduce_op_from_the_options_has_the_name_of_its_type():
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.AVG  # type: ignore[assignment]  # (torch converts it, as dist.all_reduce does)
     assert checks.op_name(opts.reduceOp) == "AVG" and checks.op_name(dist.ReduceOp.SUM) == "SUM"
+
+
+def test_options_from_the_environment_and_what_they_refuse(monkeypatch):
+    """DLCP_* variables set the backend's options; a value they cannot mean is refused, naming it."""
+    from dlcp_torch.backend import BackendOptions
+
+    for var in [v for v in os.environ if v.startswith("DLCP_")]:
+        monkeypatch.delenv(var)
+    base = BackendOptions.from_env()
+    assert base.authenticate and not base.encrypt and base.mtu is None and base.line_rate is None
+    monkeypatch.setenv("DLCP_LOSS_BOUND", "0")
+    monkeypatch.setenv("DLCP_MTU", "1500")
+    monkeypatch.setenv("DLCP_LINE_RATE", "10")
+    monkeypatch.setenv("DLCP_ENCRYPT", "1")
+    opts = BackendOptions.from_env()
+    assert (opts.policy.loss_bound_push, opts.mtu, opts.line_rate, opts.encrypt) == (0.0, 1500, 10e9 / 8, True)
+    monkeypatch.setenv("DLCP_AUTHENTICATE", "0")
+    with pytest.raises(ValueError, match="encrypt=True needs authenticate=True"):
+        BackendOptions.from_env()
+    monkeypatch.delenv("DLCP_ENCRYPT")
+    assert not BackendOptions.from_env().authenticate
+    monkeypatch.setenv("DLCP_AUTHENTICATE", "no")
+    with pytest.raises(ValueError, match="DLCP_AUTHENTICATE='no' must be 0 or 1"):
+        BackendOptions.from_env()
+    monkeypatch.setenv("DLCP_AUTHENTICATE", "1")
+    monkeypatch.setenv("DLCP_MTU", "big")
+    with pytest.raises(ValueError, match="DLCP_MTU='big' is not a number"):
+        BackendOptions.from_env()

@@ -20,6 +20,9 @@ while it ran (medians over rounds).
 Targets (issue 45): 4 and 2 processes, DDP step of the 12M MLP <= 1.1x gloo, all_reduce of 57 MB
 float32 <= 1.0x gloo.
 
+A second, named setting runs interleaved on the float32 rows: ``untagged``, the backend with
+``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag costs).
+
 Run: python bench/backend.py [--rounds 3] [--steps 20] [--quick] [--out FILE]
 """
 
@@ -50,6 +53,9 @@ def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_nam
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     for var in [v for v in os.environ if v.startswith("DLCP_")]:
         del os.environ[var]  # the defaults a user gets
+    if backend == "untagged":
+        backend = "dlcp"
+        os.environ["DLCP_AUTHENTICATE"] = "0"
     import torch
     import torch.distributed as dist
 
@@ -126,10 +132,10 @@ def table(args: argparse.Namespace) -> Table:
     cases = [(c, d, w) for w in args.world for c, d in
              [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
               ("1M", "float32")]]
-    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": []} for k in cases}
+    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], "untagged": []} for k in cases}
     for r in range(args.rounds):
         for case in cases:
-            for backend in ("gloo", "dlcp"):
+            for backend in ("gloo", "dlcp", "untagged") if case[1] == "float32" else ("gloo", "dlcp"):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
                 out["load"], out["idle"] = load.load, load.idle
@@ -138,20 +144,25 @@ def table(args: argparse.Namespace) -> Table:
                       f"{out['ms']:8.1f} ms  cpu {out['cpu_ms']:7.1f} ms  {load}", flush=True)
     t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
                       Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"),
-                      Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"), *LOAD_COLUMNS],
+                      Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"), Column("untagged ms"),
+                      Column("untagged x gloo"), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
-                     "2 cores give at most 2 CPU ms per ms"])
+                     "2 cores give at most 2 CPU ms per ms",
+                     "untagged: a second setting, DLCP_AUTHENTICATE=0 (no packet tag), float32 rows only"])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
         dms = statistics.median(x["ms"] for x in by["dlcp"])
         gcpu = statistics.median(x["cpu_ms"] for x in by["gloo"])
         dcpu = statistics.median(x["cpu_ms"] for x in by["dlcp"])
+        un = by["untagged"]
+        ums = f"{statistics.median(x['ms'] for x in un):.1f}" if un else "-"
+        ux = f"{statistics.median(u['ms'] / g['ms'] for u, g in zip(un, by['gloo'])):.2f}" if un else "-"
         t.add("all_reduce" if case == "all_reduce" else f"DDP step {case}", dtype, world, gms, dms,
-              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu,
-              *load_cells(by["gloo"] + by["dlcp"]))
+              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu, ums, ux,
+              *load_cells(by["gloo"] + by["dlcp"] + un))
     return t
 
 

@@ -109,10 +109,10 @@ class ControlConn:
         if len(frame) < wire.FRAME_PREFIX.size + wire.TRAILER_SIZE:
             return None
         row = np.frombuffer(_CONTROL_DOMAIN + frame, np.uint8).copy().reshape(1, -1)
-        ok = np.zeros(1, np.uint8)
-        self.rx_sealer.open_rows(row, np.array([row.shape[1]], np.int64), np.zeros(1, np.int64), 1, 0, ok)
+        found = np.zeros(1, np.uint8)
+        self.rx_sealer.open_rows(row, np.array([row.shape[1]], np.int64), np.zeros(1, np.int64), 1, 0, found)
         pn = int.from_bytes(frame[-wire.TRAILER_SIZE : -wire.TRAILER_SIZE + 8], "big")
-        if not ok[0] or pn != self.rx_pn:
+        if found[0] != 1 or pn != self.rx_pn:  # (1: authentic and not seen before, seal.h's Opened::OK)
             return None
         self.rx_pn += 1
         body = frame[wire.FRAME_PREFIX.size : -wire.TRAILER_SIZE]

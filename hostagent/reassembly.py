@@ -47,6 +47,7 @@ REASONS: tuple[str, ...] = (
     "count_mismatch",  # elem_count or payload length differs from what this seq must carry
     "stale",  # right token for its own iteration, but recorded earlier (dlcp.hostagent.protocol.incoming.stale)
     "bad_mac",  # the trailer's tag is wrong (a bit changed anywhere, or not sealed under its sender's key)
+    "replay",  # authentic, but its packet number was taken already: a recorded copy sent again
 )
 _CODE = {name: i for i, name in enumerate(REASONS)}
 _H = wire.HEADER_SIZE

@@ -24,6 +24,9 @@ from dlcp.hostagent import wire
 
 #: What a trailer does (``TransportConfig.protection``): nothing, a MAC, or encryption too.
 NONE, MAC, ENCRYPT = 0, 1, 2
+#: What opening a datagram found (:func:`open_rows`): not authentic, authentic, or authentic but
+#: with a packet number its key took already (a replay; ``hostagent/native/seal.h``, ReplayWindow).
+FORGED, OPENED, REPLAYED = 0, 1, 2
 
 _PTYPE_AT = wire.FIELD_OFFSET["ptype"]
 
@@ -62,12 +65,13 @@ def seal_rows(sealer: Any, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def open_rows(sealer: Any, rows: np.ndarray, lengths: np.ndarray, which: np.ndarray) -> np.ndarray:
-    """Check rows ``which`` of ``rows`` (each ``lengths[i]`` bytes, trailer included) and, when
-    the sealer encrypts, decrypt them in place. Returns a bool per row of ``which``: authentic."""
+    """Check rows ``which`` of ``rows`` (each ``lengths[i]`` bytes, trailer included), in order,
+    and, when the sealer encrypts, decrypt them in place. Returns per row of ``which`` what it
+    found: :data:`FORGED`, :data:`OPENED` or :data:`REPLAYED` (uint8)."""
     which = np.ascontiguousarray(which, np.int64)
-    ok = np.zeros(len(which), np.uint8)
-    sealer.open_rows(rows, np.ascontiguousarray(lengths, np.int64), which, wire.HEADER_SIZE, _PTYPE_AT, ok)
-    return ok.astype(bool)
+    found = np.zeros(len(which), np.uint8)
+    sealer.open_rows(rows, np.ascontiguousarray(lengths, np.int64), which, wire.HEADER_SIZE, _PTYPE_AT, found)
+    return found
 
 
 def seal(sealer: Any, datagram: bytes) -> bytes:
@@ -83,6 +87,6 @@ def open_datagram(sealer: Any, datagram: bytes) -> bytes | None:
     if len(datagram) < wire.HEADER_SIZE + wire.TRAILER_SIZE:
         return None
     row = np.frombuffer(datagram, np.uint8).copy().reshape(1, -1)
-    if not open_rows(sealer, row, np.array([len(datagram)]), np.array([0]))[0]:
+    if open_rows(sealer, row, np.array([len(datagram)]), np.array([0]))[0] != OPENED:
         return None
     return row[0, : len(datagram) - wire.TRAILER_SIZE].tobytes()

@@ -742,6 +742,7 @@ class NumpyDatapath:
                   & (hdr["job_id"] == cfg.job_id))
         bad = sealed & (lengths < wire.HEADER_SIZE + wire.TRAILER_SIZE)
         truncated = int(np.count_nonzero(bad))
+        replayed = 0
         if cfg.protection != sealing.NONE:
             check = sealed & ~bad
             senders = hdr["sender_rank"]
@@ -751,10 +752,11 @@ class NumpyDatapath:
                     s = self._senders.get(rank)
                     opener = s.opener if s is not None else None
                     if opener is not None:
-                        ok = sealing.open_rows(opener, slots, lengths, rows)
+                        found = sealing.open_rows(opener, slots, lengths, rows)
                 if opener is None:
-                    ok = np.zeros(len(rows), bool)
-                bad[rows[~ok]] = True
+                    found = np.full(len(rows), sealing.FORGED, np.uint8)
+                bad[rows[found != sealing.OPENED]] = True
+                replayed += int(np.count_nonzero(found == sealing.REPLAYED))
         if not bad.any():
             return slots, np.where(sealed, lengths - wire.TRAILER_SIZE, lengths), ce
         with self._lock:
@@ -764,7 +766,8 @@ class NumpyDatapath:
             c["ce_marked"] += int(np.count_nonzero(ce[bad]))
             rejected = self.reassembler.stats.rejected
             rejected["truncated"] += truncated
-            rejected["bad_mac"] += int(np.count_nonzero(bad)) - truncated
+            rejected["bad_mac"] += int(np.count_nonzero(bad)) - truncated - replayed
+            rejected["replay"] += replayed
         keep = ~bad
         return slots[keep], np.where(sealed, lengths - wire.TRAILER_SIZE, lengths)[keep], ce[keep]
 

@@ -48,7 +48,7 @@ namespace dlcp {
 // Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
 enum Reason : uint8_t {
     OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
-    BAD_OFFSET, COUNT_MISMATCH, STALE, BAD_MAC, N_REASONS
+    BAD_OFFSET, COUNT_MISMATCH, STALE, BAD_MAC, REPLAY, N_REASONS
 };
 
 // What happened, for the protocol core (Python reads them as tuples).

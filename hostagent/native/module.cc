@@ -175,7 +175,7 @@ NB_MODULE(_datapath, m) {
              [](Sealer& s, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths, I64 which,
                 size_t header_size, size_t ptype_offset, U8 ok) {
                  // rows[which[j]] (lengths[which[j]] bytes, trailer included) checked and, with
-                 // ENCRYPT, decrypted in place; ok[j] = 1 when authentic
+                 // ENCRYPT, decrypted in place; ok[j]: 1 authentic, 0 not, 2 a replay (Opened)
                  size_t n = rows.shape(0), width = rows.shape(1), k = which.shape(0);
                  if (lengths.shape(0) != n || ok.shape(0) < k)
                      throw std::invalid_argument("open_rows: one length per row and one ok per row opened");
@@ -189,8 +189,9 @@ NB_MODULE(_datapath, m) {
                  for (size_t j = 0; j < k; ++j) {
                      size_t i = size_t(which.data()[j]);
                      int64_t len = lengths.data()[i];
-                     ok.data()[j] = len >= 0 && size_t(len) <= width &&
-                                    s.open(rows.data() + i * width, size_t(len), header_size, ptype_offset);
+                     ok.data()[j] = uint8_t(len >= 0 && size_t(len) <= width
+                                                ? s.open(rows.data() + i * width, size_t(len), header_size, ptype_offset)
+                                                : Opened::FORGED);
                  }
              },
              "rows"_a, "lengths"_a, "which"_a, "header_size"_a, "ptype_offset"_a, "ok"_a);

@@ -365,7 +365,9 @@ uint8_t Datapath::ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, s
         // checked under the key of the direction the sender claims: only it holds that key
         auto fit = fb_.find(uint16_t(rd(d, L.sender_rank)));
         Sealer* o = fit == fb_.end() ? nullptr : fit->second.opener.get();
-        if (!o || !o->open(d, len, size_t(H_), size_t(L.ptype.off))) reason = BAD_MAC;
+        Opened got = o ? o->open(d, len, size_t(H_), size_t(L.ptype.off)) : Opened::FORGED;
+        if (got == Opened::FORGED) reason = BAD_MAC;
+        else if (got == Opened::REPLAYED) reason = REPLAY;
     }
     if (reason != OK) {
         data_pkts_received_ += 1;

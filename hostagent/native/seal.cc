@@ -81,9 +81,29 @@ void Sealer::seal(const uint8_t* hdr, size_t hlen, size_t ptype_off, const uint8
     if (EVP_CIPHER_CTX_ctrl(enc_, EVP_CTRL_GCM_GET_TAG, int(TAG_BYTES), tag) != 1) fail("tag");
 }
 
-bool Sealer::open(uint8_t* d, size_t len, size_t hlen, size_t ptype_off) {
-    if (len < hlen + TRAILER_BYTES || ptype_off >= hlen) return false;
-    if (mode_ == Protect::NONE) return true;
+bool ReplayWindow::take(uint64_t pn) {
+    auto bit = [this](uint64_t p) -> uint64_t& { return bits_[(p / 64) % (SIZE / 64)]; };
+    uint64_t mask = uint64_t(1) << (pn % 64);
+    if (!any_ || pn > top_) {
+        if (!any_ || pn - top_ >= SIZE) {
+            std::memset(bits_, 0, sizeof bits_);
+        } else {  // clear what the window leaves behind: numbers top_+1 .. pn
+            for (uint64_t p = top_ + 1; p <= pn; ++p) bit(p) &= ~(uint64_t(1) << (p % 64));
+        }
+        any_ = true;
+        top_ = pn;
+        bit(pn) |= mask;
+        return true;
+    }
+    if (top_ - pn >= SIZE) return false;
+    if (bit(pn) & mask) return false;
+    bit(pn) |= mask;
+    return true;
+}
+
+Opened Sealer::open(uint8_t* d, size_t len, size_t hlen, size_t ptype_off) {
+    if (len < hlen + TRAILER_BYTES || ptype_off >= hlen) return Opened::FORGED;
+    if (mode_ == Protect::NONE) return Opened::OK;
     size_t body = len - TRAILER_BYTES;
     const uint8_t* trailer = d + body;
     uint64_t pn = 0;
@@ -93,16 +113,20 @@ bool Sealer::open(uint8_t* d, size_t len, size_t hlen, size_t ptype_off) {
     uint8_t tag[TAG_BYTES];
     std::memcpy(tag, trailer + PN_BYTES, TAG_BYTES);
     int outl = 0;
-    if (EVP_DecryptInit_ex(dec_, nullptr, nullptr, nullptr, iv) != 1) return false;
+    const Opened forged = Opened::FORGED;
+    if (EVP_DecryptInit_ex(dec_, nullptr, nullptr, nullptr, iv) != 1) return forged;
     if (mode_ == Protect::MAC) {
-        if (EVP_DecryptUpdate(dec_, nullptr, &outl, d, int(body)) != 1) return false;
+        if (EVP_DecryptUpdate(dec_, nullptr, &outl, d, int(body)) != 1) return forged;
     } else {
-        if (EVP_DecryptUpdate(dec_, nullptr, &outl, d, int(hlen)) != 1) return false;
-        if (body > hlen && EVP_DecryptUpdate(dec_, d + hlen, &outl, d + hlen, int(body - hlen)) != 1) return false;
+        if (EVP_DecryptUpdate(dec_, nullptr, &outl, d, int(hlen)) != 1) return forged;
+        if (body > hlen && EVP_DecryptUpdate(dec_, d + hlen, &outl, d + hlen, int(body - hlen)) != 1) return forged;
     }
-    if (EVP_CIPHER_CTX_ctrl(dec_, EVP_CTRL_GCM_SET_TAG, int(TAG_BYTES), tag) != 1) return false;
+    if (EVP_CIPHER_CTX_ctrl(dec_, EVP_CTRL_GCM_SET_TAG, int(TAG_BYTES), tag) != 1) return forged;
     uint8_t none[16];
-    return EVP_DecryptFinal_ex(dec_, none, &outl) == 1;
+    if (EVP_DecryptFinal_ex(dec_, none, &outl) != 1) return forged;
+    std::unique_ptr<ReplayWindow>& seen = seen_[d[ptype_off]];
+    if (!seen) seen.reset(new ReplayWindow());
+    return seen->take(pn) ? Opened::OK : Opened::REPLAYED;
 }
 
 }  // namespace dlcp

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
 
@@ -32,6 +33,28 @@ constexpr size_t PN_BYTES = 8, TAG_BYTES = 16, TRAILER_BYTES = PN_BYTES + TAG_BY
 constexpr size_t KEY_BYTES = 16;
 
 enum class Protect : uint8_t { NONE = 0, MAC = 1, ENCRYPT = 2 };
+
+// What Sealer::open found: a datagram not authentic under the key, an authentic one, or an
+// authentic one whose packet number was seen before (a replay: a copy of a datagram recorded
+// on the way and sent again, or one so late that REPLAY_WINDOW later numbers came before it).
+enum class Opened : uint8_t { FORGED = 0, OK = 1, REPLAYED = 2 };
+
+// The packet numbers one key and packet type took: the highest, and which of the
+// REPLAY_WINDOW below it (IPsec's and WireGuard's sliding window, RFC 6479). A number is taken
+// once; one older than the window is refused too (resends are sealed with new numbers, so
+// nothing genuine arrives twice). Updated only after the tag checked: a forged number moves
+// nothing. Why 8192: datagrams sprayed over paths of different delay arrive out of order by a
+// path's queue at most, far fewer; a late one refused is a loss, recovered by a resend.
+class ReplayWindow {
+  public:
+    static constexpr uint64_t SIZE = 8192;
+    bool take(uint64_t pn);
+
+  private:
+    bool any_ = false;
+    uint64_t top_ = 0;
+    uint64_t bits_[SIZE / 64] = {};
+};
 
 // One direction's key, for one thread at a time (an EVP context is not shared between threads).
 class Sealer {
@@ -51,9 +74,11 @@ class Sealer {
               uint8_t* trailer);
 
     // Check the datagram `d` of `len` bytes (trailer included) whose header is `hlen` bytes;
-    // with ENCRYPT the payload is decrypted in place. False (and, with ENCRYPT, the payload
-    // bytes left undefined) when it is shorter than a header and a trailer or not authentic.
-    bool open(uint8_t* d, size_t len, size_t hlen, size_t ptype_off);
+    // with ENCRYPT the payload is decrypted in place. FORGED (and, with ENCRYPT, the payload
+    // bytes left undefined) when it is shorter than a header and a trailer or not authentic;
+    // REPLAYED when authentic but its packet number was taken already (ReplayWindow). With
+    // NONE nothing is checked: always OK.
+    Opened open(uint8_t* d, size_t len, size_t hlen, size_t ptype_off);
 
     // Datagrams sealed so far under this key (of every type).
     uint64_t sealed() const { return sealed_; }
@@ -64,6 +89,7 @@ class Sealer {
     EVP_CIPHER_CTX* enc_ = nullptr;
     EVP_CIPHER_CTX* dec_ = nullptr;
     uint64_t next_pn_[256] = {};  // per packet type
+    std::unique_ptr<ReplayWindow> seen_[256];  // per packet type, made at its first datagram
     uint64_t sealed_ = 0;
 };
 

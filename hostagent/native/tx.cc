@@ -937,7 +937,7 @@ std::map<std::string, int64_t> Datapath::stats() {
 std::map<std::string, int64_t> Datapath::rejected() {
     static const char* names[N_REASONS] = {"ok", "truncated", "bad_version", "not_data", "wrong_job", "bad_token",
                                            "unknown_message", "wrong_dtype", "bad_seq", "bad_offset", "count_mismatch",
-                                           "stale", "bad_mac"};
+                                           "stale", "bad_mac", "replay"};
     std::map<std::string, int64_t> out;
     std::lock_guard<std::mutex> g(rx_mu_);
     for (int i = 1; i < N_REASONS; ++i)

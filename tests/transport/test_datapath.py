@@ -77,12 +77,19 @@ def _counts(dp) -> dict:
             "duplicates": s["duplicates"], "parked": s["parked"], "late": s["late"]}
 
 
+_SENDERS: dict[tuple[bytes, int], Any] = {}
+
+
 def _seal(d: bytes, key: bytes | None = KEY1, protection: int = sealing.MAC) -> bytes:
     """``d`` as its sender puts it on the wire: sealed under ``key`` (None, or shorter than a
-    header: as it is, as junk comes)."""
+    header: as it is, as junk comes) by that key's one sender, so each datagram takes the next
+    packet number (a copy sealed again is a resend, not a replay)."""
     if key is None or len(d) < wire.HEADER_SIZE:
         return d
-    return sealing.seal(sealing.new_sealer(key, protection), d)
+    sender = _SENDERS.get((key, protection))
+    if sender is None:
+        sender = _SENDERS[(key, protection)] = sealing.new_sealer(key, protection)
+    return sealing.seal(sender, d)
 
 
 def _one(dp, d: bytes, now: float, key: bytes | None = KEY1) -> None:
@@ -131,9 +138,10 @@ def test_every_datagram_is_judged_alike_by_both_paths():
         assert native == numpy, f"datagram {i}: {native} != {numpy}"
     for b in bufs:
         np.testing.assert_array_equal(b.out, x)
-    # every reason was met but unknown_message: only a sender past its park limit meets it now
-    # (one without a key fails its tag first)
-    assert set(_counts(paths[0])["rejected"]) == set(REASONS[1:]) - {"unknown_message"}
+    # every reason was met but unknown_message (only a sender past its park limit meets it now:
+    # one without a key fails its tag first) and replay (each datagram is sealed afresh here;
+    # replays have their own test below)
+    assert set(_counts(paths[0])["rejected"]) == set(REASONS[1:]) - {"unknown_message", "replay"}
     # (the copies with a wrong token park too: their tags are right, as from a sender holding
     # the key; set up, they are bad_token and the originals are placed)
     assert _counts(paths[0])["parked"] == 2 * len(early)
@@ -145,24 +153,51 @@ def test_every_datagram_is_judged_alike_by_both_paths():
     sock.close()
 
 
+def test_a_replayed_datagram_is_refused_alike_by_both_paths():
+    """The same sealed bytes again (a recording sent back) are refused as ``replay`` on both
+    paths, before the message sees them: no duplicate, nothing accepted twice; in the same
+    batch as the original or in a later one."""
+    x = np.arange(1, PER * 3 + 1, dtype=np.float32)
+    dgs = _datagrams(x, 5)
+    paths, sock = _paths()
+    counts = []
+    for dp in paths:
+        _expect(dp, 1, 5, x.size)
+        sealed = [_seal(d) for d in dgs]
+        rows = np.zeros((3, WIDTH), np.uint8)
+        for row, d in zip(rows, [sealed[0], sealed[0], sealed[1]]):
+            row[: len(d)] = np.frombuffer(d, np.uint8)
+        dp.ingest_for_test(rows, np.array([len(sealed[0]), len(sealed[0]), len(sealed[1])]), 1.0)
+        _one(dp, sealed[1], now=1.01, key=None)  # (as it is: sealed already)
+        _one(dp, sealed[2], now=1.02, key=None)
+        counts.append(_counts(dp))
+        dp.stop()
+    sock.close()
+    assert counts[0] == counts[1], counts
+    assert counts[0]["rejected"] == {"replay": 2} and counts[0]["duplicates"] == 0 and counts[0]["accepted"] == 3
+
+
 def test_a_resend_read_twice_in_one_batch_counts_once_on_both_paths():
-    """Progress.retx_seen counts resends that brought a packet: a copy read in the same batch
-    as the first is a duplicate, consumed as it was read. (When a message finishes, the data
-    paths count the first sending of each resent packet as never coming, from retx_seen: a
-    duplicate counted there released one packet too many of the sender's window.)"""
+    """Progress.retx_seen counts resends that brought a packet: a second resend read in the same
+    batch as the first is a duplicate, consumed as it was read. (When a message finishes, the
+    data paths count the first sending of each resent packet as never coming, from retx_seen: a
+    duplicate counted there released one packet too many of the sender's window.) Each resend
+    is sealed afresh (its own packet number), as a sender's are; the same bytes twice would be
+    a replay, refused before it reaches the message."""
     x = np.arange(1, PER * 4 + 1, dtype=np.float32)
     dgs = _datagrams(x, 5)
     width = WIDTH
-    resend = _seal(_with(dgs[2], flags=wire.Flags.RETX))
     paths, sock = _paths()
     seen = []
     for dp in paths:
         _expect(dp, 1, 5, x.size)
         for i in (0, 1, 3):
             _one(dp, dgs[i], now=1.0)
+        resends = [_seal(_with(dgs[2], flags=wire.Flags.RETX)) for _ in range(2)]
         rows = np.zeros((2, width), np.uint8)
-        rows[:, : len(resend)] = np.frombuffer(resend, np.uint8)
-        dp.ingest_for_test(rows, np.array([len(resend)] * 2), 1.01)
+        for row, d in zip(rows, resends):
+            row[: len(d)] = np.frombuffer(d, np.uint8)
+        dp.ingest_for_test(rows, np.array([len(d) for d in resends]), 1.01)
         p = dp.progress(1, 5)
         seen.append((p.retx_seen, p.duplicates, p.state))
         dp.stop()

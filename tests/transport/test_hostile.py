@@ -271,47 +271,54 @@ def test_a_rank_is_accepted_only_from_its_configured_address(datapath):
         b.close()
 
 
-def test_a_bit_flipped_on_the_way_is_refused_and_the_original_still_counts(datapath):
-    """Rank 0 sends rank 1 through a UDP relay on the path that forwards every datagram twice:
-    first with one random bit changed (header, payload or trailer), then as sent. Every changed
-    copy is refused and counted, the messages arrive exactly, and the credits rank 1 grants (not
-    through the relay) still move rank 0's window."""
-    (d0, c0), (d1, c1) = free_port_pairs(2)
-    relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    relay.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    relay.bind(("127.0.0.1", 0))
-    relay.settimeout(0.2)
-    true = (Peer(0, "127.0.0.1", d0, c0), Peer(1, "127.0.0.1", d1, c1))
-    via_relay = (true[0], Peer(1, "127.0.0.1", relay.getsockname()[1], c1))
-    flipped = [0]
-    running = True
+class _UdpRelay:
+    """A relay on the data path from rank 0 to rank 1: every datagram it gets goes on as
+    ``copies(datagram, rng)`` says (the relay is Python: the sender is paced to 20 MB/s so it
+    drops nothing)."""
 
-    def forward() -> None:
+    def __init__(self, dest_port: int, copies) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.dest, self.copies, self.handled, self.running = dest_port, copies, 0, True
+        self.thread = threading.Thread(target=self._forward, daemon=True)
+        self.thread.start()
+
+    def _forward(self) -> None:
         rng = np.random.default_rng(7)
         out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        while running:
+        while self.running:
             try:
-                d = relay.recv(65536)
+                d = self.sock.recv(65536)
             except OSError:
                 continue
-            bad = bytearray(d)
-            bit = int(rng.integers(len(d) * 8))
-            bad[bit // 8] ^= 0x80 >> (bit % 8)
-            out.sendto(bytes(bad), ("127.0.0.1", d1))
-            out.sendto(d, ("127.0.0.1", d1))
-            flipped[0] += 1
+            for copy in self.copies(d, rng):
+                out.sendto(copy, ("127.0.0.1", self.dest))
+            self.handled += 1
         out.close()
 
-    # (paced to 20 MB/s: the relay is Python, and must drop nothing for "no resend" to hold)
+    def close(self) -> None:
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+
+
+def _through_udp_relay(datapath: str, copies, exchanges: int = 3):
+    """Three exact messages from rank 0 to rank 1 through a :class:`_UdpRelay`; returns (rank
+    1's stats, rank 0's stats, datagrams the relay handled)."""
+    (d0, c0), (d1, c1) = free_port_pairs(2)
+    relay = _UdpRelay(d1, copies)
+    true = (Peer(0, "127.0.0.1", d0, c0), Peer(1, "127.0.0.1", d1, c1))
+    via_relay = (true[0], Peer(1, "127.0.0.1", relay.port, c1))
     secret = auth.parse_secret(SECRET)
     a = Endpoint(TransportConfig(rank=0, peers=via_relay, datapath=datapath, secret=secret, offload=False,
                                  rate=RateConfig(initial_rate=20e6, line_rate=20e6))).start()
     b = Endpoint(TransportConfig(rank=1, peers=true, datapath=datapath, secret=secret)).start()
-    t = threading.Thread(target=forward, daemon=True)
-    t.start()
     try:
         a.connect([1])
-        for mid in range(3):
+        for mid in range(exchanges):
             x = _grad(PER * 300, mid)
             h = b.recv(0, mid, expect=Expect(x.size, np.float32, 0.0))
             s = a.send(1, x, mid, announce=False)
@@ -319,14 +326,46 @@ def test_a_bit_flipped_on_the_way_is_refused_and_the_original_still_counts(datap
             s.wait(20)  # (resends happen when the Python relay lags more than the reordering
             # window behind a pass's end on a loaded machine: an answer lists what it still holds)
         time.sleep(0.3)
-        st = b.endpoint_stats()
-        rejected = st["reassembly"]["rejected"]
-        assert sum(rejected.values()) == flipped[0] >= 900, rejected
-        assert rejected["bad_mac"] >= 0.95 * flipped[0]  # (a changed version, type or job is refused before)
-        assert a.endpoint_stats()["credits_received"] > 0
+        return b.endpoint_stats(), a.endpoint_stats(), relay.handled
     finally:
-        running = False
-        t.join()
         relay.close()
         a.close()
         b.close()
+
+
+def test_a_bit_flipped_on_the_way_is_refused_and_the_original_still_counts(datapath):
+    """Rank 0 sends rank 1 through a UDP relay on the path that forwards every datagram twice:
+    first with one random bit changed (header, payload or trailer), then as sent. Every changed
+    copy is refused and counted, the messages arrive exactly, and the credits rank 1 grants (not
+    through the relay) still move rank 0's window."""
+    def flip(d: bytes, rng) -> list[bytes]:
+        bad = bytearray(d)
+        bit = int(rng.integers(len(d) * 8))
+        bad[bit // 8] ^= 0x80 >> (bit % 8)
+        return [bytes(bad), d]
+
+    st, sender, flipped = _through_udp_relay(datapath, flip)
+    rejected = st["reassembly"]["rejected"]
+    assert sum(rejected.values()) == flipped >= 900, rejected
+    assert rejected["bad_mac"] >= 0.95 * flipped  # (a changed version, type or job is refused before)
+    assert sender["credits_received"] > 0
+
+
+def test_a_datagram_recorded_and_sent_again_is_refused_as_a_replay(datapath):
+    """The relay sends every datagram as sent and then again, exactly, and every 50th one a
+    third time, 40 datagrams later (what an on-path recorder can do without the key). Every
+    copy is refused as a replay before it reaches a message: nothing counts twice (no
+    duplicates), and the messages arrive exactly."""
+    recorded: list[bytes] = []
+
+    def replay(d: bytes, rng) -> list[bytes]:
+        recorded.append(d)
+        late = [recorded[-41]] if len(recorded) > 41 and len(recorded) % 50 == 0 else []
+        return [d, d, *late]
+
+    st, _, handled = _through_udp_relay(datapath, replay)
+    rejected = st["reassembly"]["rejected"]
+    late = sum(1 for n in range(42, handled + 1) if n % 50 == 0)
+    assert rejected.get("replay", 0) == handled + late >= 900, rejected
+    assert rejected.get("bad_mac", 0) == 0
+    assert st["duplicate_pkts"] == 0

@@ -225,18 +225,25 @@ class _Relay:
         self.listener.close()
 
 
-@pytest.mark.parametrize("secret", [SECRET, None])
-def test_the_keys_never_cross_the_wire(datapath, secret):
-    """Rank 0 reaches rank 1's control port through a relay that records the handshake and
-    everything after it. Both ranks derive the same key for each direction, the two directions'
-    keys differ, and neither key nor the secret appears in what the relay saw (the key nonces
-    do: they are public)."""
+def _through_relay(datapath: str, secret: str | None) -> tuple[Endpoint, Endpoint, _Relay]:
+    """Ranks 0 and 1, started; rank 0 reaches rank 1's control port through a relay that records
+    (and may change) everything on the way."""
     (d0, c0), (d1, c1) = free_port_pairs(2)
     relay = _Relay(("127.0.0.1", c1))
     true = (Peer(0, "127.0.0.1", d0, c0), Peer(1, "127.0.0.1", d1, c1))
     via_relay = (true[0], Peer(1, "127.0.0.1", d1, relay.port))
     a = Endpoint(TransportConfig(rank=0, peers=via_relay, datapath=datapath, secret=auth.parse_secret(secret))).start()
     b = Endpoint(TransportConfig(rank=1, peers=true, datapath=datapath, secret=auth.parse_secret(secret))).start()
+    return a, b, relay
+
+
+@pytest.mark.parametrize("secret", [SECRET, None])
+def test_the_keys_never_cross_the_wire(datapath, secret):
+    """Rank 0 reaches rank 1's control port through a relay that records the handshake and
+    everything after it. Both ranks derive the same key for each direction, the two directions'
+    keys differ, and neither key nor the secret appears in what the relay saw (the key nonces
+    do: they are public)."""
+    a, b, relay = _through_relay(datapath, secret)
     try:
         a.connect([1])
         x = np.arange(PER * 8, dtype=np.float32)
@@ -284,12 +291,7 @@ def test_a_control_frame_changed_or_replayed_on_the_way_drops_the_connection(dat
     """After the handshake every control frame is sealed under its connection's key with its
     index: a frame with a bit changed on the way, or sent twice, is refused (ctl_rejected
     bad_mac) and the connection dropped, never handled as a record."""
-    (d0, c0), (d1, c1) = free_port_pairs(2)
-    relay = _Relay(("127.0.0.1", c1))
-    true = (Peer(0, "127.0.0.1", d0, c0), Peer(1, "127.0.0.1", d1, c1))
-    via_relay = (true[0], Peer(1, "127.0.0.1", d1, relay.port))
-    a = Endpoint(TransportConfig(rank=0, peers=via_relay, datapath=datapath, secret=auth.parse_secret(SECRET))).start()
-    b = Endpoint(TransportConfig(rank=1, peers=true, datapath=datapath, secret=auth.parse_secret(SECRET))).start()
+    a, b, relay = _through_relay(datapath, SECRET)
     try:
         a.connect([1])
         x = np.arange(PER * 2, dtype=np.float32)
@@ -308,3 +310,30 @@ def test_a_control_frame_changed_or_replayed_on_the_way_drops_the_connection(dat
         a.close()
         b.close()
         relay.close()
+
+
+@pytest.mark.skipif(bool(native_available()), reason="the compiled module is not built")
+def test_a_packet_number_is_taken_once_and_one_older_than_the_window_is_refused():
+    """ReplayWindow (seal.h): under one key and packet type each packet number opens once; a
+    copy, or a datagram more than the window's 8192 numbers behind the highest, is REPLAYED; a
+    forged one is FORGED and moves nothing (its number stays free for the real datagram)."""
+    key = bytes(range(16))
+    sender, receiver = sealing.new_sealer(key, sealing.MAC), sealing.new_sealer(key, sealing.MAC)
+    header = wire.pack_header(wire.Header(ptype=wire.PacketType.DATA, job_id=1, message_id=2))
+    sealed = [sealing.seal(sender, header + bytes([i % 256]) * 8) for i in range(8300)]
+
+    def found(d: bytes) -> int:
+        row = np.frombuffer(d, np.uint8).copy().reshape(1, -1)
+        return int(sealing.open_rows(receiver, row, np.array([len(d)]), np.array([0]))[0])
+
+    forged = bytearray(sealed[1])
+    forged[-1] ^= 1
+    assert found(bytes(forged)) == sealing.FORGED
+    assert [found(sealed[i]) for i in (1, 0, 1, 0, 2)] == [sealing.OPENED, sealing.OPENED, sealing.REPLAYED,
+                                                           sealing.REPLAYED, sealing.OPENED]
+    assert found(sealed[8250]) == sealing.OPENED  # the window moves up to it
+    assert found(sealed[50]) == sealing.REPLAYED  # 8200 numbers behind: older than the window
+    assert found(sealed[8100]) == sealing.OPENED  # inside the window, not seen yet
+    assert found(sealed[8100]) == sealing.REPLAYED
+    assert sealing.open_datagram(receiver, sealed[8299]) is not None
+    assert sealing.open_datagram(receiver, sealed[8299]) is None  # a replay opens to nothing

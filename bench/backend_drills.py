@@ -2,9 +2,11 @@
 stops mid-DDP, whether barriers ever hang, whether bad calls raise at the call.
 
 Each drill spawns ``--world`` processes running stock DDP through ``init_process_group("dlcp",
-timeout=--timeout)``; at step 3 one rank (not rank 0) sends itself SIGKILL or SIGSTOP. A drill
-passes when every survivor raised (``DistBackendError`` or ``RuntimeError``) within the group's
-timeout + 5 s, destroyed its group and exited 0 (no crash). ``barriers``: ``--barriers``
+timeout=--timeout)``; at step 3 one rank (not rank 0) sends itself SIGKILL or SIGSTOP, saying
+when (the processes share the machine's monotonic clock). A drill passes when every survivor
+raised (``DistBackendError`` or ``RuntimeError``) within the group's timeout + 5 s of the
+signal, destroyed its group and exited 0 (no crash); its time is the slowest survivor's, from
+the signal. ``barriers``: ``--barriers``
 back-to-back ``dist.barrier()`` calls (every other one ``async_op``) finish; ``bad calls``:
 a SUM of uint16, a broadcast from rank 5, a mismatched all_gather list and size each raise at
 the call; ``mismatch``: every rank all_reduces a tensor of its own size (rank r: 1000 + r
@@ -49,6 +51,9 @@ def _entry(drill: str, rank: int, world: int, port: int, timeout_s: float, barri
             ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.5)
             for step in range(200):
                 if step == 3 and rank == world - 1:
+                    q.put((rank, "signalled", time.monotonic()))
+                    q.close()
+                    q.join_thread()  # (written before the signal: the queue's feeder thread would die with it)
                     os.kill(os.getpid(), signal.SIGKILL if drill == "kill" else signal.SIGSTOP)
                 ddp(torch.randn(16, 256)).sum().backward()
         elif drill == "barriers":
@@ -72,7 +77,7 @@ def _entry(drill: str, rank: int, world: int, port: int, timeout_s: float, barri
             dist.all_reduce(torch.ones(1000 + rank))
     except Exception as exc:  # noqa: BLE001 - what the survivor saw is the result
         outcome = type(exc).__name__
-    q.put((rank, outcome, time.monotonic() - t0))
+    q.put((rank, outcome, time.monotonic() - t0, time.monotonic()))
     dist.destroy_process_group()
 
 
@@ -87,11 +92,19 @@ def drill_once(drill: str, world: int, timeout_s: float, barriers: int) -> tuple
     victim = world - 1 if drill in ("kill", "stop") else None
     survivors = [r for r in range(world) if r != victim]
     got: dict[int, tuple[str, float]] = {}
+    raised_at: dict[int, float] = {}
+    signalled: float | None = None
     why = ""
     try:
-        for _ in survivors:
-            rank, outcome, after = q.get(timeout=timeout_s + 60)
-            got[rank] = (outcome, after)
+        while len(got) < len(survivors) or (victim is not None and signalled is None):
+            item = q.get(timeout=timeout_s + 60)
+            if item[1] == "signalled":
+                signalled = item[2]
+                continue
+            rank, outcome, after, at = item
+            got[rank], raised_at[rank] = (outcome, after), at
+        if signalled is not None:  # a survivor's time is from the signal
+            got = {r: (o, raised_at[r] - signalled) for r, (o, _) in got.items()}
         for r in survivors:
             procs[r].join(30)
     except Exception:  # queue.Empty: a survivor never answered

@@ -18,7 +18,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 PAGES: dict[str, list[list[str]]] = {
     "benchmarks.md": [["20261126-bench-packetizer.json"], ["20261127-1120-bench-transport.json"],
                       ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"]],
-    "backend.md": [["20261128-bench-backend.json"]],
+    "backend.md": [["20261128-bench-backend-2.json"]],
     "sim-speed.md": [["20261126-bench-sim.json"]],
     "digits-demo.md": [["20261126-demo.json"]],
     "convergence-loss-bound.md": [["20261126-converge-mnist1d.csv"]],

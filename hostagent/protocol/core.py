@@ -369,7 +369,7 @@ class ProtocolCore:
             msg = self.inc.get(key)
             if msg is not None:
                 theirs = (int(h.dtype), h.elem_offset, h.elem_count)
-                if theirs != (msg.dtype_code, msg.total_elems, msg.elems_per_packet):
+                if not shapes_agree(theirs, (msg.dtype_code, msg.total_elems, msg.elems_per_packet)):
                     self._refuse(msg, theirs)
                     return
                 msg.ask(now)
@@ -887,10 +887,22 @@ def _rest(result: RecvResult) -> tuple:
 
 
 
+def shapes_agree(sent: tuple[int, int, int], expected: tuple[int, int, int]) -> bool:
+    """Whether a message of shape ``sent`` (dtype code, elements, elements per packet) fits a
+    receive that expects ``expected``: the same type and count, cut alike, or in one packet on
+    both sides (then the cut does not matter: ranks with other MTUs still agree on it).
+
+    Example: ``shapes_agree((0, 10, 357), (0, 10, 2232))`` -> True; ``(0, 1000, 357)`` against
+    ``(0, 1000, 2232)`` -> False.
+    """
+    (d1, n1, per1), (d2, n2, per2) = sent, expected
+    return d1 == d2 and n1 == n2 and (per1 == per2 or n1 <= min(per1, per2))
+
+
 def _mismatch_hint(sent: tuple[int, int, int], expected: tuple[int, int, int]) -> str:
     """What most likely differs, for the error: the data, or the ranks' MTUs."""
     if sent[:2] == expected[:2]:
         return " (the same data cut into other packets: the ranks' MTUs differ)"
     return " (the ranks' tensors differ in size or type)"
 
-__all__ = ["HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK"]
+__all__ = ["HELLO", "HELLO_REPLY", "IDLE_TICK", "ProtocolCore", "TransportClosed", "URGENT_TICK", "shapes_agree"]

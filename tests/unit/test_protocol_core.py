@@ -595,3 +595,13 @@ def test_the_default_policy_is_what_the_core_reads():
     core, _ = make_core(policy=Policy(loss_bound_push=0.1))
     core.send(1, np.zeros(PER, np.float32), 1, now=0.0)
     assert core.out[(1, 1)].loss_bound == 0.1
+
+
+def test_shapes_agree_when_type_count_and_cut_match_or_one_packet_holds_it_all():
+    from dlcp.hostagent.protocol.core import shapes_agree
+
+    assert shapes_agree((0, 1000, 357), (0, 1000, 357))
+    assert shapes_agree((0, 10, 357), (0, 10, 2232))  # one packet on both sides: MTUs may differ
+    assert not shapes_agree((0, 1000, 357), (0, 1000, 2232))  # cut otherwise: every packet refused
+    assert not shapes_agree((0, 1000, 357), (0, 400, 357))
+    assert not shapes_agree((0, 100, 357), (1, 100, 357))

@@ -108,7 +108,9 @@ def drill_once(drill: str, world: int, timeout_s: float, barriers: int) -> tuple
         for r in survivors:
             procs[r].join(30)
     except Exception:  # queue.Empty: a survivor never answered
-        why = f"ranks {sorted(set(survivors) - set(got))} gave no answer within {timeout_s + 60:g} s (a hang)"
+        silent = sorted(set(survivors) - set(got))
+        why = (f"ranks {silent} gave no answer within {timeout_s + 60:g} s (a hang)" if silent else
+               f"rank {victim} never reached its signal (it failed before step 3)")
     finally:
         for p in procs:
             if p.is_alive() and p.pid is not None:

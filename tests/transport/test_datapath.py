@@ -350,16 +350,17 @@ def _state(dp, src: int, message_id: int) -> int:
     return p.state
 
 
-def _capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None) -> list[bytes]:
-    """Send ``spec`` from a started data path (``which``) of rank 0 and return the first ``n``
-    datagrams that a plain socket standing in for rank 1 receives, then (``resend``) those of
-    a retransmission of these sequence numbers."""
+def wire_capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None, **config) -> list[bytes]:
+    """Send ``spec`` from a started data path (``which``) of rank 0, keys KEY1 both ways, and
+    return the first ``n`` datagrams, as they are on the wire, that a plain socket standing in
+    for rank 1 receives, then (``resend``) those of a retransmission of these sequence numbers.
+    ``config``: TransportConfig's fields besides (``encrypt=True``, say)."""
     from dlcp.hostagent.datapath.native import NativeDatapath
     from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
 
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
-    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False)
+    cfg = TransportConfig(rank=0, peers=local_peers(2, 42000), offload=False, **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
     dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
@@ -376,15 +377,20 @@ def _capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None) 
             dp.retransmit(spec.dest, spec.message_id, np.array(resend, np.int64))
             while len(out) < n + len(resend):
                 out.append(rx.recv(65536))
-        # each sealed under the direction's key (as rank 1 opens it), returned without the trailer
-        opener = sealing.new_sealer(KEY1, sealing.MAC)
-        opened = [sealing.open_datagram(opener, d) for d in out]
-        assert all(d is not None for d in opened), f"{which}: a datagram that does not open under its key"
-        return [d for d in opened if d is not None]
+        return out
     finally:
         dp.stop()
         sock.close()
         rx.close()
+
+
+def _capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = None) -> list[bytes]:
+    """:func:`wire_capture`'s datagrams opened as rank 1 opens them (each sealed under the
+    direction's key), without their trailers."""
+    opener = sealing.new_sealer(KEY1, sealing.MAC)
+    opened = [sealing.open_datagram(opener, d) for d in wire_capture(which, spec, n, resend)]
+    assert all(d is not None for d in opened), f"{which}: a datagram that does not open under its key"
+    return [d for d in opened if d is not None]
 
 
 @pytest.mark.parametrize("which", ["native", "numpy"])

@@ -118,28 +118,11 @@ def test_what_a_path_puts_on_the_wire_opens_under_the_key_and_is_encrypted_when_
     """A message sent by a path, as a plain socket standing in for rank 1 reads it: every
     datagram opens under the direction's key, with packet numbers 0, 1, 2, ... in the order
     they left; encrypted, no payload leaves in the clear; opened, they place the message."""
-    from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.transport.test_datapath import wire_capture
 
     x = np.random.default_rng(2).standard_normal(PER * 6 + 11).astype(np.float32)
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
-    cfg = TransportConfig(rank=0, peers=tuple(Peer(r, "127.0.0.1", 43100 + 2 * r, 43101 + 2 * r) for r in range(2)),
-                          offload=False, encrypt=encrypt)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
-    dp.add_peer(1, "127.0.0.1", rx.getsockname()[1])
-    dp.set_keys(1, KEY1, KEY1)
-    dp.set_rate(1, 1e9)
-    dp.start()
-    try:
-        dp.submit(TxSpec(1, 7, x, 0, PER, auth.DATA_TOKEN, 2, 3, 0, 6, None, None, np.zeros(7, np.uint8)))
-        got = [rx.recv(65536) for _ in range(7)]
-    finally:
-        dp.stop()
-        sock.close()
-        rx.close()
+    spec = TxSpec(1, 7, x, 0, PER, auth.DATA_TOKEN, 2, 3, 0, 6, None, None, np.zeros(7, np.uint8))
+    got = wire_capture(which, spec, 7, encrypt=encrypt)
     opener = sealing.new_sealer(KEY1, sealing.ENCRYPT if encrypt else sealing.MAC)
     assert [int.from_bytes(d[-wire.TRAILER_SIZE: -16], "big") for d in got] == list(range(7))  # packet numbers
     placed = np.zeros(x.size, np.float32)

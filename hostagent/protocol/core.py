@@ -93,6 +93,10 @@ class ProtocolCore:
         self.fb_sent_at: dict[int, float] = {}
         self.drain_sent: dict[int, int] = {}
         self.outbox: dict[int, list[bytes]] = defaultdict(list)
+        # peer rank -> the last mismatch between us (either side refused): a peer that refused a
+        # message usually fails and closes next, and the other messages with it then fail for
+        # that closing; their errors name the mismatch, whichever frame the caller waits on first
+        self.mismatch_with: dict[int, str] = {}
         self._order = 0
         self._deferred: dict[tuple[int, int], TxSpec] = {}
         self._last_rate: dict[int, float] = {}
@@ -432,11 +436,12 @@ class ProtocolCore:
         del self.inc[msg.key]
         self.port.forget(*msg.key, remember=False)
         self.stats.messages_refused += 1
-        if msg.handle:
-            msg.handle._fail(MessageMismatch(
-                f"rank {self.rank}: message {msg.message_id} from rank {msg.src}: rank {msg.src} sends "
+        what = (f"message {msg.message_id} from rank {msg.src}: rank {msg.src} sends "
                 f"{wire.describe_shape(*theirs)}, this rank expects {wire.describe_shape(*mine)}"
-                f"{_mismatch_hint(theirs, mine)}"))
+                f"{_mismatch_hint(theirs, mine)}")
+        self.mismatch_with[msg.src] = what
+        if msg.handle:
+            msg.handle._fail(MessageMismatch(f"rank {self.rank}: {what}"))
         self.queue(msg.src, wire.PacketType.STOP, msg.message_id, wire.STOP_BODY.pack(0), flags=wire.Flags.MISMATCH,
                    **wire.shape_fields(*mine))
 
@@ -448,10 +453,11 @@ class ProtocolCore:
         self.port.retire(h.sender_rank, h.message_id)
         theirs = (int(h.dtype), h.elem_offset, h.elem_count)
         mine = (m.dtype_code, m.total_elems, m.elems_per_packet)
-        m.handle._fail(MessageMismatch(
-            f"rank {self.rank}: message {m.message_id} to rank {m.dest}: rank {m.dest} expects "
-            f"{wire.describe_shape(*theirs)}, this rank sends {wire.describe_shape(*mine)}"
-            f"{_mismatch_hint(mine, theirs)}"))
+        what = (f"message {m.message_id} to rank {m.dest}: rank {m.dest} expects "
+                f"{wire.describe_shape(*theirs)}, this rank sends {wire.describe_shape(*mine)}"
+                f"{_mismatch_hint(mine, theirs)}")
+        self.mismatch_with[m.dest] = what
+        m.handle._fail(MessageMismatch(f"rank {self.rank}: {what}"))
 
     def _on_stop(self, src: int, message_id: int, body: bytes, now: float) -> None:
         (held,) = wire.STOP_BODY.unpack_from(body)
@@ -719,6 +725,8 @@ class ProtocolCore:
         whether any was in flight."""
         peer = self.config.peer(rank)
         where = f"peer rank {rank} ({peer.host}:{peer.control_port})"
+        if rank in self.mismatch_with:
+            why = f"{why} (after a mismatch: {self.mismatch_with[rank]})"
         in_flight = any(k[0] == rank for k in [*self.out, *self.inc, *self.waiting])
         for key in [k for k in self.out if k[0] == rank]:
             m = self.out.pop(key)

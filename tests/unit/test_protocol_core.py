@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dlcp.hostagent import auth, wire
-from dlcp.hostagent.messages import Expect, PeerFailed, TransportTimeout
+from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportTimeout
 from dlcp.hostagent.policy import Policy, required_elements
 from dlcp.hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
 from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
@@ -479,6 +479,23 @@ def test_a_failed_peer_fails_exactly_its_own_messages():
         with pytest.raises(PeerFailed, match="peer rank 1"):
             h.wait(0)
     assert not to2.done() and ("retire", 1, 1) in port.calls and ("forget", 1, 9, False) in port.calls
+
+
+def test_a_peer_that_refused_a_message_and_then_closed_fails_the_others_naming_the_mismatch():
+    """The peer refuses our message (it expects another shape), raises and closes: the receive
+    from it still in flight fails for the closing, and its error names the mismatch (the caller
+    may wait on that receive first)."""
+    core, _ = make_core()
+    sent = core.send(1, np.zeros(500, np.float32), 1, now=0.0)
+    incoming = _expect(core, 1, 0.0)
+    refusal = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=1, sender_rank=1,
+                          flags=wire.Flags.MISMATCH, **wire.shape_fields(0, 200, PER))
+    core.on_record(refusal, wire.STOP_BODY.pack(0), now=0.01)
+    with pytest.raises(MessageMismatch, match="rank 1 expects 200 float32 elements"):
+        sent.wait(0)
+    core.peer_failed(1, "closed the control connection")
+    with pytest.raises(PeerFailed, match="closed the control connection .after a mismatch: .*tensors differ"):
+        incoming.wait(0)
 
 
 # ---------------------------------------------------------------- feedback and rates

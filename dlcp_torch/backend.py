@@ -70,6 +70,7 @@ from dlcp_torch.bucket_order import BackwardOrder
 from dlcp_torch.staging import HostCopies, Staging
 from dlcp_torch.tensors import as_numpy, torch_dtype
 from dlcp_torch.work import DLCPWork
+from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
 from dlcp.hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
 from dlcp.hostagent.messages import Expect, TransportError, TransportTimeout
@@ -835,6 +836,8 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
     protection = ("packets encrypted and authenticated" if options.encrypt else
                   "packets authenticated (DLCP_ENCRYPT=1 to encrypt)" if options.authenticate else
                   "packets NOT authenticated (DLCP_AUTHENTICATE=0)")
+    if options.encrypt or options.authenticate:
+        protection += f", AES-GCM by {sealing.library()}"
     return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from}); {protection}"
 
 

@@ -40,10 +40,10 @@ connection and direction (:func:`control_key`) over the frame's length prefix an
 packet number the frame's index on the connection, which the reader checks. A frame changed,
 dropped, replayed or inserted on the way drops the connection (``ctl_rejected["bad_mac"]``).
 
-**Tokens.** A data packet's header ``token`` is :data:`DATA_TOKEN` (zero): the trailer's tag
-(:data:`dlcp.hostagent.wire.TRAILER_SIZE`) authenticates the whole packet. A credit's token (keyed
-BLAKE2b of its header, :func:`credit_token`) is still computed under the direction key and
-checked behind the tag; it protects nothing the tag does not.
+**Tokens.** A packet's header ``token`` is :data:`DATA_TOKEN` (zero) on data and credits alike:
+the trailer's tag (:data:`dlcp.hostagent.wire.TRAILER_SIZE`) authenticates the whole datagram.
+(Credits carried a keyed BLAKE2b of their header until wire version 4; behind the tag it
+protected nothing more, and it was hand-written crypto.)
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ import hmac
 import os
 import struct
 
-from dlcp.hostagent import wire
 
 #: Bytes of a nonce (handshake or key nonce), a direction key, and a proof (HMAC-SHA256).
 NONCE_BYTES = 16
@@ -62,9 +61,10 @@ PROOF_BYTES = 32
 #: Shortest job secret accepted: 128 bits, as a random key should have.
 MIN_SECRET_BYTES = 16
 
-#: The ``token`` field of a data packet since wire version 3: zero. It was a 32-bit keyed hash of
-#: (job, sender, message, iteration) that covered neither ``seq``, the offset, the flags nor the
-#: payload; the trailer's 128-bit tag covers all of them (``hostagent/native/seal.h``).
+#: The ``token`` field of a data packet since wire version 3, and of a credit since 4: zero. On
+#: data it was a 32-bit keyed hash of (job, sender, message, iteration) that covered neither
+#: ``seq``, the offset, the flags nor the payload; the trailer's 128-bit tag covers all of them
+#: (``hostagent/native/seal.h``).
 DATA_TOKEN = 0
 
 #: Handshake steps (the first byte of a HELLO body). STEP_KEY (4) now says only "done": no
@@ -74,9 +74,6 @@ STEP_HELLO, STEP_CHALLENGE, STEP_RESPONSE, STEP_KEY = 1, 2, 3, 4
 _PROOF_INPUT = struct.Struct("!8sIHH16s16s16s")
 _KEY_INFO = struct.Struct("!16sIHH16s16s")
 _KEY_SALT = b"DLCP direction key v1"
-# Where the token sits in a header (a credit's token is computed over the header around it).
-_TOKEN_AT = wire.FIELD_OFFSET["token"]
-_TOKEN_END = _TOKEN_AT + wire.FIELD_DTYPE["token"].itemsize
 
 
 def new_nonce() -> bytes:
@@ -183,19 +180,3 @@ def direction_key(secret: bytes | None, job_id: int, sender: int, receiver: int,
     return hkdf_sha256(secret or b"", _KEY_SALT, info, KEY_BYTES)
 
 
-def credit_token(key: bytes, header: bytes) -> int:
-    """The 32-bit token of a CREDIT (:data:`dlcp.hostagent.wire.PacketType.CREDIT`): keyed BLAKE2b of
-    ``C`` and the whole header as sent, its ``token`` field read as zero. Every field is bound
-    (the window in ``elem_count``, the count, the sequence, the RELEASE flag), so a copy with any
-    of them changed is refused; and its input is longer than a data token's, so no data header
-    passes for a credit. The compiled data path computes the same.
-
-    Example::
-
-        h = wire.pack_header(wire.Header(ptype=wire.PacketType.CREDIT, ...))   # token 0
-        token = credit_token(key, h)
-    """
-    if len(header) < _TOKEN_END:
-        raise ValueError(f"a credit's header has at least {_TOKEN_END} bytes, got {len(header)}")
-    blank = header[:_TOKEN_AT] + bytes(4) + header[_TOKEN_END:]
-    return int.from_bytes(hashlib.blake2b(b"C" + blank, digest_size=4, key=key).digest(), "big")

@@ -39,7 +39,7 @@ REASONS: tuple[str, ...] = (
     "bad_version",  # header version is not wire.VERSION
     "not_data",  # a control packet type on the data path
     "wrong_job",  # job id differs from this receiver's
-    "bad_token",  # the message token is not the one its sender was given (forged or stale)
+    "bad_token",  # a data token not the one its sender was given, or a credit from no peer we send to
     "unknown_message",  # (sender, message id) was never announced, or already finished
     "wrong_dtype",  # element type differs from the announced one
     "bad_seq",  # seq or total_pkts does not fit the announced message

@@ -40,16 +40,31 @@ def _native() -> Any:
     return _datapath
 
 
-def new_sealer(key: bytes, protection: int) -> Any:
+def new_sealer(key: bytes, protection: int, epoch_bits: int | None = None) -> Any:
     """A sealer for one direction's ``key`` (one thread at a time; its packet numbers count
-    from 0, so a key's sealer must live as long as the key is used to send).
+    from 0, so a key's sealer must live as long as the key is used to send). Its AES keys are
+    renewed every ``2**epoch_bits`` datagrams of a type (``hostagent/native/seal.h``; the default,
+    22, is what the data paths use; tests make epochs short to cross several).
 
     Raises:
-        ValueError: a key that is not 16 bytes, or an unknown protection.
+        ValueError: a key that is not 16 bytes, an unknown protection, epoch_bits not 1..62.
     """
     if protection not in (NONE, MAC, ENCRYPT):
         raise ValueError(f"protection is {NONE} (none), {MAC} (MAC) or {ENCRYPT} (encrypt), not {protection}")
-    return _native().PacketSealer(key, protection)
+    native = _native()
+    return native.PacketSealer(key, protection, native.EPOCH_BITS if epoch_bits is None else epoch_bits)
+
+
+def library() -> str:
+    """The library that computes the tags in this build: ``"intel-ipsec-mb 1.3.0"`` where the
+    build found it, else OpenSSL's version text (``hostagent/native/seal.h``)."""
+    return str(_native().SEAL_LIBRARY)
+
+
+def epoch_key(key: bytes, ptype: int, epoch: int) -> bytes:
+    """The AES key that seals epoch ``epoch`` of packet type ``ptype`` under a direction's ``key``
+    (HKDF-SHA256 of it, info ``"dlcp epoch" | ptype | epoch``; ``hostagent/native/seal.h``)."""
+    return _native().epoch_key(key, ptype, epoch)
 
 
 def seal_rows(sealer: Any, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -44,8 +44,9 @@ DLCP_UDP_PORT = 17649
 
 #: Header version carried in every packet; a receiver rejects any other value.
 #: 2: the ``token`` field (version 1 had none). 3: every data-path datagram ends in a trailer
-#: (:data:`TRAILER_SIZE`).
-VERSION = 3
+#: (:data:`TRAILER_SIZE`). 4: keys renewed by epoch of packet numbers (``hostagent/native/seal.h``);
+#: a credit's ``token`` is 0 (its trailer's tag authenticates it).
+VERSION = 4
 
 
 class PacketType(enum.IntEnum):
@@ -319,9 +320,9 @@ def decode_headers(buf: bytes | bytearray | memoryview | np.ndarray, count: int 
 # ``sender_rank`` R, ``iteration`` a sequence number that grows with every credit R sends S,
 # ``total_pkts``/``elem_offset`` the high and low 32 bits of the data packets of S that R has
 # taken from its socket so far, ``elem_count`` the window: how many packets S may have sent
-# beyond that. ``token`` is :func:`dlcp.hostagent.auth.credit_token`, under the key of the direction
-# R -> S, and the trailer seals it under the same key; S keeps the highest count of the highest
-# sequence, so a replayed credit grants nothing.
+# beyond that. ``token`` is 0 (since version 4); the trailer seals the credit under the key of the
+# direction R -> S. S keeps the highest count of the highest sequence, so a late credit grants
+# nothing (and a replayed one is refused by the trailer's replay window).
 
 #: Most packets a credit can grant (``elem_count``'s width).
 MAX_CREDIT_WINDOW = FIELD_MAX["elem_count"]

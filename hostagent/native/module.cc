@@ -15,7 +15,6 @@
 #include "datapath.h"
 #include "tags.h"
 #include "seal.h"
-#include "token.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -129,27 +128,31 @@ NB_MODULE(_datapath, m) {
     // its stopped data path alive until then too; nanobind would print that as a leak.
     nb::set_leak_warnings(false);
 
-    m.def("credit_token",
-          [](nb::bytes key, nb::bytes header, size_t token_offset) {
-              if (key.size() != 16) throw std::invalid_argument("a key has 16 bytes");
-              return credit_token(reinterpret_cast<const uint8_t*>(key.c_str()),
-                                  reinterpret_cast<const uint8_t*>(header.c_str()), header.size(), token_offset);
-          },
-          "key"_a, "header"_a, "token_offset"_a);
-
     // The packet protection of seal.h, for the numpy data path and tests: the same code the
     // compiled path seals and opens with, so the rule lives in one place.
     m.attr("TRAILER_BYTES") = TRAILER_BYTES;
+    m.attr("EPOCH_BITS") = Sealer::EPOCH_BITS;
+    m.attr("SEAL_LIBRARY") = SEAL_LIBRARY;
+    m.def("epoch_key",
+          [](nb::bytes key, uint8_t ptype, uint64_t epoch) {
+              if (key.size() != KEY_BYTES) throw std::invalid_argument("a direction key has 16 bytes");
+              uint8_t out[KEY_BYTES];
+              epoch_key(reinterpret_cast<const uint8_t*>(key.c_str()), ptype, epoch, out);
+              return nb::bytes(reinterpret_cast<const char*>(out), KEY_BYTES);
+          },
+          "key"_a, "ptype"_a, "epoch"_a);
     nb::class_<Sealer>(m, "PacketSealer")
         .def("__init__",
-             [](Sealer* self, nb::bytes key, int mode) {
+             [](Sealer* self, nb::bytes key, int mode, unsigned epoch_bits) {
                  if (key.size() != KEY_BYTES) throw std::invalid_argument("a direction key has 16 bytes");
                  if (mode < 0 || mode > 2) throw std::invalid_argument("mode is 0 (none), 1 (MAC) or 2 (encrypt)");
-                 new (self) Sealer(reinterpret_cast<const uint8_t*>(key.c_str()), Protect(mode));
+                 if (epoch_bits < 1 || epoch_bits > 62) throw std::invalid_argument("epoch_bits is 1..62");
+                 new (self) Sealer(reinterpret_cast<const uint8_t*>(key.c_str()), Protect(mode), epoch_bits);
              },
-             "key"_a, "mode"_a)
+             "key"_a, "mode"_a, "epoch_bits"_a = Sealer::EPOCH_BITS)
         .def_prop_ro("mode", [](const Sealer& s) { return int(s.mode()); })
         .def_prop_ro("sealed", &Sealer::sealed)
+        .def_prop_ro("keys_derived", &Sealer::keys_derived)
         .def("seal_rows",
              [](Sealer& s, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,
                 size_t header_size, size_t ptype_offset) {

@@ -2,10 +2,10 @@
 //
 //     header | payload | pn (8 bytes, big-endian) | tag (16 bytes)
 //
-// AES-128-GCM under the key of its direction (sender -> receiver, hostagent.auth.direction_keys:
-// derived in the handshake, never sent), nonce = ptype (1 byte) | 3 zero bytes | pn, where pn
-// counts the datagrams of that type the sender sealed under the key: no nonce is ever used twice
-// under one key (a resend is sealed afresh with the next pn, so its changed header never
+// AES-128-GCM under a key derived from its direction's (sender -> receiver,
+// hostagent.auth.direction_keys: derived in the handshake, never sent; renewed by epoch, below),
+// nonce = ptype (1 byte) | 3 zero bytes | pn, where pn counts the datagrams of that type the
+// sender sealed under the key: no nonce is ever used twice under one key (a resend is sealed afresh with the next pn, so its changed header never
 // meets an old tag's nonce). Three modes:
 //   * MAC (the default): the whole datagram (header and payload) is GCM's additional data, the
 //     tag a 128-bit GMAC over it: any bit changed anywhere fails the check;
@@ -14,20 +14,39 @@
 // The check comes before a byte of the payload is used: a receiver opens a datagram in its own
 // read buffer (decrypting in place) and only then reads its fields as trustworthy.
 //
-// Why AES-GCM from OpenSSL: the CPUs this runs on have AES-NI and carry-less multiply (this
-// one VAES and VPCLMULQDQ too), OpenSSL's GHASH and AES-GCM use them, it is in every
-// distribution (libssl-dev), and it gives a MAC and the AEAD from one primitive and one key.
-// An EVP context is set up once per key (its key schedule and hash key computed then); per
-// datagram only the nonce is set.
+// Key renewal: a direction's key is never an AES key itself. Each packet type's numbers are cut
+// into epochs of 2^EPOCH_BITS, and epoch e of type t is sealed under
+//     K(t, e) = HKDF-SHA256(ikm = direction key, info = "dlcp epoch" | t | e (8 bytes, big-endian))
+// (RFC 5869, OpenSSL's), so no AES key seals more than 2^22 datagrams: far below AES-GCM's
+// limits (RFC 9001 section 6.6: 2^23 encrypted packets for confidentiality) however long a
+// job runs, and without a message to agree on it: both sides read the epoch from the packet
+// number. A receiver holds the keys of the previous, current and next epoch of each type; a
+// datagram of any other epoch is refused as FORGED at no cost (a genuine one is never two epochs
+// late: the replay window refuses far less late ones), and the next epoch's key is derived once,
+// at the first datagram claiming it, and becomes current when one authenticates under it. The
+// 64-bit packet numbers do not wrap in any job's life (2^64 datagrams).
+//
+// Why AES-GCM: the CPUs this runs on have AES-NI and carry-less multiply (this one VAES and
+// VPCLMULQDQ too), it gives a MAC and the AEAD from one primitive and one key, with 128-bit
+// tags, and it is what QUIC and TLS 1.3 seal each packet with. Which library computes it:
+// Intel's intel-ipsec-mb where the build finds it (Debian's libipsec-mb-dev; x86-64), whose
+// AES-GCM and GMAC use VAES and VPCLMULQDQ on 512-bit registers: 3-5x faster per datagram
+// here than OpenSSL 3.0's (docs/design/security.md); OpenSSL 3 otherwise (every distribution's
+// libssl-dev, which also gives HKDF). Both compute the same standard tags (a known-answer test
+// pins them); SEAL_LIBRARY says which a build uses. A key's working state (key schedule and
+// hash-key powers) is computed once per key (GcmKey); per datagram only the nonce changes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
-typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
-
 namespace dlcp {
+
+class GcmKey;  // one AES-128-GCM key, ready to use (seal.cc)
+
+// The library behind the AES-GCM, and its version ("intel-ipsec-mb 1.3.0" or "OpenSSL 3.0.x").
+extern const char* const SEAL_LIBRARY;
 
 constexpr size_t PN_BYTES = 8, TAG_BYTES = 16, TRAILER_BYTES = PN_BYTES + TAG_BYTES;
 constexpr size_t KEY_BYTES = 16;
@@ -56,10 +75,16 @@ class ReplayWindow {
     uint64_t bits_[SIZE / 64] = {};
 };
 
-// One direction's key, for one thread at a time (an EVP context is not shared between threads).
+// Derive K(ptype, epoch) of a direction key (above). Throws std::runtime_error if OpenSSL fails.
+void epoch_key(const uint8_t key[KEY_BYTES], uint8_t ptype, uint64_t epoch, uint8_t out[KEY_BYTES]);
+
+// One direction's key, for one thread at a time (its keys' working state is not shared).
 class Sealer {
   public:
-    Sealer(const uint8_t key[KEY_BYTES], Protect mode);
+    static constexpr unsigned EPOCH_BITS = 22;
+
+    // `epoch_bits`: the epochs' length (EPOCH_BITS; tests make them short to cross several).
+    Sealer(const uint8_t key[KEY_BYTES], Protect mode, unsigned epoch_bits = EPOCH_BITS);
     ~Sealer();
     Sealer(const Sealer&) = delete;
     Sealer& operator=(const Sealer&) = delete;
@@ -83,14 +108,30 @@ class Sealer {
     // Datagrams sealed so far under this key (of every type).
     uint64_t sealed() const { return sealed_; }
 
+    // Epoch keys derived so far (both directions of use, every type): how often keys changed.
+    uint64_t keys_derived() const { return keys_derived_; }
+
   private:
+    // One packet type's numbers under this key: what sealing and opening it needs.
+    struct Lane {
+        uint64_t next_pn = 0;
+        uint64_t tx_epoch = 0;
+        std::unique_ptr<GcmKey> tx;  // epoch tx_epoch's, made at the type's first seal
+        uint64_t rx_epoch = 0;       // the current epoch: rx[1]; rx[0] the one before, rx[2] after
+        std::unique_ptr<GcmKey> rx[3];
+        ReplayWindow seen;
+        Lane();
+        ~Lane();
+    };
+    Lane& lane(uint8_t ptype);
+    std::unique_ptr<GcmKey> derive(uint8_t ptype, uint64_t epoch);
+
     uint8_t key_[KEY_BYTES];
     Protect mode_;
-    EVP_CIPHER_CTX* enc_ = nullptr;
-    EVP_CIPHER_CTX* dec_ = nullptr;
-    uint64_t next_pn_[256] = {};  // per packet type
-    std::unique_ptr<ReplayWindow> seen_[256];  // per packet type, made at its first datagram
+    unsigned epoch_bits_;
+    std::unique_ptr<Lane> lanes_[256];  // per packet type, made at its first datagram
     uint64_t sealed_ = 0;
+    uint64_t keys_derived_ = 0;
 };
 
 }  // namespace dlcp

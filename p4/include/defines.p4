@@ -8,7 +8,7 @@
 
 /* UDP destination port that marks DLCP; hostagent/wire.py DLCP_UDP_PORT (a test checks). */
 #define DLCP_UDP_PORT 17649
-#define DLCP_VERSION 3
+#define DLCP_VERSION 4
 #define DLCP_PTYPE_DATA 1
 
 /* v1model priority is 3 bits: 8 queues, 7 served first. */

@@ -4,7 +4,6 @@ must be the same; a reduction must add each packet exactly once."""
 
 from __future__ import annotations
 
-import dataclasses
 import select
 import socket
 import threading
@@ -626,36 +625,26 @@ def _raw_bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
-def test_the_compiled_credit_tokens_are_the_python_tokens():
-    from dlcp.hostagent import _datapath
-
-    rng = np.random.default_rng(4)
-    for _ in range(500):
-        key = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
-        header = rng.integers(0, 256, wire.HEADER_SIZE, dtype=np.uint8).tobytes()
-        assert (_datapath.credit_token(key, header, wire.FIELD_OFFSET["token"])
-                == auth.credit_token(key, header))
-
-
 def _credit(granter: int, seq: int, consumed: int, window: int, key: bytes = KEY1) -> bytes:
     h = wire.Header(ptype=wire.PacketType.CREDIT, job_id=1, message_id=0, sender_rank=granter, priority=7,
                     iteration=seq, elem_count=window, total_pkts=consumed >> 32, elem_offset=consumed & 0xFFFFFFFF)
-    return wire.pack_header(dataclasses.replace(h, token=auth.credit_token(key, wire.pack_header(h))))
+    return wire.pack_header(h)
 
 
 def test_a_credit_with_its_window_changed_is_refused_by_both_paths():
-    """The credit token covers every field: a copy of a real credit with its window
-    (``elem_count``) raised to 65535 was accepted (the token bound neither), and a sender would
-    have sent 65535 packets into a receiver that granted 64."""
+    """The trailer's tag covers every field of a credit: a copy of a real one with its window
+    (``elem_count``) raised to 65535 or its count changed is refused (a 32-bit token that bound
+    neither let the window through once, and a sender would have sent 65535 packets into a
+    receiver that granted 64); the real one moves the window."""
     paths, sock = _paths()
-    real = _credit(1, seq=1, consumed=10, window=64)
     for dp in paths:
+        real = _seal(_credit(1, seq=1, consumed=10, window=64))
         dp.add_peer(1, "127.0.0.1", 41002)
-        _one(dp, _with(real, elem_count=wire.MAX_CREDIT_WINDOW), now=1.0)
-        _one(dp, _with(real, elem_offset=10_000), now=1.0)
+        _one(dp, _with(real, elem_count=wire.MAX_CREDIT_WINDOW), now=1.0, key=None)
+        _one(dp, _with(real, elem_offset=10_000), now=1.0, key=None)
         s = dp.stats()
-        assert (s["credits_received"], s["rejected"].get("bad_token")) == (0, 2), type(dp).__name__
-        _one(dp, real, now=1.0)
+        assert (s["credits_received"], s["rejected"].get("bad_mac")) == (0, 2), type(dp).__name__
+        _one(dp, real, now=1.0, key=None)
         assert dp.stats()["credits_received"] == 1
         dp.stop()
     sock.close()

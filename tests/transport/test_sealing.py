@@ -383,11 +383,24 @@ def test_an_epoch_key_is_hkdf_sha256_of_the_direction_key_as_documented():
     assert len({sealing.epoch_key(key, 1, e) for e in range(100)}) == 100
 
 
-#: Trailers of one datagram sealed as its sender's 1st, 2nd and 4,194,305th (the first of epoch
-#: 1) DATA datagram, with a MAC and encrypted: computed by the OpenSSL build (DLCP_SEAL_LIBRARY=
-#: openssl) when wire version 4 was made. Every build, whichever library, must give these bytes.
+#: What follows the header of one datagram sealed as its sender's 1st, 2nd and 5th DATA datagram
+#: (with epochs of 4: the 5th is epoch 1's first), with a MAC and encrypted: the payload (or its
+#: ciphertext), the packet number and the tag, computed by the OpenSSL build
+#: (``pip install -e . -C cmake.define.DLCP_SEAL_LIBRARY=openssl``) when wire version 4 was made.
+#: Every build, whichever library computes AES-GCM, must give these bytes.
 _KAT_KEY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
-_KAT = {}  # filled below
+_PLAIN = bytes(range(32)).hex()
+_KAT = {
+    sealing.MAC: {0: _PLAIN + "0000000000000000" "9bfc61e5dfab08f99f0a97d1d90ac85d",
+                  1: _PLAIN + "0000000000000001" "3d9b9c46ffcdd3880091158ede4961ef",
+                  4: _PLAIN + "0000000000000004" "01e6b211e87e792b7d195137178e8aa1"},
+    sealing.ENCRYPT: {0: "25909d42532504db8359e50bc6e4c4740c2c03fde1f97989102ca3c9e7e888a6" "0000000000000000"
+                         "fce1eb451f5e84d30f14c9cc07195444",
+                      1: "c557910c28bbe4cb48f93869e48705b3a3e8e812ec6f62c6b6a5341cb19d81b6" "0000000000000001"
+                         "2de381391c48acca124e5517d1df6323",
+                      4: "1981c7f8473dfe39330d1dfd3d618bc70248f7dc64c04388a8c24c06c180e47a" "0000000000000004"
+                         "c17b9f2af93d4ed7866f399bedc84733"},
+}
 
 
 def _kat_datagram() -> bytes:

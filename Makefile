@@ -15,12 +15,13 @@ NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h)
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)
 
-.PHONY: setup setup-ci mininet-link check test test-unit demo demo-testbed demo-drop bench p4 clean help
+.PHONY: setup setup-ci mininet-link check test test-unit sanitize demo demo-testbed demo-drop bench p4 clean help
 
 help:
 	@echo "make setup   create $(VENV) and install DLCP with all Python dependencies"
 	@echo "make test    run the test suite (BMv2/p4c/root tests skip with a reason when missing)"
 	@echo "make check   lint (ruff) and type-check (mypy) the packages, scripts and tests"
+	@echo "make sanitize  the data-path tests on the C++ path built with TSan, then ASan + UBSan"
 	@echo "make setup-ci  setup plus the sim (ns-3) and mnist1d extras, so no test skips but BMv2/p4c/root"
 	@echo "make demo    train digits with 4 workers + PS on loopback: lossless vs bounded loss"
 	@echo "make demo-drop  one real gradient through a modelled congested port (no training)"
@@ -66,6 +67,26 @@ check: setup
 
 test-unit: setup
 	$(PY) -m pytest tests/unit
+
+# The compiled data path built with ThreadSanitizer, then with AddressSanitizer and
+# UndefinedBehaviorSanitizer (any report fails), each running the tests that drive its threads,
+# sockets and bindings; the tests load that build in place of the installed one
+# (DLCP_NATIVE_MODULE, tests/conftest.py). Python itself is not instrumented, so the runtime is
+# preloaded, with libstdc++ (ASan intercepts C++ throws only if it is there from the start);
+# ASan's leak check is off (the interpreter does not free everything at exit).
+SANITIZE_TESTS ?= tests/transport/test_datapath.py tests/transport/test_sealing.py tests/transport/test_hostile.py
+sanitize: setup
+	@set -e; for s in thread address,undefined; do \
+	  d=build/sanitize-$$(echo $$s | tr , -); rm -rf $$d/wheel; \
+	  $(VENV)/bin/pip wheel --quiet --no-deps -w $$d/wheel -C build-dir=$$d/build -C cmake.build-type=Debug \
+	    -C cmake.define.DLCP_SANITIZE=$$s . ; \
+	  so=$$($(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = next(n for n in z.namelist() if "/_datapath." in n); print(z.extract(n, sys.argv[2]))' $$d/wheel/*.whl $$d); \
+	  rt="$$(g++ -print-file-name=lib$$(echo $$s | cut -d, -f1 | sed 's/thread/tsan/;s/address/asan/').so) $$(g++ -print-file-name=libstdc++.so)"; \
+	  echo "== $$s: $$so"; \
+	  DLCP_NATIVE_MODULE=$$so LD_PRELOAD=$$rt TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	    ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+	    $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS); \
+	done
 
 demo: setup
 	$(PY) examples/train_digits.py --workers 4 --compare --out runs/demo-$(shell date +%Y%m%d-%H%M%S).json

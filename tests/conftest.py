@@ -7,8 +7,32 @@ import shutil as _shutil
 
 import pytest
 
-from dlcp.hostagent.loopback import free_port_pairs
-from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig
+
+def _load_native_module(path: str) -> None:
+    """Use the compiled data path at ``path`` instead of the installed one: ``make sanitize``
+    runs the tests on builds with ThreadSanitizer and AddressSanitizer this way."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    import dlcp.hostagent
+
+    name = "dlcp.hostagent._datapath"
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"DLCP_NATIVE_MODULE={path} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    dlcp.hostagent._datapath = module  # type: ignore[attr-defined]
+
+
+if _os.environ.get("DLCP_NATIVE_MODULE"):
+    _load_native_module(_os.environ["DLCP_NATIVE_MODULE"])
+
+from dlcp.hostagent.loopback import free_port_pairs  # noqa: E402
+from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
 
 
 def loopback_peers(n: int) -> tuple[Peer, ...]:

@@ -18,7 +18,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 PAGES: dict[str, list[list[str]]] = {
     "benchmarks.md": [["20261126-bench-packetizer.json"], ["20261127-1120-bench-transport.json"],
                       ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"]],
-    "backend.md": [["20261128-bench-backend-2.json"]],
+    "backend.md": [["20261128-bench-backend-3.json"]],
     "sim-speed.md": [["20261126-bench-sim.json"]],
     "digits-demo.md": [["20261126-demo.json"]],
     "convergence-loss-bound.md": [["20261126-converge-mnist1d.csv"]],
@@ -32,7 +32,7 @@ PAGES: dict[str, list[list[str]]] = {
                          ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],
     "sim-validation.md": [["20261126-simval-ps.json"], ["20261126-simval-ring.json"]],
     "testbed-one-capacity.md": [["20261128-034854-leafspine.json"]],
-    "testbed-vs-gloo.md": [["20261126-113141-leafspine.json"], ["20261126-131439-leafspine.json"],
+    "testbed-vs-gloo.md": [["20261128-081704-leafspine.json"], ["20261126-131439-leafspine.json"],
                            ["20261126-132312-leafspine.json"], ["20261126-150709-leafspine.json"]],
 }
 

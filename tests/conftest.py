@@ -25,7 +25,7 @@ def _load_native_module(path: str) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module
-    dlcp.hostagent._datapath = module  # type: ignore[attr-defined]
+    dlcp.hostagent._datapath = module
 
 
 if _os.environ.get("DLCP_NATIVE_MODULE"):

@@ -488,8 +488,10 @@ def test_a_peer_that_refused_a_message_and_then_closed_fails_the_others_naming_t
     core, _ = make_core()
     sent = core.send(1, np.zeros(500, np.float32), 1, now=0.0)
     incoming = _expect(core, 1, 0.0)
-    refusal = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=1, sender_rank=1,
-                          flags=wire.Flags.MISMATCH, **wire.shape_fields(0, 200, PER))
+    shape = wire.shape_fields(wire.Dtype.FLOAT32, 200, PER)
+    refusal = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=1, sender_rank=1, flags=wire.Flags.MISMATCH,
+                          dtype=wire.Dtype(shape["dtype"]), total_pkts=shape["total_pkts"],
+                          elem_offset=shape["elem_offset"], elem_count=shape["elem_count"])
     core.on_record(refusal, wire.STOP_BODY.pack(0), now=0.01)
     with pytest.raises(MessageMismatch, match="rank 1 expects 200 float32 elements"):
         sent.wait(0)

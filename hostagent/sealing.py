@@ -2,10 +2,12 @@
 behind the numpy data path, tests and tools.
 
 A datagram on the data path is ``header | payload | pn | tag`` (:data:`dlcp.hostagent.wire.TRAILER_SIZE`):
-AES-128-GCM under the key of its direction (:func:`dlcp.hostagent.auth.direction_key`), with a
-nonce made of the packet type and the sender's packet number. Why one compiled implementation
-for both data paths: the rule of what a tag covers must be written once (issue 44, item 7), and
-OpenSSL's AES-GCM is what runs at line rate; Python only groups the rows and calls it.
+AES-128-GCM under a key derived, per epoch of packet numbers, from its direction's
+(:func:`dlcp.hostagent.auth.direction_key`), with a nonce made of the packet type and the
+sender's packet number. Why one compiled implementation for both data paths: the rule of what a
+tag covers must be written once (issue 44, item 7), and a compiled AES-GCM (intel-ipsec-mb's,
+else OpenSSL's: :func:`library`) is what runs at line rate; Python only groups the rows and
+calls it.
 
 Example::
 

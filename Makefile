@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml $(NATIVE)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "DLCP needs Python >= 3.10; set PYTHON=python3.X")'
 	@command -v g++ >/dev/null || { echo "g++ not found: the data path is C++ (apt-get install g++)"; exit 1; }
 	@printf '#include <openssl/evp.h>\n' | g++ -E -x c++ - >/dev/null 2>&1 || { echo "OpenSSL 3 headers not found: the data path seals every packet with them (apt-get install libssl-dev)"; exit 1; }
-	@printf '#include <intel-ipsec-mb.h>\n' | g++ -E -x c++ - >/dev/null 2>&1 || echo "note: intel-ipsec-mb not found; packet tags will use OpenSSL, 3-5x slower (apt-get install libipsec-mb-dev, then make clean setup)"
+	@printf '#include <intel-ipsec-mb.h>\n' | g++ -E -x c++ - >/dev/null 2>&1 || echo "note: intel-ipsec-mb not found; packet tags will use OpenSSL, 3-4x slower (apt-get install libipsec-mb-dev, then make clean setup)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install --quiet -e '.[all]'

@@ -30,7 +30,7 @@
 // VPCLMULQDQ too), it gives a MAC and the AEAD from one primitive and one key, with 128-bit
 // tags, and it is what QUIC and TLS 1.3 seal each packet with. Which library computes it:
 // Intel's intel-ipsec-mb where the build finds it (Debian's libipsec-mb-dev; x86-64), whose
-// AES-GCM and GMAC use VAES and VPCLMULQDQ on 512-bit registers: 3-5x faster per datagram
+// AES-GCM and GMAC use VAES and VPCLMULQDQ on 512-bit registers: 3-4x faster per datagram
 // here than OpenSSL 3.0's (docs/design/security.md); OpenSSL 3 otherwise (every distribution's
 // libssl-dev, which also gives HKDF). Both compute the same standard tags (a known-answer test
 // pins them); SEAL_LIBRARY says which a build uses. A key's working state (key schedule and

@@ -144,6 +144,7 @@ class Endpoint(ControlPath):
             elif (udp.getsockname()[1], lst.getsockname()[1]) != (self.me.data_port, self.me.control_port):
                 raise OSError(f"the sockets handed over hold ports {udp.getsockname()[1]}/{lst.getsockname()[1]}")
             gro = self.config.offload and enable_gro(udp)
+            self._control_socket(lst)
             lst.listen(64)
             udp.setblocking(False)
             lst.setblocking(False)

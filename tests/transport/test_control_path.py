@@ -369,3 +369,19 @@ def test_a_slowly_paced_destination_does_not_hold_up_the_others(endpoints):
     took = time.monotonic() - t0
     assert not slow.done()  # 1 MB at 100 KB/s takes 10 s
     assert took < 1.0, f"the fast receiver's 1 MB took {took:.2f} s behind the slow one"
+
+
+def test_both_ends_of_a_control_connection_send_in_the_top_priority_queue(endpoints):
+    """The accepting end's records (a ring's completions go back on it) once left at DSCP 0,
+    behind best-effort cross traffic; both ends and the listener carry the top DSCP now."""
+    policy = Policy(loss_bound_push=0.0)
+    a, b = endpoints(2, policy=policy)
+    a.connect([1])
+    deadline = time.monotonic() + 10
+    while 0 not in b._conns and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tos = policy.dscp[policy.top_priority] << 2
+    assert tos != 0
+    for sock in (a._conns[1].sock, b._conns[0].sock, b._listener):
+        assert sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == tos
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

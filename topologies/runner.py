@@ -395,7 +395,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     bottlenecks = sorted(topo.bottlenecks)
     # every bottleneck's service while backlogged, from its scheduler (the HTB tree on its interface)
     metered = {(short(sw), port): MeteredPort(switches[sw].spec.netns, switches[sw].spec.ports[port].interface,
-                                              switches[sw].spec.ports[port].charge) for sw, port in bottlenecks}
+                                              switches[sw].spec.ports[port].charge, capacity_slots(opts))
+               for sw, port in bottlenecks}
     sampler = ServiceSampler(metered).start()
     monitor = RunMonitor({f"switch:{short(s.name)}": s.bmv2.pid for s in net.switches if s.bmv2 and s.bmv2.pid},
                          sampler.totals).start()

@@ -81,8 +81,9 @@ class Sample:
     """(busy seconds, total seconds) summed over all cores since boot."""
     procs: dict[str, float]
     """process label -> user + system CPU seconds (missing once the process has gone)."""
-    ports: dict[Port, tuple[float, float]]
-    """bottleneck port -> (slots served while backlogged, microseconds backlogged), cumulative."""
+    ports: dict[Port, tuple[float, ...]]
+    """bottleneck port -> :meth:`BacklogMeter.readings` (slots served while backlogged,
+    microseconds backlogged; the same while certainly backlogged throughout), cumulative."""
 
 
 @dataclass
@@ -155,13 +156,14 @@ def process_busy(samples: list[Sample]) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def backlogged_service(samples: list[Sample], port: Port) -> tuple[float, float]:
-    """(slots served, seconds) of ``port`` while backlogged, between the first and the last
-    sample that read it."""
-    seen = [s.ports[port] for s in samples if port in s.ports]
+def backlogged_service(samples: list[Sample], port: Port, full: bool = False) -> tuple[float, float]:
+    """(slots served, seconds) of ``port`` while backlogged (``full``: certainly backlogged
+    throughout, :class:`BacklogMeter`), between the first and the last sample that read it."""
+    i = 2 if full else 0
+    seen = [s.ports[port] for s in samples if port in s.ports and len(s.ports[port]) > i]
     if len(seen) < 2:
         return 0, 0.0
-    return seen[-1][0] - seen[0][0], (seen[-1][1] - seen[0][1]) / 1e6
+    return seen[-1][i] - seen[0][i], (seen[-1][i + 1] - seen[0][i + 1]) / 1e6
 
 
 def losses(into: Mapping[Port, int], out_of: Mapping[Port, int]) -> dict[Port, tuple[int, int]]:
@@ -223,9 +225,14 @@ def judge(samples: list[Sample], t0: float, t1: float, capacity: Mapping[Port, f
     ports = []
     for port, cap in sorted(capacity.items()):
         n, busy_s = backlogged_service(win, port)
+        busy_share = busy_s / (t1 - t0) if t1 > t0 else None
+        measure = "queued at both ends"
+        nf, full_s = backlogged_service(win, port, full=True)
+        if nf >= rules.min_busy_slots and full_s > 0:  # exact where it has enough to say
+            n, busy_s, measure = nf, full_s, "backlogged throughout"
         judged = n >= rules.min_busy_slots and busy_s > 0
         row: dict[str, Any] = {"switch": port[0], "port": port[1], "capacity_pps": cap, "busy_slots": n,
-               "busy_share": busy_s / (t1 - t0) if t1 > t0 else None,
+               "busy_share": busy_share, "measure": measure,
                "rate_pps": n / busy_s if judged else None, "ratio": n / busy_s / cap if judged else None}
         ports.append(row)
         if judged and row["ratio"] < rules.min_rate_ratio:
@@ -255,14 +262,15 @@ class RunMonitor:
     """Samples CPU and bottleneck service in a thread until :meth:`stop`.
 
     ``processes``: label -> pid; ``read_ports``: a callable returning {port: (slots served while
-    backlogged, microseconds backlogged)} for every bottleneck port (:meth:`ServiceSampler.totals`).
+    backlogged, microseconds backlogged, the same for the intervals certainly backlogged
+    throughout)} for every bottleneck port (:meth:`ServiceSampler.totals`).
     A process that exits is simply no longer sampled; a failed switch read is logged and skipped, never fatal. Besides
     the samples, :attr:`lives` keeps each process's first and latest reading (when added, at
     every sample, when :meth:`read` is asked for it, at :meth:`stop`).
     """
 
     processes: dict[str, int]
-    read_ports: Callable[[], dict[Port, tuple[float, float]]]
+    read_ports: Callable[[], dict[Port, tuple[float, ...]]]
     interval: float = 1.0
     samples: list[Sample] = field(default_factory=list)
 
@@ -339,28 +347,49 @@ class RunMonitor:
 
 @dataclass
 class BacklogMeter:
-    """Service while backlogged, from readings of a port's scheduler: cumulative slots sent and
-    the frames queued at that moment. An interval between two readings counts when frames were
-    queued at both its ends (a port that emptied and refilled in between is counted as busy,
-    which only lowers its rate: the check for a port faster than its capacity cannot be fooled
-    by it). The readings come every 10 ms, a few frames apart at the testbed's rates: at 50 ms
-    the queues of bursty ports emptied and refilled inside intervals often enough that a
-    leaf-spine run's ports read 0.68-0.88x their capacity; at 10 ms the same run's read
-    0.97-1.02x (each read is one netlink dump per switch, about 0.1 ms of CPU).
-    Pure: the caller gives the times."""
+    """Service while backlogged, from readings of a port's scheduler: cumulative slots sent, the
+    frames queued at that moment and the slots they will cost. Two measures, per port:
 
-    last: dict[Port, tuple[float, float, int]] = field(default_factory=dict)
-    """port -> (time, slots sent, frames queued) of its latest reading."""
+    * ``totals``: intervals with frames queued at both ends. A port whose queue emptied and
+      refilled in between still counts as busy the whole interval, which lowers its rate: the
+      check for a port faster than its capacity cannot be fooled by it, but bursty traffic
+      reads low (a leaf-spine run's lightly loaded uplinks read 0.84-0.90x their capacity under
+      gloo-fp16's half-size bursts, at 43-67 % CPU);
+    * ``full``: intervals that began with at least a whole interval's service queued (the
+      capacity times its length, in slots) and ended with frames queued. What was queued at
+      the start cannot leave sooner at the port's capacity or below, so such a port was
+      backlogged throughout and its rate there is exact: the measure for the slow-port check,
+      and for both checks once it has enough slots.
+
+    The readings come every 10 ms, a few frames apart at the testbed's rates (each read is one
+    netlink dump per switch, about 0.1 ms of CPU). Pure: the caller gives the times."""
+
+    capacity: dict[Port, float] = field(default_factory=dict)
+    """port -> slots per second (ports not in it get no ``full`` measure)."""
+    last: dict[Port, tuple[float, float, int, float]] = field(default_factory=dict)
+    """port -> (time, slots sent, frames queued, slots queued) of its latest reading."""
     totals: dict[Port, tuple[float, float]] = field(default_factory=dict)
     """port -> (slots served while backlogged, microseconds backlogged), cumulative."""
+    full: dict[Port, tuple[float, float]] = field(default_factory=dict)
+    """port -> (slots served, microseconds) in intervals certainly backlogged throughout."""
 
-    def observe(self, t: float, port: Port, sent_slots: float, queued: int) -> None:
+    def observe(self, t: float, port: Port, sent_slots: float, queued: int, queued_slots: float = 0.0) -> None:
         prev = self.last.get(port)
         slots, micros = self.totals.get(port, (0.0, 0.0))
+        fslots, fmicros = self.full.get(port, (0.0, 0.0))
         if prev is not None and prev[2] > 0 and queued > 0 and t > prev[0]:
-            slots, micros = slots + sent_slots - prev[1], micros + 1e6 * (t - prev[0])
+            served, dt = sent_slots - prev[1], t - prev[0]
+            slots, micros = slots + served, micros + 1e6 * dt
+            cap = self.capacity.get(port)
+            if cap is not None and prev[3] >= cap * dt:
+                fslots, fmicros = fslots + served, fmicros + 1e6 * dt
         self.totals[port] = (slots, micros)
-        self.last[port] = (t, sent_slots, queued)
+        self.full[port] = (fslots, fmicros)
+        self.last[port] = (t, sent_slots, queued, queued_slots)
+
+    def readings(self) -> dict[Port, tuple[float, float, float, float]]:
+        """port -> (``totals``' slots and microseconds, ``full``'s slots and microseconds)."""
+        return {p: (*self.totals[p], *self.full.get(p, (0.0, 0.0))) for p in self.totals}
 
 
 @dataclass(frozen=True)
@@ -371,6 +400,8 @@ class MeteredPort:
     interface: str
     charge: Any
     """:class:`dlcp.controller.scheduler.Charge` of the port."""
+    capacity: float | None = None
+    """Slots per second (for the meter's ``full`` measure)."""
 
 
 class ServiceSampler:
@@ -382,7 +413,7 @@ class ServiceSampler:
         from dlcp.controller.scheduler import QdiscReader
 
         self.ports, self.interval = ports, interval
-        self.meter = BacklogMeter()
+        self.meter = BacklogMeter({p: m.capacity for p, m in ports.items() if m.capacity is not None})
         self._mu = threading.Lock()
         self._counts: dict[Port, tuple[int, int]] = {}
         by_ns: dict[str | None, list[str]] = {}
@@ -411,13 +442,18 @@ class ServiceSampler:
                 if st is None:
                     continue
                 c = where.charge
-                sent = st.packets if c.mpu == c.slot else (st.bytes + st.packets * c.overhead) / c.slot
-                self.meter.observe(t, port, sent, st.qlen)
+                if c.mpu == c.slot:  # charged per packet
+                    sent, queued = float(st.packets), float(st.qlen)
+                else:  # per byte; small frames cost at least mpu, so ``queued`` may be low: safe
+                    sent = (st.bytes + st.packets * c.overhead) / c.slot
+                    queued = (st.backlog + st.qlen * c.overhead) / c.slot
+                self.meter.observe(t, port, sent, st.qlen, queued)
                 self._counts[port] = (st.packets, st.drops)
 
-    def totals(self) -> dict[Port, tuple[float, float]]:
+    def totals(self) -> dict[Port, tuple[float, float, float, float]]:
+        """:meth:`BacklogMeter.readings`."""
         with self._mu:
-            return dict(self.meter.totals)
+            return self.meter.readings()
 
     def counts(self) -> dict[Port, tuple[int, int]]:
         """Per port: (frames sent, frames dropped) by its scheduler, cumulative."""

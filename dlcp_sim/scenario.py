@@ -23,8 +23,8 @@ from dlcp.hostagent.protocol.incoming import ANSWER_GAPS, MAX_ANSWER_GRACE
 from dlcp.hostagent.policy import ECN_BACKLOGS, PATTERNS, Policy, payload_drop_classes
 from dlcp.hostagent.ranges import Range
 from dlcp.hostagent.ratecontrol import (CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, INITIAL_ALPHA, RateConfig,
-                                        bottleneck_rates)
-from dlcp.hostagent.transport_config import TransportConfig, bottleneck_timers
+                                        link_rates)
+from dlcp.hostagent.transport_config import TransportConfig, link_timers
 from dlcp.hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
 from dlcp.topologies.bound import job_traffic, port_loads
 from dlcp.topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
@@ -369,7 +369,7 @@ def _agent_feedback(burst_bytes: int, timers: dict[str, float]) -> list[str]:
     """Scenario lines of the host agent's report timers, timed increase, cut once per window
     and token-bucket pacing of ``burst_bytes`` (``host_model agent``), from the agent's own
     configuration with ``timers`` set for the bottleneck as the testbed sets them
-    (:func:`dlcp.hostagent.transport_config.bottleneck_timers`)."""
+    (:func:`dlcp.hostagent.transport_config.link_timers`)."""
     tc: dict[str, Any] = {f.name: f.default for f in fields(TransportConfig)}  # its defaults (it needs peers to build)
     tc.update(timers)
     rc = RateConfig()
@@ -404,9 +404,8 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
     policy = sim_policy(scheme, opts)
     host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
-    # hosts configured as on the testbed, for the narrowest link on their paths
-    narrowest = min(opts.link_gbps, opts.uplink_rate_gbps) * 1e9 / 8
-    rate = bottleneck_rates(narrowest, opts.mtu)
+    # hosts configured as on the testbed: for their own link, as a user would (not the uplinks')
+    rate = link_rates(host, opts.mtu)
     idle, probe = timers_us(opts)
     lines = [
         f"leaves {opts.leaves}", f"spines {opts.spines}", f"hosts_per_leaf {opts.hosts_per_leaf}",
@@ -423,7 +422,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
-        *(_agent_feedback(rate["burst_bytes"], bottleneck_timers(narrowest, opts.mtu)) if opts.host_model == "agent"
+        *(_agent_feedback(rate["burst_bytes"], link_timers(host, opts.mtu)) if opts.host_model == "agent"
           else _dctcp_increase(opts)),
         *([] if opts.host_model == "agent" else [f"answer_idle_us {idle:g}"]), f"probe_timeout_us {probe:g}",
         f"cut_interval_us {0 if opts.host_model == 'agent' else idle:g}",

@@ -200,7 +200,7 @@ def init(pattern: str = "ps", *, rank: int | None = None, world_size: int | None
             the hosts' links, as in the testbed).
         timers: :class:`~dlcp.hostagent.transport.TransportConfig` timers to set instead of their
             defaults (``feedback_interval``, ...), as
-            :func:`dlcp.hostagent.transport_config.bottleneck_timers` gives them for a slow path.
+            :func:`dlcp.hostagent.transport_config.link_timers` gives them for a slow link.
         wire_dtype: ``"float16"`` (``"bfloat16"``) sends gradients in that type, half the bytes,
             as PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``) does (see
             :class:`~dlcp_torch.state.DLCPState`).

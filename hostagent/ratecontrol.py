@@ -31,7 +31,7 @@ class RateConfig:
 
     additive_increase: float = 12.5e6
     """Added per ``increase_interval`` of sending without congestion: 1 % of the default line
-    rate, as :func:`bottleneck_rates` and :meth:`for_link` set it for theirs (from half the line
+    rate, as :func:`link_rates` and :meth:`for_link` set it for theirs (from half the line
     rate back to all of it in about a tenth of a second, the time a 100 MB message takes at
     10 Gb/s). Feedback without congestion is sent rarely (it rides on other control frames), so
     the increase is scaled by the time it covers."""
@@ -56,7 +56,7 @@ class RateConfig:
     26 us at 2.5 GB/s), and each sleep costs two context switches and the kernel's 50 us timer
     slack; the mean rate is the same, a burst grows by ``rate x pacing_slack`` (as Linux lets
     TCP send about a millisecond's worth per skb at high rates). Hosts configured for a
-    bottleneck (:func:`bottleneck_rates`: the testbed, the simulator) pace exactly: 0."""
+    emulated link (:func:`link_rates`: the testbed, the simulator) pace exactly: 0."""
 
     @classmethod
     def for_link(cls, line_rate: float, **overrides: float) -> RateConfig:
@@ -85,14 +85,22 @@ class RateConfig:
             raise ValueError("increase_interval and max_increase_span must be > 0")
 
 
-def bottleneck_rates(bottleneck: float, mtu: int) -> dict:
-    """:class:`RateConfig` knobs for hosts whose path narrows to ``bottleneck`` bytes/s: start
-    at half of it, never above twice it (a host link is faster than the bottleneck), grow by
-    1 % of it per increase interval. The testbed (``dlcp.topologies.runner.testbed_rate``) and the
-    simulator (``dlcp_sim.scenario``) both configure hosts this way, with exact pacing (no
-    ``pacing_slack``: the simulator's hosts model bursts of ``burst_bytes`` only)."""
-    return {"initial_rate": bottleneck * 0.5, "line_rate": bottleneck * 2.0, "min_rate": 10_000.0,
-            "additive_increase": bottleneck * 0.01, "burst_bytes": 16 * mtu, "pacing_slack": 0.0}
+def link_rates(link: float, mtu: int) -> dict:
+    """:class:`RateConfig` knobs for a host on a link of ``link`` bytes/s, as a user sets them
+    with :meth:`RateConfig.for_link`: start at half of it, never above it, grow by 1 % of it per
+    increase interval. The testbed (``dlcp.topologies.runner.testbed_rate``) and the simulator
+    (``dlcp_sim.scenario``) give their hosts links of the fabric's rate and configure them this
+    way: nothing about where the bottleneck is or what else crosses it. Two knobs differ from
+    ``for_link``, for the emulation, not for speed: exact pacing (no ``pacing_slack``: the
+    simulator's hosts model bursts of ``burst_bytes`` only) and a burst of 16 full packets
+    (the default 256 KB is 0.2 ms at 10 Gb/s, but a quarter of a second at the testbed's
+    7.4 Mbit/s).
+
+    Until 2026-11-28 the hosts were told the bottleneck's rate and allowed twice it (a host
+    link taken as faster than the fabric), which let one DLCP flow spray 2x its link's rate over
+    two spines where gloo's TCP flow, pinned to one path, got 1x (issue 43)."""
+    return {"initial_rate": link * 0.5, "line_rate": link, "min_rate": 10_000.0,
+            "additive_increase": link * 0.01, "burst_bytes": 16 * mtu, "pacing_slack": 0.0}
 
 
 #: A rate cut's hold (:meth:`RateController.on_feedback`) is this many smoothed answer times

@@ -17,16 +17,15 @@ from dlcp.hostagent.ratecontrol import RateConfig
 
 
 #: A receiver's congestion reports to one sender come at most once per this many packet times of
-#: the path's bottleneck (:func:`bottleneck_timers`), as DCTCP's simulated hosts report once per
-#: 16 packets.
+#: its link (:func:`link_timers`), as DCTCP's simulated hosts report once per 16 packets.
 FEEDBACK_PACKETS = 16
 
 
-def bottleneck_timers(bottleneck: float, mtu: int) -> dict[str, float]:
-    """:class:`TransportConfig` knobs for hosts whose path narrows to ``bottleneck`` bytes/s, as
-    :func:`dlcp.hostagent.ratecontrol.bottleneck_rates` gives the rate knobs: a congestion report at
-    most every :data:`FEEDBACK_PACKETS` packet times of the bottleneck, and never more often
-    than the default ``feedback_interval``.
+def link_timers(link: float, mtu: int) -> dict[str, float]:
+    """:class:`TransportConfig` knobs for hosts on links of ``link`` bytes/s, as
+    :func:`dlcp.hostagent.ratecontrol.link_rates` gives the rate knobs: a congestion report at
+    most every :data:`FEEDBACK_PACKETS` packet times of the link, and never more often than the
+    default ``feedback_interval``.
 
     Why: the default (2 ms) is for links of gigabits, where it spans thousands of packets. Behind
     a bottleneck of 600 packets/s it spans about one, so a receiver whose packets are marked sent
@@ -34,7 +33,7 @@ def bottleneck_timers(bottleneck: float, mtu: int) -> dict[str, float]:
     packets, not bytes, the reports and their TCP acknowledgements took the bottleneck from the
     data they reported on. A sender cuts at most once per window anyway.
     """
-    return {"feedback_interval": max(TransportConfig.feedback_interval, FEEDBACK_PACKETS * mtu / bottleneck)}
+    return {"feedback_interval": max(TransportConfig.feedback_interval, FEEDBACK_PACKETS * mtu / link)}
 
 
 #: The per-packet paths: the compiled one (hostagent/native) and numpy's (the fallback).

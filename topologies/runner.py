@@ -36,8 +36,8 @@ from dlcp.hostagent.errors import DlcpUserError, UsageError
 from dlcp.hostagent.model_profiles import PROFILES
 from dlcp.hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from dlcp.hostagent.ranges import Range
-from dlcp.hostagent.ratecontrol import bottleneck_rates
-from dlcp.hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, bottleneck_timers
+from dlcp.hostagent.ratecontrol import link_rates
+from dlcp.hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, link_timers
 from dlcp.topologies import paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.netns import tcp_counters
@@ -227,9 +227,9 @@ def capacity_slots(opts: RunOptions) -> float:
 
 
 def testbed_rate(capacity_pps: int, mtu: int) -> dict:
-    """The hosts' rate configuration for bottlenecks of ``capacity_pps`` packets of ``mtu`` bytes:
-    start at half the bottleneck, never above twice it (a host link is faster than the bottleneck)."""
-    return bottleneck_rates(capacity_pps * mtu, mtu)
+    """DLCP's hosts' rate configuration: what a user on a link of the fabric's rate (``capacity_pps``
+    full packets of ``mtu`` bytes) would set, :func:`dlcp.hostagent.ratecontrol.link_rates`."""
+    return link_rates(capacity_pps * mtu, mtu)
 
 
 #: The port of gloo's rendezvous store, on worker 0's host (``dlcp.topologies.agent.run_gloo``).
@@ -299,7 +299,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
             "scale": opts.scale, "iterations": opts.iterations, "compute_ms": opts.compute_ms,
             "deadline": 60.0, "rate": testbed_rate(opts.capacity_pps, opts.mtu), "fusion": opts.fusion,
-            "timers": bottleneck_timers(opts.capacity_pps * opts.mtu, opts.mtu),
+            "timers": link_timers(opts.capacity_pps * opts.mtu, opts.mtu),
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
             "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),

@@ -61,13 +61,15 @@ class RateConfig:
     @classmethod
     def for_link(cls, line_rate: float, **overrides: float) -> RateConfig:
         """A host on a link of ``line_rate`` bytes/s: it starts at half of it and grows by 1 %
-        of it per increase interval, as the defaults do for 10 Gb/s. Why: setting
+        of it per increase interval, as the defaults do for 10 Gb/s; its floor is at most 1 % of
+        it. Why: setting
         ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then takes several
         times longer to reach its link rate.
 
         Example: ``RateConfig.for_link(25e9 / 8)``
         """
-        knobs = {"line_rate": line_rate, "initial_rate": line_rate * 0.5, "additive_increase": line_rate * 0.01}
+        knobs = {"line_rate": line_rate, "initial_rate": line_rate * 0.5, "additive_increase": line_rate * 0.01,
+                 "min_rate": min(cls.min_rate, line_rate * 0.01)}  # (the default floor is 8 Mb/s)
         knobs.update(overrides)
         return cls(**knobs)  # type: ignore[arg-type]
 
@@ -99,8 +101,9 @@ def link_rates(link: float, mtu: int) -> dict:
     Until 2026-11-28 the hosts were told the bottleneck's rate and allowed twice it (a host
     link taken as faster than the fabric), which let one DLCP flow spray 2x its link's rate over
     two spines where gloo's TCP flow, pinned to one path, got 1x (issue 43)."""
-    return {"initial_rate": link * 0.5, "line_rate": link, "min_rate": 10_000.0,
-            "additive_increase": link * 0.01, "burst_bytes": 16 * mtu, "pacing_slack": 0.0}
+    user = RateConfig.for_link(link)
+    return {"initial_rate": user.initial_rate, "line_rate": user.line_rate, "min_rate": user.min_rate,
+            "additive_increase": user.additive_increase, "burst_bytes": 16 * mtu, "pacing_slack": 0.0}
 
 
 #: A rate cut's hold (:meth:`RateController.on_feedback`) is this many smoothed answer times

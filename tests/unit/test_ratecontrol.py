@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dlcp.hostagent.policy import retransmission_set
-from dlcp.hostagent.ratecontrol import Pacer, RateConfig, RateController
+from dlcp.hostagent.ratecontrol import Pacer, RateConfig, RateController, link_rates
 
 
 def test_additive_increase_capped_at_line_rate():
@@ -252,3 +252,14 @@ def test_a_config_for_a_link_scales_its_start_and_increase_with_it():
     assert RateConfig.for_link(1e9, min_rate=5e6).min_rate == 5e6
     with pytest.raises(ValueError, match="min_rate <= initial_rate"):
         RateConfig.for_link(1e6, min_rate=2e6)
+
+
+def test_the_testbeds_hosts_are_told_what_a_user_sets_for_their_link():
+    """Issue 43: the hosts once started at half the bottleneck and were allowed twice it; now
+    their rates are ``for_link``'s for a link of the fabric's rate (pacing and burst aside)."""
+    knobs = link_rates(925_000.0, 1500)
+    user = RateConfig.for_link(925_000.0)
+    ours = RateConfig(**knobs)
+    assert (ours.line_rate, ours.initial_rate, ours.additive_increase, ours.min_rate) == (
+        user.line_rate, user.initial_rate, user.additive_increase, user.min_rate) == (925e3, 462.5e3, 9250, 9250)
+    assert set(knobs) == {"initial_rate", "line_rate", "min_rate", "additive_increase", "burst_bytes", "pacing_slack"}

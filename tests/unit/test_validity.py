@@ -105,11 +105,12 @@ def test_backlog_meter_counts_intervals_queued_at_both_ends():
 
 
 def test_backlog_meter_times_a_bursty_port_only_where_it_was_backlogged_throughout():
-    """Fake times, a port of 600 slots/s read every 10 ms (6 slots per interval). Bursts of 4
-    slots that leave within 7 ms, then a queue of 20: the loose measure counts the bursts'
-    emptied intervals as busy and reads low; the full one counts only intervals that began
-    with 6 or more slots queued, where the port served at its capacity."""
-    m = BacklogMeter({PORT: 600.0})
+    """Fake times, a port of 600 slots/s read every 10 ms, horizon 20 ms (12 slots). Bursts of
+    4 slots that leave within 7 ms: the loose measure counts their emptied intervals as busy
+    and reads low; the full one counts only intervals of at most 20 ms that began with 12 or
+    more slots queued, where the port served at its capacity, whatever each interval's
+    measured length (a short one passes the test no more easily than a long one)."""
+    m = BacklogMeter({PORT: 600.0}, horizon=0.02)
     t, sent = 0.0, 0.0
     for _ in range(50):  # a burst: 4 frames queued at the read, all gone 6.7 ms later, one more arrives
         m.observe(t, PORT, sent, 4, 4.0)
@@ -118,28 +119,37 @@ def test_backlog_meter_times_a_bursty_port_only_where_it_was_backlogged_througho
         t, sent = t + 0.01, sent + 1.0
     loose0, full0 = m.totals[PORT], m.full[PORT]
     assert full0 == (0.0, 0.0) and loose0[0] / (loose0[1] / 1e6) < 0.9 * 600  # loose: 4 slots in 10 ms
-    for _ in range(30):  # backlogged throughout: 20 slots queued, 6 leave per interval
+    m.observe(t, PORT, sent, 8, 8.0)  # 8 queued: enough for a 10 ms interval, not for the horizon
+    t, sent = t + 0.01, sent + 6.0
+    for dt in (0.01, 0.004, 0.016, 0.03, 0.01):  # backlogged throughout: 20 slots queued
         m.observe(t, PORT, sent, 20, 20.0)
-        t, sent = t + 0.01, sent + 6.0
+        t, sent = t + dt, sent + 600.0 * dt
+    m.observe(t, PORT, sent, 20, 20.0)
     fslots, fmicros = m.full[PORT]
+    assert abs(fmicros - 40_000) < 1e-6  # the 30 ms interval and the one after 8 queued left out
     assert abs(fslots / (fmicros / 1e6) - 600.0) < 1e-6
     assert m.readings()[PORT] == (*m.totals[PORT], *m.full[PORT])
 
 
-def test_the_full_measure_decides_once_it_has_enough_slots():
+def test_the_full_measure_judges_slow_ports_and_the_loose_one_fast_ports():
     """The loose measure reads a bursty port at 85 %; the intervals backlogged throughout
-    read 100 %: valid. Where those read 85 % too, the port was slow: invalid."""
-    def samples(full_rate: float) -> list[Sample]:
+    read 100 %: valid. Where those read 85 % too, the port was slow: invalid. A port is too
+    fast only by the loose measure, which can only read low."""
+    def samples(loose: float, full_rate: float, full_us: float = 0.2e6) -> list[Sample]:
         return [Sample(float(i), (i * 2.0 * 0.5, i * 2.0), {"worker0": 0.4 * i},
-                       {PORT: (0.85 * 600 * 0.5 * i, 0.5e6 * i, full_rate * 0.2 * i, 0.2e6 * i)}) for i in range(11)]
-    v = judge(samples(600.0), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
-    assert v.valid and v.bottlenecks[0]["measure"] == "backlogged throughout"
-    assert abs(v.bottlenecks[0]["ratio"] - 1.0) < 1e-9 and abs(v.bottlenecks[0]["busy_share"] - 0.5) < 1e-9
-    slow = judge(samples(0.85 * 600), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
+                       {PORT: (loose * 600 * 0.5 * i, 0.5e6 * i, full_rate * full_us / 1e6 * i, full_us * i)})
+                for i in range(11)]
+    v = judge(samples(0.85, 600.0), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
+    assert v.valid, v.reasons
+    row = v.bottlenecks[0]
+    assert abs(row["ratio"] - 0.85) < 1e-9 and abs(row["full_ratio"] - 1.0) < 1e-9 and abs(row["busy_share"] - 0.5) < 1e-9
+    slow = judge(samples(0.85, 0.85 * 600), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
     assert not slow.valid and "85%" in slow.reasons[0]
-    few = judge([Sample(x.t, x.machine, x.procs, {PORT: (*x.ports[PORT][:2], 0.0, 0.0)}) for x in samples(600.0)],
-                0.0, 10.0, {PORT: 600.0}, ["worker0"])
-    assert not few.valid and few.bottlenecks[0]["measure"] == "queued at both ends"  # too few: the loose one
+    few = judge(samples(0.85, 600.0, full_us=0.01e6), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
+    assert not few.valid and "85%" in few.reasons[0]  # too few slots backlogged throughout: the loose one
+    assert judge(samples(1.0, 1.07 * 600), 0.0, 10.0, {PORT: 600.0}, ["worker0"]).valid
+    fast = judge(samples(1.05, 1.05 * 600), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
+    assert not fast.valid and "faster than the run claims" in fast.reasons[0]
 
 
 def test_only_the_measured_window_counts():

@@ -394,7 +394,7 @@ class BacklogMeter:
         self.full[port] = (fslots, fmicros)
         self.last[port] = (t, sent_slots, queued, queued_slots)
 
-    def readings(self) -> dict[Port, tuple[float, float, float, float]]:
+    def readings(self) -> dict[Port, tuple[float, ...]]:
         """port -> (``totals``' slots and microseconds, ``full``'s slots and microseconds)."""
         return {p: (*self.totals[p], *self.full.get(p, (0.0, 0.0))) for p in self.totals}
 
@@ -458,7 +458,7 @@ class ServiceSampler:
                 self.meter.observe(t, port, sent, st.qlen, queued)
                 self._counts[port] = (st.packets, st.drops)
 
-    def totals(self) -> dict[Port, tuple[float, float, float, float]]:
+    def totals(self) -> dict[Port, tuple[float, ...]]:
         """:meth:`BacklogMeter.readings`."""
         with self._mu:
             return self.meter.readings()

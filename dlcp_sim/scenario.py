@@ -419,7 +419,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"host_delay_us {opts.host_delay_us:g}", f"tcp_min_rto_us {opts.tcp_min_rto_us:g}",
         f"tcp_ack_every {opts.tcp_ack_every}",
         f"pad_to_bytes {opts.mtu if opts.packet_slots else 0}",
-        f"line_rate {min(host, rate['line_rate']):g}", f"initial_rate {rate['initial_rate']:g}",
+        f"line_rate {rate['line_rate']:g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",
         *(_agent_feedback(rate["burst_bytes"], link_timers(host, opts.mtu)) if opts.host_model == "agent"

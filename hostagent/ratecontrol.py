@@ -62,9 +62,8 @@ class RateConfig:
     def for_link(cls, line_rate: float, **overrides: float) -> RateConfig:
         """A host on a link of ``line_rate`` bytes/s: it starts at half of it and grows by 1 %
         of it per increase interval, as the defaults do for 10 Gb/s; its floor is at most 1 % of
-        it. Why: setting
-        ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then takes several
-        times longer to reach its link rate.
+        it. Why: setting ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then
+        takes several times longer to reach its link rate.
 
         Example: ``RateConfig.for_link(25e9 / 8)``
         """

@@ -18,6 +18,7 @@ from mininet.node import Host, Switch
 
 from dlcp.topologies import netns
 from dlcp.topologies.bmv2 import Bmv2Options, Bmv2Switch
+from dlcp.topologies.gloo_ports import NO_TIME_WAIT
 from dlcp.topologies.topos import TopologyDesc
 
 log = logging.getLogger(__name__)
@@ -80,13 +81,14 @@ def build(topo: TopologyDesc, run_dir: Path, sock_dir: Path | None = None) -> Mi
 
 def start(net: Mininet, host_tcp: str = "cubic") -> None:
     """Start switches (each waits for its gRPC), configure hosts: static ARP, no IPv6 chatter,
-    ``host_tcp`` as every host's TCP congestion control."""
+    ``host_tcp`` as every host's TCP congestion control, no TIME_WAIT (:mod:`dlcp.topologies.gloo_ports`)."""
     net.build()
     net.start()
     net.staticArp()
     for h in net.hosts:
         h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
         h.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={host_tcp}")
+        h.cmd("sysctl -qw {}={}".format(*NO_TIME_WAIT))  # gloo reconnects on fixed ports (gloo_ports)
         h.cmd("ip link set lo up")
         for intf in h.intfList():
             # veth leaves TCP/UDP checksums to "hardware"; BMv2 forwards them unfinished and

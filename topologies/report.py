@@ -359,6 +359,8 @@ def cross_lines(results: dict) -> list[str]:
         shared = path_sharing(s.get("paths") or {})
         if shared:
             parts.append(shared)
+        if s.get("gloo_ports_fixed") is False:  # its paths are then not the repetition's draw
+            parts.append("gloo's connections not on their fixed ports")
         out.append(f"  {tag:<14}" + "; ".join(parts))
     return out
 

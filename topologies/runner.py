@@ -40,6 +40,7 @@ from dlcp.hostagent.ratecontrol import link_rates
 from dlcp.hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, link_timers
 from dlcp.topologies import paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
+from dlcp.topologies.gloo_ports import Connection, GlooPorts, expected_connections, fixed_ports, parse_connections
 from dlcp.topologies.netns import tcp_counters
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from dlcp.hostagent.provenance import provenance
@@ -239,9 +240,10 @@ GLOO_STORE_PORT = 29500
 #: Source ports of repetition r's flows start at FLOW_PORTS + r * FLOW_PORT_STEP (r modulo
 #: FLOW_PORT_DRAWS): below Linux's ephemeral range (32768-60999), so no other socket takes them.
 FLOW_PORTS, FLOW_PORT_STEP, FLOW_PORT_DRAWS = 20000, 1024, 12
-#: Offsets of the cross traffic's senders from a repetition's base (DLCP's data sockets take
-#: the first 8 per rank, :func:`dlcp.hostagent.transport_config.source_ports`).
-CROSS_UDP_PORT, CROSS_TCP_PORT = 512, 513
+#: Offsets of the cross traffic's senders and of gloo's two ports (:mod:`dlcp.topologies.gloo_ports`)
+#: from a repetition's base (DLCP's data sockets take the first 8 per rank,
+#: :func:`dlcp.hostagent.transport_config.source_ports`).
+CROSS_UDP_PORT, CROSS_TCP_PORT, GLOO_PORTS = 512, 513, 514
 #: Where the cross traffic's sinks listen.
 CROSS_SINK_PORT = 5001
 
@@ -251,24 +253,37 @@ def flow_port_base(repeat: int) -> int:
     cross traffic's senders leave from fixed ports, so where switches hash flows onto paths
     (the baseline's per-flow ECMP) every scheme of one repetition takes the same paths and the
     comparison paired by repetition is not a comparison of two draws of collisions; the
-    repetitions draw different paths (as the simulator's seeds do). gloo's connections keep
-    ephemeral ports (gloo chooses them)."""
+    repetitions draw different paths (as the simulator's seeds do). gloo's connections take
+    fixed ports too (:func:`gloo_ports`)."""
     return FLOW_PORTS + FLOW_PORT_STEP * (repeat % FLOW_PORT_DRAWS)
 
 
+def gloo_ports(repeat: int) -> GlooPorts:
+    """The two ports gloo's hosts are limited to in repetition ``repeat``
+    (:mod:`dlcp.topologies.gloo_ports`)."""
+    return GlooPorts(flow_port_base(repeat) + GLOO_PORTS)
+
+
 def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: list[tuple[str, str]],
-               repeat: int) -> dict[str, str]:
+               repeat: int, gloo_connections: list[Connection] | None = None) -> dict[str, str]:
     """The path of every flow of one run whose path a switch hashes from its 5-tuple
     (:mod:`dlcp.topologies.paths`), as ``{flow: "switch:port switch:port ..."}``: DLCP's data between
-    every two ranks at each priority (unless sprayed, ``lb_mode`` other than ``flow``, or gloo,
-    whose ports are its own) and the cross traffic's UDP and TCP (``cross``: their source and
+    every two ranks at each priority (unless sprayed, ``lb_mode`` other than ``flow``), gloo's
+    connections (``gloo_connections`` as read during the run; by default the ones its fixed ports
+    make, :func:`gloo_ports`) and the cross traffic's UDP and TCP (``cross``: their source and
     destination addresses). A parameter server's workers send only to the server and back; a
     ring's may send to any other. Pure: what the run's fixed source ports make of its network."""
     base = flow_port_base(repeat)
     ips = spec["peer_ips"]
     names = [f"worker{r}" for r in range(spec["workers"])] + ["server"] * (len(ips) - spec["workers"])
     flows: list[tuple[str, str, str, int, int, int]] = []
-    if not gloo and policy.lb_mode == "flow":
+    if gloo:
+        rank = {ip: r for r, ip in enumerate(ips[:spec["workers"]])}
+        conns = gloo_connections if gloo_connections is not None else \
+            expected_connections(ips[:spec["workers"]], gloo_ports(repeat))
+        flows += [(f"gloo worker{rank[c.src]}>worker{rank[c.dst]}", c.src, c.dst, paths.TCP, c.sport, c.dport)
+                  for c in sorted(conns, key=lambda c: (rank[c.src], rank[c.dst]))]
+    elif policy.lb_mode == "flow":
         flows += [(f"{names[a]}>{names[b]} q{q}", ips[a], ips[b], paths.UDP, base + PORTS_PER_DEST * b + q,
                    spec["data_port"])
                   for a in range(len(ips)) for b in range(len(ips))
@@ -410,7 +425,12 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     bound = scheme_bound(topo, opts, scheme, spec)
     procs: list[subprocess.Popen] = []
     cross: list[subprocess.Popen] = []
+    gloo = scheme in GLOO_SCHEMES
+    observed: list[Connection] | None = None  # gloo's connections, read until all are up
+    held = ExitStack()  # gloo's fixed ports, given back once its agents are gone
     try:
+        if gloo:
+            held.enter_context(fixed_ports([net.get(w.name) for w in workers], gloo_ports(repeat)))
         if opts.cross_traffic:
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
@@ -456,6 +476,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             last = 1 if opts.workload in TRAINING_WORKLOADS else opts.calibration_iterations
             total = (opts.iterations + 1 + last) * len(workers)
             done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs), total)
+            if gloo and (observed is None or len(observed) < len(workers) * (len(workers) - 1)):
+                observed = _gloo_connections(net, workers)  # the mesh forms as the group starts
             _progress(opts, f"{label} {time.monotonic() - t0:5.0f} s  iterations {done}/{total} "
                       + "#" * int(30 * done / total))
             time.sleep(0.5)
@@ -470,6 +492,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         # senders' last packets as lost)
         for p in procs + cross[::-1]:
             terminate_group(p, 3.0)
+        held.close()
     after, tcp_after, sched_after = counters(), _host_tcp(net), sampler.counts()
     sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
     received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]
@@ -488,9 +511,26 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
             "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat),
-            "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy,
-                                scheme in GLOO_SCHEMES,
-                                [(s.ip, d.ip) for s, d in cross_pairs(topo)] if opts.cross_traffic else [], repeat)}
+            **(_gloo_record(observed, [w.ip for w in workers], repeat) if gloo else {}),
+            "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy, gloo,
+                                [(s.ip, d.ip) for s, d in cross_pairs(topo)] if opts.cross_traffic else [], repeat,
+                                observed)}
+
+
+def _gloo_connections(net, workers) -> list[Connection]:
+    """gloo's connections between the workers, as their namespaces list them (the store's left out)."""
+    ips = {w.ip for w in workers}
+    return [c for w in workers for c in parse_connections(net.get(w.name).cmd("ss -tnH state established"))
+            if c.src in ips and c.dst in ips and GLOO_STORE_PORT not in (c.sport, c.dport)]
+
+
+def _gloo_record(observed: list[Connection] | None, ips: list[str], repeat: int) -> dict:
+    """What a gloo run records of its ports: the connections read during the run, and whether they
+    are the ones the fixed ports make (:func:`gloo_ports`), so its paths are paired by repetition."""
+    expected = expected_connections(ips, gloo_ports(repeat))
+    key = lambda c: (c.src, c.dst, c.sport, c.dport)  # noqa: E731
+    return {"gloo_connections": None if observed is None else [asdict(c) for c in sorted(observed, key=key)],
+            "gloo_ports_fixed": None if observed is None else sorted(observed, key=key) == sorted(expected, key=key)}
 
 
 def _host_tcp(net) -> dict[str, dict[str, int] | None]:

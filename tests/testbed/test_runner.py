@@ -172,5 +172,9 @@ def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
         assert len(s["metrics"]["accuracy_trace"]) == 3 and 0 < s["metrics"]["accuracy"] <= 1
     # gloo's TCP crossed the switch: the server-less star still forwarded its bytes
     assert sum(r["forwarded_pkts"] for r in gloo["switches"]["s1"]["ports"]) > 100
+    # from the repetition's fixed ports (read back during the run), its paths recorded
+    assert gloo["gloo_ports_fixed"] is True and len(gloo["gloo_connections"]) == 2
+    assert {"gloo worker0>worker1", "gloo worker1>worker0"} <= set(gloo["paths"])
+    assert "gloo_ports_fixed" not in ring
     assert "speedup = gloo's iteration p50" in res.stdout and "(gloo final - 0.5 points)" in res.stdout
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}

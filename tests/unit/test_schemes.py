@@ -196,7 +196,7 @@ def test_a_run_records_the_path_of_every_flow_hashed_flow():
         policy = scheme_policy(scheme, opts)
         network = topo.network("/tmp", opts.capacity_pps, opts.buffer, policy.to_dict(), None)
         spec = agent_spec(opts, policy, ips, scheme=scheme, repeat=repeat)
-        return flow_paths(network, spec, policy, scheme == "gloo", cross, repeat)
+        return flow_paths(network, spec, policy, scheme in GLOO_SCHEMES, cross, repeat)
 
     base = paths("baseline", 0)
     # a parameter server: each worker to the server and back, at each of the 8 priorities, and the cross traffic
@@ -205,4 +205,9 @@ def test_a_run_records_the_path_of_every_flow_hashed_flow():
     spines = {v.split()[1].split(":")[0] for k, v in base.items() if k.startswith("worker0>")}
     assert spines == {"sp1", "sp2"}  # eight flows of one pair spread over both spines
     assert paths("bounded", 0) == base and paths("baseline", 1) != base  # one draw per repetition
-    assert set(paths("dlcp", 0)) == set(paths("gloo", 0)) == {"cross udp", "cross tcp"}  # sprayed, or gloo's own
+    assert set(paths("dlcp", 0)) == {"cross udp", "cross tcp"}  # sprayed
+    # gloo: one TCP connection per pair of workers (both directions), from its fixed ports
+    gloo = paths("gloo", 0)
+    assert set(gloo) == {"cross udp", "cross tcp"} | {f"gloo worker{a}>worker{b}" for a in range(4) for b in range(4)
+                                                       if a != b}
+    assert paths("gloo-fp16", 0) == gloo and paths("gloo", 1) != gloo

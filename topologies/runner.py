@@ -490,9 +490,11 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         sampler.stop()
         # agents, then the cross senders, then their sinks (a sink gone first would count the
         # senders' last packets as lost)
-        for p in procs + cross[::-1]:
-            terminate_group(p, 3.0)
-        held.close()
+        try:
+            for p in procs + cross[::-1]:
+                terminate_group(p, 3.0)
+        finally:
+            held.close()
     after, tcp_after, sched_after = counters(), _host_tcp(net), sampler.counts()
     sent = [x for f in sorted(sdir.glob("cross-*.log")) for x in traffic.read_summaries(f)]
     received = [x for f in sorted(sdir.glob("sink-*.log")) for x in traffic.read_summaries(f)]

@@ -135,9 +135,11 @@ def refresh_metrics(results: dict) -> dict:
 def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
-    traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads."""
+    traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads, and the
+    paths its hashed flows took from their fixed ports (``dlcp report``'s cross-traffic lines)."""
     return slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
-                                       "tcp_counters", "host_tcp"))
+                                       "tcp_counters", "host_tcp", "flow_port_base", "paths",
+                                       "gloo_connections", "gloo_ports_fixed"))
 
 
 def markdown(results: dict, source: str = "") -> str:

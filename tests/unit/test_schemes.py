@@ -128,6 +128,8 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
         runs.append(_training_run("gloo", r, 1.0, [0.1, 0.5, 0.7, 0.8, 0.85, 0.90]))
         runs.append(_training_run("dlcp", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
         runs[-1]["cross"] = {"udp": {"loss": 0.1}, "tcp": {"retrans_pkts": 40, "goodput_mbps": 2.0}}
+        runs[-2]["gloo_ports_fixed"] = True
+        runs[-1]["paths"] = runs[-2]["paths"] = {"cross udp": "l1:9 sp2:2 l2:4", "gloo worker1>worker2": "l1:9 sp2:2"}
     made = {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}
     results = as_testbed_results(runs, {"target_accuracy": None, "iterations": 10}, reference="gloo", provenance=made)
     text = markdown(results)
@@ -148,6 +150,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     full = capsys.readouterr().out
     slim = json.loads((tmp_path / "slim" / f"{tmp_path.name}.json").read_text())
     assert all("iterations" not in s for s in slim["runs"])
+    assert all(s["paths"]["cross udp"] for s in slim["runs"]) and slim["runs"][0]["gloo_ports_fixed"] is True
     assert cli.main(["report", str(tmp_path / "slim" / f"{tmp_path.name}.json")]) == 0
     assert capsys.readouterr().out.split("| scheme")[1] == full.split("| scheme")[1]
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2

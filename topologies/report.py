@@ -356,7 +356,7 @@ def cross_lines(results: dict) -> list[str]:
             parts.append(f"TCP {good:.2f} Mbit/s goodput" if good is not None else "TCP: no sink report")
             if t.get("retrans_pkts") is not None:
                 parts[-1] += f", {t['retrans_pkts']} retransmitted"
-        shared = path_sharing(s.get("paths") or {})
+        shared = path_sharing(s.get("paths") or {}, port_bytes(s))
         if shared:
             parts.append(shared)
         if s.get("gloo_ports_fixed") is False:  # its paths are then not the repetition's draw
@@ -365,19 +365,35 @@ def cross_lines(results: dict) -> list[str]:
     return out
 
 
-def path_sharing(paths: dict[str, str]) -> str:
+def path_sharing(paths: dict[str, str], carried: dict[str, int] | None = None) -> str:
     """How many of a run's hashed data flows shared a link with each cross flow (the links of
     its path but the last, into its sink), from the paths the run recorded: what per-flow ECMP
-    dealt this run. Empty without recorded paths."""
+    dealt this run; with ``carried`` (:func:`port_bytes`), what the cross flow's first link
+    forwarded in all, which shows where a scheme's flows did go. Empty without recorded paths."""
     data = {k: set(v.split()) for k, v in paths.items() if not k.startswith("cross")}
     parts = []
     for name in ("cross udp", "cross tcp"):
         if name in paths:
-            links = set(paths[name].split()[:-1])
-            n = sum(1 for hops in data.values() if hops & links)
-            parts.append(f"{name.split()[1].upper()} via {' '.join(paths[name].split()[:-1])}"
-                         + (f" with {n}/{len(data)} hashed data flows" if data else ""))
+            links = paths[name].split()[:-1]
+            n = sum(1 for hops in data.values() if hops & set(links))
+            parts.append(f"{name.split()[1].upper()} via {' '.join(links)}"
+                         + (f" with {n}/{len(data)} hashed data flows" if data else "")
+                         + (f" ({links[0]} forwarded {carried[links[0]] / 1e6:.0f} MB)"
+                            if carried and links and links[0] in carried else ""))
     return ", ".join(parts)
+
+
+def port_bytes(run: dict) -> dict[str, int]:
+    """Bytes each switch port forwarded during ``run``, all its queues together, as
+    ``{"l1:8": n}``: from the run's switch counters, or what a slim file kept of them."""
+    if "port_bytes" in run:
+        return run["port_bytes"]
+    out: dict[str, int] = {}
+    for sw, counters in (run.get("switches") or {}).items():
+        for row in counters.get("ports", []):
+            key = f"{sw}:{row['port']}"
+            out[key] = out.get(key, 0) + int(row.get("forwarded_bytes", 0))
+    return out
 
 
 def capacity_label(options: dict) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dlcp.hostagent.provenance import provenance_lines
-from dlcp.topologies.report import aggregate, describe, reference, scheme_metrics, service_text
+from dlcp.topologies.report import aggregate, describe, port_bytes, reference, scheme_metrics, service_text
 from dlcp.topologies.results import slim as slim_results
 from dlcp.topologies.stats import MIN_INTERVAL_RUNS, Estimate, versus
 
@@ -136,10 +136,15 @@ def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
     traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads, and the
-    paths its hashed flows took from their fixed ports (``dlcp report``'s cross-traffic lines)."""
-    return slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
-                                       "tcp_counters", "host_tcp", "flow_port_base", "paths",
-                                       "gloo_connections", "gloo_ports_fixed"))
+    paths its hashed flows took from their fixed ports and the bytes each switch port forwarded
+    (``dlcp report``'s cross-traffic lines)."""
+    out = slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
+                                      "tcp_counters", "host_tcp", "flow_port_base", "paths",
+                                      "gloo_connections", "gloo_ports_fixed"))
+    for full, small in zip(results["runs"], out["runs"]):  # the switch counters, as bytes per port
+        if port_bytes(full):
+            small["port_bytes"] = port_bytes(full)
+    return out
 
 
 def markdown(results: dict, source: str = "") -> str:
@@ -162,4 +167,31 @@ def markdown(results: dict, source: str = "") -> str:
     tcp = host_tcp_table(results)
     if tcp:
         lines += ["", "TCP on the hosts, medians over runs (all runs):", "", tcp]
+    links = cross_link_table(results)
+    if links:
+        lines += ["", "Per run, the link each cross flow entered the fabric on (per-flow ECMP chose it from the "
+                  "repetition's fixed ports) and what that link forwarded during the run, the cross flow's bytes "
+                  "included: where a scheme's hashed flows met which cross flow.", "", links]
     return "\n".join(lines) + "\n"
+
+
+def cross_link_table(results: dict) -> str:
+    """Per run: its iteration p50, whether it was valid, and for each cross flow the first link of
+    its path with the bytes that link forwarded (:func:`port_bytes`). On the leaf-spine each cross
+    flow takes one of the source leaf's uplinks, so a scheme whose own flows are hashed (gloo's
+    TCP) shares that uplink with the UDP or with the TCP cross traffic, by the draw; the bytes
+    show which. Empty for runs that recorded no paths or no switch counters."""
+    rows = []
+    for s in results["runs"]:
+        paths, carried = s.get("paths") or {}, port_bytes(s)
+        firsts = [(paths[k].split() or [""])[0] if k in paths else "" for k in ("cross udp", "cross tcp")]
+        if not carried or not any(firsts):
+            continue
+        cells = [f"{link} {carried[link] / 1e6:.0f} MB" if link in carried else "-" for link in firsts]
+        valid = "yes" if (s.get("validity") or {}).get("valid", True) else "no"
+        p50 = s["metrics"]["iteration_p50_ms"]
+        rows.append(f"| `{s['scheme']}` | {s.get('repeat', 0) + 1} | {p50:.0f} | {valid} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    return "\n".join(["| scheme | run | iteration p50 ms | valid | UDP cross's first link | TCP cross's first link |",
+                      "|---|---:|---:|---|---|---|", *rows])

@@ -186,11 +186,19 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
 
 
 def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():
-    from dlcp.topologies.report import path_sharing
+    from dlcp.topologies.report import path_sharing, port_bytes
 
     paths = {"cross udp": "l1:9 sp2:2 l2:4", "cross tcp": "l1:8 sp1:2 l2:4", "worker0>server q0": "l1:9 sp2:2 l2:3",
              "worker1>server q0": "l1:8 sp1:2 l2:3", "server>worker0 q0": "l2:8 sp1:1 l1:1"}
     assert path_sharing(paths) == ("UDP via l1:9 sp2:2 with 1/3 hashed data flows, "
                                    "TCP via l1:8 sp1:2 with 1/3 hashed data flows")
-    assert path_sharing({"cross udp": "s1:1 s2:3"}) == "UDP via s1:1"  # no hashed data flows (sprayed, or gloo)
+    assert path_sharing({"cross udp": "s1:1 s2:3"}) == "UDP via s1:1"  # no hashed data flows (sprayed)
     assert path_sharing({}) == ""
+    # with the bytes each port forwarded: where the scheme's own flows went shows beside the cross flows'
+    switches = {"l1": {"ports": [{"port": 8, "queue": 0, "forwarded_bytes": 300_000_000},
+                                 {"port": 8, "queue": 7, "forwarded_bytes": 48_000_000},
+                                 {"port": 9, "queue": 0, "forwarded_bytes": 61_000_000}]}}
+    carried = port_bytes({"switches": switches})
+    assert carried == {"l1:8": 348_000_000, "l1:9": 61_000_000} and port_bytes({"port_bytes": carried}) == carried
+    assert path_sharing(paths, carried) == ("UDP via l1:9 sp2:2 with 1/3 hashed data flows (l1:9 forwarded 61 MB), "
+                                            "TCP via l1:8 sp1:2 with 1/3 hashed data flows (l1:8 forwarded 348 MB)")

@@ -129,6 +129,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
         runs.append(_training_run("dlcp", r, 0.5, [0.1, 0.5, 0.7, 0.8, 0.89, 0.897]))
         runs[-1]["cross"] = {"udp": {"loss": 0.1}, "tcp": {"retrans_pkts": 40, "goodput_mbps": 2.0}}
         runs[-2]["gloo_ports_fixed"] = True
+        runs[-2]["port_bytes"] = {"l1:9": 5_000_000}
         runs[-1]["paths"] = runs[-2]["paths"] = {"cross udp": "l1:9 sp2:2 l2:4", "gloo worker1>worker2": "l1:9 sp2:2"}
     made = {"command": "dlcp run --scheme gloo,dlcp", "commit": "abc1234", "started": "x"}
     results = as_testbed_results(runs, {"target_accuracy": None, "iterations": 10}, reference="gloo", provenance=made)
@@ -137,6 +138,8 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     assert "| 5/5 | 250 [250, 250] | 500 [500, 500] | 2.00 [2.00, 2.00]x | - |" in row  # (no port service read)
     assert "UDP loss 10.0 %, TCP 40 resent, 2.00 Mbit/s" in row
     assert "`dlcp` is faster than `gloo` per iteration" in text and "commit abc1234" in text
+    # per run, where the cross flows entered the fabric and what those links carried (runs with both only)
+    assert "| `gloo` | 5 | 1000 | yes | l1:9 5 MB | - |" in text and text.count("MB | - |") == 1
     # from 3 runs: the range, and no verdict
     three = markdown(as_testbed_results([r for r in runs if r["repeat"] < 3], {"target_accuracy": None,
                                                                               "iterations": 10}, reference="gloo"))
@@ -151,6 +154,7 @@ def test_a_results_page_table_is_generated_from_the_results(tmp_path, capsys):
     slim = json.loads((tmp_path / "slim" / f"{tmp_path.name}.json").read_text())
     assert all("iterations" not in s for s in slim["runs"])
     assert all(s["paths"]["cross udp"] for s in slim["runs"]) and slim["runs"][0]["gloo_ports_fixed"] is True
+    assert slim["runs"][0]["port_bytes"] == {"l1:9": 5_000_000}
     assert cli.main(["report", str(tmp_path / "slim" / f"{tmp_path.name}.json")]) == 0
     assert capsys.readouterr().out.split("| scheme")[1] == full.split("| scheme")[1]
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2

@@ -32,7 +32,7 @@ PAGES: dict[str, list[list[str]]] = {
                          ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],
     "sim-validation.md": [["20261126-simval-ps.json"], ["20261126-simval-ring.json"]],
     "testbed-one-capacity.md": [["20261128-034854-leafspine.json"]],
-    "testbed-vs-gloo.md": [["20261128-112029-leafspine.json"], ["20261126-131439-leafspine.json"],
+    "testbed-vs-gloo.md": [["20261128-141141-leafspine.json"], ["20261126-131439-leafspine.json"],
                            ["20261126-132312-leafspine.json"], ["20261126-150709-leafspine.json"]],
 }
 

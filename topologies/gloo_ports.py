@@ -67,9 +67,11 @@ class Connection:
 def initiates(local: str, remote: str) -> bool:
     """Whether gloo on ``local`` opens the connection to ``remote``: the higher address does."""
     a, b = ipaddress.ip_address(local), ipaddress.ip_address(remote)
+    if a.version != b.version:
+        raise ValueError(f"gloo ranks at {local} and {remote}: one address family for all ranks")
     if a == b:
         raise ValueError(f"gloo ranks on one address ({local}) share a range: their ports are not fixed")
-    return a > b
+    return a.packed > b.packed  # as gloo compares them: the address's bytes, in network order
 
 
 def expected_connections(ips: list[str], ports: GlooPorts) -> list[Connection]:

@@ -23,6 +23,8 @@ def test_the_higher_address_opens_the_connection():
     assert initiates("10.0.0.10", "10.0.0.9") and not initiates("10.0.0.9", "10.0.0.10")
     with pytest.raises(ValueError, match="share a range"):
         initiates("127.0.0.1", "127.0.0.1")
+    with pytest.raises(ValueError, match="one address family"):
+        initiates("10.0.0.1", "::1")
 
 
 def test_every_direction_of_every_pair_is_known():

@@ -7,7 +7,8 @@ connections leave from ephemeral ports, so each run of ``gloo`` drew its paths a
 schemes of one repetition met the cross traffic on different links. gloo cannot be told a
 port, but Linux takes both from the namespace's ``net.ipv4.ip_local_port_range``, and with a
 range of exactly two ports, the first even, the choice is fixed: ``bind`` to port 0 takes the
-odd port and ``connect`` the even one (Linux gives the two opposite parities). gloo makes one
+odd port and ``connect`` the even one (Linux gives the two opposite parities; the namespace
+test, tests/testbed/test_gloo_ports.py, checks it with gloo itself). gloo makes one
 connection per pair of ranks, opened by the rank whose address is the higher
 (``Device::isInitiator`` in gloo's TCP transport). So every connection's 5-tuple is known
 before the run, the same for ``gloo``, ``gloo-fp16`` and ``powersgd`` in one repetition.
@@ -16,8 +17,8 @@ A closed connection would keep its 4-tuple in TIME_WAIT for a minute, and the ne
 identical connection could not be made (``connect`` fails, or ``bind`` skips the listener's
 port). The testbed's hosts keep no TIME_WAIT sockets (:data:`NO_TIME_WAIT`, set when the network
 starts, so that no connection closing late slips one in): that changes nothing while a
-connection is open. The runner reads the connections back while gloo
-trains (:func:`parse_connections`), so a run records the ports it had, not the ones intended.
+connection is open. The runner reads the connections back while gloo trains
+(:func:`parse_connections`), so a run records the ports it had, not the ones intended.
 """
 
 from __future__ import annotations

@@ -142,8 +142,9 @@ def slim(results: dict) -> dict:
                                       "tcp_counters", "host_tcp", "flow_port_base", "paths",
                                       "gloo_connections", "gloo_ports_fixed"))
     for full, small in zip(results["runs"], out["runs"]):  # the switch counters, as bytes per port
-        if port_bytes(full):
-            small["port_bytes"] = port_bytes(full)
+        carried = port_bytes(full)
+        if carried:
+            small["port_bytes"] = carried
     return out
 
 

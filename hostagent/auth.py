@@ -2,8 +2,8 @@
 the data packets' protection.
 
 Pure functions; the control path (:mod:`dlcp.hostagent.control_path`) runs the exchange, and the
-packet protection itself is compiled code (``hostagent/native/seal.h``) that both data paths
-call.
+packet protection itself is compiled code (``hostagent/native/seal.h``) that the data path
+calls.
 
 **Handshake.** A control connection from initiator I to acceptor A opens with four HELLO
 records (:data:`dlcp.hostagent.wire.HELLO_BODY`)::

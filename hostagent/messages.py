@@ -189,7 +189,7 @@ class Expect:
     """With ``accumulate`` into float32 from a float32 message: each element of ``out`` is
     multiplied by ``scale`` (in float32) before its packet is added, and the elements no packet
     came for are multiplied when the message completes: ``out = out * scale + message`` without
-    a pass of its own over ``out``; both data paths add so, each operation rounded in float32."""
+    a pass of its own over ``out``; the data path adds so, each operation rounded in float32."""
 
     def __post_init__(self) -> None:
         if self.scale != 1.0 and not self.accumulate:

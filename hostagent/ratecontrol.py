@@ -203,40 +203,6 @@ class RateController:
         return self.rate
 
 
-class Pacer:
-    """Token bucket: how long to wait before the next ``nbytes`` may leave at ``rate``.
-
-    ``slack`` (seconds, :attr:`RateConfig.pacing_slack`): a deficit up to ``rate x slack`` is
-    no wait (the bytes leave on credit); a larger one is waited for whole.
-    """
-
-    def __init__(self, burst_bytes: int, slack: float = 0.0) -> None:
-        self.burst = float(burst_bytes)
-        self.tokens = float(burst_bytes)
-        self.slack = slack
-        self.last: float | None = None
-
-    def _refill(self, rate: float, now: float) -> None:
-        if self.last is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.last) * rate)
-        self.last = now
-
-    def wait_time(self, nbytes: int, rate: float, now: float) -> float:
-        """Seconds until ``nbytes`` may be sent (0 when they may go now)."""
-        self._refill(rate, now)
-        deficit = nbytes - self.tokens
-        return 0.0 if deficit <= rate * self.slack else deficit / rate
-
-    def allowance(self, rate: float, now: float, horizon: float) -> float:
-        """Bytes that may leave within ``horizon`` seconds from ``now`` at ``rate``."""
-        self._refill(rate, now)
-        return self.tokens + rate * horizon
-
-    def consume(self, nbytes: int) -> None:
-        """Account for ``nbytes`` sent (tokens may go negative by one packet's worth)."""
-        self.tokens -= nbytes
-
-
 class AnswerTimer:
     """Sender side: how long a receiver takes to answer the end of a pass (STOP or BITMAP).
 
@@ -282,52 +248,26 @@ CEILING_HEADROOM = 1.25
 BEHIND_BACKLOG = 0.5
 
 
-class DrainMeter:
-    """Receiver side: what this receiver can drain, measured only while it is overloaded.
-
-    The receive thread is *behind* when a batch ends full (``rx_batch`` datagrams, or a quarter
-    of the socket buffer's bytes) and the socket still holds at least half its buffer (the data
-    path's receive loop decides). A stretch of consecutive such batches, closed by the first
-    batch that empties the socket or after ``stretch`` seconds, gives one sample: its bytes over
-    its wall time, every cost of the process (CPU scheduling too) included. It counts when it
-    carried ``min_bytes``. Samples are smoothed; an estimate older than ``fresh`` is dropped, so
-    a receiver that keeps up advertises no ceiling and its senders probe upward again.
-
-    Why only when overloaded: a receiver slightly behind a paced sender measures the sender's
-    pace, and a thread descheduled mid-stretch looks slow (busy time per byte has the same
-    flaw), so a meter that samples any backlog pulls the ceiling ever lower. A full batch means
-    a real backlog, and then the wall-clock rate is what the receiver really drains.
-    """
-
-    def __init__(self, stretch: float = 0.005, min_bytes: int = 256 * 1024, fresh: float = 0.5) -> None:
-        if stretch <= 0 or min_bytes < 0 or fresh <= 0:
-            raise ValueError(f"bad DrainMeter settings: stretch={stretch}, min_bytes={min_bytes}, fresh={fresh}")
-        self.stretch, self.min_bytes, self.fresh = stretch, min_bytes, fresh
-        self.rate = 0.0
-        self.measured_at = 0.0
-        self._since: float | None = None
-        self._bytes = 0
-
-    def batch(self, started: float, nbytes: int, behind: bool, now: float) -> None:
-        """One receive batch that began at ``started``, took ``nbytes`` and ended at ``now``;
-        ``behind``: it ended full, with datagrams still queued."""
-        if self._since is None:
-            if not behind:
-                return
-            self._since, self._bytes = started, 0
-        self._bytes += nbytes
-        span = now - self._since
-        if not behind or span >= self.stretch:
-            if span > 0 and self._bytes >= self.min_bytes:
-                sample = self._bytes / span
-                self.rate = sample if self.rate <= 0 else 0.7 * self.rate + 0.3 * sample
-                self.measured_at = now
-            self._since = now if behind else None
-            self._bytes = 0
-
-    def current(self, now: float) -> float:
-        """The measured drain rate if it is fresh, else 0 (no ceiling: this receiver keeps up)."""
-        return self.rate if self.rate > 0 and now - self.measured_at <= self.fresh else 0.0
+#: The drain meter: what this receiver can drain, measured only while it is overloaded. The rule
+#: is the compiled data path's (``Datapath::drain_batch`` in hostagent/native/rx.cc; its tests,
+#: tests/transport/test_core_rules.py, drive it on a fake clock). The receive thread is
+#: *behind* when a batch ends full (``rx_batch`` datagrams, or a quarter of the socket buffer's
+#: bytes) and the socket still holds BEHIND_BACKLOG of its buffer. A stretch of consecutive such
+#: batches, closed by the first batch that empties the socket or after DRAIN_STRETCH seconds,
+#: gives one sample: its bytes over its wall time, every cost of the process (CPU scheduling
+#: too) included. It counts when it carried DRAIN_MIN_BYTES. Samples are smoothed (0.7 old, 0.3
+#: new); an estimate older than DRAIN_FRESH is dropped, so a receiver that keeps up advertises no
+#: ceiling and its senders probe upward again.
+#:
+#: Why only when overloaded: a receiver slightly behind a paced sender measures the sender's
+#: pace, and a thread descheduled mid-stretch looks slow (busy time per byte has the same
+#: flaw), so a meter that samples any backlog pulls the ceiling ever lower. A full batch means
+#: a real backlog, and then the wall-clock rate is what the receiver really drains.
+DRAIN_STRETCH = 0.005
+#: (see DRAIN_STRETCH) the fewest bytes a sample of the drain meter counts with
+DRAIN_MIN_BYTES = 256 * 1024
+#: (see DRAIN_STRETCH) seconds a drain estimate stays in force
+DRAIN_FRESH = 0.5
 
 
 def drain_share(drain: float, startup: float, active_senders: int, new_sender: bool) -> float:

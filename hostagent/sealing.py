@@ -1,11 +1,11 @@
 """Every datagram's trailer, from Python: the compiled sealer (``hostagent/native/seal.h``)
-behind the numpy data path, tests and tools.
+behind the control connections, tests, tools and the tests' numpy reference model.
 
 A datagram on the data path is ``header | payload | pn | tag`` (:data:`dlcp.hostagent.wire.TRAILER_SIZE`):
 AES-128-GCM under a key derived, per epoch of packet numbers, from its direction's
 (:func:`dlcp.hostagent.auth.direction_key`), with a nonce made of the packet type and the
-sender's packet number. Why one compiled implementation for both data paths: the rule of what a
-tag covers must be written once (issue 44, item 7), and a compiled AES-GCM (intel-ipsec-mb's,
+sender's packet number. Why one compiled implementation for the data path and all else: the rule of what
+a tag covers must be written once (issue 44, item 7), and a compiled AES-GCM (intel-ipsec-mb's,
 else OpenSSL's: :func:`library`) is what runs at line rate; Python only groups the rows and
 calls it.
 

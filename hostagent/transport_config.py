@@ -36,8 +36,9 @@ def link_timers(link: float, mtu: int) -> dict[str, float]:
     return {"feedback_interval": max(TransportConfig.feedback_interval, FEEDBACK_PACKETS * mtu / link)}
 
 
-#: The per-packet paths: the compiled one (hostagent/native) and numpy's (the fallback).
-DATAPATHS = ("native", "numpy")
+#: The per-packet paths: the compiled one (hostagent/native). (The numpy path is a reference model
+#: in the tests now: tests/reference/numpy_path.py.)
+DATAPATHS = ("native",)
 
 #: Data sockets per destination with fixed source ports: one per priority queue (0..7).
 PORTS_PER_DEST = 8
@@ -204,8 +205,9 @@ class TransportConfig:
         return 2 if self.encrypt else 1 if self.authenticate else 0
 
     datapath: str = "native"
-    """Which per-packet path runs: ``native``, the compiled one (built by ``make setup``), or
-    ``numpy``, the same behaviour in Python (slower; the reference and the fallback)."""
+    """Which per-packet path runs: ``native``, the compiled one (built by ``make setup``), the only
+    one. (``numpy`` was a second; it needed the compiled module all the same and is a reference
+    model in the tests now.)"""
 
     source_port_base: int | None = None
     """Send data to rank r at priority q from UDP source port ``source_port_base + 8 r + q``
@@ -227,7 +229,9 @@ class TransportConfig:
         if self.rank not in ranks:
             raise ValueError(f"TransportConfig.rank={self.rank} is not among the peers' ranks {ranks}")
         if self.datapath not in DATAPATHS:
-            raise ValueError(f"TransportConfig.datapath={self.datapath!r} must be one of {DATAPATHS}")
+            removed = (" (the numpy data path is no longer part of the package: it needed the compiled module "
+                       "anyway and is a reference model in DLCP's tests now)") if self.datapath == "numpy" else ""
+            raise ValueError(f"TransportConfig.datapath={self.datapath!r} must be one of {DATAPATHS}{removed}")
         if self.bulk_feedback_packets < 1:
             raise ValueError(f"TransportConfig.bulk_feedback_packets={self.bulk_feedback_packets} must be >= 1")
         if not 1 <= self.rx_batch <= 65536:

@@ -44,7 +44,7 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     cfg = TransportConfig(rank=rank, peers=peers, job_id=1, policy=Policy.from_dict(spec["policy"]), mtu=spec["mtu"],
                           rate=RateConfig(**spec["rate"]), loss=LossInjection(), message_deadline=spec["deadline"],
                           connect_timeout=30.0, offload=spec.get("offload", False), secret=spec.get("secret"),
-                          datapath=spec.get("datapath", "native"), source_port_base=spec.get("source_port_base"),
+                          source_port_base=spec.get("source_port_base"),
                           **spec.get("timers", {}))
     return Endpoint(cfg).start()
 
@@ -160,7 +160,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                               policy=Policy.from_dict(spec["policy"]), colocated_server=False, mtu=spec["mtu"],
                               message_deadline=spec["deadline"], rate=RateConfig(**spec["rate"]),
                               offload=spec.get("offload", False), secret=spec.get("secret"),
-                              timers={**spec.get("timers", {}), "datapath": spec.get("datapath", "native")},
+                              timers=spec.get("timers", {}),
                               wire_dtype=spec.get("wire_dtype", "float32"))
     inner, schedule = train.optimizer(model.parameters())
     opt = dlcp_torch.DistributedOptimizer(inner, model, session.state,

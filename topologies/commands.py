@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from dlcp.hostagent.clikit import number
 from dlcp.hostagent.errors import DlcpUserError
 from dlcp.hostagent.policy import Policy, PolicyError, load_policy
-from dlcp.hostagent.transport_config import DATAPATHS
 from dlcp.topologies.options import WORKLOADS, add_shared_arguments, checked
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
-                      timeout=args.timeout, reference=args.reference, datapath=args.datapath,
+                      timeout=args.timeout, reference=args.reference,
                       host_tcp=args.host_tcp)
 
 
@@ -194,8 +193,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
                    default=d.calibration_iterations,
                    help="communication-only iterations for the ordering efficiency E")
-    p.add_argument("--datapath", choices=DATAPATHS, default=d.datapath,
-                   help="DLCP's per-packet path on the hosts: compiled, or numpy (to compare the two)")
     p.add_argument("--host-tcp", default=d.host_tcp, metavar="CC",
                    help="TCP congestion control of every host: gloo's connections, the TCP cross traffic, "
                         f"DLCP's control connections (default: {d.host_tcp}, Linux's default)")

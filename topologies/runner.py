@@ -37,7 +37,7 @@ from dlcp.hostagent.model_profiles import PROFILES
 from dlcp.hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from dlcp.hostagent.ranges import Range
 from dlcp.hostagent.ratecontrol import link_rates
-from dlcp.hostagent.transport_config import DATAPATHS, PORTS_PER_DEST, link_timers
+from dlcp.hostagent.transport_config import PORTS_PER_DEST, link_timers
 from dlcp.topologies import paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.gloo_ports import Connection, GlooPorts, expected_connections, fixed_ports, parse_connections
@@ -105,9 +105,6 @@ class RunOptions:
     policy: Policy | None = None
     """The base policy (``--policy FILE``): each scheme keeps what of it that scheme turns on
     (:func:`dlcp.topologies.schemes.policy_for`); None: DLCP's defaults, thresholds from ``buffer``."""
-    datapath: str = "native"
-    """DLCP's data path on every host (:attr:`dlcp.hostagent.transport_config.TransportConfig.datapath`):
-    the compiled one, or ``numpy`` to compare the two on the same fabric."""
     reference: str | None = None
     """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
     against; None: ``gloo`` when it runs (what users run), else ``baseline``."""
@@ -164,8 +161,7 @@ def tcp_congestion_controls() -> set[str] | None:
 
 
 #: The choice options of a run and their allowed values.
-CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
-                                       "datapath": DATAPATHS}
+CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS}
 
 
 def reference_scheme(opts: RunOptions) -> str | None:
@@ -318,7 +314,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
             "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
-            "wire_dtype": wire_dtype_of(scheme), "datapath": opts.datapath, "store_port": store_port}
+            "wire_dtype": wire_dtype_of(scheme), "store_port": store_port}
     if opts.workload in TRAINING_WORKLOADS:
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
     if ports is not None:

@@ -1,14 +1,12 @@
 """The per-packet path of an endpoint, behind :class:`~dlcp.hostagent.protocol.port.DataPort`.
 
-Two implementations with the same behaviour, chosen by ``TransportConfig.datapath``:
+One implementation: :mod:`dlcp.hostagent.datapath.native`, the compiled path
+(``hostagent/native/``, C++ built by ``make setup`` or ``pip install``), whose threads never
+take the interpreter lock. :mod:`dlcp.hostagent.datapath.credits` holds the credit rules it
+follows, as a table its tests read.
 
-* ``"native"`` (default): :mod:`dlcp.hostagent.datapath.native`, the compiled path
-  (``hostagent/native/``, C++ built by ``make setup``), whose threads never take the interpreter
-  lock;
-* ``"numpy"``: :mod:`dlcp.hostagent.datapath.numpy_path`, the same in Python and numpy: slower, kept as
-  the readable reference and as a fallback where the extension cannot be built.
-
-The transport tests run against both and expect identical outcomes.
+The numpy path that was a second choice here is a reference model in the tests now
+(``tests/reference/numpy_path.py``: why, in its docstring).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from dlcp.hostagent.transport_config import DATAPATHS
 
 if TYPE_CHECKING:
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
     from dlcp.hostagent.transport_config import TransportConfig
 
 
@@ -29,27 +26,22 @@ def native_available() -> str | None:
     try:
         from dlcp.hostagent import _datapath  # noqa: F401
     except ImportError as exc:
-        return (f"the compiled data path is not built ({exc}); run `make setup` (or `pip install .`), "
-                f"or use TransportConfig(datapath='numpy')")
+        return f"the compiled data path is not built ({exc}); run `make setup` (or `pip install .`)"
     return None
 
 
-def open_datapath(config: TransportConfig, udp: socket.socket, gro: bool) -> NativeDatapath | NumpyDatapath:
-    """The data path ``config.datapath`` names, on the bound data socket ``udp``.
+def open_datapath(config: TransportConfig, udp: socket.socket, gro: bool) -> NativeDatapath:
+    """The compiled data path, on the bound data socket ``udp``.
 
     Raises:
-        RuntimeError: the native path was asked for and is not built (says how to build it).
+        RuntimeError: it is not built (says how to build it).
     """
-    if config.datapath == "native":
-        why = native_available()
-        if why is not None:
-            raise RuntimeError(why)
-        from dlcp.hostagent.datapath.native import NativeDatapath
+    why = native_available()
+    if why is not None:
+        raise RuntimeError(why)
+    from dlcp.hostagent.datapath.native import NativeDatapath
 
-        return NativeDatapath(config, udp, gro)
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
-
-    return NumpyDatapath(config, udp, gro)
+    return NativeDatapath(config, udp, gro)
 
 
 __all__ = ["DATAPATHS", "native_available", "open_datapath"]

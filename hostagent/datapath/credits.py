@@ -1,10 +1,34 @@
-"""Receiver-driven credits: how big a sender's window is, and when a receiver grants more.
+"""Receiver-driven credits: how big a sender's window is, and the settings of the rules that grant it.
 
-Pure rules, read by both data paths (the compiled one mirrors them in ``send_credits`` and is
-tested against them). A receiver counts each sender's packets it took from its socket
-(``consumed``) and, in a CREDIT, tells the sender that count and a window: the sender may have
-that many packets beyond the count unconsumed. The window keeps a receiver's socket buffer from
-overflowing when its receive thread is descheduled; it is not congestion control.
+A receiver counts each sender's packets it took from its socket (``consumed``) and, in a
+CREDIT, tells the sender that count and a window: the sender may have that many packets beyond
+the count unconsumed. The window keeps a receiver's socket buffer from overflowing when its
+receive thread is descheduled; it is not congestion control.
+
+The rules themselves run once, in the compiled data path (``Datapath::due_credits`` and
+``on_credit``, hostagent/native/rx.cc; ``window_full``, tx.cc), and its tests drive them on a
+fake clock (tests/transport/test_core_rules.py):
+
+* **when a credit goes**: a quarter of the window was used since the sender's last credit, or
+  its packets stopped coming for CREDIT_QUIET with some consumed (it may be held by its window).
+  Not whenever the socket runs dry (the rule before): a receiver reading a slow stream finds
+  its socket dry after nearly every packet and sent a credit per data packet; on the testbed,
+  where a switch port serves packets, not bytes, those credits took half the reverse path's
+  capacity, and the control connection's segments, lost in the tail drops they caused, waited
+  out TCP's 200 ms retransmission timer;
+* **RELEASE** (:data:`dlcp.hostagent.wire.Flags.RELEASE`): the sender counts all it sent as done
+  with, what was not consumed as lost. It goes when a message of the sender is incomplete and
+  either our socket dropped datagrams since its last credit (an overrun: its whole window may be
+  gone) and it went quiet, or nothing of it arrived for CREDIT_QUIET up to the time the receive
+  thread has read everything that reached the host (arrival stamps: a reader that was
+  descheduled does not take its own delay for the sender's silence), once per silence. Why: a
+  packet lost on the way is never consumed; a few percent lost of several long passes to one
+  receiver filled the window, the sender stopped, its passes could not end, and only
+  CREDIT_TIMEOUT let it go on (the parameter server's replies under 2 % loss stalled so once or
+  twice an iteration);
+* **the sender** takes the larger of its count and the credit's (a late credit takes nothing
+  back; a replayed one is older than the newest seen and grants nothing), and after a window
+  full and CREDIT_TIMEOUT without a credit takes its packets as lost.
 """
 
 from __future__ import annotations
@@ -57,57 +81,5 @@ def initial_window(config: TransportConfig) -> int:
     return credit_window(2 * config.socket_buffer, max_datagram(config), len(config.peers) - 1)
 
 
-def credit_due(pending: int, window: int, quiet_for: float, overrun: bool = False) -> bool:
-    """Whether a sender gets a credit now: ``pending`` of its packets were consumed since its last
-    credit, and either a quarter of its ``window`` was used or nothing of it came for
-    CREDIT_QUIET (``quiet_for`` seconds since its last packet). Also, with nothing consumed,
-    when the receiver's socket overran since the sender's last credit (``overrun``: the kernel
-    dropped datagrams, and a message from this sender is incomplete) and the sender went quiet:
-    that credit carries :data:`dlcp.hostagent.wire.Flags.RELEASE`, and the sender counts what it sent
-    and was not consumed as lost (:func:`acked_after_credit`); :func:`release_due` says when a
-    quiet sender's packets were lost on the way instead.
-
-    Why not a credit whenever the socket runs dry (the rule before): a receiver reading a slow
-    stream finds its socket dry after nearly every packet, and sent a credit per data packet.
-    On the testbed, where a switch port serves packets, not bytes, those credits took half the
-    reverse path's capacity; with the tail drops they caused, the control connection's
-    segments were lost and waited out TCP's 200 ms retransmission timer.
-    """
-    if overrun and quiet_for >= CREDIT_QUIET:
-        return True
-    return pending > 0 and (pending >= max(1, window // 4) or quiet_for >= CREDIT_QUIET)
-
-
-def release_due(incomplete: bool, released: bool, last_arrival: float, seen_until: float) -> bool:
-    """Whether a sender's next credit releases all it sent (:data:`dlcp.hostagent.wire.Flags.RELEASE`)
-    because its packets stopped coming while a message of its is incomplete: nothing of it
-    arrived for CREDIT_QUIET up to ``seen_until``, the time up to which the receive thread has
-    read everything that reached the host (arrival stamps, so a reader that was descheduled does
-    not take its own delay for the sender's silence), and no release went since its last packet.
-
-    Why: a sender counts each packet it sent as unconsumed until a credit says otherwise, and a
-    packet lost on the way is never consumed. The loss of a few percent of several long passes
-    in flight to one receiver fills its window, the sender stops, its passes cannot end, and
-    only CREDIT_TIMEOUT (200 ms) let it go on: the parameter server's replies under 2 % loss
-    stalled so once or twice an iteration. A receiver that has read everything and heard nothing
-    for CREDIT_QUIET knows those packets are not coming (or are still on the way: at most a
-    window, which its drained socket has room for, as after an overrun).
-    """
-    return incomplete and not released and last_arrival >= 0 and seen_until - last_arrival >= CREDIT_QUIET
-
-
-def acked_after_credit(acked: int, sent: int, consumed: int, release: bool) -> int:
-    """A sender's count of its packets a receiver has done with, after a credit saying it
-    ``consumed`` that many (counts only grow: a late credit takes nothing back).
-
-    A RELEASE credit also releases everything sent before it: the receiver's socket dropped
-    datagrams (an overrun) or this sender's packets stopped coming while a message of its is
-    incomplete (:func:`release_due`), so what was not consumed was lost (or is still in the
-    network, at most a window, which a drained socket has room for). Why: without it a sender
-    whose whole window the kernel dropped, or the network lost, waits out CREDIT_TIMEOUT.
-    """
-    return max(acked, sent if release else consumed)
-
-
-__all__ = ["CREDIT_QUIET", "CREDIT_SHARE", "CREDIT_TIMEOUT", "MIN_WINDOW", "acked_after_credit", "credit_due",
-           "credit_window", "initial_window", "max_datagram", "release_due"]
+__all__ = ["CREDIT_QUIET", "CREDIT_SHARE", "CREDIT_TIMEOUT", "MIN_WINDOW", "credit_window", "initial_window",
+           "max_datagram"]

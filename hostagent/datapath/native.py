@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,13 +31,13 @@ from dlcp.hostagent.protocol.port import Event, Progress, RxBuffers, RxSpec, TxI
 from dlcp.hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
 from dlcp.hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
                                               REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
-from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter
+from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DRAIN_FRESH, DRAIN_MIN_BYTES, DRAIN_STRETCH
 from dlcp.hostagent.transport_config import TransportConfig
 
 #: Element kinds of the compiled path, by wire dtype code.
 KINDS = {int(wire.Dtype.FLOAT32): 0, int(wire.Dtype.FLOAT16): 1, int(wire.Dtype.BFLOAT16): 2}
 BFLOAT16 = wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]
-#: Longest the send thread sleeps for one run's pacing (see the numpy path's MAX_INLINE_WAIT).
+#: Longest the send thread sleeps for one run's pacing (one GSO call's worth).
 MAX_INLINE_WAIT = 0.0005
 def _raw(a: np.ndarray) -> np.ndarray:
     """``a`` as the extension can take it: a bfloat16 array (ml_dtypes' type, which nanobind does
@@ -46,7 +47,7 @@ def _raw(a: np.ndarray) -> np.ndarray:
 
 def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]:
     """The extension's configuration for an endpoint, every value from its one definition."""
-    pol, loss, meter = config.policy, config.loss, DrainMeter()
+    pol, loss = config.policy, config.loss
     return {
         "header_size": wire.HEADER_SIZE,
         "header_fields": {name: (off, wire.FIELD_DTYPE[name].itemsize) for name, off in wire.FIELD_OFFSET.items()},
@@ -68,7 +69,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "max_inline_wait": MAX_INLINE_WAIT,
         "drop_p": [float(p) for p in loss.drop_probabilities], "delay": loss.delay, "delay_p": loss.delay_probability,
         "reorder": loss.reorder, "seed": loss.seed,
-        "drain_stretch": meter.stretch, "drain_min_bytes": float(meter.min_bytes), "drain_fresh": meter.fresh,
+        "drain_stretch": DRAIN_STRETCH, "drain_min_bytes": float(DRAIN_MIN_BYTES), "drain_fresh": DRAIN_FRESH,
         "behind_backlog": BEHIND_BACKLOG,
         "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
         "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
@@ -76,6 +77,21 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "fresh_window": FRESH_WINDOW, "fresh_kept": FRESH_KEPT,
         "source_port_base": config.source_port_base or 0,
     }
+
+
+@dataclass(frozen=True)
+class CreditGrant:
+    """A credit the receive side grants (:meth:`NativeDatapath.credits_for_test`)."""
+
+    rank: int
+    window: int
+    """Packets the sender may have unconsumed beyond ``consumed``."""
+    consumed: int
+    """The sender's packets taken from the socket, or counted as never coming."""
+    release: bool
+    """RELEASE: what the sender sent and was not consumed was lost."""
+    datagram: bytes
+    """As it goes on the wire, sealed under the key of our direction to ``rank``."""
 
 
 class NativeDatapath:
@@ -226,6 +242,25 @@ class NativeDatapath:
         """Validate and place a batch of datagrams (rows of ``slots``) as the receive thread
         would, without a socket: for tests and calibration."""
         self._dp.ingest_for_test(np.ascontiguousarray(slots, np.uint8), np.asarray(lengths, np.int64), now)
+
+    def credits_for_test(self, now: float, seen_until: float,
+                         socket_memory: int = 0) -> tuple[float, list[CreditGrant]]:
+        """The credits the receive thread would grant at ``now``, every datagram that reached
+        the host before ``seen_until`` read, for a socket of ``socket_memory`` bytes (0: as
+        measured at start); each is taken as sent. Returns when the next falls due (0: none)
+        and the credits, each with its sealed datagram."""
+        wake, credits = self._dp.credits_for_test(now, seen_until, socket_memory)
+        return float(wake), [CreditGrant(*c) for c in credits]
+
+    def account_reads_for_test(self, reads: int, overflow: int, now: float) -> None:
+        """The receive thread's overrun accounting after ``reads`` socket-buffer entries were
+        read and the socket's drop counter read ``overflow`` (-1: no count came)."""
+        self._dp.account_reads_for_test(reads, overflow, now)
+
+    def drain_batch_for_test(self, started: float, nbytes: int, behind: bool, now: float) -> None:
+        """One receive batch for the drain meter: begun at ``started``, ``nbytes`` read, ended at
+        ``now``, ``behind`` (it ended full with the socket still half full)."""
+        self._dp.drain_batch_for_test(started, nbytes, behind, now)
 
     def set_sockopt(self, dest: int, priority: int, level: int, name: int, value: int) -> None:
         """Set an option on the data socket to ``dest`` for ``priority`` (made now if need be)."""

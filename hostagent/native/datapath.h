@@ -40,6 +40,7 @@
 #include <netinet/in.h>
 
 #include "layout.h"
+#include "pacer.h"
 #include "seal.h"
 #include "tags.h"
 
@@ -185,6 +186,17 @@ struct Progress {
     }
 };
 
+// A credit the receive side decided to grant (due_credits): sealed, for the caller to send to
+// `rank`'s data address; what it says is kept beside for credit_sent and for tests.
+struct CreditOut {
+    uint16_t rank = 0;
+    uint32_t window = 0;       // packets the sender may have unconsumed
+    uint64_t consumed = 0;     // its packets we took from the socket (or count as never coming)
+    bool release = false;      // RELEASE: what was sent and not consumed was lost
+    bool overrun = false, lost = false;  // why a release: our socket dropped datagrams / its packets stopped
+    std::vector<uint8_t> bytes;  // the sealed datagram
+};
+
 struct TxInfo {
     uint32_t packets = 0, next_pos = 0, retransmissions = 0, pass_no = 0;
     bool active = false, held = false;
@@ -262,6 +274,21 @@ class Datapath {
     // one batch through validation and placement, for tests and start-up calibration
     std::vector<uint8_t> ingest_for_test(const uint8_t* rows, const int64_t* lengths, size_t n, size_t width,
                                          double now);
+    // The receive thread's per-packet rules on a clock the caller gives, no socket needed (tests):
+    // the credits due at `now` with every datagram before `seen_until` read, for a socket of
+    // `socket_memory` bytes (0: as measured), each taken as sent; returns when the next falls
+    // due (0: none) in `wake`.
+    std::vector<CreditOut> credits_for_test(double now, double seen_until, uint32_t socket_memory, double& wake);
+    // `reads` socket-buffer entries read, the socket's drop counter read as `overflow` (< 0: no
+    // count came): overruns blamed on senders (account_reads).
+    void account_reads_for_test(uint64_t reads, int64_t overflow, double now) {
+        std::lock_guard<std::mutex> g(rx_mu_);
+        account_reads(reads, overflow, now);
+    }
+    // one receive batch for the drain meter: begun at `started`, `nbytes` read, `behind` (more queued)
+    void drain_batch_for_test(double started, uint64_t nbytes, bool behind, double now) {
+        drain_batch(started, nbytes, behind, now);
+    }
 
   private:
     // ---- receive state
@@ -342,23 +369,6 @@ class Datapath {
     };
 
     // ---- send state
-    struct Pacer {  // ratecontrol.Pacer, the same rule
-        double burst, tokens, slack, last = -1;
-        explicit Pacer(double b = 0, double sl = 0) : burst(b), tokens(b), slack(sl) {}
-        void refill(double rate, double now) {
-            if (last >= 0) tokens = std::min(burst, tokens + (now - last) * rate);
-            last = now;
-        }
-        double wait_time(double nbytes, double rate, double now) {
-            refill(rate, now);
-            double deficit = nbytes - tokens;
-            return deficit <= rate * slack ? 0.0 : deficit / rate;
-        }
-        double allowance(double rate, double now, double horizon) {
-            refill(rate, now);
-            return tokens + rate * horizon;
-        }
-    };
     struct Sock {
         int fd = -1;
         bool gso = false;
@@ -421,7 +431,16 @@ class Datapath {
     uint8_t ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                           double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
+    // The credits due now (credits.py's rules, rx_mu_ held), sealed, into `out` (cleared first);
+    // returns when the next falls due (0: none waits). credit_sent() records one that left.
+    double due_credits(double now, double seen_until, std::vector<CreditOut>& out);
+    void credit_sent(const CreditOut& c, double now);
+    // due_credits, each sent from credit_fd_ (the receive thread's shell around the rule)
     double send_credits(double now);
+    // Overrun accounting after a batch of `reads` socket-buffer entries (rx_mu_ held): when the
+    // socket's drop counter moved, the drops are blamed on senders by their share of the reads,
+    // at most the holes their messages show
+    void account_reads(uint64_t reads, int64_t overflow, double now);
     bool window_full(Dest* d, double now, double& wait);
     void end_batch(std::vector<RxMsg*>& touched, double now);
     void finish_locked(RxMsg* m, int how, bool fire, double now);
@@ -513,6 +532,7 @@ class Datapath {
     std::mutex read_mu_;  // held by the receive thread from a read until its datagrams are placed
     std::map<uint16_t, sockaddr_in> peer_addr_;  // peers' data addresses (set before start)
     int credit_fd_ = -1;
+    std::vector<CreditOut> credit_out_;  // the receive thread's credits of one turn (send_credits)
     uint32_t rcvbuf_ = 0;
     double reads_since_ = 0;  // reads (socket-buffer entries) since the last overrun was accounted
     std::mt19937_64 rng_;

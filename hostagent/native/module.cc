@@ -128,7 +128,7 @@ NB_MODULE(_datapath, m) {
     // its stopped data path alive until then too; nanobind would print that as a leak.
     nb::set_leak_warnings(false);
 
-    // The packet protection of seal.h, for the numpy data path and tests: the same code the
+    // The packet protection of seal.h, for the control connections, tools and tests: the same code the
     // compiled path seals and opens with, so the rule lives in one place.
     m.attr("TRAILER_BYTES") = TRAILER_BYTES;
     m.attr("EPOCH_BITS") = Sealer::EPOCH_BITS;
@@ -199,6 +199,12 @@ NB_MODULE(_datapath, m) {
              },
              "rows"_a, "lengths"_a, "which"_a, "header_size"_a, "ptype_offset"_a, "ok"_a);
 
+    nb::class_<Pacer>(m, "Pacer")
+        .def(nb::init<double, double>(), "burst_bytes"_a, "slack"_a = 0.0)
+        .def("wait_time", &Pacer::wait_time, "nbytes"_a, "rate"_a, "now"_a)
+        .def("allowance", &Pacer::allowance, "rate"_a, "now"_a, "horizon"_a)
+        .def("consume", &Pacer::consume, "nbytes"_a)
+        .def_ro("tokens", &Pacer::tokens);
     m.def("packet_magnitudes",
           [](Bytes1D data, int kind, uint32_t per, const std::string& how, F32 out) {
               Kind k = kind_of(kind);
@@ -417,6 +423,27 @@ NB_MODULE(_datapath, m) {
         .def("fault_for_test", &Datapath::fault_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("end_passes_for_test",
              [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); },
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("credits_for_test",
+             // -> (wake, [(rank, window, consumed, release, sealed datagram), ...])
+             [](Datapath& d, double now, double seen_until, uint32_t socket_memory) {
+                 std::vector<CreditOut> out;
+                 double wake = 0;
+                 {
+                     nb::gil_scoped_release g;
+                     out = d.credits_for_test(now, seen_until, socket_memory, wake);
+                 }
+                 nb::list credits;
+                 for (const CreditOut& c : out)
+                     credits.append(nb::make_tuple(c.rank, c.window, c.consumed, c.release,
+                                                   nb::bytes(reinterpret_cast<const char*>(c.bytes.data()),
+                                                             c.bytes.size())));
+                 return nb::make_tuple(wake, credits);
+             },
+             "now"_a, "seen_until"_a, "socket_memory"_a = 0)
+        .def("account_reads_for_test", &Datapath::account_reads_for_test, "reads"_a, "overflow"_a, "now"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("drain_batch_for_test", &Datapath::drain_batch_for_test, "started"_a, "nbytes"_a, "behind"_a, "now"_a,
              nb::call_guard<nb::gil_scoped_release>())
         .def("ingest_for_test",
              [](Datapath& d, nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows, I64 lengths,

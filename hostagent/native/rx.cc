@@ -582,7 +582,7 @@ uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
     return OK;
 }
 
-double Datapath::send_credits(double now) {
+double Datapath::due_credits(double now, double seen_until, std::vector<CreditOut>& out) {
     // Grant every sender whose packets we took from the socket a window (rx_mu_ held), by the
     // rules of hostagent/datapath/credits.py: the window is credit_window (a sixteenth of the
     // socket's memory limit in datagrams, shared among every authenticated peer, so the windows
@@ -590,9 +590,9 @@ double Datapath::send_credits(double now) {
     // or when the sender's packets stopped coming for credit_quiet (it may be held by its
     // window); flagged RELEASE when a message of its is incomplete and either our socket dropped
     // datagrams since its last credit, or (release_due) everything that arrived up to
-    // rx_seen_until is read and nothing of it came for credit_quiet before that. Returns when a
+    // seen_until is read and nothing of it came for credit_quiet before that. Returns when a
     // quiet sender's credit or release falls due (0: none waits).
-    if (credit_fd_ < 0) return 0;
+    out.clear();
     int senders = 0;
     for (auto& kv : fb_)
         if (kv.second.authed && kv.first != cfg_.rank) ++senders;
@@ -604,7 +604,6 @@ double Datapath::send_credits(double now) {
     std::unordered_set<uint16_t> waiting;  // senders with an incomplete message
     for (auto& m : rx_)
         if (m.second->prog.state == 0) waiting.insert(m.second->spec.src);
-    double seen_until = rx_seen_until_.load(std::memory_order_acquire);
     auto wake_at = [&wake](double at) { wake = wake == 0 ? at : std::min(wake, at); };
     for (auto& kv : fb_) {
         SenderFb& s = kv.second;
@@ -624,9 +623,14 @@ double Datapath::send_credits(double now) {
             if (watch) wake_at(s.last_arrival + cfg_.credit_quiet);
             continue;
         }
-        bool release = overrun || lost;
-        auto ait = peer_addr_.find(kv.first);
-        if (ait == peer_addr_.end()) continue;
+        if (peer_addr_.find(kv.first) == peer_addr_.end()) continue;
+        CreditOut c;
+        c.rank = kv.first;
+        c.window = grant;
+        c.consumed = s.consumed;
+        c.overrun = overrun;
+        c.lost = lost;
+        c.release = overrun || lost;
         uint8_t h[256 + TRAILER_BYTES];
         std::memset(h, 0, size_t(H_));
         s.credit_seq += 1;
@@ -636,29 +640,99 @@ double Datapath::send_credits(double now) {
         wr(h, L.sender_rank, cfg_.rank);
         wr(h, L.job_id, cfg_.job_id);
         wr(h, L.iteration, s.credit_seq);
-        wr(h, L.flags, release ? cfg_.flag_release : 0);
+        wr(h, L.flags, c.release ? cfg_.flag_release : 0);
         wr(h, L.elem_count, grant);
         wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
         wr(h, L.elem_offset, uint32_t(s.consumed));
         if (!s.credit_sealer) continue;
         s.credit_sealer->seal(h, size_t(H_), size_t(L.ptype.off), nullptr, 0, nullptr, h + H_);
-        const ssize_t size = ssize_t(H_) + ssize_t(TRAILER_BYTES);
-        ssize_t r = sendto(credit_fd_, h, size_t(size), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&ait->second),
-                           sizeof(sockaddr_in));
-        if (r == size) {
-            s.credited = s.consumed;
-            s.last_credit = now;
-            if (overrun) {
-                s.overrun = false;
-                overrun_credits_sent_ += 1;
-            } else if (lost) {
-                loss_releases_sent_ += 1;
-            }
-            if (release) s.released = true;
-            credits_sent_ += 1;
-        }
+        c.bytes.assign(h, h + H_ + TRAILER_BYTES);
+        out.push_back(std::move(c));
     }
     return wake;
+}
+
+void Datapath::credit_sent(const CreditOut& c, double now) {
+    SenderFb& s = fb_[c.rank];
+    s.credited = c.consumed;
+    s.last_credit = now;
+    if (c.overrun) {
+        s.overrun = false;
+        overrun_credits_sent_ += 1;
+    } else if (c.lost) {
+        loss_releases_sent_ += 1;
+    }
+    if (c.release) s.released = true;
+    credits_sent_ += 1;
+}
+
+double Datapath::send_credits(double now) {
+    if (credit_fd_ < 0) return 0;
+    double wake = due_credits(now, rx_seen_until_.load(std::memory_order_acquire), credit_out_);
+    for (const CreditOut& c : credit_out_) {
+        auto ait = peer_addr_.find(c.rank);
+        ssize_t r = sendto(credit_fd_, c.bytes.data(), c.bytes.size(), MSG_DONTWAIT,
+                           reinterpret_cast<const sockaddr*>(&ait->second), sizeof(sockaddr_in));
+        if (r == ssize_t(c.bytes.size())) credit_sent(c, now);
+    }
+    return wake;
+}
+
+std::vector<CreditOut> Datapath::credits_for_test(double now, double seen_until, uint32_t socket_memory,
+                                                  double& wake) {
+    std::lock_guard<std::mutex> g(rx_mu_);
+    if (socket_memory) rcvbuf_ = socket_memory;
+    std::vector<CreditOut> out;
+    wake = due_credits(now, seen_until, out);
+    for (const CreditOut& c : out) credit_sent(c, now);
+    return out;
+}
+
+void Datapath::account_reads(uint64_t reads, int64_t overflow, double now) {
+    reads_since_ += double(reads);
+    if (overflow >= 0 && overflow != rx_overflows_) {
+        // SO_RXQ_OVFL counts dropped socket-buffer entries (a GRO read is one entry of
+        // many datagrams, a junk datagram one of none of ours). Each dropped entry is
+        // taken as a random draw of the entries that arrived meanwhile: it held, on
+        // average, a sender's accepted datagrams over all reads since the last drops were
+        // accounted. So junk in the buffer dilutes the blame instead of multiplying it,
+        // and nobody is blamed for drops among junk alone.
+        int64_t dropped = (overflow - rx_overflows_) & 0xFFFFFFFFLL;
+        rx_overflows_ = overflow;
+        for (auto& kv : fb_) kv.second.overrun = true;  // its next credit may release what it lost
+        rx_dropped_reads_ += dropped;
+        //
+        // That share overstates a flood's effect (a flood fills every gap in the buffer,
+        // paced senders meet it less often), so a sender is blamed for no more than the
+        // holes its own messages show (RxMsg::holes). Junk cannot make those.
+        std::map<uint16_t, std::vector<RxMsg*>> msgs;
+        for (auto& kv : rx_)
+            if (kv.second->prog.state == 0) msgs[kv.second->spec.src].push_back(kv.second);
+        for (auto& kv : fb_) {
+            SenderFb& s = kv.second;
+            if (s.good_since <= 0 || !s.authed || kv.first == cfg_.rank) continue;
+            int64_t share = std::llround(double(dropped) * s.good_since / std::max(1.0, reads_since_));
+            int64_t blame = 0;
+            for (RxMsg* m : msgs[kv.first]) {
+                int64_t take = std::min<int64_t>(std::max<int64_t>(0, m->holes()), share - blame);
+                if (take <= 0) continue;
+                m->holes_blamed += uint32_t(take);
+                blame += take;
+            }
+            if (blame == 0) continue;
+            s.lost += blame;
+            rx_dropped_estimate_ += blame;
+            if (!s.wake_sent) {
+                s.wake_sent = true;
+                emit(EV_CONGESTION, kv.first, 0, now, 0);
+            }
+        }
+        reads_since_ = 0;
+        for (auto& kv : fb_) kv.second.good_since = 0;
+    } else if (reads_since_ > 8192) {  // a long quiet stretch: older reads weigh less
+        reads_since_ /= 2;
+        for (auto& kv : fb_) kv.second.good_since /= 2;
+    }
 }
 
 void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
@@ -981,50 +1055,7 @@ void Datapath::rx_loop() {
         double now = now_s();
         {
             std::lock_guard<std::mutex> g(rx_mu_);
-            reads_since_ += double(batch_reads);
-            if (overflow >= 0 && overflow != rx_overflows_) {
-                // SO_RXQ_OVFL counts dropped socket-buffer entries (a GRO read is one entry of
-                // many datagrams, a junk datagram one of none of ours). Each dropped entry is
-                // taken as a random draw of the entries that arrived meanwhile: it held, on
-                // average, a sender's accepted datagrams over all reads since the last drops were
-                // accounted. So junk in the buffer dilutes the blame instead of multiplying it,
-                // and nobody is blamed for drops among junk alone.
-                int64_t dropped = (overflow - rx_overflows_) & 0xFFFFFFFFLL;
-                rx_overflows_ = overflow;
-                for (auto& kv : fb_) kv.second.overrun = true;  // its next credit may release what it lost
-                rx_dropped_reads_ += dropped;
-                //
-                // That share overstates a flood's effect (a flood fills every gap in the buffer,
-                // paced senders meet it less often), so a sender is blamed for no more than the
-                // holes its own messages show (RxMsg::holes). Junk cannot make those.
-                std::map<uint16_t, std::vector<RxMsg*>> msgs;
-                for (auto& kv : rx_)
-                    if (kv.second->prog.state == 0) msgs[kv.second->spec.src].push_back(kv.second);
-                for (auto& kv : fb_) {
-                    SenderFb& s = kv.second;
-                    if (s.good_since <= 0 || !s.authed || kv.first == cfg_.rank) continue;
-                    int64_t share = std::llround(double(dropped) * s.good_since / std::max(1.0, reads_since_));
-                    int64_t blame = 0;
-                    for (RxMsg* m : msgs[kv.first]) {
-                        int64_t take = std::min<int64_t>(std::max<int64_t>(0, m->holes()), share - blame);
-                        if (take <= 0) continue;
-                        m->holes_blamed += uint32_t(take);
-                        blame += take;
-                    }
-                    if (blame == 0) continue;
-                    s.lost += blame;
-                    rx_dropped_estimate_ += blame;
-                    if (!s.wake_sent) {
-                        s.wake_sent = true;
-                        emit(EV_CONGESTION, kv.first, 0, now, 0);
-                    }
-                }
-                reads_since_ = 0;
-                for (auto& kv : fb_) kv.second.good_since = 0;
-            } else if (reads_since_ > 8192) {  // a long quiet stretch: older reads weigh less
-                reads_since_ /= 2;
-                for (auto& kv : fb_) kv.second.good_since /= 2;
-            }
+            account_reads(batch_reads, overflow, now);
         }
         bool behind = !dry && (batch_dgrams >= cfg_.rx_batch || batch_bytes >= batch_limit);
         if (behind) {

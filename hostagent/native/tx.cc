@@ -727,8 +727,8 @@ void Datapath::tx_loop() {
         if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, after);
         g.lock();
         m->busy = false;
-        d->pacer.tokens -= double(sent.second);
-        host_pacer_.tokens -= double(sent.second);
+        d->pacer.consume(double(sent.second));
+        host_pacer_.consume(double(sent.second));
         d->sent += sent.first;
         {
             int64_t f = int64_t(d->sent.load()) - int64_t(d->acked);

@@ -17,8 +17,9 @@ from dlcp.hostagent.protocol.port import Progress, RxBuffers
 MAX_ANSWER_GRACE = 0.1
 #: ... and after at least this many of the message's own mean gaps between packets.
 ANSWER_GAPS = 4
-#: The reordering window of a sender's path, the floor of the grace (both data paths keep it per
-#: sender, the way RACK (RFC 8985) adapts its reordering window). It starts at ``probe_grace``.
+#: The reordering window of a sender's path, the floor of the grace (the data path keeps it per
+#: sender, ``Datapath::widen_window`` and ``narrow_window`` in hostagent/native/rx.cc, the way
+#: RACK (RFC 8985) adapts its reordering window). It starts at ``probe_grace``.
 #: A first-pass packet that comes ``late`` seconds after its message's LAST packet (the path
 #: reordered it past the end of the pass) widens it to REORDER_MARGIN x late at once; a message
 #: whose pass ended with nothing of it coming after narrows it by REORDER_DECAY, down to
@@ -30,48 +31,22 @@ REORDER_MARGIN = 1.25
 REORDER_DECAY = 0.9
 
 
-def widen_reorder(window: float, late: float) -> float:
-    """The window after a first-pass packet came ``late`` seconds after its message's LAST."""
-    return min(MAX_ANSWER_GRACE, max(window, REORDER_MARGIN * late))
-
-
-def narrow_reorder(window: float) -> float:
-    """The window after a message whose pass ended without a packet coming after its LAST."""
-    return max(REORDER_MIN, window * REORDER_DECAY)
-
-
-#: Freshness per sender (both data paths keep it): a datagram whose token is right for its own
-#: iteration but that belongs to no message being received is *stale*, and neither parks, nor
-#: widens a reordering window, nor counts as received or consumed, when it comes from an earlier
-#: use of its message id than the one set up here last, or from that use when it is over and the
-#: sender's messages set up since have reached FRESH_WINDOW iterations beyond it. Why: message ids
-#: repeat (an exchange's every 1,024 iterations), and packets recorded at iteration i carry a
-#: valid token for i; replayed 1,024 iterations later they filled the park (crowding out the real
-#: sender's early packets), widened the window to its cap and were counted in feedback and
-#: credits. Why per message id and not one mark per sender: a sender's iterations come from more
-#: than one counter (the torch backend numbers collectives and point-to-point sends apart), so
-#: early data of a message id never set up here still parks whatever its iteration. The last
-#: FRESH_KEPT message ids set up are remembered; a replay of one set up before those parks as
-#: before (and is dropped, not placed, when its id is set up again).
+#: Freshness per sender (the data path keeps it: ``Datapath::stale`` in hostagent/native/rx.cc): a
+#: datagram whose token is right for its own iteration but that belongs to no message being
+#: received is *stale*, and neither parks, nor widens a reordering window, nor counts as received
+#: or consumed, when it comes from an earlier use of its message id than the one set up here last,
+#: or from that use when it is over and the sender's messages set up since have reached
+#: FRESH_WINDOW iterations beyond it. Why: message ids repeat (an exchange's every 1,024
+#: iterations), and packets recorded at iteration i carry a valid token for i; replayed 1,024
+#: iterations later they filled the park (crowding out the real sender's early packets), widened
+#: the window to its cap and were counted in feedback and credits. Why per message id and not one
+#: mark per sender: a sender's iterations come from more than one counter (the torch backend
+#: numbers collectives and point-to-point sends apart), so early data of a message id never set up
+#: here still parks whatever its iteration. The last FRESH_KEPT message ids set up are remembered;
+#: a replay of one set up before those parks as before (and is dropped, not placed, when its id is
+#: set up again).
 FRESH_WINDOW = 512
 FRESH_KEPT = 1 << 16
-
-
-def iteration_before(a: int, b: int) -> bool:
-    """``a`` comes before ``b`` among 32-bit iterations (serial number arithmetic, RFC 1982)."""
-    return (a - b) & 0xFFFFFFFF >= 0x80000000
-
-
-def stale(iteration: int, last_use: int | None, newest: int | None) -> bool:
-    """Whether a token-valid datagram of ``iteration`` that belongs to no message being received
-    was recorded earlier: ``last_use`` is the iteration its message id was last set up with here
-    (None: not among the last FRESH_KEPT), ``newest`` the newest iteration set up from its sender."""
-    if last_use is None:
-        return False  # early data of a message not set up yet
-    if iteration != last_use:
-        return iteration_before(iteration, last_use)  # an earlier use (a later one: early data)
-    return newest is not None and not iteration_before(newest, iteration) and \
-        (newest - iteration) & 0xFFFFFFFF >= FRESH_WINDOW
 
 
 #: An answer waits for the receive thread to catch up with its grace (to have read everything

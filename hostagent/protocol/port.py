@@ -3,9 +3,9 @@
 The core (:mod:`dlcp.hostagent.protocol.core`) decides; a data path moves packets. This module is the
 whole contract between them: the specifications of a message to receive (:class:`RxSpec`) or to
 send (:class:`TxSpec`), the :class:`DataPort` methods the core calls, and the events a data path
-reports (:class:`Event`). Two data paths implement it: the compiled one
-(:mod:`dlcp.hostagent.datapath.native`) and the numpy one (:mod:`dlcp.hostagent.datapath.numpy_path`);
-the core's tests use an in-memory one on a fake clock.
+reports (:class:`Event`). The compiled data path implements it
+(:mod:`dlcp.hostagent.datapath.native`), and so does the numpy reference model in the tests
+(``tests/reference/numpy_path.py``); the core's tests use an in-memory one on a fake clock.
 
 Every buffer in a spec belongs to the caller, who keeps it alive until the message is retired
 (sender) or forgotten (receiver); a data path never frees one.

@@ -1,22 +1,23 @@
-"""Every transport test runs against both data paths and must give the same outcome."""
+"""Endpoints on loopback for the transport tests, on the compiled data path (skipped, saying why,
+where it is not built). The numpy reference model (tests/reference/numpy_path.py) is compared
+with it below the protocol, in test_datapath.py and test_sealing.py, not end to end."""
 
 from __future__ import annotations
 
 import pytest
 
-from dlcp.hostagent.datapath import DATAPATHS, native_available
+from dlcp.hostagent.datapath import native_available
 from dlcp.hostagent.transport import Endpoint, TransportConfig
 from tests.conftest import loopback_peers
 
 
-@pytest.fixture(params=DATAPATHS)
-def datapath(request) -> str:
-    """``native`` (the compiled path) or ``numpy``; native skips, saying why, when it is not built."""
-    if request.param == "native":
-        why = native_available()
-        if why:
-            pytest.skip(why)
-    return request.param
+@pytest.fixture
+def datapath() -> str:
+    """``native``, the compiled path (the test skips, saying why, when it is not built)."""
+    why = native_available()
+    if why:
+        pytest.skip(why)
+    return "native"
 
 
 @pytest.fixture

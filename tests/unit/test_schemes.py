@@ -4,7 +4,6 @@ reference that speedups are against. Pure: nothing starts a switch or a process.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -55,11 +54,6 @@ def test_dlcp_fp16_runs_dlcps_fabric_and_policy_with_half_the_bytes():
     bound_full, bound_half = (scheme_bound(topo, opts, s, sp) for s, sp in (("dlcp", full), ("dlcp-fp16", half)))
     assert bound_full is not None and bound_half is not None
     assert bound_half["packets"] < 0.6 * bound_full["packets"]
-    assert full["datapath"] == "native"
-    numpy_spec = agent_spec(replace(opts, datapath="numpy"), scheme_policy("dlcp", opts), ips, scheme="dlcp")
-    assert numpy_spec["datapath"] == "numpy"
-    with pytest.raises(DlcpUserError, match="datapath"):
-        replace(opts, datapath="rust").validate()
     with pytest.raises(DlcpUserError, match="gloo-fp16-fp16"):
         RunOptions(schemes=("gloo-fp16-fp16",)).validate()
 

@@ -1,13 +1,22 @@
-"""The data path in Python and numpy: the readable reference, and the fallback.
+"""The data path in Python and numpy: the reference model the compiled path is tested against.
 
-The same behaviour as the compiled path (:mod:`dlcp.hostagent.datapath.native`), with two Python
-threads: ``rx`` receives datagrams in batches into preallocated rows (GRO reads land in them
-directly), applies the loss injection, and hands each batch to the vectorised
-:class:`~dlcp.hostagent.reassembly.Reassembler`, which validates every field (the token included)
-before a byte is written; ``tx`` sends the message whose next packet has the highest priority,
-paced per destination and for the host, runs of full-size packets by UDP GSO from a staging
-buffer. Slower than the compiled path because both threads share the interpreter lock with
-each other and with the training process.
+Not part of the package (it was ``dlcp.hostagent.datapath.numpy_path`` and a user's choice,
+``TransportConfig(datapath="numpy")``, until it moved here): it needs the compiled module to seal
+and open datagrams, so it was never the fallback it was said to be; nothing defaulted to it; and
+it doubled every loopback test. It stays as a second, independent reading of the receive rules
+(validation, placement, parking, freshness, duplicates, holes, credits) and of the send pass's
+wire order: ``tests/transport/test_datapath.py`` and ``test_sealing.py`` feed it and the
+compiled path the same datagrams and compare what they keep, count and send.
+
+Where it is *not* a model of the compiled path (and no test compares them): it times a batch,
+not each datagram; it has no end-of-pass completion (the protocol core completes its messages);
+it sizes GSO runs differently and draws injected losses from another generator.
+
+Its behaviour, as it was: two Python threads, ``rx`` receives datagrams in batches into
+preallocated rows, applies the loss injection, and hands each batch to the vectorised
+:class:`~dlcp.hostagent.reassembly.Reassembler`, which validates every field before a byte is
+written; ``tx`` sends the message whose next packet has the highest priority, paced per
+destination and for the host, runs of full-size packets by UDP GSO from a staging buffer.
 """
 
 from __future__ import annotations
@@ -27,17 +36,18 @@ from typing import Any
 import numpy as np
 
 from dlcp.hostagent import sealing, wire
-from dlcp.hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_TIMEOUT, acked_after_credit, credit_due,
-                                             credit_window, initial_window, max_datagram, release_due)
+from dlcp.hostagent.datapath.credits import CREDIT_QUIET, CREDIT_TIMEOUT, credit_window, initial_window, max_datagram
 from dlcp.hostagent.lossmodel import drop_by_class
 from dlcp.hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
-from dlcp.hostagent.protocol.incoming import FRESH_KEPT, iteration_before, narrow_reorder, stale, widen_reorder
+from dlcp.hostagent.protocol.incoming import FRESH_KEPT
 from dlcp.hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
-from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DrainMeter, Pacer
+from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG
 from dlcp.hostagent.reassembly import REASONS, Assembly, Reassembler
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, TransportConfig
 from dlcp.hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender,
                                         gro_segment_size, split_segments)
+from tests.reference.rules import (DrainMeter, Pacer, acked_after_credit, credit_due, iteration_before, narrow_reorder,
+                                   release_due, stale, widen_reorder)
 
 log = logging.getLogger("dlcp.hostagent.transport")
 

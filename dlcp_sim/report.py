@@ -48,6 +48,8 @@ def describe(results: dict) -> str:
         extra.append(f"host delay {o['host_delay_us']:g} us")
     if o.get("packet_slots"):
         extra.append("packet-slot ports")
+    if o.get("wire_framing"):
+        extra.append("uplinks charge Ethernet frames")
     jobs = o["jobs"] or "every host in"
     workload = o.get("workload", o.get("model"))  # results written before the field was renamed say model
     return (f"{hosts} hosts ({o['leaves']} leaves x {o['hosts_per_leaf']}, {o['spines']} spines), "

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dlcp_sim.background import BackgroundFlow, generate
+from dlcp.controller.scheduler import ETH_HEADER, MIN_WIRE_FRAME, WIRE_OVERHEAD
 from dlcp.hostagent.errors import DlcpUserError, UsageError
 from dlcp.hostagent.fusion import Bucket, Layout
 from dlcp.hostagent.packetizer import elems_per_packet
@@ -138,7 +139,7 @@ class SimOptions:
     window (not again before every packet sent before it was reported), the increase granted
     per 2 ms since the last report (:meth:`dlcp.hostagent.ratecontrol.RateController.on_feedback`),
     and pacing by token buckets that let a burst of 16 packets leave at once
-    (:class:`dlcp.hostagent.ratecontrol.Pacer`)."""
+    (the data path's ``Pacer``, hostagent/native/pacer.h)."""
     background_load: float = 0.0
     """Background TCP flows' offered load, a fraction of each host's link (:mod:`dlcp_sim.background`)."""
     background_tcp: str = "dctcp"
@@ -164,6 +165,14 @@ class SimOptions:
     ports, which are limited in packets per second, not bytes: a leaf pads what it sends up to
     the MTU (the receiving host trims it). A TCP ACK or a DLCP control packet then takes a data
     packet's slot (``control_bytes`` models that for DLCP's control packets alone)."""
+    wire_framing: bool = False
+    """Every packet crossing an uplink costs its Ethernet frame on the wire, as on the testbed's
+    ports with a capacity in bits per second (``dlcp run --capacity 10mbit``;
+    :func:`dlcp.controller.scheduler.charge`): its IP packet plus the Ethernet header, FCS,
+    preamble and inter-frame gap (38 bytes), at least 84 bytes. A leaf pads what it sends up by
+    the difference from ns-3's point-to-point framing (:data:`PPP_HEADER`; the receiving host
+    trims it). Without it an uplink charges an IP packet and 2 bytes: 2.4 % less for a full
+    packet, half for a TCP ACK."""
     tcp_min_rto_us: float = 5000.0
     """TCP's minimum retransmission timeout (background flows and the ``tcp`` scheme), in
     microseconds; its delayed ACK is a fifth of it. The default is a data centre's 5 ms; Linux
@@ -188,6 +197,8 @@ class SimOptions:
         if self.control_bytes and not HEADER_SIZE <= self.control_bytes <= self.mtu - IP_UDP_OVERHEAD:
             raise UsageError(f"--control-bytes must hold a DLCP header and fit a datagram: "
                                 f"{HEADER_SIZE}..{self.mtu - IP_UDP_OVERHEAD}")
+        if self.wire_framing and self.packet_slots:
+            raise UsageError("--wire-framing and --packet-slots are two models of a port's charge: give one")
         if len(self.placement()) == 0:
             server = " and a server" if self.pattern == "ps" else ""
             raise UsageError(f"{self.hosts} hosts hold no job of {self.workers} workers{server}")
@@ -400,6 +411,18 @@ def _agent_end_of_pass(tc: dict[str, Any]) -> list[str]:
             f"answer_idle_us {tc['probe_grace'] * 1e6:g}"]
 
 
+
+#: Bytes ns-3's point-to-point links add to an IP packet (a PPP header), charged at the link rate.
+PPP_HEADER = 2
+
+
+def wire_padding() -> list[str]:
+    """The program's lines that make a leaf pad every packet it sends up to its Ethernet frame's
+    charge on the testbed's ports (:attr:`SimOptions.wire_framing`): by the Ethernet header and the
+    wire's overhead less ns-3's framing, and to at least the shortest frame's charge less it."""
+    return [f"pad_by_bytes {ETH_HEADER + WIRE_OVERHEAD - PPP_HEADER}", f"pad_min_bytes {MIN_WIRE_FRAME - PPP_HEADER}"]
+
+
 def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
     policy = sim_policy(scheme, opts)
@@ -419,6 +442,7 @@ def scenario_text(opts: SimOptions, scheme: str) -> str:
         f"host_delay_us {opts.host_delay_us:g}", f"tcp_min_rto_us {opts.tcp_min_rto_us:g}",
         f"tcp_ack_every {opts.tcp_ack_every}",
         f"pad_to_bytes {opts.mtu if opts.packet_slots else 0}",
+        *(wire_padding() if opts.wire_framing else []),
         f"line_rate {rate['line_rate']:g}", f"initial_rate {rate['initial_rate']:g}",
         f"min_rate {rate['min_rate']:g}", f"additive_increase {rate['additive_increase']:g}",
         f"gain {RateConfig().gain:g}", f"initial_alpha {INITIAL_ALPHA:g}",

@@ -13,6 +13,7 @@
 // a virtual queue in registers beside rate-limited real queues; here the port is the link.)
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <vector>
@@ -134,11 +135,13 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
   //! number); `up`: a leaf's ports to the spines (by number), none on a spine.
   //! `padTo`: pad every packet a leaf sends up to this many bytes (0: never), so a 40-byte ACK
   //! costs an uplink as much as a full packet, as on BMv2 ports limited in packets per second;
-  //! the receiving host's IP layer trims the padding.
+  //! the receiving host's IP layer trims the padding. `padBy`, `padMin`: pad it by so many bytes,
+  //! to at least so many (an Ethernet frame's cost on the wire, on ports with a rate in bits).
   LeafSpineSwitch(Ptr<Node> node, SwitchRole role, std::vector<Ptr<NetDevice>> down,
-                  std::vector<Ptr<NetDevice>> up, LbMode lb, uint32_t salt, uint32_t padTo = 0)
+                  std::vector<Ptr<NetDevice>> up, LbMode lb, uint32_t salt, uint32_t padTo = 0,
+                  uint32_t padBy = 0, uint32_t padMin = 0)
       : m_role(role), m_down(std::move(down)), m_up(std::move(up)), m_lb(lb), m_salt(salt),
-        m_rr(m_up.empty() ? 0 : salt % m_up.size()), m_padTo(padTo) {
+        m_rr(m_up.empty() ? 0 : salt % m_up.size()), m_padTo(padTo), m_padBy(padBy), m_padMin(padMin) {
     m_rand = CreateObject<UniformRandomVariable>();
     node->RegisterProtocolHandler(MakeCallback(&LeafSpineSwitch::Receive, this), Ipv4L3Protocol::PROT_NUMBER,
                                   nullptr);
@@ -150,7 +153,7 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
   SwitchRole m_role;
   std::vector<Ptr<NetDevice>> m_down, m_up;
   LbMode m_lb;
-  uint32_t m_salt, m_rr, m_padTo;
+  uint32_t m_salt, m_rr, m_padTo, m_padBy, m_padMin;
   Ptr<UniformRandomVariable> m_rand;
 
   void Receive(Ptr<NetDevice>, Ptr<const Packet> frame, uint16_t protocol, const Address&, const Address&,
@@ -175,7 +178,11 @@ class LeafSpineSwitch : public SimpleRefCount<LeafSpineSwitch> {
       return;
     }
     Ptr<Packet> copy = frame->Copy();
-    if (up && copy->GetSize() < m_padTo) copy->AddPaddingAtEnd(m_padTo - copy->GetSize());
+    if (up) {
+      uint32_t size = copy->GetSize();
+      uint32_t want = std::max(std::max(size + m_padBy, m_padMin), m_padTo);
+      if (want > size) copy->AddPaddingAtEnd(want - size);
+    }
     out->Send(copy, out->GetBroadcast(), protocol);
   }
 

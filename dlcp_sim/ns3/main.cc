@@ -65,6 +65,7 @@ struct Scenario {
   double tcpMinRtoUs = 5000;
   uint32_t tcpAckEvery = 2;  // a receiver ACKs every this many segments (ns-3's DelAckCount)
   uint32_t padToBytes = 0;  // packet_slots: a packet bound for an uplink is padded to this many bytes
+  uint32_t padByBytes = 0, padMinBytes = 0;  // wire_framing: ... padded by this many, to at least that many
   std::vector<BgFlow> flows;
   std::vector<MsgPlan> buckets;
   std::vector<double> ready;  // ps: when each bucket is full, fraction of the compute time
@@ -176,6 +177,10 @@ Scenario Parse(std::istream& in) {
           MicroSeconds(us);
     } else if (key == "pad_to_bytes") {
       ls >> sc.padToBytes;
+    } else if (key == "pad_by_bytes") {
+      ls >> sc.padByBytes;
+    } else if (key == "pad_min_bytes") {
+      ls >> sc.padMinBytes;
     } else if (key == "host_delay_us") {
       double us;
       ls >> us;
@@ -551,7 +556,8 @@ int main(int argc, char** argv) {
   std::vector<Ptr<LeafSpineSwitch>> switches;
   for (uint32_t l = 0; l < sc.leaves; ++l)
     switches.push_back(Create<LeafSpineSwitch>(leaves.Get(l), SwitchRole{SwitchRole::LEAF, l}, leafDown[l],
-                                               leafUp[l], sc.lb, salt(leaves.Get(l)), sc.padToBytes));
+                                               leafUp[l], sc.lb, salt(leaves.Get(l)), sc.padToBytes,
+                                               sc.padByBytes, sc.padMinBytes));
   for (uint32_t s = 0; s < sc.spines; ++s)
     switches.push_back(Create<LeafSpineSwitch>(spines.Get(s), SwitchRole{SwitchRole::SPINE, s},
                                                spineDown[s], std::vector<Ptr<NetDevice>>{}, sc.lb,

@@ -16,6 +16,7 @@ import pytest
 from dlcp_sim.build import simulator
 from dlcp_sim.run import simulate
 from dlcp_sim.scenario import SimOptions, background_flows, bucket_plans, scenario_text
+from dlcp.hostagent.errors import UsageError
 from dlcp.topologies.results import CORE_METRICS
 from dlcp.topologies.schemes import policy_for
 
@@ -267,6 +268,25 @@ def test_packet_slots_make_an_ack_cost_an_uplink_a_full_packet():
     assert np.median(slots.sync_times()) > 1.3 * np.median(bytes_.sync_times())
     assert sum(h.data_sent for h in slots.hosts) == sum(h.data_sent for h in bytes_.hosts)
     assert all(c.missing == 0 for c in slots.completions) and slots.completions
+
+
+def test_wire_framing_charges_an_uplink_what_an_ethernet_frame_costs():
+    """``wire_framing`` (the testbed's ports with a capacity in bits/s charge each frame its bytes
+    on the wire: 38 more than its IP packet, at least 84): the same ring over TCP takes longer,
+    less than with packet slots (a full segment costs 2.4 % more, an ACK 84 bytes, not 1,500),
+    and every message arrives whole. The two models of a port's charge do not go together."""
+    base: dict[str, Any] = dict(pattern="ring", jobs_placement="packed", leaves=2, spines=2, hosts_per_leaf=2,
+                                uplink_gbps=0.0084, buffer=64, scale=0.002, compute_ms=500, iterations=3, seed=1,
+                                gradient_tcp="cubic", tcp_min_rto_us=200_000, schemes=("tcp",))
+    plain, framed, slots = (simulate(SimOptions(**base, **extra), "tcp")
+                            for extra in ({}, {"wire_framing": True}, {"packet_slots": True}))
+    t = {name: float(np.median(r.sync_times())) for name, r in (("plain", plain), ("framed", framed),
+                                                                  ("slots", slots))}
+    assert t["plain"] * 1.02 < t["framed"] < t["slots"], t
+    assert sum(h.data_sent for h in framed.hosts) == sum(h.data_sent for h in plain.hosts)
+    assert all(c.missing == 0 for c in framed.completions) and framed.completions
+    with pytest.raises(UsageError, match="wire-framing and --packet-slots"):
+        SimOptions(**base, wire_framing=True, packet_slots=True)
 
 
 def test_ecn_on_the_port_backlog_marks_every_sender_of_an_incast():

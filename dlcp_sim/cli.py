@@ -71,6 +71,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tcp-ack-every", type=_checked("tcp_ack_every", int), default=d.tcp_ack_every,
                    help="TCP receivers ACK every this many segments (default 2, delayed ACKs; nearest gloo's "
                         "receivers on the testbed: 1)")
+    p.add_argument("--host-rate-gbps", type=float, default=d.host_rate_gbps, metavar="GBPS",
+                   help="the link rate DLCP's hosts are configured for (their line rate); 0: their own link's "
+                        "(the testbed configures its hosts for the fabric's rate)")
     p.add_argument("--wire-framing", action="store_true",
                    help="every packet on an uplink costs its Ethernet frame on the wire (header, FCS, preamble, "
                         "gap: 38 bytes more, at least 84), as on the testbed's ports with a capacity in bits/s")

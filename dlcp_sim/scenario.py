@@ -50,6 +50,7 @@ RANGES: dict[str, Range] = {
     "hosts_per_leaf": Range(1, 250),
     "link_gbps": Range(0, lo_open=True),
     "uplink_gbps": Range(0),  # 0: as link_gbps
+    "host_rate_gbps": Range(0),  # 0: as link_gbps
     "link_delay_us": Range(0),
     "workers": Range(1),
     "jobs": Range(0),  # 0: as many as fit
@@ -165,6 +166,11 @@ class SimOptions:
     ports, which are limited in packets per second, not bytes: a leaf pads what it sends up to
     the MTU (the receiving host trims it). A TCP ACK or a DLCP control packet then takes a data
     packet's slot (``control_bytes`` models that for DLCP's control packets alone)."""
+    host_rate_gbps: float = 0.0
+    """The link rate DLCP's hosts are configured for (``RateConfig.for_link``: their line rate, start
+    and increase), Gb/s; 0: their own link's (``link_gbps``). The testbed configures its hosts for
+    the fabric's rate, the capacity of its bottleneck ports, while their own links are not
+    limited: give that rate here to model it."""
     wire_framing: bool = False
     """Every packet crossing an uplink costs its Ethernet frame on the wire, as on the testbed's
     ports with a capacity in bits per second (``dlcp run --capacity 10mbit``;
@@ -426,8 +432,8 @@ def wire_padding() -> list[str]:
 def scenario_text(opts: SimOptions, scheme: str) -> str:
     """The scenario file of one scheme (read by dlcp_sim/ns3/main.cc)."""
     policy = sim_policy(scheme, opts)
-    host = opts.link_gbps * 1e9 / 8  # bytes/s of a host link
-    # hosts configured as on the testbed: for their own link, as a user would (not the uplinks')
+    # hosts configured as a user would, for their own link (bytes/s), unless told another rate (the testbed's)
+    host = (opts.host_rate_gbps or opts.link_gbps) * 1e9 / 8
     rate = link_rates(host, opts.mtu)
     idle, probe = timers_us(opts)
     lines = [

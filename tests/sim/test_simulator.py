@@ -278,8 +278,8 @@ def test_wire_framing_charges_an_uplink_what_an_ethernet_frame_costs():
     base: dict[str, Any] = dict(pattern="ring", jobs_placement="packed", leaves=2, spines=2, hosts_per_leaf=2,
                                 uplink_gbps=0.0084, buffer=64, scale=0.002, compute_ms=500, iterations=3, seed=1,
                                 gradient_tcp="cubic", tcp_min_rto_us=200_000, schemes=("tcp",))
-    plain, framed, slots = (simulate(SimOptions(**base, **extra), "tcp")
-                            for extra in ({}, {"wire_framing": True}, {"packet_slots": True}))
+    extras: list[dict[str, Any]] = [{}, {"wire_framing": True}, {"packet_slots": True}]
+    plain, framed, slots = (simulate(SimOptions(**base, **extra), "tcp") for extra in extras)
     t = {name: float(np.median(r.sync_times())) for name, r in (("plain", plain), ("framed", framed),
                                                                   ("slots", slots))}
     assert t["plain"] * 1.02 < t["framed"] < t["slots"], t

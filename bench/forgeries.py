@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the tables with the command and commit as JSON (dlcp report FILE prints them)")
     args = ap.parse_args()
-    record = Record.start("python bench/forgeries.py " + " ".join(sys.argv[1:]))
+    record = Record.start("python bench/forgeries.py")
     print(record.header())
     secret = auth.parse_secret(auth.new_secret())
     peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))

@@ -17,7 +17,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 #: Each page and the `dlcp report` arguments (data files, options) whose every table row it shows.
 PAGES: dict[str, list[list[str]]] = {
     "benchmarks.md": [["20261126-bench-packetizer.json"], ["20261127-1120-bench-transport.json"],
-                      ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"]],
+                      ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"],
+                      ["20261128-bench-forgeries.json"]],
     "backend.md": [["20261128-bench-backend-3.json"]],
     "sim-speed.md": [["20261126-bench-sim.json"]],
     "digits-demo.md": [["20261126-demo.json"]],

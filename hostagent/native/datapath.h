@@ -115,14 +115,14 @@ struct Config {
     // end of pass (hostagent.protocol.incoming.answer_grace's rule): a message past its bound
     // whose last packet came completes once no data of it came for its grace
     double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2, answer_gaps = 4;
-    // the reordering window (hostagent.protocol.incoming.ReorderRule): answer_grace until a
+    // the reordering window (settings: hostagent.protocol.incoming.REORDER_*): answer_grace until a
     // path is measured; a first-pass packet that comes `late` after its message's LAST widens
     // it to margin * late; a message whose pass ended without one narrows it by decay, to min
     double reorder_min = 0.0002, reorder_margin = 1.25, reorder_decay = 0.9;
-    // freshness per sender (hostagent.protocol.incoming.stale): message ids set up remembered,
+    // freshness per sender (settings: hostagent.protocol.incoming.FRESH_*): message ids set up remembered,
     // and how far behind the newest iteration set up from a sender a finished use is stale
     uint32_t fresh_window = 512, fresh_kept = 1 << 16;
-    // drain meter (hostagent.ratecontrol.DrainMeter's rule)
+    // drain meter (drain_batch; settings and why: hostagent.ratecontrol.DRAIN_*)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
     // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
     // so flow-hashing switches give every run with one base the same paths
@@ -431,7 +431,7 @@ class Datapath {
     uint8_t ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                           double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
-    // The credits due now (credits.py's rules, rx_mu_ held), sealed, into `out` (cleared first);
+    // The credits due now (the rules hostagent/datapath/credits.py describes; rx_mu_ held), sealed, into `out`;
     // returns when the next falls due (0: none waits). credit_sent() records one that left.
     double due_credits(double now, double seen_until, std::vector<CreditOut>& out);
     void credit_sent(const CreditOut& c, double now);
@@ -456,8 +456,8 @@ class Datapath {
     // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
     double end_passes(double now, double seen_until);
     // src's reordering window (rx_mu_ held): answer_grace until measured; widened by a
-    // first-pass packet `late` s after its LAST, narrowed by a clean pass
-    // (hostagent.protocol.incoming.widen_reorder, narrow_reorder)
+    // first-pass packet `late` s after its LAST, narrowed by a clean pass (the rule
+    // hostagent.protocol.incoming describes at REORDER_MIN)
     double& window_of(uint16_t src);
     void widen_window(uint16_t src, double late);
     void narrow_window(uint16_t src);
@@ -471,7 +471,7 @@ class Datapath {
    private:
     void replay_parked(uint64_t key, double now);
     // a token-valid datagram of (src, mid) from `iteration` that belongs to no message being
-    // received was recorded earlier (hostagent.protocol.incoming.stale; rx_mu_ held)
+    // received was recorded earlier (the rule hostagent.protocol.incoming describes at FRESH_WINDOW; rx_mu_ held)
     bool stale(uint16_t src, uint32_t mid, uint32_t iteration);
     void drop_parked(uint16_t src);  // every datagram parked for src (rx_mu_ held)
     void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now,

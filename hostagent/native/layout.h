@@ -195,7 +195,7 @@ inline float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
 inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }
 
 // float32 to IEEE half, rounded to nearest even, exactly as numpy converts (npy_floatbits_to_halfbits):
-// a float16 sum made here is bit for bit the one the numpy path makes (numpy adds halves in float).
+// a float16 sum made here is bit for bit the one numpy makes (numpy adds halves in float).
 inline uint16_t float_to_half(float f) {
     uint32_t b;
     std::memcpy(&b, &f, 4);
@@ -224,9 +224,8 @@ inline uint16_t float_to_half(float f) {
     return uint16_t(sign + uint16_t(h + hexp));  // a carry out of the mantissa raises the exponent
 }
 
-// float32 to bfloat16, rounded to nearest even, as ml_dtypes (the numpy path) and torch convert; a
-// NaN becomes the quiet NaN of its sign, as in ml_dtypes. A bfloat16 sum made here is bit for bit
-// the numpy path's.
+// float32 to bfloat16, rounded to nearest even, as ml_dtypes and torch convert; a NaN becomes the
+// quiet NaN of its sign, as in ml_dtypes. A bfloat16 sum made here is bit for bit ml_dtypes'.
 // Branch-free (a select, not a jump), so a loop of them vectorises: a bfloat16 sum added by
 // the receive path ran at a third of float32's speed per byte with the branch.
 inline uint16_t float_to_bf16(float f) {

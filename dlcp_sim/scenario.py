@@ -417,7 +417,6 @@ def _agent_end_of_pass(tc: dict[str, Any]) -> list[str]:
             f"answer_idle_us {tc['probe_grace'] * 1e6:g}"]
 
 
-
 #: Bytes ns-3's point-to-point links add to an IP packet (a PPP header), charged at the link rate.
 PPP_HEADER = 2
 

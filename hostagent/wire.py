@@ -75,7 +75,7 @@ class Flags(enum.IntFlag):
     LAST = 0x04  #: the end of a sending pass (its LAST_PACKETS final packets): the receiver may answer as to a PROBE
     #: on a CREDIT: the sender's packets stopped coming while a message of its is incomplete, after
     #: the receiver's socket overran or with the receiver caught up (lost on the way): whatever
-    #: the sender sent and the receiver did not consume was lost (``datapath.credits.release_due``)
+    #: the sender sent and the receiver did not consume was lost (the rule: ``datapath.credits``)
     RELEASE = 0x08
     #: on a STOP: the receiver refuses the message, whose shape (element type, count, elements
     #: per packet) differs from what it expects; the header carries its expectation, as a PROBE's

@@ -316,7 +316,7 @@ class DlcpHost : public GradientHost {
     Time now = Simulator::Now();
     double bytes = tp.datagram + 28.0;
     f.sent++;
-    if (tp.burstBytes) {  // the agent's token buckets (ratecontrol.Pacer): bursts up to burstBytes
+    if (tp.burstBytes) {  // the agent's token buckets (hostagent/native/pacer.h): bursts up to burstBytes
       f.nextSend = Paced(f.tokens, f.tokensAt, f.rate, bytes, now);
       m_hostNext = Paced(m_hostTokens, m_hostTokensAt, tp.lineRate, bytes, now);
     } else {

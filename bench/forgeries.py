@@ -34,14 +34,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlcp.hostagent import auth, wire  # noqa: E402
-from dlcp.hostagent.loopback import free_port_pairs  # noqa: E402
+from bench.victim import exact_pair, run_messages  # noqa: E402
+from dlcp.hostagent import wire  # noqa: E402
 from dlcp.hostagent.packetizer import elems_per_packet  # noqa: E402
-from dlcp.hostagent.policy import Policy  # noqa: E402
 from dlcp.hostagent.tables import Column, Record, Table  # noqa: E402
-from dlcp.hostagent.transport import Endpoint, Peer, TransportConfig  # noqa: E402
+from dlcp.hostagent.transport import Endpoint  # noqa: E402
 
-EXACT = Policy(loss_bound_push=0.0)
 PER = elems_per_packet(1500, np.float32)
 CHUNK = 1 << 16  # forgeries drawn at once
 MAX_PAYLOAD = 256
@@ -120,23 +118,6 @@ class RateWatch:
         return self.samples
 
 
-def run_messages(a: Endpoint, b: Endpoint, ids: range, size: int, until=None) -> tuple[list[float], int]:
-    """Send message ids ``ids`` from a to b one after another (all of them, and while ``until()``
-    holds); their completion times and how many were not exact."""
-    times, wrong = [], 0
-    mids = iter(ids)
-    for mid in mids:
-        x = np.random.default_rng(mid).standard_normal(size).astype(np.float32)
-        t0 = time.monotonic()
-        h = b.recv(0, mid)
-        a.send(1, x, mid)
-        got = h.wait(60).data
-        times.append(time.monotonic() - t0)
-        wrong += int(not np.array_equal(got, x))
-        if until is not None and not until() and len(times) >= 10:
-            break
-    return times, wrong
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -149,10 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     record = Record.start("python bench/forgeries.py")
     print(record.header())
-    secret = auth.parse_secret(auth.new_secret())
-    peers = tuple(Peer(r, "127.0.0.1", d, c) for r, (d, c) in enumerate(free_port_pairs(2)))
-    a = Endpoint(TransportConfig(rank=0, peers=peers, policy=EXACT, secret=secret)).start()
-    b = Endpoint(TransportConfig(rank=1, peers=peers, policy=EXACT, secret=secret)).start()
+    a, b = exact_pair()
     ctx = mp.get_context("spawn")
     try:
         a.connect([1])

@@ -202,7 +202,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="pack tensors into DDP-style buckets scaled by --scale (off: one message per tensor)")
     p.add_argument("--target-accuracy", type=_checked("target_accuracy", float), default=d.target_accuracy,
                    help="training workloads: the accuracy whose time-to-accuracy is reported (default: the "
-                        "reference scheme's final accuracy minus 0.5 points)")
+                        "reference scheme's final accuracy in the same repetition minus 0.5 points; "
+                        "repetitions train from seeds 0, 1, ...)")
     p.add_argument("--eval-every", type=_checked("eval_every"), default=d.eval_every,
                    help="training workloads: evaluate the test set every this many iterations "
                         "(default: iterations / 20)")

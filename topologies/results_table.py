@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dlcp.hostagent.provenance import provenance_lines
-from dlcp.topologies.report import aggregate, describe, port_bytes, reference, scheme_metrics, service_text
+from dlcp.topologies.report import aggregate, describe, port_bytes, reference, scheme_metrics, service_text, target_rule
 from dlcp.topologies.results import slim as slim_results
 from dlcp.topologies.stats import MIN_INTERVAL_RUNS, Estimate, versus
 
@@ -152,7 +152,10 @@ def markdown(results: dict, source: str = "") -> str:
     """The run as a results-page section: what ran, the table, the calls, provenance."""
     c = results["options"]
     targets = [r["tta_target"] for r in aggregate(results).values() if "tta_target" in r]
-    target = f", target accuracy {100 * targets[0]:.2f} %" if targets else ""
+    target = ""
+    if targets:
+        rule = results.get("tta_rule") or target_rule(results)
+        target = f", target accuracy {100 * targets[0]:.2f} %" + (f" ({rule})" if "repetition" in rule else "")
     lines = [f"**Run**: {describe(results)}; {c.get('iterations')} iterations{target}.", "",
              *provenance_lines(results, source)]
     lines.append(scheme_table(results))

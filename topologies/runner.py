@@ -96,7 +96,8 @@ class RunOptions:
     strict: bool = False
     """``dlcp run`` exits non-zero when a scheme's run is invalid (see dlcp.topologies.validity)."""
     target_accuracy: float | None = None
-    """Training workloads: time-to-accuracy target; None: the baseline's final accuracy - 0.5 points."""
+    """Training workloads: time-to-accuracy target; None: the reference's final accuracy in the
+    same repetition (each trains from its own seed) - 0.5 points (dlcp.topologies.report.tta_targets)."""
     eval_every: int | None = None
     """Training workloads: evaluate every this many iterations; None: iterations // 20 (at least 1)."""
     out: str = "runs"
@@ -304,7 +305,9 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
     a veth would see a GSO super-packet as one packet. A gloo ``scheme`` runs DDP over
     ``torch.distributed`` instead of DLCP (``transport``, ``hook``), its store at worker 0's
     address on ``store_port``. With ``repeat``, DLCP's data leaves from that repetition's fixed
-    source ports (:func:`flow_port_base`).
+    source ports (:func:`flow_port_base`) and training starts from that repetition's seed (the
+    model's initial weights and every worker's batches, :class:`dlcp.topologies.training.Training`):
+    schemes of one repetition share both, repetitions differ.
     """
     spec = {"workers": opts.workers, "pattern": opts.pattern, "peer_ips": peer_ips, "data_port": 17649,
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
@@ -321,6 +324,7 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
         spec["ports"] = [list(p) for p in ports]
     if repeat is not None:
         spec["source_port_base"] = flow_port_base(repeat)
+        spec["seed"] = repeat
     return spec
 
 
@@ -392,7 +396,8 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
         progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
             f" r{repeat + 1}]" if opts.repeat > 1 else "]")
         out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches, repeat)
-    return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat}
+    seed = {"seed": repeat} if opts.workload in TRAINING_WORKLOADS else {}  # agent_spec's training seed
+    return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat, **seed}
 
 
 def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, policy: Policy, sdir: Path,

@@ -183,6 +183,35 @@ def test_every_scheme_of_a_repetition_sends_from_its_fixed_ports():
     assert TransportConfig(rank=7, peers=peers, source_port_base=spec["source_port_base"]).source_port_base
 
 
+def test_schemes_of_one_repetition_train_from_its_seed_and_repetitions_differ():
+    """Paired by repetition, two schemes start from the same weights and draw the same batches;
+    another repetition starts elsewhere, so an interval over repetitions covers trajectories."""
+    import torch
+
+    from dlcp.topologies.training import Training
+
+    opts = RunOptions(workload="mnist1d", iterations=2)
+    ips = ["10.0.0.1", "10.0.0.2"]
+
+    def start(scheme: str, repeat: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = agent_spec(opts, scheme_policy(scheme, opts), ips, scheme=scheme, repeat=repeat)
+        assert spec["seed"] == repeat
+        train = Training.setup(spec, rank)
+        weights = torch.cat([p.detach().flatten() for p in train.model.parameters()])
+        return weights, torch.cat([x for _, x, _ in train.batches()])
+
+    w0, b0 = start("gloo", 0)
+    w0d, b0d = start("dlcp", 0)
+    assert torch.equal(w0, w0d) and torch.equal(b0, b0d)
+    w1, b1 = start("dlcp", 1)
+    assert not torch.equal(w0, w1) and not torch.equal(b0, b1)
+    assert not torch.equal(start("dlcp", 1, rank=1)[1], b1)  # every worker its own batches
+    # a spec without a seed (written before runs had one) trains from seed 0
+    spec = agent_spec(opts, scheme_policy("gloo", opts), ips, scheme="gloo")
+    assert "seed" not in spec
+    assert torch.equal(torch.cat([p.detach().flatten() for p in Training.setup(spec, 0).model.parameters()]), w0)
+
+
 def test_a_run_records_the_path_of_every_flow_hashed_flow():
     from dlcp.topologies.runner import flow_paths
     from dlcp.topologies.topos import leafspine

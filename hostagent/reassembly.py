@@ -29,26 +29,10 @@ import numpy as np
 
 from dlcp.hostagent import wire
 from dlcp.hostagent.policy import is_complete
+from dlcp.hostagent.protocol.port import REASONS
 
 log = logging.getLogger(__name__)
 
-#: Why a datagram was rejected, by code (index). Code 0 means accepted.
-REASONS: tuple[str, ...] = (
-    "ok",
-    "truncated",  # shorter than a DLCP header
-    "bad_version",  # header version is not wire.VERSION
-    "not_data",  # a control packet type on the data path
-    "wrong_job",  # job id differs from this receiver's
-    "bad_token",  # a data token not the one its sender was given, or a credit from no peer we send to
-    "unknown_message",  # (sender, message id) was never announced, or already finished
-    "wrong_dtype",  # element type differs from the announced one
-    "bad_seq",  # seq or total_pkts does not fit the announced message
-    "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
-    "count_mismatch",  # elem_count or payload length differs from what this seq must carry
-    "stale",  # right token for its own iteration, but recorded earlier (dlcp.hostagent.protocol.incoming.stale)
-    "bad_mac",  # the trailer's tag is wrong (a bit changed anywhere, or not sealed under its sender's key)
-    "replay",  # authentic, but its packet number was taken already: a recorded copy sent again
-)
 _CODE = {name: i for i, name in enumerate(REASONS)}
 _H = wire.HEADER_SIZE
 

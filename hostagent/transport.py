@@ -47,7 +47,7 @@ from dlcp.hostagent.messages import (Expect, MessageMismatch, MessageStats, Peer
                                      RecvHandle, RecvResult, SendHandle, TransportClosed, TransportError,
                                      TransportTimeout)
 from dlcp.hostagent.protocol.core import IDLE_TICK, ProtocolCore
-from dlcp.hostagent.reassembly import REASONS
+from dlcp.hostagent.protocol.port import REASONS
 from dlcp.hostagent.transport_config import EndpointStats, LossInjection, Peer, TransportConfig, local_peers
 from dlcp.hostagent.udp_offload import enable_arrival_stamps, enable_gro
 
@@ -367,7 +367,7 @@ class Endpoint(ControlPath):
         return self.config.datapath
 
     def rejected(self) -> Counter:
-        """Datagrams the data path rejected, by reason (:data:`~dlcp.hostagent.reassembly.REASONS`)."""
+        """Datagrams the data path rejected, by reason (:data:`~dlcp.hostagent.protocol.port.REASONS`)."""
         return Counter(self.dp.stats()["rejected"]) if self.dp is not None else Counter()
 
     @property

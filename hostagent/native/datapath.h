@@ -46,13 +46,15 @@
 
 namespace dlcp {
 
-// Why a datagram was rejected; the same names and order as hostagent.reassembly.REASONS.
+// Why a datagram was rejected; the same names and order as dlcp.hostagent.protocol.port.REASONS
+// (tests/unit/test_port_codes.py reads this enum and Datapath::rejected's names).
 enum Reason : uint8_t {
     OK = 0, TRUNCATED, BAD_VERSION, NOT_DATA, WRONG_JOB, BAD_TOKEN, UNKNOWN_MESSAGE, WRONG_DTYPE, BAD_SEQ,
     BAD_OFFSET, COUNT_MISMATCH, STALE, BAD_MAC, REPLAY, N_REASONS
 };
 
-// What happened, for the protocol core (Python reads them as tuples).
+// What happened, for the protocol core (Python reads them as tuples; the values of
+// dlcp.hostagent.protocol.port.EventKind, checked by tests/unit/test_port_codes.py).
 enum EventKind : uint8_t {
     EV_RX_DONE = 1,     // peer=src: the message completed here (a = 1 exact, 2 bounded after recovery)
     EV_RX_LAST = 2,     // a packet ending the sender's pass arrived: answer as to a PROBE

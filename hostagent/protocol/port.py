@@ -19,9 +19,30 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+#: Why a data path rejected a datagram, by code (index); code 0 means accepted. The compiled data
+#: path counts them under these names (``Datapath::rejected``, its ``enum Reason`` in the same
+#: order: tests/unit/test_port_codes.py reads both from the C++ sources).
+REASONS: tuple[str, ...] = (
+    "ok",
+    "truncated",  # shorter than a DLCP header
+    "bad_version",  # header version is not wire.VERSION
+    "not_data",  # a control packet type on the data path
+    "wrong_job",  # job id differs from this receiver's
+    "bad_token",  # a data token not the one its sender was given, or a credit from no peer we send to
+    "unknown_message",  # (sender, message id) was never announced, or already finished
+    "wrong_dtype",  # element type differs from the announced one
+    "bad_seq",  # seq or total_pkts does not fit the announced message
+    "bad_offset",  # elem_offset is not seq * elements-per-packet (or past the end)
+    "count_mismatch",  # elem_count or payload length differs from what this seq must carry
+    "stale",  # right token for its own iteration, but recorded earlier (native/rx.cc Datapath::stale)
+    "bad_mac",  # the trailer's tag is wrong (a bit changed anywhere, or not sealed under its sender's key)
+    "replay",  # authentic, but its packet number was taken already: a recorded copy sent again
+)
+
 
 class EventKind(enum.IntEnum):
-    """What a data path reports (the compiled path's ``EventKind`` has the same values)."""
+    """What a data path reports (the compiled path's ``enum EventKind`` has the same values:
+    tests/unit/test_port_codes.py)."""
 
     RX_DONE = 1  #: a received message completed in the data path (``a``: 1 every packet, 2 bounded after recovery)
     RX_LAST = 2  #: a packet that ends the sender's pass arrived: answer as to a PROBE

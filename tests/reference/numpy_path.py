@@ -42,7 +42,8 @@ from dlcp.hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet
 from dlcp.hostagent.protocol.incoming import FRESH_KEPT
 from dlcp.hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG
-from dlcp.hostagent.reassembly import REASONS, Assembly, Reassembler
+from dlcp.hostagent.protocol.port import REASONS
+from dlcp.hostagent.reassembly import Assembly, Reassembler
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, TransportConfig
 from dlcp.hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender,
                                         gro_segment_size, split_segments)

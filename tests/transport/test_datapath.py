@@ -21,7 +21,7 @@ from dlcp.hostagent.datapath import native_available
 from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from dlcp.hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
 from dlcp.hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
-from dlcp.hostagent.reassembly import REASONS
+from dlcp.hostagent.protocol.port import REASONS
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = elems_per_packet(1500, np.float32)

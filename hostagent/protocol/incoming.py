@@ -157,14 +157,11 @@ class Incoming:
         return np.packbits(self.buffers.received[: self.total_pkts] == 0).tobytes()
 
     def result(self, how: str, now: float) -> RecvResult:
-        """The finished message: missing elements read as zero (a sum added into stays as it is)."""
+        """The finished message, as the data path left it when it finished it (missing elements
+        read as zero there: :meth:`dlcp.hostagent.protocol.port.DataPort.complete`)."""
         b = self.buffers
         received = b.received[: self.total_pkts].astype(bool)
         exact = self.received_pkts == self.total_pkts
-        if not exact and not self.accumulate:
-            per = self.elems_per_packet
-            for seq in np.flatnonzero(~received).tolist():
-                b.out[seq * per : (seq + 1) * per] = 0
         stats = MessageStats(
             peer=self.src, message_id=self.message_id, direction="recv", elements=self.total_elems,
             packets=self.total_pkts, bytes=b.out.nbytes, loss_bound=self.loss_bound, priority=self.priority,

@@ -662,6 +662,34 @@ def test_a_message_set_up_twice_is_refused_by_both_paths():
     time.sleep(0)
 
 
+def test_a_message_the_core_completes_reads_zero_where_packets_are_missing():
+    """The core finishes a message under its bound with ``complete()``; the buffer is final
+    then (the core never writes it): a copy's missing packets read as zero, a sum's as what
+    was there, scaled."""
+    from dlcp.hostagent.datapath.native import NativeDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    dp.set_keys(1, KEY1, KEY1)
+    x = np.arange(1, PER * 4 + 1, dtype=np.float32)
+    outs = {}
+    for mid, accumulate in ((5, False), (6, True)):
+        out = outs[mid] = np.full(x.size, 2.0, np.float32)
+        dp.expect(RxSpec(1, mid, auth.DATA_TOKEN, 0, x.size, PER, RxBuffers.allocate(out, 4, 0), accumulate,
+                         x.size, scale=0.5 if accumulate else 1.0))
+        for i in (0, 1, 3):
+            _one(dp, _datagrams(x, mid)[i], now=1.0)
+        assert dp.complete(1, mid, False) and not dp.complete(1, mid, False)  # once
+    hole, rest = slice(2 * PER, 3 * PER), np.r_[0:2 * PER, 3 * PER:4 * PER]
+    assert not outs[5][hole].any()
+    np.testing.assert_array_equal(outs[5][rest], x[rest])
+    np.testing.assert_array_equal(outs[6][hole], np.full(PER, 1.0, np.float32))  # 2.0 scaled, nothing added
+    np.testing.assert_array_equal(outs[6][rest], 2.0 * 0.5 + x[rest])  # out scaled, then the packet added
+    dp.stop()
+    sock.close()
+
+
 def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     """Past its bound with its LAST packet in, a message completes in the receive thread once
     no data of it came for the grace (answer_grace's rule) and the receive thread has read all

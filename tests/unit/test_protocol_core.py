@@ -54,6 +54,10 @@ class FakePort:
             return False
         self.prog[(src, mid)] = p._replace(state=3)
         self.calls.append(("complete", src, mid, fire))
+        spec = self.rx[(src, mid)]
+        if not spec.accumulate:  # the port's contract: missing packets read as zero
+            for seq in np.flatnonzero(spec.buffers.received == 0):
+                spec.buffers.out[seq * PER : (seq + 1) * PER] = 0
         return True
     def forget(self, src, mid, remember):
         self.calls.append(("forget", src, mid, remember))

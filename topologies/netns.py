@@ -88,13 +88,9 @@ def list_links(prefix: str = PREFIX) -> list[str]:
 
 
 #: The kernel's TCP counters a testbed run records per host (``/proc/net/snmp``'s Tcp line and
-#: ``/proc/net/netstat``'s TcpExt and IpExt): segments sent and resent, and retransmission
-#: timeouts, the events that cost a connection its minimum RTO (200 ms on Linux) on a lossy FIFO;
-#: and the ECN marks that reached TCP: ``TCPDeliveredCE``, segments this host sent that arrived
-#: marked (its receiver echoed them), and ``InCEPkts``, marked IP packets this host received.
-#: A TCP that did not ask for ECN sends packets no switch may mark, so both stay 0 for it.
-TCP_COUNTERS = {"Tcp": ("OutSegs", "RetransSegs"), "TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPDeliveredCE"),
-                "IpExt": ("InCEPkts",)}
+#: ``/proc/net/netstat``'s TcpExt): segments sent and resent, and retransmission timeouts, the
+#: events that cost a connection its minimum RTO (200 ms on Linux) on a lossy FIFO.
+TCP_COUNTERS = {"Tcp": ("OutSegs", "RetransSegs"), "TcpExt": ("TCPTimeouts", "TCPLossProbes")}
 
 
 def parse_tcp_counters(text: str) -> dict[str, int]:

@@ -82,9 +82,7 @@ def scheme_table(results: dict) -> str:
 def host_tcp_table(results: dict) -> str:
     """Per scheme, medians over its runs of the TCP segments its hosts resent and the
     retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
-    control connections) apart from the cross traffic's (hosts named ``x``), and, in runs that
-    recorded them, the segments the agents' hosts sent that arrived CE-marked (a TCP with ECN
-    on, as ``gloo-ecn``'s, learns of a queue from them; without ECN they stay 0); empty for runs
+    control connections) apart from the cross traffic's (hosts named ``x``); empty for runs
     recorded before hosts' counters were."""
     runs: dict[str, list[dict]] = {}
     for s in results["runs"]:
@@ -99,15 +97,11 @@ def host_tcp_table(results: dict) -> str:
                    if all(c is not None for h, c in r.items() if h.startswith("x") == cross)]  # every host read
         return f"{float(np.median(per_run)):.0f}" if per_run else "-"
 
-    # ECN marks that reached TCP (runs since the gloo-ecn schemes record them)
-    marks = any("TCPDeliveredCE" in c for rows in runs.values() for r in rows for c in r.values() if c)
     lines = ["| scheme | TCP resent, agents' hosts | RTO timeouts, agents' hosts | TCP resent, cross hosts | "
-             "RTO timeouts, cross hosts |" + (" CE-marked segments, agents' hosts |" if marks else ""),
-             "|---|---:|---:|---:|---:|" + ("---:|" if marks else "")]
+             "RTO timeouts, cross hosts |", "|---|---:|---:|---:|---:|"]
     for name, rows in runs.items():
         lines.append(f"| `{name}` | {median(rows, False, 'RetransSegs')} | {median(rows, False, 'TCPTimeouts')} | "
-                     f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |"
-                     + (f" {median(rows, False, 'TCPDeliveredCE')} |" if marks else ""))
+                     f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |")
     return "\n".join(lines) + "\n"
 
 

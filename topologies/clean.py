@@ -58,6 +58,8 @@ def clean(registry: Path | None = None) -> dict[str, int]:
             if netns.netns_exists(name):
                 schedulers += len(scheduler.remove(name))
         clean_namespaces(data.get("netns", []))
+        if data.get("allowed_cc"):
+            netns.restore_allowed_congestion_controls(data["allowed_cc"])
         f.unlink(missing_ok=True)
     schedulers += len(scheduler.remove(None))
     spaces = netns.list_netns()

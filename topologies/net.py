@@ -18,6 +18,7 @@ from mininet.node import Host, Switch
 
 from dlcp.topologies import netns
 from dlcp.topologies.bmv2 import Bmv2Options, Bmv2Switch
+from dlcp.hostagent.errors import DlcpUserError
 from dlcp.topologies.gloo_ports import NO_TIME_WAIT
 from dlcp.topologies.topos import TopologyDesc
 
@@ -79,15 +80,27 @@ def build(topo: TopologyDesc, run_dir: Path, sock_dir: Path | None = None) -> Mi
     return net
 
 
+def congestion_control(host) -> str:
+    """The TCP congestion control a Mininet host's namespace gives new connections."""
+    return host.cmd("sysctl -n net.ipv4.tcp_congestion_control").strip()
+
+
 def start(net: Mininet, host_tcp: str = "cubic") -> None:
     """Start switches (each waits for its gRPC), configure hosts: static ARP, no IPv6 chatter,
-    ``host_tcp`` as every host's TCP congestion control, no TIME_WAIT (:mod:`dlcp.topologies.gloo_ports`)."""
+    ``host_tcp`` as every host's TCP congestion control (checked: it must be allowed in host
+    namespaces first, :func:`dlcp.topologies.netns.allow_congestion_control`), no TIME_WAIT
+    (:mod:`dlcp.topologies.gloo_ports`). Raises :class:`DlcpUserError` when a host refuses ``host_tcp``."""
     net.build()
     net.start()
     net.staticArp()
     for h in net.hosts:
         h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
         h.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={host_tcp}")
+        got = congestion_control(h)
+        if got != host_tcp:  # a namespace may take only the allowed ones (allow_congestion_control)
+            raise DlcpUserError(f"host {h.name} runs TCP congestion control {got!r}, not {host_tcp!r}: "
+                                f"the kernel refused it (allowed in host namespaces: "
+                                f"{netns.ALLOWED_CC.read_text().strip()})")
         h.cmd("sysctl -qw {}={}".format(*NO_TIME_WAIT))  # gloo reconnects on fixed ports (gloo_ports)
         h.cmd("ip link set lo up")
         for intf in h.intfList():

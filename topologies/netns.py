@@ -41,6 +41,40 @@ def sysctl(key: str, value: str, netns: str | None = None) -> None:
     subprocess.run(cmd, capture_output=True)
 
 
+#: Where the kernel lists the congestion controls a non-initial namespace may choose: a host
+#: namespace asking for any other gets EPERM (``sysctl`` says so on stderr and nothing else does).
+ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def with_allowed(allowed: str, name: str) -> str | None:
+    """The allowed list (``allowed`` as the kernel prints it) with ``name`` added; None when it is
+    already there."""
+    names = allowed.split()
+    return None if name in names else " ".join([*names, name])
+
+
+def allow_congestion_control(name: str) -> str | None:
+    """Let every namespace choose ``name`` (root, initial namespace). Returns the list as it was
+    when this changed it (for :func:`restore_allowed_congestion_controls`), None when ``name`` was
+    allowed already. Raises :class:`NetnsError` when the kernel refuses (not loaded, not root)."""
+    before = ALLOWED_CC.read_text().strip()
+    wanted = with_allowed(before, name)
+    if wanted is None:
+        return None
+    try:
+        ALLOWED_CC.write_text(wanted)
+    except OSError as exc:
+        raise NetnsError(f"cannot allow TCP congestion control {name!r} in host namespaces "
+                         f"(writing {ALLOWED_CC}: {exc.strerror}); allowed: {before}") from None
+    return before
+
+
+def restore_allowed_congestion_controls(before: str | None) -> None:
+    """Put back the allowed list :func:`allow_congestion_control` changed (None: it changed nothing)."""
+    if before is not None:
+        ALLOWED_CC.write_text(before)
+
+
 def add_netns(name: str) -> None:
     """Create a namespace with its loopback up (gRPC on 127.0.0.1 needs it)."""
     ip("netns", "add", name)

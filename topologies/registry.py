@@ -16,15 +16,18 @@ REGISTRY = Path(os.environ.get("DLCP_RUN_REGISTRY", "/tmp/dlcp-runs"))
 
 @dataclass
 class Registry:
-    """One run's record: what to kill and which namespaces to delete."""
+    """One run's record: what to kill, which namespaces to delete, which kernel setting to put back."""
 
     path: Path
     pids: list[int] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
+    allowed_cc: str | None = None
+    """The kernel's list of congestion controls host namespaces may take, as it was before the
+    run added its own (:func:`dlcp.topologies.netns.allow_congestion_control`); None: unchanged."""
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns}))
+        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns, "allowed_cc": self.allowed_cc}))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

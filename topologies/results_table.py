@@ -82,8 +82,8 @@ def scheme_table(results: dict) -> str:
 def host_tcp_table(results: dict) -> str:
     """Per scheme, medians over its runs of the TCP segments its hosts resent and the
     retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
-    control connections) apart from the cross traffic's (hosts named ``x``); empty for runs
-    recorded before hosts' counters were."""
+    control connections) apart from the cross traffic's (hosts named ``x``), and the congestion
+    control every host ran where runs record it; empty for runs recorded before hosts' counters were."""
     runs: dict[str, list[dict]] = {}
     for s in results["runs"]:
         counters = s.get("tcp_counters") or s.get("host_tcp")  # (host_tcp: as 12ac361 named it)
@@ -97,11 +97,19 @@ def host_tcp_table(results: dict) -> str:
                    if all(c is not None for h, c in r.items() if h.startswith("x") == cross)]  # every host read
         return f"{float(np.median(per_run)):.0f}" if per_run else "-"
 
+    # the hosts' congestion control, for runs that record it (before 2026-11-29 they did not, and
+    # on a machine whose namespaces could not take the asked one, hosts ran its default)
+    ccs: dict[str, set[str]] = {}
+    for s in results["runs"]:
+        ccs.setdefault(s["scheme"], set()).update((s.get("host_congestion_control") or {}).values())
+    with_cc = any(ccs.values())
     lines = ["| scheme | TCP resent, agents' hosts | RTO timeouts, agents' hosts | TCP resent, cross hosts | "
-             "RTO timeouts, cross hosts |", "|---|---:|---:|---:|---:|"]
+             "RTO timeouts, cross hosts |" + (" hosts' congestion control |" if with_cc else ""),
+             "|---|---:|---:|---:|---:|" + ("---|" if with_cc else "")]
     for name, rows in runs.items():
         lines.append(f"| `{name}` | {median(rows, False, 'RetransSegs')} | {median(rows, False, 'TCPTimeouts')} | "
-                     f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |")
+                     f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |"
+                     + (f" {', '.join(sorted(ccs.get(name, ()))) or '-'} |" if with_cc else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,8 @@ from dlcp.hostagent.transport_config import PORTS_PER_DEST, link_timers
 from dlcp.topologies import paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.gloo_ports import Connection, GlooPorts, expected_connections, fixed_ports, parse_connections
-from dlcp.topologies.netns import tcp_counters
+from dlcp.topologies.netns import (NetnsError, allow_congestion_control, restore_allowed_congestion_controls,
+                                   tcp_counters)
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from dlcp.hostagent.provenance import provenance
 from dlcp.topologies.registry import REGISTRY, Registry
@@ -513,7 +514,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                                   monitor.lives),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
-            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "flow_port_base": flow_port_base(repeat),
+            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "host_congestion_control": _host_cc(net),
+            "flow_port_base": flow_port_base(repeat),
             **(_gloo_record(observed, [w.ip for w in workers], repeat) if gloo else {}),
             "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy, gloo,
                                 [(s.ip, d.ip) for s, d in cross_pairs(topo)] if opts.cross_traffic else [], repeat,
@@ -541,6 +543,13 @@ def _host_tcp(net) -> dict[str, dict[str, int] | None]:
     difference tells which hosts' connections (gloo's, DLCP's control, the cross traffic) lost
     segments and waited out retransmission timeouts."""
     return {short(h.name): tcp_counters(h.pid) for h in net.hosts if getattr(h, "pid", None)}
+
+
+def _host_cc(net) -> dict[str, str]:
+    """Every host's TCP congestion control as the run ends (what gloo and the cross traffic ran)."""
+    from dlcp.topologies.net import congestion_control
+
+    return {short(h.name): congestion_control(h) for h in net.hosts}
 
 
 def _tcp_delta(before: dict, after: dict) -> dict[str, dict[str, int] | None]:
@@ -647,6 +656,11 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
                        topology=topo.name)
     try:
         _progress(opts, "starting switches ...")
+        try:  # else every host namespace silently keeps the machine's default
+            registry.allowed_cc = allow_congestion_control(opts.host_tcp)
+        except NetnsError as exc:
+            raise DlcpUserError(f"--host-tcp {opts.host_tcp}: {exc}") from None
+        registry.save()
         tnet.start(net, host_tcp=opts.host_tcp)
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
@@ -663,6 +677,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
             from dlcp.topologies.clean import clean_namespaces
 
             clean_namespaces(registry.netns)
+            restore_allowed_congestion_controls(registry.allowed_cc)
             registry.remove()
             shutil.rmtree(sock_dir, ignore_errors=True)
             _progress(opts, "")

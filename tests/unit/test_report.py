@@ -212,6 +212,18 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     unread = run("dlcp", 10, 3)
     unread["tcp_counters"]["h2"] = None  # a host whose counters could not be read: no figure, not a zero
     assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table(as_testbed_results([unread]))
+    assert "congestion control" not in table  # runs that did not record it: no column
+
+
+def test_the_hosts_congestion_control_is_tabled_where_runs_record_it():
+    from dlcp.topologies.results_table import host_tcp_table
+
+    counters = {"h1": {"RetransSegs": 4, "TCPTimeouts": 0}}
+    runs = [{"scheme": "gloo", "repeat": 0, "tcp_counters": counters,
+             "host_congestion_control": {"h1": "cubic", "x5": "cubic"}},
+            {"scheme": "dlcp", "repeat": 0, "tcp_counters": counters}]
+    table = host_tcp_table(as_testbed_results(runs))
+    assert "| `gloo` | 4 | 0 | 0 | 0 | cubic |" in table and "| `dlcp` | 4 | 0 | 0 | 0 | - |" in table
 
 
 def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():

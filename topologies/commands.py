@@ -172,7 +172,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", default=",".join(d.schemes),
                    help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (DLCP's transport), gloo, "
                         "gloo-fp16, powersgd (stock DDP over gloo, with PyTorch's fp16 or PowerSGD hook, on "
-                        "baseline's fabric); SCHEME-fp16 (dlcp-fp16) sends a DLCP scheme's gradients as float16; "
+                        "baseline's fabric), gloo-ecn, gloo-dctcp (gloo over TCP with ECN: the host's congestion "
+                        "control, or DCTCP); SCHEME-fp16 (dlcp-fp16) sends a DLCP scheme's gradients as float16; "
                         "SCHEME:ps or SCHEME:ring names its pattern (gloo: always ring)")
     p.add_argument("--reference", default=d.reference, metavar="SCHEME",
                    help="the scheme speedups and the default accuracy target are against (default: gloo when "

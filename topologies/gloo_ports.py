@@ -110,17 +110,29 @@ class Host(Protocol):
 def fixed_ports(hosts: list[Host], ports: GlooPorts) -> Iterator[None]:
     """Set every host's namespace to ``ports`` (:meth:`GlooPorts.sysctls`) for the block, then put
     back what each had. A setting that does not take raises before gloo starts."""
+    with namespace_settings(hosts, ports.sysctls(), "gloo's fixed ports"):
+        yield
+
+
+@contextmanager
+def namespace_settings(hosts: list[Host], settings: dict[str, str], why: str) -> Iterator[None]:
+    """Set the sysctls ``settings`` in every host's namespace for the block (``why``: whose they
+    are, for the error), then put back what each had, in reverse order, whatever happens. A
+    setting that does not take (an unknown key, a value the kernel refuses) raises before the
+    block runs, with what was set so far put back."""
     saved: list[tuple[Host, str, str]] = []
     try:
         for h in hosts:
-            for key, value in ports.sysctls().items():
+            for key, value in settings.items():
                 before = h.cmd(f"sysctl -n {key}").strip()
                 h.cmd(f"sysctl -qw {key}='{value}'")
                 saved.append((h, key, before))
                 now = " ".join(h.cmd(f"sysctl -n {key}").split())
                 if now != value:
-                    raise RuntimeError(f"could not set {key}={value!r} in a gloo host's namespace (it reads {now!r})")
+                    raise RuntimeError(f"{why}: could not set {key}={value!r} in a host's namespace "
+                                       f"(it reads {now!r})")
         yield
     finally:
         for h, key, before in reversed(saved):
-            h.cmd(f"sysctl -qw {key}='{' '.join(before.split())}'")
+            if before:
+                h.cmd(f"sysctl -qw {key}='{' '.join(before.split())}'")

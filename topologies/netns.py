@@ -46,25 +46,26 @@ def sysctl(key: str, value: str, netns: str | None = None) -> None:
 ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 
 
-def with_allowed(allowed: str, name: str) -> str | None:
-    """The allowed list (``allowed`` as the kernel prints it) with ``name`` added; None when it is
-    already there."""
-    names = allowed.split()
-    return None if name in names else " ".join([*names, name])
+def with_allowed(allowed: str, names: tuple[str, ...]) -> str | None:
+    """The allowed list (``allowed`` as the kernel prints it) with ``names`` added; None when all
+    are there already."""
+    have = allowed.split()
+    more = [n for n in dict.fromkeys(names) if n not in have]
+    return " ".join([*have, *more]) if more else None
 
 
-def allow_congestion_control(name: str) -> str | None:
-    """Let every namespace choose ``name`` (root, initial namespace). Returns the list as it was
-    when this changed it (for :func:`restore_allowed_congestion_controls`), None when ``name`` was
-    allowed already. Raises :class:`NetnsError` when the kernel refuses (not loaded, not root)."""
+def allow_congestion_control(*names: str) -> str | None:
+    """Let every namespace choose each of ``names`` (root, initial namespace). Returns the list as
+    it was when this changed it (for :func:`restore_allowed_congestion_controls`), None when all
+    were allowed already. Raises :class:`NetnsError` when the kernel refuses (not loaded, not root)."""
     before = ALLOWED_CC.read_text().strip()
-    wanted = with_allowed(before, name)
+    wanted = with_allowed(before, names)
     if wanted is None:
         return None
     try:
         ALLOWED_CC.write_text(wanted)
     except OSError as exc:
-        raise NetnsError(f"cannot allow TCP congestion control {name!r} in host namespaces "
+        raise NetnsError(f"cannot allow TCP congestion control {' '.join(names)} in host namespaces "
                          f"(writing {ALLOWED_CC}: {exc.strerror}); allowed: {before}") from None
     return before
 
@@ -122,9 +123,15 @@ def list_links(prefix: str = PREFIX) -> list[str]:
 
 
 #: The kernel's TCP counters a testbed run records per host (``/proc/net/snmp``'s Tcp line and
-#: ``/proc/net/netstat``'s TcpExt): segments sent and resent, and retransmission timeouts, the
-#: events that cost a connection its minimum RTO (200 ms on Linux) on a lossy FIFO.
-TCP_COUNTERS = {"Tcp": ("OutSegs", "RetransSegs"), "TcpExt": ("TCPTimeouts", "TCPLossProbes")}
+#: ``/proc/net/netstat``'s TcpExt and IpExt): segments sent and resent, and retransmission
+#: timeouts, the events that cost a connection its minimum RTO (200 ms on Linux) on a lossy FIFO;
+#: and ECN: ``TCPDeliveredCE``, segments this host sent that arrived marked (its receiver echoed
+#: them), ``InCEPkts``, marked IP packets this host received, and ``InECT0Pkts``, packets it
+#: received that their sender made ECN-capable (the sign a connection negotiated ECN: ``ss`` does
+#: not print ``ecn`` for it on every machine). A TCP that did not ask for ECN sends packets no
+#: switch may mark, so all three stay 0 for it.
+TCP_COUNTERS = {"Tcp": ("OutSegs", "RetransSegs"), "TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPDeliveredCE"),
+                "IpExt": ("InCEPkts", "InECT0Pkts")}
 
 
 def parse_tcp_counters(text: str) -> dict[str, int]:

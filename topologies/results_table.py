@@ -82,8 +82,10 @@ def scheme_table(results: dict) -> str:
 def host_tcp_table(results: dict) -> str:
     """Per scheme, medians over its runs of the TCP segments its hosts resent and the
     retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
-    control connections) apart from the cross traffic's (hosts named ``x``), and the congestion
-    control every host ran where runs record it; empty for runs recorded before hosts' counters were."""
+    control connections) apart from the cross traffic's (hosts named ``x``); in runs that
+    recorded them, the segments the agents' hosts sent that arrived CE-marked (a TCP with ECN
+    on, as ``gloo-ecn``'s, learns of a queue from them; without ECN they stay 0) and the
+    congestion control every host ran; empty for runs recorded before hosts' counters were."""
     runs: dict[str, list[dict]] = {}
     for s in results["runs"]:
         counters = s.get("tcp_counters") or s.get("host_tcp")  # (host_tcp: as 12ac361 named it)
@@ -97,18 +99,22 @@ def host_tcp_table(results: dict) -> str:
                    if all(c is not None for h, c in r.items() if h.startswith("x") == cross)]  # every host read
         return f"{float(np.median(per_run)):.0f}" if per_run else "-"
 
-    # the hosts' congestion control, for runs that record it (before 2026-11-29 they did not, and
-    # on a machine whose namespaces could not take the asked one, hosts ran its default)
+    # ECN marks that reached TCP (runs since the gloo-ecn schemes record them) and the hosts'
+    # congestion control (runs since 2026-11-29 record it; before, on a machine whose namespaces
+    # could not take the one asked for, hosts ran the machine's default)
+    marks = any("TCPDeliveredCE" in c for rows in runs.values() for r in rows for c in r.values() if c)
     ccs: dict[str, set[str]] = {}
     for s in results["runs"]:
         ccs.setdefault(s["scheme"], set()).update((s.get("host_congestion_control") or {}).values())
     with_cc = any(ccs.values())
     lines = ["| scheme | TCP resent, agents' hosts | RTO timeouts, agents' hosts | TCP resent, cross hosts | "
-             "RTO timeouts, cross hosts |" + (" hosts' congestion control |" if with_cc else ""),
-             "|---|---:|---:|---:|---:|" + ("---|" if with_cc else "")]
+             "RTO timeouts, cross hosts |" + (" CE-marked segments, agents' hosts |" if marks else "")
+             + (" hosts' congestion control |" if with_cc else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|" if marks else "") + ("---|" if with_cc else "")]
     for name, rows in runs.items():
         lines.append(f"| `{name}` | {median(rows, False, 'RetransSegs')} | {median(rows, False, 'TCPTimeouts')} | "
                      f"{median(rows, True, 'RetransSegs')} | {median(rows, True, 'TCPTimeouts')} |"
+                     + (f" {median(rows, False, 'TCPDeliveredCE')} |" if marks else "")
                      + (f" {', '.join(sorted(ccs.get(name, ()))) or '-'} |" if with_cc else ""))
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,8 @@ selective drop), ``dlcp`` (all three mechanisms) and ablations that switch on on
 at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` (selective
 dropping), ``bounded`` (bounded-loss completion); and what users run instead
 (``dlcp.topologies.schemes.GLOO_SCHEMES``): ``gloo`` (stock DDP over gloo), ``gloo-fp16`` and
-``powersgd`` (PyTorch's compression hooks), on the baseline's fabric. A scheme may name its
+``powersgd`` (PyTorch's compression hooks), ``gloo-ecn`` and ``gloo-dctcp`` (gloo over TCP that
+reacts to the switches' ECN marks: ``GLOO_TCP``), on the baseline's fabric. A scheme may name its
 pattern (``dlcp:ring``); the speedups are against the reference scheme (``gloo`` when it runs,
 else ``baseline``).
 """
@@ -40,7 +41,8 @@ from dlcp.hostagent.ratecontrol import link_rates
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, link_timers
 from dlcp.topologies import paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
-from dlcp.topologies.gloo_ports import Connection, GlooPorts, expected_connections, fixed_ports, parse_connections
+from dlcp.topologies.gloo_ports import (Connection, GlooPorts, expected_connections, fixed_ports, namespace_settings,
+                                        parse_connections)
 from dlcp.topologies.netns import (NetnsError, allow_congestion_control, restore_allowed_congestion_controls,
                                    tcp_counters)
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
@@ -49,8 +51,8 @@ from dlcp.topologies.registry import REGISTRY, Registry
 from dlcp.topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from dlcp.topologies.progress import Progress
 from dlcp.topologies.results import document
-from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, check_schemes, mechanisms, policy_for, split_label,
-                                     wire_dtype_of)
+from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, GLOO_TCP, check_schemes, mechanisms, policy_for,
+                                     split_label, wire_dtype_of)
 from dlcp.topologies.topos import TOPOLOGIES, TopologyDesc, short
 from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
 from dlcp.topologies.workload import TRAINING_WORKLOADS
@@ -136,6 +138,18 @@ class RunOptions:
         if available is not None and self.host_tcp not in available:
             raise UsageError(f"--host-tcp {self.host_tcp!r}: this kernel has {sorted(available)} "
                              f"(another may load with modprobe tcp_{self.host_tcp})")
+        for name in names:
+            cc = GLOO_TCP.get(name, {}).get("net.ipv4.tcp_congestion_control")
+            if cc is not None and available is not None and cc not in available:
+                raise UsageError(f"scheme {name} runs gloo over {cc}, which this kernel does not have "
+                                 f"(it has {sorted(available)}; modprobe tcp_{cc} may load it); "
+                                 f"gloo-ecn reacts to the same marks with the host's own congestion control")
+
+
+def scheme_congestion_controls(opts: RunOptions) -> list[str]:
+    """The TCP congestion controls the run's gloo schemes set on their hosts (:data:`GLOO_TCP`)."""
+    names = [split_label(label, opts.pattern)[0] for label in opts.schemes]
+    return [cc for n in names if (cc := GLOO_TCP.get(n, {}).get("net.ipv4.tcp_congestion_control"))]
 
 
 #: The allowed values of every numeric option of a run: checked by :meth:`RunOptions.validate`
@@ -432,7 +446,9 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
     held = ExitStack()  # gloo's fixed ports, given back once its agents are gone
     try:
         if gloo:
-            held.enter_context(fixed_ports([net.get(w.name) for w in workers], gloo_ports(repeat)))
+            hosts = [net.get(w.name) for w in workers]
+            held.enter_context(fixed_ports(hosts, gloo_ports(repeat)))
+            held.enter_context(namespace_settings(hosts, GLOO_TCP.get(scheme, {}), f"scheme {scheme}'s TCP"))
         if opts.cross_traffic:
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
@@ -657,7 +673,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     try:
         _progress(opts, "starting switches ...")
         try:  # else every host namespace silently keeps the machine's default
-            registry.allowed_cc = allow_congestion_control(opts.host_tcp)
+            registry.allowed_cc = allow_congestion_control(opts.host_tcp, *scheme_congestion_controls(opts))
         except NetnsError as exc:
             raise DlcpUserError(f"--host-tcp {opts.host_tcp}: {exc}") from None
         registry.save()

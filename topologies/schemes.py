@@ -5,8 +5,9 @@ the testbed (:mod:`dlcp.topologies.runner`) and the simulator (:mod:`dlcp_sim`).
 ``dlcp`` turns on all of DLCP's mechanisms; the others turn on one each (ablations).
 
 The testbed also runs what users run instead of DLCP (:data:`GLOO_SCHEMES`): stock
-``DistributedDataParallel`` over ``torch.distributed``'s gloo backend (TCP), alone or with
-PyTorch's own compression hooks, on the baseline's fabric. Each of DLCP's schemes also runs
+``DistributedDataParallel`` over ``torch.distributed``'s gloo backend (TCP), alone, with
+PyTorch's own compression hooks, or over TCP that reacts to the switches' ECN marks
+(:data:`GLOO_TCP`), on the baseline's fabric. Each of DLCP's schemes also runs
 with its gradients as float16 on the wire (``dlcp-fp16``, :data:`FP16_SCHEMES`), as ``gloo-fp16``
 sends them. A scheme on the command line may name its communication pattern (``dlcp:ring``), so
 DLCP's PS and ring run beside gloo's ring in one interleaved run.
@@ -32,7 +33,21 @@ SCHEMES: dict[str, dict[str, bool]] = {
 
 #: What users run, by testbed scheme: stock DDP over gloo, with the DDP communication hook named
 #: (None: DDP's own all-reduce). Every one runs on the baseline's fabric (:func:`fabric_of`).
-GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "powersgd": "powersgd"}
+GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "powersgd": "powersgd",
+                                       "gloo-ecn": None, "gloo-dctcp": None}
+
+#: How a gloo scheme's hosts run TCP, where it is not the testbed's (``--host-tcp``, Cubic by
+#: default, without ECN): the sysctls of each worker's namespace while it trains. Why: the
+#: switches mark CE on ECN-capable packets past their ECN threshold whatever the scheme, but
+#: stock Linux TCP does not ask for ECN, so stock gloo never sees a mark and learns of a full
+#: queue only by losing packets in it. ``gloo-dctcp`` is what a datacenter tunes gloo to:
+#: DCTCP, which cuts its window in proportion to the marks (it needs the kernel's ``dctcp``
+#: module); ``gloo-ecn`` asks for ECN with the host's own congestion control (Cubic then
+#: halves its window at a mark instead of at a loss), which every kernel has.
+GLOO_TCP: dict[str, dict[str, str]] = {
+    "gloo-ecn": {"net.ipv4.tcp_ecn": "1"},
+    "gloo-dctcp": {"net.ipv4.tcp_congestion_control": "dctcp", "net.ipv4.tcp_ecn": "1"},
+}
 
 #: Each DLCP scheme with its gradients as float16 on the wire (``dlcp-fp16``: half the bytes,
 #: as ``gloo-fp16`` sends them), by the scheme whose fabric and policy it runs.

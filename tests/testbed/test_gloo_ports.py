@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from dlcp.topologies import netns
-from dlcp.topologies.gloo_ports import NO_TIME_WAIT, GlooPorts, expected_connections, fixed_ports, parse_connections
+from dlcp.topologies.gloo_ports import (NO_TIME_WAIT, GlooPorts, expected_connections, fixed_ports,
+                                        namespace_settings, parse_connections)
+from dlcp.topologies.netns import parse_tcp_counters
+from dlcp.topologies.schemes import GLOO_TCP
 
 pytestmark = pytest.mark.netns
 
@@ -99,3 +102,27 @@ def test_gloo_connects_from_the_fixed_ports_every_time(hosts, tmp_path):
             seen = _form_group(hosts, tmp_path, round_)
             assert sorted(seen, key=key) == sorted(expected_connections(IPS, ports), key=key), f"round {round_}"
     assert [h.cmd("sysctl -n net.ipv4.ip_local_port_range").split() for h in hosts] == before
+
+
+def test_gloo_ecns_hosts_negotiate_ecn_and_get_their_own_tcp_back(hosts, tmp_path):
+    """``gloo-ecn``'s setting reaches gloo's own sockets (each connection negotiated ECN, which
+    stock Linux TCP does not ask for), and each namespace reads as before afterwards; a setting
+    the kernel refuses raises before anything runs, with what was set put back."""
+    before = [h.cmd("sysctl -n net.ipv4.tcp_ecn").strip() for h in hosts]
+    assert "1" not in before  # Linux's default (2) answers ECN but never asks for it
+
+    def ect() -> list[int]:  # ECN-capable packets each namespace received
+        return [parse_tcp_counters(h.cmd("cat /proc/net/snmp /proc/net/netstat"))["InECT0Pkts"] for h in hosts]
+
+    start = ect()
+    with fixed_ports(hosts, GlooPorts(40300)):  # stock gloo: no ECN-capable packet either way
+        _form_group(hosts, tmp_path, 0)
+    assert ect() == start
+    with fixed_ports(hosts, GlooPorts(40200)), namespace_settings(hosts, GLOO_TCP["gloo-ecn"], "gloo-ecn"):
+        _form_group(hosts, tmp_path, 1)
+    assert all(n > s for n, s in zip(ect(), start)), (start, ect())  # both ends sent ECT(0): negotiated
+    assert [h.cmd("sysctl -n net.ipv4.tcp_ecn").strip() for h in hosts] == before
+    with pytest.raises(RuntimeError, match="could not set net.ipv4.tcp_no_such_key"):
+        with namespace_settings(hosts, {"net.ipv4.tcp_ecn": "1", "net.ipv4.tcp_no_such_key": "1"}, "a test"):
+            pass
+    assert [h.cmd("sysctl -n net.ipv4.tcp_ecn").strip() for h in hosts] == before

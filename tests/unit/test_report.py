@@ -212,6 +212,13 @@ def test_the_hosts_tcp_counters_are_tabled_agents_apart_from_cross_traffic():
     unread = run("dlcp", 10, 3)
     unread["tcp_counters"]["h2"] = None  # a host whose counters could not be read: no figure, not a zero
     assert "| `dlcp` | - | - | 3 | 1 |" in host_tcp_table(as_testbed_results([unread]))
+    # runs that recorded ECN marks get a column for them (agents' hosts); older ones keep their table
+    marked = run("gloo-ecn", 20, 0)
+    for h, c in marked["tcp_counters"].items():
+        c["TCPDeliveredCE"] = {"h1": 300, "h2": 12}.get(h, 0)
+    table = host_tcp_table(as_testbed_results([marked, run("gloo", 200, 0)]))
+    assert "CE-marked segments, agents' hosts |" in table and "| `gloo-ecn` | 20 | 2 | 0 | 1 | 312 |" in table
+    assert "| `gloo` | 200 | 20 | 0 | 1 | 0 |" in table
     assert "congestion control" not in table  # runs that did not record it: no column
 
 

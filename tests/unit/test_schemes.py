@@ -39,6 +39,26 @@ def test_gloo_runs_on_the_baselines_fabric(scheme):
     assert agent_spec(opts, scheme_policy("dlcp", opts), ["10.0.0.1"], scheme="dlcp")["transport"] == "dlcp"
 
 
+def test_gloo_over_tcp_with_ecn_sets_its_hosts_tcp_and_needs_its_congestion_control(monkeypatch):
+    """``gloo-ecn`` and ``gloo-dctcp`` are stock DDP over gloo whose hosts ask for ECN (the
+    latter with DCTCP): the same fabric and agents as ``gloo``, other sysctls while they run; a
+    kernel without DCTCP refuses ``gloo-dctcp`` before anything starts, saying what to do."""
+    from dlcp.hostagent.errors import UsageError
+    from dlcp.topologies import runner
+    from dlcp.topologies.schemes import GLOO_TCP
+
+    assert GLOO_TCP["gloo-ecn"] == {"net.ipv4.tcp_ecn": "1"} and "gloo" not in GLOO_TCP
+    assert GLOO_TCP["gloo-dctcp"]["net.ipv4.tcp_congestion_control"] == "dctcp"
+    assert all(GLOO_SCHEMES[s] is None for s in GLOO_TCP)  # DDP's own all-reduce
+    monkeypatch.setattr(runner, "tcp_congestion_controls", lambda: {"reno", "cubic"})
+    RunOptions(schemes=("gloo", "gloo-ecn", "dlcp:ring")).validate()
+    with pytest.raises(UsageError, match=r"gloo-dctcp runs gloo over dctcp, which this kernel does not have.*"
+                                         r"modprobe tcp_dctcp"):
+        RunOptions(schemes=("gloo", "gloo-dctcp")).validate()
+    monkeypatch.setattr(runner, "tcp_congestion_controls", lambda: {"reno", "cubic", "dctcp"})
+    RunOptions(schemes=("gloo", "gloo-dctcp")).validate()
+
+
 def test_dlcp_fp16_runs_dlcps_fabric_and_policy_with_half_the_bytes():
     """``dlcp-fp16`` is ``dlcp`` with float16 on the wire: the same switches and policy, agents
     told to send halves, and a line-rate bound of half the packets."""

@@ -282,7 +282,9 @@ def test_tcp_counters_are_read_from_the_kernels_tables():
 
     text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
             "Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs\nTcp: 1 200 1910283 1205\n"
-            "TcpExt: SyncookiesSent TCPLossProbes TCPTimeouts\nTcpExt: 0 570 36\n")
+            "TcpExt: SyncookiesSent TCPLossProbes TCPTimeouts TCPDeliveredCE\nTcpExt: 0 570 36 12\n"
+            "IpExt: InNoRoutes InECT0Pkts InCEPkts\nIpExt: 0 900 31\n")
     assert parse_tcp_counters(text) == {"OutSegs": 1910283, "RetransSegs": 1205, "TCPTimeouts": 36,
-                                        "TCPLossProbes": 570}
-    assert parse_tcp_counters("") == {"OutSegs": 0, "RetransSegs": 0, "TCPTimeouts": 0, "TCPLossProbes": 0}
+                                        "TCPLossProbes": 570, "TCPDeliveredCE": 12, "InCEPkts": 31, "InECT0Pkts": 900}
+    assert parse_tcp_counters("") == {"OutSegs": 0, "RetransSegs": 0, "TCPTimeouts": 0, "TCPLossProbes": 0,
+                                      "TCPDeliveredCE": 0, "InCEPkts": 0, "InECT0Pkts": 0}

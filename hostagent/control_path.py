@@ -543,6 +543,9 @@ class ControlPath:
     def _peer_failed(self, rank: int, why: str) -> None:
         with self._lock:
             in_flight = self._core.peer_failed(rank, why)
+            # the callbacks (the backend fails its group with it) and the log say what the
+            # failed messages say: a mismatch that came first (a refused message) is the cause
+            why = self._core.loss_reason(rank, why)
             self._conns.pop(rank, None)
             # Another authenticated connection with the rank (the peer reconnected) takes over.
             spare = [c for c in self._all_conns if c.rank == rank and c.authenticated and not c.error]

@@ -720,13 +720,19 @@ class ProtocolCore:
         return now + every
 
     # ------------------------------------------------------------------ inputs: peers
+    def loss_reason(self, rank: int, why: str) -> str:
+        """Why ``rank`` is lost, as every error about it says: ``why`` (its connection closed),
+        and the mismatch between us that most likely made it leave, if one came first."""
+        if rank in self.mismatch_with:
+            return f"{why} (after a mismatch: {self.mismatch_with[rank]})"
+        return why
+
     def peer_failed(self, rank: int, why: str) -> bool:
         """``rank``'s control connection is gone: fail every message to or from it. Returns
         whether any was in flight."""
         peer = self.config.peer(rank)
         where = f"peer rank {rank} ({peer.host}:{peer.control_port})"
-        if rank in self.mismatch_with:
-            why = f"{why} (after a mismatch: {self.mismatch_with[rank]})"
+        why = self.loss_reason(rank, why)
         in_flight = any(k[0] == rank for k in [*self.out, *self.inc, *self.waiting])
         for key in [k for k in self.out if k[0] == rank]:
             m = self.out.pop(key)

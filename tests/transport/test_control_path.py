@@ -61,6 +61,26 @@ def test_expected_messages_need_no_meta_and_announcements_share_one_frame(endpoi
         np.testing.assert_array_equal(h.wait(10).data, x)
 
 
+def test_a_peer_that_refused_and_closed_is_reported_lost_naming_the_mismatch(endpoints):
+    """The peer refuses a message (its tensor differs), raises and closes: the peer-lost
+    callback (the backend fails its group with what it says) names the mismatch, not only the
+    closing, whichever the caller waits on first."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0), message_deadline=30.0)
+    lost: list[str] = []
+    a.peer_lost_callbacks.append(lambda rank, why: lost.append(why))
+    r = b.recv(0, 9, expect=Expect(400, np.float32, 0.0))
+    s = a.send(1, _grad(1000), 9, announce=False)
+    with pytest.raises(MessageMismatch):
+        r.wait(10)
+    with pytest.raises(MessageMismatch):
+        s.wait(10)
+    b.close()
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost and "after a mismatch" in lost[0] and "tensors differ" in lost[0], lost
+
+
 def test_data_before_the_receiver_expects_it_is_parked_then_placed(endpoints):
     a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
     x = _grad(20_000)

@@ -502,6 +502,8 @@ def test_a_peer_that_refused_a_message_and_then_closed_fails_the_others_naming_t
     core.peer_failed(1, "closed the control connection")
     with pytest.raises(PeerFailed, match="closed the control connection .after a mismatch: .*tensors differ"):
         incoming.wait(0)
+    # and what the endpoint tells its callbacks (the backend fails its group with it) says so too
+    assert "after a mismatch" in core.loss_reason(1, "closed") and core.loss_reason(2, "closed") == "closed"
 
 
 # ---------------------------------------------------------------- feedback and rates

@@ -1052,3 +1052,18 @@ def test_both_paths_agree_batch_by_batch_on_random_traffic(seed):
     for dp in paths:
         dp.stop()
     sock.close()
+
+
+@pytest.mark.parametrize("protection", [{"authenticate": False}, {}, {"encrypt": True}],
+                         ids=["none", "mac", "encrypt"])
+def test_the_start_up_ceiling_is_timed_on_packets_the_data_path_accepts(protection):
+    """calibrate() times placement of a sealed batch (it raises if any packet of it is rejected):
+    unsealed, every packet failed its tag and the ceiling was the speed of rejecting them."""
+    from dlcp.hostagent.datapath.native import NativeDatapath
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        dp = NativeDatapath(TransportConfig(rank=0, peers=local_peers(2, 44000), **protection), sock, False)
+        assert dp.calibrate() > 0
+    finally:
+        sock.close()

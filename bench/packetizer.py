@@ -7,8 +7,13 @@ What is timed:
                      (what a scatter-gather sender needs)
   packetize+copy     the same, then every datagram materialised into a buffer matrix
   reassemble         shuffled datagrams, already in receive slots, validated and placed in
-                     batches of --batch (the receive loop's unit) into a reused destination
+                     batches of --batch (the receive loop's unit) into a reused destination, by
+                     the compiled data path's own code (dlcp.hostagent.datapath.offline), no
+                     packet tag (its cost: bench/transport.py --part protection)
   reassemble (cold)  the same into a freshly allocated destination (page faults included)
+
+The packetize rows time the package's Python packetizer (numpy headers, compiled drop classes),
+which the demo, the tests and tools use; an endpoint's sender builds its headers in C++.
 
 Run: python bench/packetizer.py [--mb 100] [--runs 5] [--batch 1024] [--out FILE]
 """
@@ -23,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dlcp.hostagent.datapath.offline import Placement
 from dlcp.hostagent.packetizer import MessageMeta, packetize
 from dlcp.hostagent.policy import Policy
-from dlcp.hostagent.reassembly import Reassembler
 from dlcp.hostagent.tables import Column, Record, Table
 
 
@@ -57,23 +62,27 @@ def main() -> None:
     meta = MessageMeta(job_id=1, message_id=1, priority=7)
     policy = Policy()
     batch = packetize(data, meta, policy, mtu=args.mtu)
-    slots, lengths = batch.to_slots()
-    order = np.random.default_rng(1).permutation(len(batch))
-    slots, lengths = slots[order], lengths[order]  # arrival order: shuffled, as over sprayed paths
+    order = np.random.default_rng(1).permutation(len(batch))  # arrival order: shuffled, as over sprayed paths
     out = np.ones_like(data)  # a destination reused across iterations, as the transport does
 
-    def reassemble(dest):
-        r = Reassembler(job_id=1)
-        asm = r.expect(0, 1, n, np.float32, batch.elems_per_packet, out=dest)
-        for i in range(0, len(lengths), args.batch):
-            r.ingest_batch(slots[i : i + args.batch], lengths[i : i + args.batch])
-        assert asm.is_exact()
+    wire_rows, wire_lengths = Placement(job_id=1).rows(batch)  # as received: header, payload, trailer
+    wire_rows, wire_lengths = wire_rows[order], wire_lengths[order]
+
+    def reassemble(dest) -> float:
+        place = Placement(job_id=1)
+        msg = place.expect(1, batch, out=dest)
+        t0 = time.perf_counter()
+        for i in range(0, len(wire_lengths), args.batch):
+            place.ingest(wire_rows[i : i + args.batch], wire_lengths[i : i + args.batch])
+        elapsed = time.perf_counter() - t0
+        assert msg.received.all()
+        return elapsed
 
     rows = [
         ("packetize", _median_time(lambda: packetize(data, meta, policy, mtu=args.mtu), args.runs)),
         ("packetize+copy", _median_time(lambda: packetize(data, meta, policy, mtu=args.mtu).to_slots(), args.runs)),
-        ("reassemble", _median_time(lambda: reassemble(out), args.runs)),
-        ("reassemble (cold)", _median_time(lambda: reassemble(None), args.runs)),
+        ("reassemble", statistics.median(reassemble(out) for _ in range(args.runs))),
+        ("reassemble (cold)", statistics.median(reassemble(None) for _ in range(args.runs))),
     ]
     np.testing.assert_array_equal(out, data)
     table = Table(f"{data.nbytes / 1e6:.0f} MB float32, {len(batch):,} packets at MTU {args.mtu}, "

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlcp.hostagent.datapath.offline import Placement
 from dlcp.hostagent.lossmodel import congested_fifo
 from dlcp.hostagent.packetizer import MessageMeta, packetize
 from dlcp.hostagent.policy import Policy
-from dlcp.hostagent.reassembly import Reassembler
 
 
 def real_gradient(seed: int = 0) -> tuple[np.ndarray, str]:
@@ -63,17 +63,16 @@ def _through_port(name: str, grad: np.ndarray, policy: Policy, load: float, capa
                                    policy.drop_thresholds if selective else None)
     kept = np.zeros(len(batch), dtype=bool)
     kept[order] = kept_in_order
-    r = Reassembler(job_id=1)
-    asm = r.expect(0, 1, grad.size, grad.dtype, batch.elems_per_packet)
-    slots, lengths = batch.to_slots()
-    survivors = np.flatnonzero(kept)
-    r.ingest_batch(slots[survivors], lengths[survivors])
-    out = asm.result()
-    err = float(np.linalg.norm(out - grad) / np.linalg.norm(grad))
+    place = Placement(job_id=1)  # what a receiver's data path does with the survivors
+    rows, lengths = place.rows(batch)
+    msg = place.expect(1, batch)
+    survivors = order[kept_in_order]  # in the order they left the port
+    place.ingest(rows[survivors], lengths[survivors])
+    err = float(np.linalg.norm(msg.out - grad) / np.linalg.norm(grad))
     dropped = classes[~kept]
     return Outcome(name, int((~kept).sum()),
                    np.bincount(dropped, minlength=policy.num_drop_classes).tolist(),
-                   asm.lost_fraction, err)
+                   msg.lost_fraction, err)
 
 
 def run(load: float = 1.25, capacity: int = 64, seed: int = 0) -> str:

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from dlcp.hostagent import _datapath, sealing, wire
+from dlcp.hostagent import _datapath, wire
 from dlcp.hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_TIMEOUT, MIN_WINDOW, initial_window,
                                              max_datagram)
 from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
-from dlcp.hostagent.protocol.port import REASONS, Event, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.protocol.port import REASONS, Event, Progress, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
 from dlcp.hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
                                               REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
@@ -127,34 +127,28 @@ class NativeDatapath:
         millisecond): a start-up ceiling for senders until the drain is measured under load.
         Half of it is offered, as the system calls cost the rest.
 
-        The batch is what real data costs: sealed under a key of the probe's (its tag checked,
-        its payload decrypted where the endpoint encrypts) and placed. Why it says so: unsealed,
-        every packet was rejected at its tag and this timed the rejection instead (a ceiling of
-        several times the real one)."""
+        The batch is what real data costs: sealed as this endpoint's peers seal (its tag checked,
+        its payload decrypted where the endpoint encrypts) and placed, by the receive thread's
+        own code (:class:`~dlcp.hostagent.datapath.offline.Placement`). Why it says so: unsealed,
+        every packet was rejected at its tag and this timed the rejection instead."""
+        from dlcp.hostagent.datapath.offline import Placement
+
         cfg = self.config
         per = elems_per_packet(cfg.mtu, np.float32)
         n = min(cfg.rx_batch, 512)
         data = np.zeros(n * per, np.float32)
-        batch = packetize(data, MessageMeta(job_id=cfg.job_id, message_id=1, sender_rank=0), cfg.policy, cfg.mtu)
-        slots, lengths = batch.to_slots()
-        rows = np.zeros((n, slots.shape[1] + wire.TRAILER_SIZE), np.uint8)
-        probe = _datapath.Datapath(native_config(cfg, -1, False))
-        key = bytes(range(16))  # any key: the probe and its sender share it
-        probe.set_rx_key(0, key)
-        sealer = sealing.new_sealer(key, cfg.protection)  # (no protection: a trailer all the same)
+        place = Placement(config=cfg)
         best = 0.0
-        for mid in range(3):
-            rows[:, : slots.shape[1]] = slots
-            rows[:, wire.FIELD_OFFSET["message_id"] + 3] = mid + 1
-            sizes = sealing.seal_rows(sealer, rows, lengths)
-            buffers = RxBuffers.allocate(np.zeros(data.size, np.float32), n, 0)
-            probe.expect(0, mid + 1, 0, 0, data.size, per, buffers.out, False, 0, buffers.received,
-                         buffers.pkt_priority, buffers.pkt_layer, data.size, [])
+        for mid in range(1, 4):
+            meta = MessageMeta(job_id=cfg.job_id, message_id=mid, sender_rank=place.sender)
+            batch = packetize(data, meta, cfg.policy, cfg.mtu)
+            rows, sizes = place.rows(batch)
+            place.expect(mid, batch)
             t0 = time.perf_counter()
-            reasons = probe.ingest_for_test(rows, sizes, 0.0)
+            reasons = place.ingest(rows, sizes)
             elapsed = time.perf_counter() - t0
-            if any(reasons):
-                why = ", ".join(REASONS[r] for r in sorted(set(reasons) - {0}))
+            if reasons.any():
+                why = ", ".join(REASONS[r] for r in sorted(set(reasons.tolist()) - {0}))
                 raise RuntimeError(f"the data path's calibration rejected its own packets ({why})")
             best = max(best, float(sizes.sum()) / max(1e-6, elapsed))
         return best / 2

@@ -14,7 +14,7 @@ it sizes GSO runs differently and draws injected losses from another generator.
 
 Its behaviour, as it was: two Python threads, ``rx`` receives datagrams in batches into
 preallocated rows, applies the loss injection, and hands each batch to the vectorised
-:class:`~dlcp.hostagent.reassembly.Reassembler`, which validates every field before a byte is
+:class:`~tests.reference.reassembly.Reassembler`, which validates every field before a byte is
 written; ``tx`` sends the message whose next packet has the highest priority, paced per
 destination and for the host, runs of full-size packets by UDP GSO from a staging buffer.
 """
@@ -43,7 +43,7 @@ from dlcp.hostagent.protocol.incoming import FRESH_KEPT
 from dlcp.hostagent.protocol.port import EventKind, Progress, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG
 from dlcp.hostagent.protocol.port import REASONS
-from dlcp.hostagent.reassembly import Assembly, Reassembler
+from tests.reference.reassembly import Assembly, Reassembler
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, TransportConfig
 from dlcp.hostagent.udp_offload import (GRO_ANCBUF, GRO_BUFSIZE, SO_TIMESTAMPNS, TIMESPEC, DatagramSender,
                                         gro_segment_size, split_segments)

@@ -6,7 +6,7 @@ import pytest
 from dlcp.hostagent import wire
 from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from dlcp.hostagent.policy import Policy
-from dlcp.hostagent.reassembly import Reassembler
+from tests.reference.reassembly import Reassembler
 
 POLICY = Policy()
 SIZES = [0, 1, 357, 358, 359, 1000, 4096 + 3, (1 << 20) + 17]

@@ -7,7 +7,7 @@ from dlcp.hostagent import wire
 from dlcp.hostagent.packetizer import MessageMeta, packetize
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.protocol.port import REASONS
-from dlcp.hostagent.reassembly import Reassembler
+from tests.reference.reassembly import Reassembler
 
 H = wire.HEADER_SIZE
 DATA = np.arange(1, 1001, dtype=np.float32)  # 3 packets at MTU 1500: 357, 357, 286

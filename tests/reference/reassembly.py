@@ -1,4 +1,10 @@
-"""Order-free, duplicate-safe reassembly of DLCP messages, with a per-packet bitmap.
+"""Order-free, duplicate-safe reassembly of DLCP messages, with a per-packet bitmap: in numpy,
+the reference model's (:mod:`tests.reference.numpy_path`), not the package's.
+
+It was ``dlcp.hostagent.reassembly`` until the demo and the packetizer benchmark placed
+packets with the compiled path's own code (:class:`dlcp.hostagent.datapath.offline.Placement`):
+the receive rules are written once, in ``hostagent/native/``; this is the independent second
+reading the tests compare the compiled path with.
 
 A receiver announces each message it expects (:meth:`Reassembler.expect`), which
 preallocates the destination array. Arriving datagrams are placed by their element

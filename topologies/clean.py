@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from dlcp.controller import scheduler
-from dlcp.topologies import netns
+from dlcp.topologies import bpf_dctcp, netns
 from dlcp.topologies.registry import REGISTRY
 
 
@@ -60,6 +60,8 @@ def clean(registry: Path | None = None) -> dict[str, int]:
         clean_namespaces(data.get("netns", []))
         if data.get("allowed_cc"):
             netns.restore_allowed_congestion_controls(data["allowed_cc"])
+        if data.get("bpf_cc"):
+            bpf_dctcp.unregister()
         f.unlink(missing_ok=True)
     schedulers += len(scheduler.remove(None))
     spaces = netns.list_netns()

@@ -24,10 +24,13 @@ class Registry:
     allowed_cc: str | None = None
     """The kernel's list of congestion controls host namespaces may take, as it was before the
     run added its own (:func:`dlcp.topologies.netns.allow_congestion_control`); None: unchanged."""
+    bpf_cc: bool = False
+    """The run registered the BPF DCTCP (:mod:`dlcp.topologies.bpf_dctcp`), to be unregistered."""
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns, "allowed_cc": self.allowed_cc}))
+        self.path.write_text(json.dumps({"pids": self.pids, "netns": self.netns, "allowed_cc": self.allowed_cc,
+                                         "bpf_cc": self.bpf_cc}))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ from dlcp.hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from dlcp.hostagent.ranges import Range
 from dlcp.hostagent.ratecontrol import link_rates
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, link_timers
-from dlcp.topologies import paths, traffic
+from dlcp.topologies import bpf_dctcp, paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.gloo_ports import (Connection, GlooPorts, expected_connections, fixed_ports, namespace_settings,
                                         parse_connections)
@@ -140,16 +140,36 @@ class RunOptions:
                              f"(another may load with modprobe tcp_{self.host_tcp})")
         for name in names:
             cc = GLOO_TCP.get(name, {}).get("net.ipv4.tcp_congestion_control")
-            if cc is not None and available is not None and cc not in available:
-                raise UsageError(f"scheme {name} runs gloo over {cc}, which this kernel does not have "
-                                 f"(it has {sorted(available)}; modprobe tcp_{cc} may load it); "
-                                 f"gloo-ecn reacts to the same marks with the host's own congestion control")
+            if cc is None or available is None or cc in available:
+                continue
+            if cc == "dctcp" and (bpf_dctcp.registered() or bpf_dctcp.why_unavailable() is None):
+                continue  # the BPF DCTCP stands in (run registers it)
+            why = bpf_dctcp.why_unavailable() if cc == "dctcp" else None
+            raise UsageError(f"scheme {name} runs gloo over {cc}, which this kernel does not have "
+                             f"(it has {sorted(available)}; modprobe tcp_{cc} may load it"
+                             + (f"; {why} to stand in" if why else "") + "); "
+                             "gloo-ecn reacts to the same marks with the host's own congestion control")
+
+
+def gloo_tcp(scheme: str) -> dict[str, str]:
+    """The sysctls a gloo scheme sets on its hosts (:data:`GLOO_TCP`), DCTCP being the BPF one
+    (:mod:`dlcp.topologies.bpf_dctcp`) where the kernel has no ``dctcp``."""
+    settings = dict(GLOO_TCP.get(scheme, {}))
+    available = tcp_congestion_controls()
+    if settings.get(CC_KEY) == "dctcp" and available is not None and "dctcp" not in available:
+        settings[CC_KEY] = bpf_dctcp.NAME
+    return settings
 
 
 def scheme_congestion_controls(opts: RunOptions) -> list[str]:
-    """The TCP congestion controls the run's gloo schemes set on their hosts (:data:`GLOO_TCP`)."""
+    """The TCP congestion controls the run's gloo schemes set on their hosts (:func:`gloo_tcp`)."""
     names = [split_label(label, opts.pattern)[0] for label in opts.schemes]
-    return [cc for n in names if (cc := GLOO_TCP.get(n, {}).get("net.ipv4.tcp_congestion_control"))]
+    return [cc for n in names if (cc := gloo_tcp(n).get(CC_KEY))]
+
+
+def needs_bpf_dctcp(opts: RunOptions) -> bool:
+    """Whether a scheme of the run runs over the BPF DCTCP (the kernel has no ``dctcp``)."""
+    return bpf_dctcp.NAME in scheme_congestion_controls(opts)
 
 
 #: The allowed values of every numeric option of a run: checked by :meth:`RunOptions.validate`
@@ -166,6 +186,10 @@ RANGES: dict[str, Range] = {
     "eval_every": Range(1),
     "timeout": Range(0, lo_open=True),
 }
+
+
+#: The sysctl that chooses a namespace's TCP congestion control.
+CC_KEY = "net.ipv4.tcp_congestion_control"
 
 
 def tcp_congestion_controls() -> set[str] | None:
@@ -448,7 +472,8 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         if gloo:
             hosts = [net.get(w.name) for w in workers]
             held.enter_context(fixed_ports(hosts, gloo_ports(repeat)))
-            held.enter_context(namespace_settings(hosts, GLOO_TCP.get(scheme, {}), f"scheme {scheme}'s TCP"))
+            held.enter_context(namespace_settings(hosts, gloo_tcp(scheme), f"scheme {scheme}'s TCP"))
+        host_cc = _host_cc(net)  # what the run's TCP ran (a gloo scheme's own, set just above)
         if opts.cross_traffic:
             pairs = cross_pairs(topo)
             dsts = {d.name for _, d in pairs}
@@ -530,7 +555,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
                                   monitor.lives),
             "cpu_trace": _cpu_trace(samples), "bound": bound,
             "cross": traffic.summarise(sent, received) if opts.cross_traffic else None,
-            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "host_congestion_control": _host_cc(net),
+            "tcp_counters": _tcp_delta(tcp_before, tcp_after), "host_congestion_control": host_cc,
             "flow_port_base": flow_port_base(repeat),
             **(_gloo_record(observed, [w.ip for w in workers], repeat) if gloo else {}),
             "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy, gloo,
@@ -672,6 +697,12 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
                        topology=topo.name)
     try:
         _progress(opts, "starting switches ...")
+        if needs_bpf_dctcp(opts):  # gloo-dctcp on a kernel without DCTCP
+            try:
+                registry.bpf_cc = bpf_dctcp.register()
+            except bpf_dctcp.BpfUnavailable as exc:
+                raise DlcpUserError(f"gloo-dctcp: {exc}") from None
+            registry.save()
         try:  # else every host namespace silently keeps the machine's default
             registry.allowed_cc = allow_congestion_control(opts.host_tcp, *scheme_congestion_controls(opts))
         except NetnsError as exc:
@@ -694,6 +725,8 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
 
             clean_namespaces(registry.netns)
             restore_allowed_congestion_controls(registry.allowed_cc)
+            if registry.bpf_cc:
+                bpf_dctcp.unregister()
             registry.remove()
             shutil.rmtree(sock_dir, ignore_errors=True)
             _progress(opts, "")

@@ -41,8 +41,9 @@ GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "power
 #: switches mark CE on ECN-capable packets past their ECN threshold whatever the scheme, but
 #: stock Linux TCP does not ask for ECN, so stock gloo never sees a mark and learns of a full
 #: queue only by losing packets in it. ``gloo-dctcp`` is what a datacenter tunes gloo to:
-#: DCTCP, which cuts its window in proportion to the marks (it needs the kernel's ``dctcp``
-#: module); ``gloo-ecn`` asks for ECN with the host's own congestion control (Cubic then
+#: DCTCP, which cuts its window in proportion to the marks (the kernel's ``dctcp``, or where the
+#: kernel has none the same algorithm in BPF, :mod:`dlcp.topologies.bpf_dctcp`, which the runner
+#: puts in its place: :func:`dlcp.topologies.runner.gloo_tcp`); ``gloo-ecn`` asks for ECN with the host's own congestion control (Cubic then
 #: halves its window at a mark instead of at a loss), which every kernel has.
 GLOO_TCP: dict[str, dict[str, str]] = {
     "gloo-ecn": {"net.ipv4.tcp_ecn": "1"},

@@ -51,12 +51,24 @@ def test_gloo_over_tcp_with_ecn_sets_its_hosts_tcp_and_needs_its_congestion_cont
     assert GLOO_TCP["gloo-dctcp"]["net.ipv4.tcp_congestion_control"] == "dctcp"
     assert all(GLOO_SCHEMES[s] is None for s in GLOO_TCP)  # DDP's own all-reduce
     monkeypatch.setattr(runner, "tcp_congestion_controls", lambda: {"reno", "cubic"})
+    monkeypatch.setattr(runner.bpf_dctcp, "registered", lambda: False)
     RunOptions(schemes=("gloo", "gloo-ecn", "dlcp:ring")).validate()
+    # no DCTCP in the kernel, and none of what the BPF DCTCP needs to stand in
+    monkeypatch.setattr(runner.bpf_dctcp, "why_unavailable", lambda: "the BPF DCTCP needs clang")
     with pytest.raises(UsageError, match=r"gloo-dctcp runs gloo over dctcp, which this kernel does not have.*"
-                                         r"modprobe tcp_dctcp"):
+                                         r"modprobe tcp_dctcp.*the BPF DCTCP needs clang to stand in"):
         RunOptions(schemes=("gloo", "gloo-dctcp")).validate()
+    # ... the BPF DCTCP can stand in: the hosts take it by its name
+    monkeypatch.setattr(runner.bpf_dctcp, "why_unavailable", lambda: None)
+    opts = RunOptions(schemes=("gloo", "gloo-dctcp"))
+    opts.validate()
+    assert runner.gloo_tcp("gloo-dctcp")["net.ipv4.tcp_congestion_control"] == "dlcp_dctcp"
+    assert runner.needs_bpf_dctcp(opts) and runner.scheme_congestion_controls(opts) == ["dlcp_dctcp"]
+    # the kernel's own DCTCP where it has one
     monkeypatch.setattr(runner, "tcp_congestion_controls", lambda: {"reno", "cubic", "dctcp"})
-    RunOptions(schemes=("gloo", "gloo-dctcp")).validate()
+    opts.validate()
+    assert runner.gloo_tcp("gloo-dctcp")["net.ipv4.tcp_congestion_control"] == "dctcp"
+    assert not runner.needs_bpf_dctcp(opts)
 
 
 def test_dlcp_fp16_runs_dlcps_fabric_and_policy_with_half_the_bytes():

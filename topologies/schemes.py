@@ -43,8 +43,9 @@ GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "power
 #: queue only by losing packets in it. ``gloo-dctcp`` is what a datacenter tunes gloo to:
 #: DCTCP, which cuts its window in proportion to the marks (the kernel's ``dctcp``, or where the
 #: kernel has none the same algorithm in BPF, :mod:`dlcp.topologies.bpf_dctcp`, which the runner
-#: puts in its place: :func:`dlcp.topologies.runner.gloo_tcp`); ``gloo-ecn`` asks for ECN with the host's own congestion control (Cubic then
-#: halves its window at a mark instead of at a loss), which every kernel has.
+#: puts in its place: :func:`dlcp.topologies.runner.gloo_tcp`); ``gloo-ecn`` asks for ECN with
+#: the host's own congestion control (Cubic then halves its window at a mark instead of at a
+#: loss), which every kernel has.
 GLOO_TCP: dict[str, dict[str, str]] = {
     "gloo-ecn": {"net.ipv4.tcp_ecn": "1"},
     "gloo-dctcp": {"net.ipv4.tcp_congestion_control": "dctcp", "net.ipv4.tcp_ecn": "1"},

@@ -139,7 +139,7 @@ class RunOptions:
             raise UsageError(f"--host-tcp {self.host_tcp!r}: this kernel has {sorted(available)} "
                              f"(another may load with modprobe tcp_{self.host_tcp})")
         for name in names:
-            cc = GLOO_TCP.get(name, {}).get("net.ipv4.tcp_congestion_control")
+            cc = GLOO_TCP.get(name, {}).get(CC_KEY)
             if cc is None or available is None or cc in available:
                 continue
             if cc == "dctcp" and (bpf_dctcp.registered() or bpf_dctcp.why_unavailable() is None):

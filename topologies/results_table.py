@@ -149,12 +149,12 @@ def refresh_metrics(results: dict) -> dict:
 def slim(results: dict) -> dict:
     """``results`` without what only the run directory needs: each run's per-iteration records,
     CPU trace and switch counters go; its metrics (with its accuracy trace), validity, cross
-    traffic, bound and hosts' TCP counters stay, which is all :func:`markdown` reads, and the
+    traffic, bound and hosts' TCP counters and congestion control stay, which is all :func:`markdown` reads, and the
     paths its hashed flows took from their fixed ports and the bytes each switch port forwarded
     (``dlcp report``'s cross-traffic lines)."""
     out = slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
-                                      "tcp_counters", "host_tcp", "flow_port_base", "paths",
-                                      "gloo_connections", "gloo_ports_fixed"))
+                                      "tcp_counters", "host_tcp", "host_congestion_control", "flow_port_base",
+                                      "paths", "gloo_connections", "gloo_ports_fixed"))
     for full, small in zip(results["runs"], out["runs"]):  # the switch counters, as bytes per port
         carried = port_bytes(full)
         if carried:

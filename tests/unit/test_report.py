@@ -231,6 +231,9 @@ def test_the_hosts_congestion_control_is_tabled_where_runs_record_it():
             {"scheme": "dlcp", "repeat": 0, "tcp_counters": counters}]
     table = host_tcp_table(as_testbed_results(runs))
     assert "| `gloo` | 4 | 0 | 0 | 0 | cubic |" in table and "| `dlcp` | 4 | 0 | 0 | 0 | - |" in table
+    from dlcp.topologies.results_table import slim
+
+    assert host_tcp_table(slim(as_testbed_results(runs))) == table  # a kept results file shows it too
 
 
 def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlcp.hostagent import _datapath, sealing, wire
-from dlcp.hostagent.datapath.native import _raw, native_config
+from dlcp.hostagent.datapath.config import _raw, native_config
 from dlcp.hostagent.packetizer import PacketBatch
 from dlcp.hostagent.protocol.port import RxBuffers
 from dlcp.hostagent.transport_config import TransportConfig, local_peers

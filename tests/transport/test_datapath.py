@@ -437,12 +437,12 @@ def test_holes_reported_during_a_pass_are_resent_ahead_of_its_rest_and_only_if_s
     the pass still ends with LAST on its final three first-pass packets, not on a resend. The
     credit window (8 packets, no credits from this plain receiver) holds the pass after 8 until
     the credit timeout (1 s here), so the resend comes in the middle of the pass."""
-    from dlcp.hostagent.datapath import native
+    from dlcp.hostagent.datapath import config
     from tests.reference import numpy_path
     from dlcp.hostagent.datapath.native import NativeDatapath
     from tests.reference.numpy_path import NumpyDatapath
 
-    monkeypatch.setattr(native, "CREDIT_TIMEOUT", 1.0)
+    monkeypatch.setattr(config, "CREDIT_TIMEOUT", 1.0)  # (what the extension is configured with)
     monkeypatch.setattr(numpy_path, "CREDIT_TIMEOUT", 1.0)
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
@@ -503,7 +503,7 @@ def test_a_large_messages_magnitudes_shared_between_threads_give_the_policys_cla
     threads, each a run of whole packets (the last with the short tail): the classes it sends
     are those of one pass over the whole message. (The threshold is lowered here so that 38
     packets split three ways.)"""
-    import dlcp.hostagent.datapath.native as native_mod
+    import dlcp.hostagent.datapath.config as native_mod  # the extension's configuration
     import dlcp.hostagent.policy as policy_mod
 
     x = np.random.default_rng(5).standard_normal(PER * 37 + 11).astype(np.float32)
@@ -525,7 +525,7 @@ def test_a_large_message_sends_the_policys_sampled_classes(which, monkeypatch):
     its packets; the compiled path computes each packet's class as it sends it. Both paths
     send (and report in drop_class_out) exactly the policy's classes. (The thresholds are
     lowered here so that 38 packets are a large message, one of every 4 in the sample.)"""
-    import dlcp.hostagent.datapath.native as native_mod
+    import dlcp.hostagent.datapath.config as native_mod  # the extension's configuration
     import dlcp.hostagent.policy as policy_mod
 
     x = np.random.default_rng(6).standard_normal(PER * 37 + 11).astype(np.float32)

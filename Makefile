@@ -41,6 +41,8 @@ $(STAMP): pyproject.toml $(NATIVE)
 	$(VENV)/bin/pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install --quiet -e '.[all]'
 	$(PY) -c 'import dlcp.hostagent._datapath'
+	@# the c10d Backend of init_process_group("dlcp"), compiled against this torch (about a minute, once)
+	$(PY) -c 'from dlcp_torch import c10d_backend as c; c.load() or print("note: dlcp c10d backend not built:", c.why_not())'
 	@touch $@
 
 # What CI runs on: setup plus the extras whose tests skip without them (ns-3 for the simulator,

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dlcp_torch import collective_checks as checks
+from dlcp_torch import c10d_backend, collective_checks as checks
 from dlcp_torch.bucket_order import BackwardOrder
 from dlcp_torch.staging import HostCopies, Staging
 from dlcp_torch.tensors import as_numpy, torch_dtype
@@ -841,12 +841,15 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
     return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from}); {protection}"
 
 
-def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> DLCPProcessGroup:
+def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
     """The backend's constructor (``Backend.register_backend`` calls it): DLCP addresses and the
-    job secret go through the process group's own store."""
+    job secret go through the process group's own store. Returns the group's collectives as a
+    c10d ``Backend`` torch registers on a ProcessGroup of its own (:mod:`dlcp_torch.c10d_backend`),
+    or, where that cannot be compiled, the :class:`DLCPProcessGroup` itself."""
     from dlcp_torch.launch import _local_address, exchange_addresses
 
     options = _configured or BackendOptions.from_env()
+    c10d_backend.load()  # before the endpoint: the first use compiles it (every rank waits for one)
     seconds = options.message_deadline or timeout.total_seconds()
     host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     secret = parse_secret(os.environ.get("DLCP_SECRET"))
@@ -866,21 +869,24 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
         p = options.policy.loss_bound_push
         bound = (f"gradients (collectives in a backward pass) may lose up to {p:.0%} of each chunk (p = {p:g}; "
                  "DLCP_LOSS_BOUND=0 for lossless)" if p > 0 else "lossless (loss bound 0)")
-        print(f"dlcp: process group of {world_size} ranks: {bound}; {link}; timeout {seconds:g} s",
+        why = c10d_backend.why_not()
+        kind = "a c10d backend" if why is None else f"a Python ProcessGroup, no c10d backend ({why})"
+        print(f"dlcp: process group of {world_size} ranks: {bound}; {link}; timeout {seconds:g} s; {kind}",
               file=sys.stderr, flush=True)
     pg = DLCPProcessGroup(ep, rank, world_size, options, seconds, store)
     ref = weakref.ref(pg)
     atexit.register(lambda: (lambda g: g.shutdown() if g is not None else None)(ref()))
-    return pg
+    return c10d_backend.wrap(pg, rank, world_size)
 
 
 def group_stats(group: Any = None) -> dict[str, Any]:
     """The figures of a ``dlcp`` process group (the default group if None): see
     :meth:`DLCPProcessGroup.stats`."""
     pg = group if group is not None else dist.group.WORLD
-    if not isinstance(pg, DLCPProcessGroup):
+    impl = c10d_backend.implementation(pg)
+    if impl is None:
         raise ValueError(f"not a dlcp process group: {pg!r}")
-    return pg.stats()
+    return impl.stats()
 
 
 def register() -> None:

@@ -118,10 +118,9 @@ def _ddp_bounds(rank, world):
         ddp(torch.randn(8, 256, generator=g)).pow(2).mean().backward()
         opt.step()
     params = [p.detach().clone() for p in model.parameters()]
-    from dlcp_torch.backend import DLCPProcessGroup
+    from dlcp_torch.c10d_backend import implementation
 
-    pg = dist.group.WORLD
-    assert isinstance(pg, DLCPProcessGroup)
+    pg = implementation(dist.group.WORLD)
     sent = [m for m in pg.endpoint.message_log if m.direction == "send"]
     return params, sorted({m.loss_bound for m in sent}), sorted({m.priority for m in sent})
 
@@ -292,3 +291,20 @@ def test_half_precision_gradients_train_digits_as_well_as_float32(dtype_name):
     half = [_spawn(_digits, 2, dtype_name, s)[0] for s in (1, 2)]
     spread = max(f32) - min(f32)
     assert min(half) >= min(f32) - max(0.02, spread), (dtype_name, half, f32)
+
+
+def _python_group(rank, world):
+    os.environ["DLCP_C10D_BACKEND"] = "0"  # as where the c10d backend cannot be compiled
+    dist.init_process_group("dlcp")
+    from dlcp_torch import c10d_backend
+    from dlcp_torch.backend import DLCPProcessGroup
+
+    x = torch.ones(3) * (rank + 1)
+    dist.all_reduce(x)
+    return {"python_group": isinstance(dist.group.WORLD, DLCPProcessGroup), "why": c10d_backend.why_not(),
+            "sum": x.tolist()}
+
+
+def test_where_the_c10d_backend_cannot_be_built_the_group_runs_as_a_python_process_group():
+    for res in _spawn(_python_group, 2).values():
+        assert res == {"python_group": True, "why": "DLCP_C10D_BACKEND=0", "sum": [3.0, 3.0, 3.0]}

@@ -246,16 +246,20 @@ def _fsdp2(rank, world, backend):
     world_group = dist.group.WORLD
     assert world_group is not None
     summed = all_reduce(torch.ones(3) * (rank + 1), "sum", world_group)
-    return {"losses": losses, "full": full.tolist(), "summed": summed.tolist(), "name": world_group.group_name}
+    backend = type(world_group._get_backend(torch.device("cpu"))).__name__  # a c10d Backend, as gloo's
+    return {"losses": losses, "full": full.tolist(), "summed": summed.tolist(), "name": world_group.group_name,
+            "backend": backend}
 
 
 def test_fsdp2_device_mesh_and_dtensor_run_as_through_gloo():
+    """... and the group's CPU backend is a c10d Backend (``_get_backend``), dlcp's as gloo's."""
     gloo = _spawn(_fsdp2, 2, "gloo")
     ours = _spawn(_fsdp2, 2, "dlcp")
     for rank in range(2):
         assert ours[rank]["name"]  # the group has a name torch resolves it by
         assert ours[rank]["losses"] == pytest.approx(gloo[rank]["losses"], rel=1e-5, abs=1e-6)
         assert ours[rank]["full"] == list(range(8)) and ours[rank]["summed"] == [3.0, 3.0, 3.0]
+        assert (gloo[rank]["backend"], ours[rank]["backend"]) == ("ProcessGroupGloo", "ForwardingBackend")
 
 
 def _one_leaves_early(rank, world):

@@ -879,11 +879,24 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     return c10d_backend.wrap(pg, rank, world_size)
 
 
+def implementation(group: Any) -> DLCPProcessGroup | None:
+    """The DLCPProcessGroup behind ``group`` (a torch ProcessGroup whose CPU backend is dlcp's
+    c10d Backend, or a DLCPProcessGroup itself); None if it has none."""
+    if isinstance(group, DLCPProcessGroup):
+        return group
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001 - not a group with a CPU backend
+        return None
+    impl = getattr(backend, "impl", None)
+    return impl if isinstance(impl, DLCPProcessGroup) else None
+
+
 def group_stats(group: Any = None) -> dict[str, Any]:
     """The figures of a ``dlcp`` process group (the default group if None): see
     :meth:`DLCPProcessGroup.stats`."""
     pg = group if group is not None else dist.group.WORLD
-    impl = c10d_backend.implementation(pg)
+    impl = implementation(pg)
     if impl is None:
         raise ValueError(f"not a dlcp process group: {pg!r}")
     return impl.stats()

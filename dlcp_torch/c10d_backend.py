@@ -70,21 +70,4 @@ def wrap(impl: Any, rank: int, size: int) -> Any:
     return impl if module is None else module.ForwardingBackend(rank, size, impl)
 
 
-def implementation(group: Any) -> Any:
-    """The DLCPProcessGroup behind ``group`` (a torch ProcessGroup whose backend is dlcp's, or a
-    DLCPProcessGroup itself); None if it has none."""
-    from dlcp_torch.backend import DLCPProcessGroup
-
-    if isinstance(group, DLCPProcessGroup):
-        return group
-    try:
-        import torch
-
-        backend = group._get_backend(torch.device("cpu"))
-    except Exception:  # noqa: BLE001 - not a group with a CPU backend
-        return None
-    impl = getattr(backend, "impl", None)
-    return impl if isinstance(impl, DLCPProcessGroup) else None
-
-
-__all__ = ["SOURCE", "cache_dir", "implementation", "load", "why_not", "wrap"]
+__all__ = ["SOURCE", "cache_dir", "load", "why_not", "wrap"]

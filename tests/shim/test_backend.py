@@ -118,9 +118,10 @@ def _ddp_bounds(rank, world):
         ddp(torch.randn(8, 256, generator=g)).pow(2).mean().backward()
         opt.step()
     params = [p.detach().clone() for p in model.parameters()]
-    from dlcp_torch.c10d_backend import implementation
+    from dlcp_torch.backend import implementation
 
     pg = implementation(dist.group.WORLD)
+    assert pg is not None
     sent = [m for m in pg.endpoint.message_log if m.direction == "send"]
     return params, sorted({m.loss_bound for m in sent}), sorted({m.priority for m in sent})
 

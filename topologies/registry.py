@@ -6,10 +6,15 @@ Runs register process ids and switch namespaces in ``REGISTRY`` (``/tmp/dlcp-run
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dlcp.hostagent.errors import DlcpUserError
 
 REGISTRY = Path(os.environ.get("DLCP_RUN_REGISTRY", "/tmp/dlcp-runs"))
 
@@ -34,3 +39,32 @@ class Registry:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def hold_testbed(registry: Path | None = None) -> Iterator[None]:
+    """Hold the testbed for one run, or raise at once naming the run that holds it.
+
+    Why: every run names its switch namespaces the same (``dlcpl1``, ...), so a second run
+    started beside a live one failed half-way with an unexpected error, and its teardown deleted
+    the live run's namespaces, failing that run too. The lock is an ``flock`` on a file beside
+    the registry: the kernel drops it when the holder exits, crashed or not, so a dead run never
+    keeps the testbed (``dlcp clean`` still removes what it left)."""
+    registry = registry or REGISTRY
+    registry.mkdir(parents=True, exist_ok=True)
+    f = open(registry / "testbed.lock", "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise DlcpUserError(f"another dlcp run (pid {holder}) is using the testbed; wait for it to finish, "
+                                "or stop it and run `dlcp clean`") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock

@@ -47,7 +47,7 @@ from dlcp.topologies.netns import (NetnsError, allow_congestion_control, restore
                                    tcp_counters)
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from dlcp.hostagent.provenance import provenance
-from dlcp.topologies.registry import REGISTRY, Registry
+from dlcp.topologies.registry import REGISTRY, Registry, hold_testbed
 from dlcp.topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from dlcp.topologies.progress import Progress
 from dlcp.topologies.results import document
@@ -386,6 +386,28 @@ def _popen_in(host, args: list[str], log_path: Path) -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
+class LineCounter:
+    """Lines written so far to a file that only grows, reading each byte once.
+
+    Why: the progress line counted the workers' records by reading every file whole twice a
+    second; with a message trace per record that was megabytes per read by the end of a long
+    run, 10-15 % of a core in the runner, which the validity rules count against the run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.lines = path, 0, 0
+
+    def count(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self.lines
+        self.offset += len(chunk)
+        self.lines += chunk.count(b"\n")
+        return self.lines
+
+
 def _reap(monitor: RunMonitor, procs: dict[str, subprocess.Popen]) -> bool:
     """Reap the processes that have exited, each read by ``monitor`` first (a zombie still has
     its CPU times, a reaped process has not); True while any still runs."""
@@ -510,6 +532,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
         registry.pids += [p.pid for p in procs + cross]
         registry.save()
         worker_procs = procs[1:] if opts.pattern == "ps" else procs
+        record_counts = [LineCounter(o) for o in outs]
         t0 = time.monotonic()
         while _reap(monitor, {f"worker{rank}": p for rank, p in enumerate(worker_procs)}):
             if time.monotonic() - t0 > opts.timeout:
@@ -518,7 +541,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             # warm-up + measured + calibration (synthetic) or final (training)
             last = 1 if opts.workload in TRAINING_WORKLOADS else opts.calibration_iterations
             total = (opts.iterations + 1 + last) * len(workers)
-            done = min(sum(len(o.read_text().splitlines()) if o.exists() else 0 for o in outs), total)
+            done = min(sum(c.count() for c in record_counts), total)
             if gloo and (observed is None or len(observed) < len(workers) * (len(workers) - 1)):
                 observed = _gloo_connections(net, workers)  # the mesh forms as the group starts
             _progress(opts, f"{label} {time.monotonic() - t0:5.0f} s  iterations {done}/{total} "
@@ -684,6 +707,12 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     except ImportError as exc:
         raise DlcpUserError(f"Mininet is not importable ({exc}); install it (Debian: apt-get install mininet) "
                             "and run make setup again") from None
+    with hold_testbed():
+        return _run_locked(opts, tnet)
+
+
+def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
+    """:func:`run` once it holds the testbed."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(opts.out).resolve() / f"{stamp}-{opts.topology}"
     run_dir.mkdir(parents=True, exist_ok=True)

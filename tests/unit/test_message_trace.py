@@ -2,7 +2,8 @@
 
 from dlcp.hostagent.exchange import iteration_of, message_id, step_of, tensor_of
 from dlcp.hostagent.messages import MessageStats, RateChange
-from dlcp.topologies.agent import message_trace, rate_trace
+from dlcp.topologies.agent import LOG_SLACK, message_trace, rate_trace, recent
+from dlcp.topologies.runner import LineCounter
 
 
 def test_message_id_fields_come_back_out():
@@ -30,3 +31,33 @@ def test_rate_trace_keeps_the_window_in_packets_per_second():
            RateChange(10.5, 4, 3000.0, "increase")]
     assert rate_trace(log, 1500, 10.0, 10.1) == [[2.0, 4, 1.0, "marks"]]
     assert rate_trace(log, 1500, 10.0) == [[2.0, 4, 1.0, "marks"], [500.0, 4, 2.0, "increase"]]
+
+
+def test_recent_returns_the_logs_tail_from_the_slack_before_since_and_reads_no_further():
+    log = [RateChange(float(t), 1, 1.0, "x") for t in range(100)]
+    seen = []
+
+    def time_of(c: RateChange) -> float:
+        seen.append(c.time)
+        return c.time
+
+    tail = recent(log, 90.0, time_of)
+    assert [c.time for c in tail] == [t for t in range(100) if t >= 90 - LOG_SLACK]
+    assert min(seen) == 90 - LOG_SLACK - 1  # the first entry too old stops the walk
+    assert recent(log, 1000.0, time_of) == [] and recent([], 0.0, time_of) == []
+    # a trace from the tail equals one from the whole log
+    assert rate_trace(tail, 1500, 90.0) == rate_trace(log, 1500, 90.0)
+
+
+def test_line_counter_counts_lines_appended_between_reads(tmp_path):
+    path = tmp_path / "worker0.jsonl"
+    counter = LineCounter(path)
+    assert counter.count() == 0  # not written yet
+    with open(path, "w") as f:
+        f.write('{"a": 1}\n{"b"')
+        f.flush()
+        assert counter.count() == 1
+        f.write(': 2}\n\n')
+        f.flush()
+        assert counter.count() == 3
+        assert counter.count() == 3

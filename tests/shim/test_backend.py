@@ -309,3 +309,63 @@ def _python_group(rank, world):
 def test_where_the_c10d_backend_cannot_be_built_the_group_runs_as_a_python_process_group():
     for res in _spawn(_python_group, 2).values():
         assert res == {"python_group": True, "why": "DLCP_C10D_BACKEND=0", "sum": [3.0, 3.0, 3.0]}
+
+
+def _stats(rank, world, c10d):
+    os.environ["DLCP_C10D_BACKEND"] = "1" if c10d else "0"
+    dist.init_process_group("dlcp")
+    from dlcp_torch.backend import group_stats
+
+    pair = dist.new_group([0, 1])  # a second group: figures of its own
+    gloo = dist.new_group(backend="gloo")
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1000))
+    dist.broadcast(torch.ones(4), src=0)
+    dist.all_reduce(torch.ones(10), group=pair)
+    try:
+        group_stats(gloo)
+        refused = "accepted"
+    except ValueError as exc:
+        refused = str(exc)
+    world_stats, pair_stats = group_stats(), group_stats(pair)
+    dist.barrier()
+    return {"world": world_stats["collectives"], "pair": pair_stats["collectives"],
+            "broken": world_stats["broken"], "sent": world_stats["endpoint"]["data_bytes_sent"],
+            "pair_sent": pair_stats["endpoint"]["data_bytes_sent"], "refused": refused}
+
+
+@pytest.mark.parametrize("c10d", [True, False], ids=["c10d", "python"])
+def test_group_stats_count_each_groups_collectives_and_refuse_a_group_not_dlcps(c10d):
+    for res in _spawn(_stats, 2, c10d).values():
+        assert res["world"] == {"all_reduce": 3, "broadcast": 1}
+        assert res["pair"] == {"all_reduce": 1}
+        assert not res["broken"]
+        assert res["sent"] >= 3 * 1000 * 4 // 2  # a ring sends half of each all_reduce at least
+        assert 0 < res["pair_sent"] < res["sent"]
+        assert res["refused"].startswith("not a dlcp process group")
+
+
+def _p2p_batch(rank, world):
+    """A ring shift with ``batch_isend_irecv`` (pipeline parallelism's call), then ``isend`` /
+    ``irecv`` with their works waited out of order."""
+    dist.init_process_group("dlcp")
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = torch.empty(5)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((5,), float(rank)), nxt),
+                                    dist.P2POp(dist.irecv, got, prv)])
+    for w in works:
+        w.wait()
+    a, b = torch.empty(2), torch.empty(3, dtype=torch.int64)
+    recvs = [dist.irecv(a, src=prv, tag=1), dist.irecv(b, src=prv, tag=2)]
+    sends = [dist.isend(torch.tensor([rank, rank], dtype=torch.float32), dst=nxt, tag=1),
+             dist.isend(torch.arange(3) + rank, dst=nxt, tag=2)]
+    for w in reversed(recvs + sends):
+        w.wait()
+    return {"got": got.tolist(), "a": a.tolist(), "b": b.tolist()}
+
+
+def test_batch_isend_irecv_and_out_of_order_waits_deliver_to_each_receiver():
+    world = 3
+    for rank, res in _spawn(_p2p_batch, world).items():
+        prv = (rank - 1) % world
+        assert res == {"got": [float(prv)] * 5, "a": [float(prv)] * 2, "b": [prv, prv + 1, prv + 2]}

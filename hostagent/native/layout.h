@@ -13,6 +13,9 @@
 #include <stdexcept>
 #include <string>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace dlcp {
 
@@ -234,6 +237,42 @@ inline uint16_t float_to_bf16(float f) {
     uint32_t rounded = b + 0x7FFFu + ((b >> 16) & 1u);
     uint32_t quiet_nan = (b & 0x80000000u) | 0x7FC00000u;
     return uint16_t(((b & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded) >> 16);
+}
+
+// dst[i] = bfloat16(float(dst[i]) + float(src[i])) for i < count: a bfloat16 sum, each addition
+// rounded to nearest even, bit for bit float_to_bf16's; src unaligned bytes, not overlapping dst.
+// Why by hand: GCC does not vectorise the scalar loop (a float from a uint16_t's bits is not a
+// vector type it will take), which summed a bfloat16 ring's chunks at about a sixth of float32's
+// elements per second. With SSE2 (every x86-64) eight elements at a time: widen (a bfloat16 is
+// a float's top half), add as floats, round as float_to_bf16 does, and keep the top halves (an
+// arithmetic shift and a signed pack keep the 16 bits exactly). A group that holds a NaN goes
+// the scalar way (its quiet NaN of the sign), which keeps the vector path free of that select.
+inline void add_bf16(uint16_t* dst, const uint8_t* src, uint32_t count) {
+    uint32_t i = 0;
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128(), one = _mm_set1_epi32(1), bias = _mm_set1_epi32(0x7FFF),
+                  magnitude = _mm_set1_epi32(0x7FFFFFFF), inf = _mm_set1_epi32(0x7F800000);
+    for (; i + 8 <= count; i += 8) {
+        __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dst + i));
+        __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * size_t(i)));
+        __m128i lo = _mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(zero, a)),
+                                                 _mm_castsi128_ps(_mm_unpacklo_epi16(zero, x))));
+        __m128i hi = _mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(zero, a)),
+                                                 _mm_castsi128_ps(_mm_unpackhi_epi16(zero, x))));
+        __m128i nan = _mm_or_si128(_mm_cmpgt_epi32(_mm_and_si128(lo, magnitude), inf),
+                                   _mm_cmpgt_epi32(_mm_and_si128(hi, magnitude), inf));
+        if (__builtin_expect(_mm_movemask_epi8(nan) != 0, 0)) break;  // the rest the scalar way
+        lo = _mm_add_epi32(_mm_add_epi32(lo, bias), _mm_and_si128(_mm_srli_epi32(lo, 16), one));
+        hi = _mm_add_epi32(_mm_add_epi32(hi, bias), _mm_and_si128(_mm_srli_epi32(hi, 16), one));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm_packs_epi32(_mm_srai_epi32(lo, 16), _mm_srai_epi32(hi, 16)));
+    }
+#endif
+    for (; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * size_t(i), 2);
+        dst[i] = float_to_bf16(bf16_to_float(dst[i]) + bf16_to_float(h));
+    }
 }
 
 }  // namespace dlcp

@@ -115,6 +115,8 @@ def scheme_metrics(s: dict) -> dict:
             extra["comm_over_bound"] = comm / bound
     return {**extra, "sync_p50_ms": 1e3 * sync_p50, "sync_p99_ms": 1e3 * float(np.percentile(sync, 99)),
             "iteration_p50_ms": 1e3 * float(np.percentile(iters, 50)),
+            "iteration_mean_ms": 1e3 * float(np.mean(iters)), "iteration_p90_ms": 1e3 * float(np.percentile(iters, 90)),
+            "iteration_p99_ms": 1e3 * float(np.percentile(iters, 99)),
             "missing_fraction": float(np.mean([r["lost_fraction"] for r in recs])),
             "retransmitted": int(sum(r["retransmissions"] for r in recs)),
             "ordering_efficiency": eff["value"], "ordering_efficiency_detail": eff, "straggler_spread": spread,

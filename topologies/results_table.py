@@ -79,6 +79,29 @@ def scheme_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def iteration_tail_table(results: dict) -> str:
+    """Per scheme, medians over its valid runs of each run's iteration p50, mean, p90 and p99,
+    and the mean over the p50. Why beside the p50: training to a target takes the sum of its
+    iterations, so a scheme whose slow iterations are frequent (TCP waiting out a loss) is
+    slower to the target than its median says; this table shows by how much. Empty for results
+    recorded before runs kept these figures (2026-11-29)."""
+    keys = ("iteration_p50_ms", "iteration_mean_ms", "iteration_p90_ms", "iteration_p99_ms")
+    runs: dict[str, list[dict]] = {}
+    for s in results["runs"]:
+        m = s.get("metrics") or {}
+        if all(k in m for k in keys) and (s.get("validity") or {}).get("valid", True):
+            runs.setdefault(s["scheme"], []).append(m)
+    if not runs:
+        return ""
+    lines = ["| scheme | valid runs | iteration p50 ms | mean ms | p90 ms | p99 ms | mean / p50 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, ms in runs.items():
+        med = [float(np.median([m[k] for m in ms])) for k in keys]
+        ratio = float(np.median([m["iteration_mean_ms"] / m["iteration_p50_ms"] for m in ms]))
+        lines.append(f"| `{name}` | {len(ms)} | " + " | ".join(f"{v:.0f}" for v in med) + f" | {ratio:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def host_tcp_table(results: dict) -> str:
     """Per scheme, medians over its runs of the TCP segments its hosts resent and the
     retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
@@ -182,6 +205,10 @@ def markdown(results: dict, source: str = "") -> str:
                  "of each scheme, interleaved); port service / capacity: what the bottleneck ports served while "
                  "backlogged over their capacity, lowest-highest over ports and runs (a run above 1.03x is invalid "
                  "since issue 43; earlier runs were judged without that rule).")
+    tail = iteration_tail_table(results)
+    if tail:
+        lines += ["", "Iteration times, medians over valid runs of each run's figure (time to a target is a sum "
+                  "of iterations, so it follows the mean, not the median):", "", tail]
     tcp = host_tcp_table(results)
     if tcp:
         lines += ["", "TCP on the hosts, medians over runs (all runs):", "", tcp]

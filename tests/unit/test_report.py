@@ -253,3 +253,21 @@ def test_a_runs_summary_says_which_data_flows_shared_the_cross_traffics_links():
     assert carried == {"l1:8": 348_000_000, "l1:9": 61_000_000} and port_bytes({"port_bytes": carried}) == carried
     assert path_sharing(paths, carried) == ("UDP via l1:9 sp2:2 with 1/3 hashed data flows (l1:9 forwarded 61 MB), "
                                             "TCP via l1:8 sp1:2 with 1/3 hashed data flows (l1:8 forwarded 348 MB)")
+
+
+def test_iteration_tails_are_tabled_for_valid_runs_that_recorded_them():
+    from dlcp.topologies.results_table import iteration_tail_table, slim
+
+    def run(scheme: str, p50: float, mean: float, valid: bool = True) -> dict:
+        return {"scheme": scheme, "repeat": 0, "validity": {"valid": valid},
+                "metrics": {"iteration_p50_ms": p50, "iteration_mean_ms": mean, "iteration_p90_ms": 2 * p50,
+                            "iteration_p99_ms": 3 * p50}}
+
+    runs = [run("gloo-fp16", 160, 250), run("gloo-fp16", 120, 240), run("gloo-fp16", 140, 200),
+            run("gloo-fp16", 100, 900, valid=False), run("dlcp:ring", 170, 175),
+            {"scheme": "old", "repeat": 0, "metrics": {"iteration_p50_ms": 1.0}}]
+    table = iteration_tail_table(as_testbed_results(runs))
+    assert "| `gloo-fp16` | 3 | 140 | 240 | 280 | 420 | 1.56 |" in table  # the invalid run left out; per-run ratios
+    assert "| `dlcp:ring` | 1 | 170 | 175 | 340 | 510 | 1.03 |" in table and "old" not in table
+    assert iteration_tail_table(slim(as_testbed_results(runs))) == table  # a kept results file shows it too
+    assert iteration_tail_table(as_testbed_results(runs[-1:])) == ""

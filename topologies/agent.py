@@ -60,9 +60,10 @@ def recent(log: Iterable, since: float, time_of: Callable[[Any], float]) -> list
     ``time``) whose entries were appended at ``since`` - :data:`LOG_SLACK` or later, oldest first.
 
     Why: the per-iteration records read the endpoint's logs every iteration. Filtering the whole
-    of them (4,096 messages, 16,384 rate changes) cost each DLCP worker about 5 ms of Python per
-    iteration, CPU that gloo's workers do not spend, on a machine whose validity rules count it.
-    The copy (``list``) is one C-level pass and safe against the core's thread appending."""
+    of them (4,096 messages, 16,384 rate changes) cost each DLCP worker 0.85 ms of Python per
+    iteration against 0.31 ms for the tails (full logs of 24 messages per iteration, timed on
+    this machine), CPU that gloo's workers do not spend, on a machine whose validity rules count
+    it. The copy (``list``) is one C-level pass and safe against the core's thread appending."""
     snapshot = list(log)
     i = len(snapshot)
     while i > 0 and time_of(snapshot[i - 1]) >= since - LOG_SLACK:

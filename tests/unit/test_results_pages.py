@@ -34,7 +34,8 @@ PAGES: dict[str, list[list[str]]] = {
     "sim-validation.md": [["20261128-183805-leafspine.json"], ["20261128-simval-ps.json"],
                           ["20261128-simval-ring.json"]],
     "testbed-one-capacity.md": [["20261128-034854-leafspine.json"]],
-    "testbed-vs-gloo.md": [["20261128-225814-leafspine.json"], ["20261128-194717-leafspine.json"],
+    "testbed-vs-gloo.md": [["20261129-022056-leafspine.json"], ["20261128-225814-leafspine.json"],
+                           ["20261128-194717-leafspine.json"],
                            ["20261126-131439-leafspine.json"], ["20261126-132312-leafspine.json"],
                            ["20261128-165814-leafspine.json"]],
 }

@@ -21,6 +21,7 @@ with hold_testbed(Path(sys.argv[1])):
 def test_a_second_run_is_refused_while_the_first_holds_the_testbed_and_not_after(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(DlcpUserError, match=rf"another dlcp run \(pid {holder.pid}\) is using the testbed"):

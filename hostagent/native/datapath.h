@@ -39,6 +39,7 @@
 
 #include <netinet/in.h>
 
+#include "endpass.h"
 #include "layout.h"
 #include "pacer.h"
 #include "seal.h"
@@ -114,9 +115,11 @@ struct Config {
     double delay = 0, delay_p = 0;
     bool reorder = false;
     uint64_t seed = 0;
-    // end of pass (hostagent.protocol.incoming.answer_grace's rule): a message past its bound
-    // whose last packet came completes once no data of it came for its grace
-    double answer_grace = 0.002, max_answer_grace = 0.1, max_busy_defer = 0.2, answer_gaps = 4;
+    // end of pass (endpass.h's rule, settings from hostagent.protocol.incoming): a message past its
+    // bound whose last packet came completes once no data of it came for its grace;
+    // answer_grace is the reordering window's start (below)
+    double answer_grace = 0.002;
+    AnswerRule answer;
     // the reordering window (settings: hostagent.protocol.incoming.REORDER_*): answer_grace until a
     // path is measured; a first-pass packet that comes `late` after its message's LAST widens
     // it to margin * late; a message whose pass ended without one narrows it by decay, to min
@@ -333,6 +336,7 @@ class Datapath {
         double last_at = 0;      // when the first LAST came (0: none yet)
         bool late = false;       // a first-pass packet came after a LAST: the path reorders
         bool watched = false;    // in ends_ (past its bound, waiting out its grace)
+        double watched_at = 0;   // since when (the batch that made it so)
         // the L2 magnitude of each packet as placed (float32 messages that start sends): the
         // send that forwards the same elements takes them instead of reading them back
         std::vector<float> mags;

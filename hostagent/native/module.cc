@@ -87,9 +87,9 @@ Config make_config(const nb::dict& d) {
     c.seed = get<uint64_t>(d, "seed");
     c.drain_stretch = get<double>(d, "drain_stretch");
     c.answer_grace = get<double>(d, "answer_grace");
-    c.max_answer_grace = get<double>(d, "max_answer_grace");
-    c.answer_gaps = get<double>(d, "answer_gaps");
-    c.max_busy_defer = get<double>(d, "max_busy_defer");
+    c.answer.max_grace = get<double>(d, "max_answer_grace");
+    c.answer.gaps = get<double>(d, "answer_gaps");
+    c.answer.max_busy_defer = get<double>(d, "max_busy_defer");
     c.reorder_min = get<double>(d, "reorder_min");
     c.reorder_margin = get<double>(d, "reorder_margin");
     c.reorder_decay = get<double>(d, "reorder_decay");
@@ -141,6 +141,19 @@ NB_MODULE(_datapath, m) {
               return nb::bytes(reinterpret_cast<const char*>(out), KEY_BYTES);
           },
           "key"_a, "ptype"_a, "epoch"_a);
+    // The rule of when an end of pass is answered (endpass.h): the receive thread's, for the
+    // protocol core in Python too, so that it is written once.
+    m.def("answer_grace",
+          [](double floor, double gap, double max_grace, double gaps) {
+              return answer_grace(floor, gap, AnswerRule{max_grace, gaps, 0.0});
+          },
+          "floor"_a, "gap"_a, "max_grace"_a, "gaps"_a);
+    m.def("answer_check",
+          [](double now, double last_arrival, double grace, double seen_until, double since, double max_busy_defer) {
+              AnswerCheck c = answer_check(now, last_arrival, grace, seen_until, since, AnswerRule{0.0, 0.0, max_busy_defer});
+              return std::make_tuple(c.due, c.wake);
+          },
+          "now"_a, "last_arrival"_a, "grace"_a, "seen_until"_a, "since"_a, "max_busy_defer"_a);
     nb::class_<Sealer>(m, "PacketSealer")
         .def("__init__",
              [](Sealer* self, nb::bytes key, int mode, unsigned epoch_bits) {

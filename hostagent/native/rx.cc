@@ -334,7 +334,7 @@ double& Datapath::window_of(uint16_t src) {
 
 void Datapath::widen_window(uint16_t src, double late) {
     double& w = window_of(src);
-    w = std::min(cfg_.max_answer_grace, std::max(w, cfg_.reorder_margin * std::max(0.0, late)));
+    w = std::min(cfg_.answer.max_grace, std::max(w, cfg_.reorder_margin * std::max(0.0, late)));
 }
 
 void Datapath::narrow_window(uint16_t src) {
@@ -761,6 +761,7 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
             finish_locked(m, 2, true, now);  // recovery reached the bound: stop now
         } else if (m->last_seen && p.received_elems >= m->spec.required_elems && !m->watched) {
             m->watched = true;  // the pass is over and the bound met: complete after the grace
+            m->watched_at = now;
             ends_.push_back(key_of(m->spec.src, m->spec.message_id));
         }
     }
@@ -768,12 +769,8 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
 }
 
 double Datapath::end_passes(double now, double seen_until) {
-    // The same rule as the protocol core's answer to an end of pass (answer_grace, answer_due),
-    // here so that a ring's bounded step completes and starts the next one without a round
-    // through Python: no data of the message for max(floor, 4 mean packet gaps) (at most the
-    // cap), and every datagram that reached the host before then read (a receiver that is
-    // behind must not complete without packets waiting in its socket), unless the reader stayed
-    // behind for max_busy_defer more (a flood must not hold every completion back).
+    // endpass.h's rule, the one the protocol core answers a LAST or a PROBE by, here so that a
+    // ring's bounded step completes and starts the next one without a round through Python.
     double next = 0;
     size_t keep = 0;
     for (size_t i = 0; i < ends_.size(); ++i) {
@@ -781,18 +778,17 @@ double Datapath::end_passes(double now, double seen_until) {
         if (it == rx_.end() || it->second->prog.state != 0 || !it->second->watched) continue;  // done, or a new message under the key
         RxMsg* m = it->second;
         const Progress& p = m->prog;
-        double gap = p.received_pkts >= 2 ? (p.last_arrival - p.first_arrival) / double(p.received_pkts - 1) : 0;
-        double grace = std::max(window_of(m->spec.src), std::min(cfg_.max_answer_grace, cfg_.answer_gaps * gap));
-        double due = p.last_arrival + grace;  // (arrival time)
-        if (now >= due && (seen_until >= due || now >= due + cfg_.max_busy_defer)) {
+        double grace = answer_grace(window_of(m->spec.src), mean_gap(p.received_pkts, p.first_arrival, p.last_arrival),
+                                    cfg_.answer);
+        AnswerCheck c = answer_check(now, p.last_arrival, grace, seen_until, m->watched_at, cfg_.answer);
+        if (c.due) {
             m->watched = false;
             finish_locked(m, 2, true, now);
             continue;
         }
         // not yet quiet: wake at the grace; quiet but the reader behind: every batch looks
         // again (it moves seen_until), and the fallback wakes it at the latest
-        double wake = now < due ? due : due + cfg_.max_busy_defer;
-        next = next == 0 ? wake : std::min(next, wake);
+        next = next == 0 ? c.wake : std::min(next, c.wake);
         ends_[keep++] = ends_[i];
     }
     ends_.resize(keep);

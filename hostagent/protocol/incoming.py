@@ -7,6 +7,8 @@ out, the pace of the first pass, the deadline. Pure: no sockets, no clocks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dlcp.hostagent.messages import MessageStats, RecvHandle, RecvResult
@@ -186,7 +188,7 @@ def packet_gap(msg: Incoming) -> float | None:
 def answer_grace(floor: float, msg: Incoming) -> float:
     """How long no data of ``msg`` must have arrived before its end of pass (LAST or a PROBE)
     is answered: ``floor`` (the sender's reordering window, which starts at ``probe_grace``),
-    or four of the message's own mean gaps between packets if that is longer (at most
+    or ANSWER_GAPS of the message's own mean gaps between packets if that is longer (at most
     MAX_ANSWER_GRACE).
 
     Why: when a switch sprays a message over paths whose queues differ, its LAST overtakes
@@ -194,9 +196,12 @@ def answer_grace(floor: float, msg: Incoming) -> float:
     A bitmap sent sooner lists them as missing and they are sent again. The mean gap measures
     the pace of this very message, whatever the link speed; once a bitmap went out, the gap of
     the first pass stands (the wait for retransmissions is not the message's pace).
+
+    The rule is the compiled one (``hostagent/native/endpass.h``), which the receive thread
+    completes a bounded message by: written once.
     """
     gap = msg.pace if msg.pace is not None else packet_gap(msg)
-    return floor if gap is None else max(floor, min(MAX_ANSWER_GRACE, ANSWER_GAPS * gap))
+    return float(_rules().answer_grace(floor, -1.0 if gap is None else gap, MAX_ANSWER_GRACE, ANSWER_GAPS))
 
 
 def answer_due(msg: Incoming, now: float, floor: float, seen_until: float) -> bool:
@@ -208,11 +213,16 @@ def answer_due(msg: Incoming, now: float, floor: float, seen_until: float) -> bo
     Why arrival time and not "the socket is empty": on a host receiving many messages at once
     the socket is rarely empty, though the reader keeps up; waiting for it to run dry held each
     answer back by tens of milliseconds (a ring's reliable all-gather, under loss, waited so at
-    every step)."""
-    grace = answer_grace(floor, msg)
-    if not msg.probe_pending or now - msg.last_arrival < grace:
+    every step). The rule is ``hostagent/native/endpass.h``'s ``answer_check``."""
+    if not msg.probe_pending:
         return False
-    if seen_until >= msg.last_arrival + grace:
-        return True
     since = msg.probe_since if msg.probe_since is not None else now
-    return now - max(since, msg.last_arrival) >= grace + MAX_BUSY_DEFER
+    due, _ = _rules().answer_check(now, msg.last_arrival, answer_grace(floor, msg), seen_until, since, MAX_BUSY_DEFER)
+    return bool(due)
+
+
+def _rules() -> Any:
+    """The compiled module that holds the per-packet rules (built by ``make setup``)."""
+    from dlcp.hostagent import _datapath
+
+    return _datapath

@@ -21,6 +21,7 @@ from dlcp.hostagent.datapath import native_available
 from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from dlcp.hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
 from dlcp.hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
+from dlcp.hostagent.protocol.incoming import MAX_BUSY_DEFER
 from dlcp.hostagent.protocol.port import REASONS
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
@@ -728,6 +729,19 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     dp.end_passes_for_test(t_last + 0.003, t_last + 0.0021)  # it has read past the grace
     assert _state(dp, 1, 5) == 2  # bounded
     assert _state(dp, 1, 6) == 0  # no LAST: the data path does not guess the pass is over
+    # a reader that stays behind holds a completion back MAX_BUSY_DEFER past the grace, no longer
+    dgs = _datagrams(x, 7)
+    dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
+    b = RxBuffers.allocate(np.zeros(x.size, np.float32), 10, 0)
+    dp.expect(RxSpec(1, 7, auth.DATA_TOKEN, 0, x.size, PER, b, False, PER * 8))
+    for i in (0, 1, 2, 3, 5, 6, 7, 8, 9):
+        _one(dp, dgs[i], now=2.0)
+    wake = dp.end_passes_for_test(2.01, 2.0)  # quiet, but nothing read past the last packet
+    assert 0.0002 <= wake - 2.0 - MAX_BUSY_DEFER <= 0.002  # the fallback: its grace (the window) + the defer
+    dp.end_passes_for_test(wake - 1e-6, 2.0)
+    assert _state(dp, 1, 7) == 0
+    dp.end_passes_for_test(wake, 2.0)
+    assert _state(dp, 1, 7) == 2
     hole = slice(4 * PER, 5 * PER)
     assert not outs[5][hole].any()  # the packet that never came reads as zero
     np.testing.assert_array_equal(np.delete(outs[5], np.r_[hole]), np.delete(x, np.r_[hole]))

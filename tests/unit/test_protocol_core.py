@@ -16,7 +16,7 @@ from dlcp.hostagent import auth, wire
 from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportTimeout
 from dlcp.hostagent.policy import Policy, required_elements
 from dlcp.hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
-from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_grace
+from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_due, answer_grace
 from dlcp.hostagent.protocol.port import EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
@@ -614,6 +614,35 @@ def test_an_end_of_pass_waits_a_few_of_the_messages_own_packet_gaps():
     m.last_arrival += 0.06
     m.received_pkts = 12
     assert answer_grace(0.002, m) == pytest.approx(4 * 0.00143)
+
+
+def test_an_end_of_pass_is_answered_when_quiet_and_read_or_after_the_fallback():
+    """Quiet for its grace and the reader caught up with the grace's end: answered. A reader
+    behind holds it back until MAX_BUSY_DEFER past the grace, counted from the later of the
+    PROBE and the last data. The rule is the receive thread's (endpass.h), called from here."""
+    m = _incoming(11, 0.0143)
+    m.probe_pending = True
+    m.probe_since = m.last_arrival + 0.05  # the PROBE came 50 ms after the last data
+    g, last = answer_grace(0.002, m), m.last_arrival
+    assert not answer_due(m, last + g / 2, 0.002, last + g)  # not quiet yet
+    assert answer_due(m, last + g, 0.002, last + g)  # quiet, and everything until then read
+    assert not answer_due(m, last + g + MAX_BUSY_DEFER, 0.002, last)  # the reader behind: wait
+    assert answer_due(m, m.probe_since + g + MAX_BUSY_DEFER, 0.002, last)  # ... this long at most
+    m.probe_pending = False
+    assert not answer_due(m, last + 10, 0.002, last + 10)  # nothing to answer
+
+
+def test_the_answer_rule_says_when_to_look_again():
+    """``answer_check`` (hostagent/native/endpass.h) gives the time a pending answer can next
+    become due: the quiet time's end, then the busy fallback's."""
+    from dlcp.hostagent import _datapath as rules
+
+    assert rules.answer_check(1.0, 0.9, 0.25, 0.0, 0.9, 0.2) == (False, pytest.approx(1.15))  # quiet at 1.15
+    assert rules.answer_check(1.2, 0.9, 0.25, 1.15, 0.9, 0.2) == (True, 0.0)
+    assert rules.answer_check(1.2, 0.9, 0.25, 1.0, 1.0, 0.2) == (False, pytest.approx(1.45))  # since + grace + defer
+    assert rules.answer_check(1.45, 0.9, 0.25, 1.0, 1.0, 0.2)[0]
+    assert rules.answer_grace(0.002, -1.0, 0.1, 4) == 0.002  # no pace known: the floor
+    assert rules.answer_grace(0.002, 1.0, 0.1, 4) == 0.1  # capped
 
 
 def test_the_default_policy_is_what_the_core_reads():

@@ -1,0 +1,54 @@
+// When a receiver answers the end of a sender's pass: the one definition of the rule, pure (no
+// clock, no lock, no message state). The receive thread uses it to complete a bounded message
+// after its LAST (Datapath::end_passes); the protocol core in Python uses the same functions,
+// through the bindings `answer_grace` and `answer_check`, to time its answers to a LAST or a
+// PROBE (hostagent/protocol/incoming.py). Settings and why: the constants of that module
+// (MAX_ANSWER_GRACE, ANSWER_GAPS, MAX_BUSY_DEFER), passed in, so they too are defined once.
+#pragma once
+
+#include <algorithm>
+
+namespace dlcp {
+
+struct AnswerRule {
+    double max_grace = 0.1;       // an end of pass is answered after at most this much quiet
+    double gaps = 4;              // ... and after at least this many of the message's mean gaps
+    double max_busy_defer = 0.2;  // how long past its grace an answer waits for a reader behind
+};
+
+// The mean time between a message's packets so far, or -1 before two of them came.
+inline double mean_gap(unsigned long long received_pkts, double first_arrival, double last_arrival) {
+    return received_pkts >= 2 ? (last_arrival - first_arrival) / double(received_pkts - 1) : -1.0;
+}
+
+// How long no data of the message must have come before its end of pass is answered: `floor`
+// (the sender's reordering window) or `gaps` of its mean gaps between packets if longer, at most
+// `max_grace`; `gap` < 0 (no pace known yet): the floor. Why the message's own pace: a sprayed
+// message's LAST overtakes packets still queued on another path, which come within a few
+// packet times of that path; an answer sooner lists them as missing.
+inline double answer_grace(double floor, double gap, const AnswerRule& r) {
+    return gap < 0 ? floor : std::max(floor, std::min(r.max_grace, r.gaps * gap));
+}
+
+struct AnswerCheck {
+    bool due;     // answer now
+    double wake;  // if not: when the answer can next become due (0 when due)
+};
+
+// Whether an end of pass waiting since `since` is answered at `now`: the message has been quiet
+// for its grace since its `last_arrival` (the kernel's stamp), and the receive thread has read
+// everything that arrived until the grace's end (`seen_until`), or it has stayed behind for
+// max_busy_defer past the grace (counted from the later of `since` and the last arrival: a
+// flood must not hold every answer back until the deadline). When not due, `wake` is the quiet
+// time's end, or else the fallback's; a reader that moves `seen_until` makes it due sooner.
+inline AnswerCheck answer_check(double now, double last_arrival, double grace, double seen_until, double since,
+                                const AnswerRule& r) {
+    double quiet_at = last_arrival + grace;
+    if (now < quiet_at) return {false, quiet_at};
+    if (seen_until >= quiet_at) return {true, 0.0};
+    double fallback = std::max(since, last_arrival) + grace + r.max_busy_defer;
+    if (now >= fallback) return {true, 0.0};
+    return {false, fallback};
+}
+
+}  // namespace dlcp

@@ -41,16 +41,29 @@ class Registry:
         self.path.unlink(missing_ok=True)
 
 
+#: The testbeds this process holds (registry directory -> depth): a sweep or a calibration holds
+#: it across all its runs, each of which takes it again.
+_HELD: dict[Path, int] = {}
+
+
 @contextmanager
 def hold_testbed(registry: Path | None = None) -> Iterator[None]:
-    """Hold the testbed for one run, or raise at once naming the run that holds it.
+    """Hold the testbed for one run (or a sweep's runs: re-entrant within a process), or raise
+    at once naming the run that holds it.
 
     Why: every run names its switch namespaces the same (``dlcpl1``, ...), so a second run
     started beside a live one failed half-way with an unexpected error, and its teardown deleted
     the live run's namespaces, failing that run too. The lock is an ``flock`` on a file beside
     the registry: the kernel drops it when the holder exits, crashed or not, so a dead run never
     keeps the testbed (``dlcp clean`` still removes what it left)."""
-    registry = registry or REGISTRY
+    registry = (registry or REGISTRY).resolve()
+    if _HELD.get(registry):  # this process holds it already: a sweep's or calibration's runs
+        _HELD[registry] += 1
+        try:
+            yield
+        finally:
+            _HELD[registry] -= 1
+        return
     registry.mkdir(parents=True, exist_ok=True)
     f = open(registry / "testbed.lock", "a+")
     try:
@@ -65,6 +78,8 @@ def hold_testbed(registry: Path | None = None) -> Iterator[None]:
         f.truncate()
         f.write(str(os.getpid()))
         f.flush()
+        _HELD[registry] = 1
         yield
     finally:
+        _HELD.pop(registry, None)
         f.close()  # releases the lock

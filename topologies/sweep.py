@@ -28,6 +28,7 @@ from dlcp.topologies.report import aggregate, reference
 from dlcp.topologies.runner import RANGES, RunOptions, reference_scheme, run
 from dlcp.topologies.stats import verdict
 from dlcp.topologies.progress import Progress
+from dlcp.topologies.registry import hold_testbed
 from dlcp.topologies.sweepkit import SweepColumn, cell, errorbars, finish_axes, put_estimate, run_values, value_axis
 from dlcp.topologies.sweepkit import markdown as sweep_table
 
@@ -188,7 +189,8 @@ def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[d
         progress.step(f"{param} = {value}")
         return rows_of(param, value, results, run_dir)
 
-    rows = run_values(out, values, run_one)
+    with hold_testbed():  # all the values' runs: no other run slips in between two of them
+        rows = run_values(out, values, run_one)
     plot(out / "sweep.png", rows, param, base)
     (out / "sweep.md").write_text(markdown(rows, param))
     return out, rows
@@ -208,6 +210,15 @@ def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACI
     i = min(range(len(caps)), key=lambda k: abs(caps[k] - base.capacity_pps))
     trials: list[dict] = []
     verdicts: dict[int, bool] = {}
+    with hold_testbed():  # every trial: no other run slips in between two of them
+        _calibrate_trials(base, caps, i, iterations, trials, verdicts)
+    valid = [c for c, ok in verdicts.items() if ok]
+    return (max(valid) if valid else None), trials
+
+
+def _calibrate_trials(base: RunOptions, caps: list[int], i: int, iterations: int, trials: list[dict],
+                      verdicts: dict[int, bool]) -> None:
+    """:func:`calibrate`'s walk over the capacities, from index ``i``."""
     while 0 <= i < len(caps) and caps[i] not in verdicts:
         opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
         opts.validate()
@@ -217,5 +228,3 @@ def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACI
         trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons, "run_dir": str(run_dir)})
         verdicts[caps[i]] = not reasons
         i += 1 if not reasons else -1
-    valid = [c for c, ok in verdicts.items() if ok]
-    return (max(valid) if valid else None), trials

@@ -34,3 +34,33 @@ def test_a_second_run_is_refused_while_the_first_holds_the_testbed_and_not_after
         assert (tmp_path / "testbed.lock").read_text().strip() == str(__import__("os").getpid())
     with hold_testbed(tmp_path):  # released on leaving, and taken again
         pass
+
+
+TRY = """
+import sys
+from pathlib import Path
+from dlcp.hostagent.errors import DlcpUserError
+from dlcp.topologies.registry import hold_testbed
+try:
+    with hold_testbed(Path(sys.argv[1])):
+        print("took it")
+except DlcpUserError as exc:
+    print(exc)
+"""
+
+
+def test_a_sweep_holds_the_testbed_between_its_runs(tmp_path):
+    """A sweep (or a calibration) holds the testbed across its runs, each of which takes it again
+    in the same process; another process is refused between two of them, and takes it after."""
+
+    def other() -> str:
+        return subprocess.run([sys.executable, "-c", TRY, str(tmp_path)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    with hold_testbed(tmp_path):  # the sweep
+        with hold_testbed(tmp_path):  # its first run
+            pass
+        assert other().startswith(f"another dlcp run (pid {__import__('os').getpid()})")  # between two runs
+        with hold_testbed(tmp_path):  # its second run
+            pass
+    assert other() == "took it"

@@ -697,6 +697,17 @@ def _counter_delta(before: dict, after: dict) -> dict:
 def run(opts: RunOptions) -> tuple[Path, dict]:
     """Run every scheme on one network; returns the run directory and the results."""
     opts.validate()
+    tnet = testbed_ready()
+    with hold_testbed():
+        return _run_locked(opts, tnet)
+
+
+def testbed_ready():
+    """The Mininet network module, once root, BMv2 and Mininet are there (what every run needs,
+    checked before the testbed is taken, so that a sweep fails as clearly as a run).
+
+    Raises:
+        DlcpUserError: not root, or BMv2 or Mininet missing."""
     if os.geteuid() != 0:
         raise DlcpUserError("dlcp run needs root (Mininet creates namespaces and links): use sudo")
     from dlcp.topologies import bmv2
@@ -708,8 +719,7 @@ def run(opts: RunOptions) -> tuple[Path, dict]:
     except ImportError as exc:
         raise DlcpUserError(f"Mininet is not importable ({exc}); install it (Debian: apt-get install mininet) "
                             "and run make setup again") from None
-    with hold_testbed():
-        return _run_locked(opts, tnet)
+    return tnet
 
 
 def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:

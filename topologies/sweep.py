@@ -25,7 +25,7 @@ from typing import Any
 
 from dlcp.hostagent.errors import DlcpUserError, UsageError
 from dlcp.topologies.report import aggregate, reference
-from dlcp.topologies.runner import RANGES, RunOptions, reference_scheme, run
+from dlcp.topologies.runner import RANGES, RunOptions, reference_scheme, run, testbed_ready
 from dlcp.topologies.stats import verdict
 from dlcp.topologies.progress import Progress
 from dlcp.topologies.registry import hold_testbed
@@ -178,6 +178,7 @@ def plot(path: Path, rows: list[dict], param: str, base: RunOptions) -> None:
 def sweep(base: RunOptions, param: str, values: list[str]) -> tuple[Path, list[dict]]:
     """Run ``base`` at every value of ``param``; returns the sweep directory and the CSV rows."""
     all_opts = check_values(base, param, values)  # every value checked before the first run
+    testbed_ready()  # root, BMv2, Mininet: before a directory is made or the testbed taken
     out = Path(base.out).resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{param}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"param": param, "values": values, "base": asdict(base)}, indent=2))
@@ -210,21 +211,17 @@ def calibrate(base: RunOptions, capacities: tuple[int, ...] = CALIBRATION_CAPACI
     i = min(range(len(caps)), key=lambda k: abs(caps[k] - base.capacity_pps))
     trials: list[dict] = []
     verdicts: dict[int, bool] = {}
+    testbed_ready()
     with hold_testbed():  # every trial: no other run slips in between two of them
-        _calibrate_trials(base, caps, i, iterations, trials, verdicts)
+        while 0 <= i < len(caps) and caps[i] not in verdicts:
+            opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
+            opts.validate()
+            run_dir, results = run(opts)
+            reasons = [f"{s['scheme']}: {r}" for s in results["runs"]
+                       for r in (s.get("validity") or {}).get("reasons", [])]
+            trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons,
+                           "run_dir": str(run_dir)})
+            verdicts[caps[i]] = not reasons
+            i += 1 if not reasons else -1
     valid = [c for c, ok in verdicts.items() if ok]
     return (max(valid) if valid else None), trials
-
-
-def _calibrate_trials(base: RunOptions, caps: list[int], i: int, iterations: int, trials: list[dict],
-                      verdicts: dict[int, bool]) -> None:
-    """:func:`calibrate`'s walk over the capacities, from index ``i``."""
-    while 0 <= i < len(caps) and caps[i] not in verdicts:
-        opts = replace(base, capacity_pps=caps[i], iterations=iterations, repeat=1)
-        opts.validate()
-        run_dir, results = run(opts)
-        reasons = [f"{s['scheme']}: {r}" for s in results["runs"]
-                   for r in (s.get("validity") or {}).get("reasons", [])]
-        trials.append({"capacity_pps": caps[i], "valid": not reasons, "reasons": reasons, "run_dir": str(run_dir)})
-        verdicts[caps[i]] = not reasons
-        i += 1 if not reasons else -1

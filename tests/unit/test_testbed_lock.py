@@ -64,3 +64,19 @@ def test_a_sweep_holds_the_testbed_between_its_runs(tmp_path):
         with hold_testbed(tmp_path):  # its second run
             pass
     assert other() == "took it"
+
+
+def test_a_sweep_without_root_fails_as_a_run_does_before_taking_anything(tmp_path, monkeypatch):
+    """Not root: the sweep and the calibration say so, as `dlcp run` does, before they make a
+    directory or take the testbed (the lock file is not even opened)."""
+    from dlcp.topologies import registry, sweep
+    from dlcp.topologies.runner import RunOptions
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # (this suite runs as root where CI does)
+    monkeypatch.setattr(registry, "REGISTRY", tmp_path / "registry")
+    base = RunOptions(out=str(tmp_path / "runs"))
+    with pytest.raises(DlcpUserError, match="needs root"):
+        sweep.sweep(base, "buffer", ["32", "64"])
+    with pytest.raises(DlcpUserError, match="needs root"):
+        sweep.calibrate(base)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "registry").exists()

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import multiprocessing as mp
 
 from dlcp.hostagent.loopback import free_tcp_ports
+from tests.shim.ranks import rank_context
 
 STEPS = 6
 
 
 def _spawn(fn, world: int, *args) -> dict:
-    """Run ``fn(rank, world, port, *args)`` in ``world`` spawned processes; their results by rank."""
+    """Run ``fn(rank, world, port, *args)`` in ``world`` processes; their results by rank."""
     (port,) = free_tcp_ports(1)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, q, *args)) for r in range(world)]
     for p in procs:

@@ -5,7 +5,6 @@ a crash; barriers never hang. Real processes on loopback."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ import torch.distributed as dist
 
 from dlcp.hostagent.loopback import free_tcp_ports
 from tests.shim.test_backend import _spawn
+from tests.shim.ranks import rank_context
 
 
 def _drill_entry(fn, rank, world, port, q, timeout_s, *args):
@@ -37,7 +37,7 @@ def _drill(fn, world: int, timeout_s: float, victim: int, *args) -> tuple[dict, 
     """Run ``fn`` in ``world`` processes; every rank but ``victim`` (-1: none) reports what it
     raised and when. Returns (reports by rank, exit codes by rank)."""
     (port,) = free_tcp_ports(1)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_drill_entry, args=(fn, r, world, port, q, timeout_s, *args)) for r in range(world)]
     for p in procs:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import dlcp_torch
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.transport import Endpoint, LossInjection, TransportConfig
 from tests.conftest import loopback_peers
+from tests.shim.ranks import rank_context
 
 STEPS = 8
 
@@ -82,7 +82,7 @@ def _train(rank, world, how, port, out):
 
 
 def _run(world, how):
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = _port()
     procs = [ctx.Process(target=_train, args=(r, world, how, port, out)) for r in range(world)]
@@ -197,7 +197,7 @@ def _doomed(rank, world, port, out):
 
 
 def test_worker_killed_mid_run_gives_a_clear_error():
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = _port()
     procs = [ctx.Process(target=_doomed, args=(r, 3, port, out)) for r in range(3)]

@@ -187,7 +187,7 @@ class LineRateBound:
 
 
 def line_rate_bound(topo: TopologyDesc, traffic: Mapping[Flow, float], capacity_pps: float,
-                    cross_pps: Mapping[Port, float] | None = None) -> LineRateBound:
+                    cross_pps: Mapping[Port, float] | None = None, host_pps: float = 0.0) -> LineRateBound:
     """The line-rate bound of ``traffic`` (packets per iteration, :func:`iteration_traffic`).
 
     Capacity left on a port = ``capacity_pps`` minus the non-elastic cross traffic that shares
@@ -196,15 +196,25 @@ def line_rate_bound(topo: TopologyDesc, traffic: Mapping[Flow, float], capacity_
     (TCP) cross traffic out: it yields. Only ``topo.bottlenecks`` count. A port with no
     capacity left (<= 0) makes the bound infinite if the gradients need it at all; a port
     they do not cross never binds, whatever its cross traffic.
+
+    ``host_pps`` > 0: every host sends at most that many packets per second, whatever its
+    port (DLCP's hosts pace to the line rate they are configured for); each sending host then
+    counts as a port ``(host, 0)`` of that capacity, so a parameter server answering four
+    workers through one such link is bound by it where its switch port is not limited.
     """
     cross = cross_pps or {}
     all_loads = port_loads(topo, traffic)
     loads = {p: all_loads.get(p, 0.0) for p in sorted(topo.bottlenecks)}
+    capacity = dict.fromkeys(loads, float(capacity_pps))
+    if host_pps > 0:
+        for (src, _), packets in traffic.items():
+            loads[(src, 0)] = loads.get((src, 0), 0.0) + packets
+            capacity[(src, 0)] = float(host_pps)
     best = LineRateBound(0.0, None, 0.0, float(capacity_pps), loads)
     for port, packets in loads.items():
         if packets <= 0:
             continue
-        left = capacity_pps - cross.get(port, 0.0)
+        left = capacity[port] - cross.get(port, 0.0)
         seconds = packets / left if left > 0 else math.inf
         if best.port is None or seconds > best.seconds:
             best = LineRateBound(seconds, port, packets, left, loads)

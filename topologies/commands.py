@@ -16,6 +16,7 @@ from dlcp.hostagent.clikit import number
 from dlcp.hostagent.errors import DlcpUserError
 from dlcp.hostagent.policy import Policy, PolicyError, load_policy
 from dlcp.topologies.options import WORKLOADS, add_shared_arguments, checked
+from dlcp.topologies.topos import HOST_PORTS
 
 if TYPE_CHECKING:
     from dlcp.topologies.runner import RunOptions
@@ -40,7 +41,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
                       timeout=args.timeout, reference=args.reference,
-                      host_tcp=args.host_tcp)
+                      host_ports=args.host_ports, host_tcp=args.host_tcp)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -194,6 +195,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-iterations", type=_checked("calibration_iterations"),
                    default=d.calibration_iterations,
                    help="communication-only iterations for the ordering efficiency E")
+    p.add_argument("--host-ports", choices=list(HOST_PORTS), default=d.host_ports,
+                   help="the workers' and the server's own switch ports: free (only the topology's bottlenecks "
+                        "are limited) or capped (bottlenecks of --capacity too: every job host gets a link of the "
+                        f"rate DLCP's hosts are configured for, and a server's incast queues; default: {d.host_ports})")
     p.add_argument("--host-tcp", default=d.host_tcp, metavar="CC",
                    help="TCP congestion control of every host: gloo's connections, the TCP cross traffic, "
                         f"DLCP's control connections (default: {d.host_tcp}, Linux's default)")

@@ -39,6 +39,7 @@ from dlcp.hostagent.policy import ECN_BACKLOGS, MAX_PRIORITIES, PATTERNS, Policy
 from dlcp.hostagent.ranges import Range
 from dlcp.hostagent.ratecontrol import link_rates
 from dlcp.hostagent.transport_config import PORTS_PER_DEST, link_timers
+from dlcp.hostagent.wire import IP_UDP_OVERHEAD
 from dlcp.topologies import bpf_dctcp, paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.gloo_ports import (Connection, GlooPorts, expected_connections, fixed_ports, namespace_settings,
@@ -53,7 +54,7 @@ from dlcp.topologies.progress import Progress
 from dlcp.topologies.results import document
 from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, GLOO_TCP, check_schemes, mechanisms, policy_for,
                                      split_label, wire_dtype_of)
-from dlcp.topologies.topos import TOPOLOGIES, TopologyDesc, short
+from dlcp.topologies.topos import HOST_PORTS, TOPOLOGIES, TopologyDesc, short, with_host_ports
 from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
 from dlcp.topologies.workload import TRAINING_WORKLOADS
 
@@ -112,6 +113,10 @@ class RunOptions:
     reference: str | None = None
     """The scheme (as given in ``schemes``) speedups and the default accuracy target are taken
     against; None: ``gloo`` when it runs (what users run), else ``baseline``."""
+    host_ports: str = "free"
+    """The job hosts' own switch ports: ``free`` (only the topology's bottlenecks are limited)
+    or ``capped`` (bottlenecks of the same capacity too: a link of the rate DLCP's hosts are
+    configured for, for every scheme; :func:`dlcp.topologies.topos.with_host_ports`)."""
     host_tcp: str = "cubic"
     """TCP congestion control of every host (gloo's connections, the TCP cross traffic, DLCP's
     control connections): Linux's default, whatever the machine running the testbed uses
@@ -201,7 +206,8 @@ def tcp_congestion_controls() -> set[str] | None:
 
 
 #: The choice options of a run and their allowed values.
-CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS}
+CHOICES: dict[str, tuple[str, ...]] = {"workload": WORKLOADS, "pattern": PATTERNS, "ecn_backlog": ECN_BACKLOGS,
+                                     "host_ports": HOST_PORTS}
 
 
 def reference_scheme(opts: RunOptions) -> str | None:
@@ -241,7 +247,8 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
     average (rate x 50 % duty) where that traffic shares the gradients' queue: always without
     priority queueing; with it, only when ``cross_priority`` lifts the cross traffic above best
     effort. TCP cross traffic is elastic and not subtracted. Bounded loss lowers the packets a
-    message needs to (1 - p) of them."""
+    message needs to (1 - p) of them. A DLCP host's own link counts at the line rate it paces
+    to (a parameter server's answers all leave through it)."""
     if opts.workload not in PROFILES or GLOO_SCHEMES.get(scheme):
         return None  # a compression hook's bytes on the wire are not DLCP's
     traffic = iteration_traffic(spec, topo, bounded=mechanisms(scheme)["bounded"])
@@ -250,7 +257,11 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
     if opts.cross_traffic and shares:
         src, dst = cross_pairs(topo)[0]
         cross = cross_traffic_load(topo, src.name, dst.name, opts.capacity_pps * opts.cross_rate, 0.5)
-    b = line_rate_bound(topo, traffic, opts.capacity_pps, cross)
+    # DLCP's hosts pace to their configured line rate, a datagram (MTU less IP and UDP) at a
+    # time; gloo's send as fast as their TCP and ports let them
+    paced = split_label(scheme, opts.pattern)[0] not in GLOO_SCHEMES
+    host_pps = spec["rate"]["line_rate"] / (opts.mtu - IP_UDP_OVERHEAD) if paced else 0.0
+    b = line_rate_bound(topo, traffic, opts.capacity_pps, cross, host_pps=host_pps)
     return {"seconds": b.seconds, "port": [short(b.port[0]), b.port[1]] if b.port else None, "packets": b.packets,
             "capacity_left_pps": b.capacity_left_pps, "cross_shares_queue": shares}
 
@@ -728,7 +739,7 @@ def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
     run_dir = Path(opts.out).resolve() / f"{stamp}-{opts.topology}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(opts), indent=2))
-    topo = TOPOLOGIES[opts.topology](opts.workers)
+    topo = with_host_ports(TOPOLOGIES[opts.topology](opts.workers), opts.host_ports)
     registry = Registry(REGISTRY / f"{stamp}-{os.getpid()}.json", netns=[s.name for s in topo.switches])
     registry.save()
     sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes

@@ -14,7 +14,7 @@ find exactly our leftovers; reports drop it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dlcp.topologies.netns import PREFIX
 
@@ -182,6 +182,29 @@ def leafspine(workers: int = 4) -> TopologyDesc:
 
 
 TOPOLOGIES = {"star": star, "dumbbell": dumbbell, "leafspine": leafspine}
+
+#: What a job host's switch port is: ``free`` (as fast as BMv2 forwards, the topology's own
+#: bottlenecks only) or ``capped`` (a bottleneck of the fabric's capacity as well).
+HOST_PORTS = ("free", "capped")
+
+
+def with_host_ports(topo: TopologyDesc, host_ports: str) -> TopologyDesc:
+    """``topo`` with its job hosts' switch ports (workers' and the server's) made bottlenecks of
+    the fabric's capacity when ``host_ports`` is ``capped``; unchanged when ``free``.
+
+    Why: DLCP's hosts are configured for a link of the fabric's rate
+    (:func:`dlcp.hostagent.ratecontrol.link_rates`), but on ``dumbbell`` and ``leafspine`` their
+    own ports are not limited: a server's replies then leave at one link's rate while its
+    workers' pushes into it meet no queue at all (no incast), and gloo's hosts are held to no
+    such rate. Capped, every job host has a link of the rate it is configured for, for every
+    scheme alike, and the server's incast queues where the switch's priorities and drops act.
+    The cross-traffic hosts stay free: they stand for other tenants' aggregate."""
+    if host_ports not in HOST_PORTS:
+        raise ValueError(f"host_ports must be one of {HOST_PORTS}, got {host_ports!r}")
+    if host_ports == "free":
+        return topo
+    job = {(h.switch, h.port) for h in topo.hosts if h.role in ("worker", "server")}
+    return replace(topo, bottlenecks=topo.bottlenecks | frozenset(job))
 
 
 def short(name: str) -> str:

@@ -11,7 +11,7 @@ from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.topologies.bound import (bucket_sizes, cross_traffic_load, iteration_traffic, line_rate_bound,
                                    message_packets, path_fractions, port_loads)
 from dlcp.topologies.runner import RunOptions, agent_spec, scheme_policy
-from dlcp.topologies.topos import leafspine, star
+from dlcp.topologies.topos import leafspine, star, with_host_ports
 
 PER = elems_per_packet(1500, np.float32)  # 357
 
@@ -149,3 +149,34 @@ def test_cross_traffic_is_the_expectation_over_hash_outcomes():
     traffic = {(topo.role("worker")[0].name, topo.role("server")[0].name): 100}
     b = line_rate_bound(topo, traffic, 100, load)
     assert b.seconds == pytest.approx(50 / 75)
+
+
+def test_a_paced_hosts_own_link_binds_a_servers_answers_on_free_host_ports():
+    """A parameter server answering four workers sends all of it through its own link: with
+    hosts paced to the fabric's rate it binds, where the topology limits no host port (the
+    ablation's PS on leafspine: every DLCP variant then stops at the same time)."""
+    topo = leafspine(4)
+    workers, server, _ = _names(topo)
+    traffic = {(w, server.name): 100.0 for w in workers} | {(server.name, w): 100.0 for w in workers}
+    free = line_rate_bound(topo, traffic, 100)
+    assert free.seconds == pytest.approx(1.0) and free.port is not None and free.port[0] != server.name  # an uplink
+    paced = line_rate_bound(topo, traffic, 100, host_pps=100)
+    assert (paced.seconds, paced.port, paced.packets) == (pytest.approx(4.0), (server.name, 0), 400)
+    assert paced.loads[(workers[0], 0)] == 100  # every sender counted, at its own rate
+    assert line_rate_bound(topo, traffic, 100, host_pps=800).seconds == pytest.approx(1.0)  # a faster host: the fabric
+
+
+def test_capped_host_ports_are_bottlenecks_of_the_job_hosts_only():
+    topo = leafspine(4)
+    assert with_host_ports(topo, "free") is topo
+    capped = with_host_ports(topo, "capped")
+    job = {(h.switch, h.port) for h in topo.hosts if h.role in ("worker", "server")}
+    assert capped.bottlenecks == topo.bottlenecks | job and len(job) == 5
+    assert not {(h.switch, h.port) for h in topo.role("cross")} & capped.bottlenecks  # other tenants stay free
+    workers, server, _ = _names(capped)
+    incast = line_rate_bound(capped, {(w, server.name): 100.0 for w in workers}, 100)
+    assert (incast.seconds, incast.port) == (pytest.approx(4.0), (server.switch, server.port))  # the server's port
+    net = capped.network("/tmp", 100, 64)
+    assert net["switches"][server.switch]["ports"][server.port]["capacity_pps"] == 100
+    with pytest.raises(ValueError, match="host_ports"):
+        with_host_ports(topo, "fast")

@@ -105,6 +105,20 @@ def test_leafspine_sprays_dlcp_data_over_both_spines(tmp_path):
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}
 
 
+def test_capped_host_ports_are_metered_bottlenecks(tmp_path):
+    """``--host-ports capped`` on the dumbbell: the workers' and the server's switch ports get
+    the fabric's scheduler, and their service is measured like the link's."""
+    res = dlcp("run", "--topology", "dumbbell", "--workers", 2, "--scheme", "dlcp", "--host-ports", "capped",
+               "--cross-traffic", "off", "--out", tmp_path, *SMALL, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    results = json.loads(next(tmp_path.iterdir()).joinpath("results.json").read_text())
+    assert results["options"]["host_ports"] == "capped"
+    run = results["runs"][0]
+    metered = {(b["switch"], b["port"]) for b in run["validity"]["bottlenecks"]}
+    assert metered == {("s1", 1), ("s1", 2), ("s1", 4), ("s2", 1), ("s2", 3)}, metered  # + the link's two ends
+    assert {b["capacity_pps"] for b in run["validity"]["bottlenecks"]} == {results["options"]["capacity_pps"]}
+
+
 def test_killed_run_is_cleaned_up(tmp_path):
     allowed = netns.ALLOWED_CC.read_text()
     env = dict(os.environ, DLCP_RUN_REGISTRY=str(tmp_path / "registry"))

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dlcp.hostagent.errors import UsageError
 from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.topologies.bound import (bucket_sizes, cross_traffic_load, iteration_traffic, line_rate_bound,
                                    message_packets, path_fractions, port_loads)
@@ -180,3 +181,5 @@ def test_capped_host_ports_are_bottlenecks_of_the_job_hosts_only():
     assert net["switches"][server.switch]["ports"][server.port]["capacity_pps"] == 100
     with pytest.raises(ValueError, match="host_ports"):
         with_host_ports(topo, "fast")
+    with pytest.raises(UsageError, match="--host-ports 'fast'"):
+        RunOptions(host_ports="fast").validate()

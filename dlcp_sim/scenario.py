@@ -27,7 +27,7 @@ from dlcp.hostagent.ratecontrol import (CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, 
                                         link_rates)
 from dlcp.hostagent.transport_config import TransportConfig, link_timers
 from dlcp.hostagent.wire import HEADER_SIZE, IP_UDP_OVERHEAD, LAST_PACKETS
-from dlcp.topologies.bound import job_traffic, port_loads
+from dlcp.topologies.bound import host_loads, job_traffic, port_loads
 from dlcp.topologies.options import COMMON_RANGES, SYNTHETIC_WORKLOADS, check_options
 from dlcp.topologies.schemes import check_schemes, policy_for
 from dlcp.topologies.topos import HostDesc, LinkDesc, SwitchDesc, TopologyDesc
@@ -325,9 +325,7 @@ def line_rate_bound(opts: SimOptions, scheme: str) -> float:
                             buckets, per, policy.loss_bound_push, policy.loss_bound_pull)
         for flow, packets in flows.items():
             traffic[flow] = traffic.get(flow, 0.0) + packets
-    host_out: dict[str, float] = {}
-    for (src, _), packets in traffic.items():
-        host_out[src] = host_out.get(src, 0.0) + packets
+    host_out = host_loads(traffic)
     host_s = opts.mtu * 8 / (opts.link_gbps * 1e9)
     up_s = opts.mtu * 8 / (opts.uplink_rate_gbps * 1e9)
     seconds = [p * host_s for p in host_out.values()]

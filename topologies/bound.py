@@ -157,6 +157,15 @@ def port_loads(topo: TopologyDesc, traffic: Mapping[Flow, float]) -> dict[Port, 
     return dict(loads)
 
 
+def host_loads(traffic: Mapping[Flow, float]) -> dict[str, float]:
+    """Packets per iteration each host sends through its own link (the testbed's paced DLCP
+    hosts and the simulator's hosts both have one link out, whatever the paths beyond it)."""
+    out: dict[str, float] = defaultdict(float)
+    for (src, _), packets in traffic.items():
+        out[src] += packets
+    return dict(out)
+
+
 def cross_traffic_load(topo: TopologyDesc, src_host: str, dst_host: str, rate_pps: float,
                        duty: float) -> dict[Port, float]:
     """Average packets per second a non-elastic (UDP, on/off) sender adds to each port:
@@ -207,9 +216,9 @@ def line_rate_bound(topo: TopologyDesc, traffic: Mapping[Flow, float], capacity_
     loads = {p: all_loads.get(p, 0.0) for p in sorted(topo.bottlenecks)}
     capacity = dict.fromkeys(loads, float(capacity_pps))
     if host_pps > 0:
-        for (src, _), packets in traffic.items():
-            loads[(src, 0)] = loads.get((src, 0), 0.0) + packets
-            capacity[(src, 0)] = float(host_pps)
+        for host, packets in host_loads(traffic).items():
+            loads[(host, 0)] = packets
+            capacity[(host, 0)] = float(host_pps)
     best = LineRateBound(0.0, None, 0.0, float(capacity_pps), loads)
     for port, packets in loads.items():
         if packets <= 0:

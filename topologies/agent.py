@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +116,29 @@ def _traces(ep: Endpoint, iteration: int, t0: float, end: float, mtu: int) -> di
             "rate_trace": rate_trace(recent(ep.rate_log, t0, _changed), mtu, t0, end)}
 
 
-def _ctl_frames(ep: Endpoint) -> tuple[int, int]:
-    """Control frames and bytes this endpoint sent and received so far."""
-    s = ep.stats
-    return s.ctl_frames_sent + s.ctl_frames_received, s.ctl_bytes_sent + s.ctl_bytes_received
+@dataclass(frozen=True)
+class _Tally:
+    """The endpoint's totals whose change an iteration's record reports.
+
+    Why one snapshot per iteration: each read of ``Endpoint.stats`` copies the data path's
+    counters under its receive lock and builds the whole record; the loops read it five times
+    an iteration before, CPU that gloo's workers do not spend on a machine whose validity rules
+    count it. One read at each iteration's end serves as the next one's start."""
+    retransmitted: int
+    ctl_frames: int
+    ctl_bytes: int
+
+    @classmethod
+    def of(cls, ep: Endpoint) -> _Tally:
+        s = ep.stats
+        return cls(s.retransmitted_pkts, s.ctl_frames_sent + s.ctl_frames_received,
+                   s.ctl_bytes_sent + s.ctl_bytes_received)
+
+    def since(self, before: _Tally) -> dict[str, int]:
+        """The record's fields: what changed from ``before`` to this snapshot."""
+        return {"retransmissions": self.retransmitted - before.retransmitted,
+                "control_frames": self.ctl_frames - before.ctl_frames,
+                "control_bytes": self.ctl_bytes - before.ctl_bytes}
 
 
 def run_worker(spec: dict, rank: int, out: Path) -> None:
@@ -137,9 +157,9 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
     with open(out, "w") as f:
         first_calib = spec["iterations"] + 1
         last = spec["iterations"] + spec.get("calibration_iterations", 3)
+        before = _Tally.of(ep)
         for it in range(last + 1):
             calib = it >= first_calib
-            retx0, ctl0 = ep.stats.retransmitted_pkts, _ctl_frames(ep)
             packer.reset()
             t0 = time.monotonic()
             state.announce(it, [b.index for b in buckets], [b.layout for b in buckets])  # one frame for all
@@ -160,6 +180,7 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
             for fut in futures:
                 fut.result(timeout=spec["deadline"] + 5)
             end = time.monotonic()
+            after = _Tally.of(ep)
             lost = state.stats.lost_fractions[-len(buckets):]
             parts = iteration_breakdown(t0, ready_at[-1], end, _received_in(ep, it, t0))
             f.write(json.dumps({"iteration": it, "rank": rank, "breakdown": parts,
@@ -169,12 +190,11 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
                                 "sync_time": end - ready_at[-1], "comm_span": end - first_send,
                                 "compute_time": ready_at[-1] - t0 if not calib else 0.0,
                                 "lost_fraction": float(np.mean(lost)) if lost else 0.0,
-                                "retransmissions": ep.stats.retransmitted_pkts - retx0,
-                                "messages": len(buckets), "control_frames": _ctl_frames(ep)[0] - ctl0[0],
-                                "control_bytes": _ctl_frames(ep)[1] - ctl0[1],
+                                "messages": len(buckets), **after.since(before),
                                 **(_traces(ep, it, t0, end, spec["mtu"]) if not calib
                                    else {"message_trace": [], "rate_trace": []})}) + "\n")
             f.flush()
+            before = after
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": ep.endpoint_stats()}, default=str) + "\n")
     state.close()
     time.sleep(0.5)
@@ -203,8 +223,8 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                           fusion=FusionConfig(enabled=spec.get("fusion", True)))
 
     with open(out, "w") as f:
+        before = _Tally.of(session.endpoint)
         for it, x, y in train.batches():
-            retx0, ctl0 = session.endpoint.stats.retransmitted_pkts, _ctl_frames(session.endpoint)
             n_lost = len(session.state.stats.lost_fractions)
             t0 = time.monotonic()
             opt.zero_grad()
@@ -214,6 +234,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
             if schedule is not None:
                 schedule.step()
             end = time.monotonic()
+            after = _Tally.of(session.endpoint)
             lost = session.state.stats.lost_fractions[n_lost:]
             parts = iteration_breakdown(t0, t1, end, _received_in(session.endpoint, None, t0))
             f.write(json.dumps({"iteration": it, "rank": rank, "breakdown": parts,
@@ -221,13 +242,11 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                                 "iteration_time": end - t0, "t_start": t0, "t_end": end,
                                 "sync_time": end - t1, "comm_span": end - t1,
                                 "compute_time": t1 - t0, "lost_fraction": float(np.mean(lost)) if lost else 0.0,
-                                "retransmissions": session.endpoint.stats.retransmitted_pkts - retx0,
-                                "messages": max(1, len(opt.buckets)),
-                                "control_frames": _ctl_frames(session.endpoint)[0] - ctl0[0],
-                                "control_bytes": _ctl_frames(session.endpoint)[1] - ctl0[1],
+                                "messages": max(1, len(opt.buckets)), **after.since(before),
                                 **_traces(session.endpoint, it, t0, end, spec["mtu"])})
                     + "\n")
             train.evaluate(f, it)
+            before = after
         f.write(json.dumps({"rank": rank, "kind": "endpoint", "stats": session.endpoint.endpoint_stats()},
                            default=str) + "\n")
     time.sleep(0.5)

@@ -23,7 +23,12 @@ float32 <= 1.0x gloo.
 A second, named setting runs interleaved on the float32 rows: ``untagged``, the backend with
 ``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag costs).
 
-Run: python bench/backend.py [--rounds 3] [--steps 20] [--quick] [--out FILE]
+``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
+1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls
+per run: where a collective's time is its round trips, not its bytes (the backend gathers sums
+of up to ``DIRECT_SUM_BYTES`` in one round instead of the ring's steps).
+
+Run: python bench/backend.py [--rounds 3] [--steps 20] [--quick] [--small] [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from bench.transport import LOAD_COLUMNS, Load, load_cells  # noqa: E402
 
 WARMUP = 3
 ALLREDUCE_BYTES = 57_000_000
+SMALL_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
 MODELS = {"12M": [1024, 2048, 2048, 2048, 1024], "1M": [512, 512, 512, 512, 512]}
 BATCH = 32
 
@@ -72,8 +78,14 @@ def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_nam
         elif i == iters + WARMUP:
             cpu += time.process_time()
 
-    if case == "all_reduce":
-        x = torch.randn(ALLREDUCE_BYTES // 4).to(dtype)
+    if case == "barrier":
+        for i in range(iters + WARMUP):
+            mark(i)
+            t0 = time.perf_counter()
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+    elif case.startswith("all_reduce"):  # "all_reduce" (57 MB) or "all_reduce:<bytes>"
+        x = torch.randn(int(case.partition(":")[2] or ALLREDUCE_BYTES) // 4).to(dtype)
         for i in range(iters + WARMUP):
             mark(i)
             dist.barrier()
@@ -129,13 +141,16 @@ def table(args: argparse.Namespace) -> Table:
     title = (f"backend: init_process_group(\"dlcp\") against \"gloo\", defaults, loopback, {args.rounds} "
              f"interleaved rounds, {args.steps} timed calls per run")
     print(title, flush=True)
-    cases = [(c, d, w) for w in args.world for c, d in
-             [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
-              ("1M", "float32")]]
+    if args.small:
+        cases = [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
+    else:
+        cases = [(c, d, w) for w in args.world for c, d in
+                 [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
+                  ("1M", "float32")]]
     res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], "untagged": []} for k in cases}
     for r in range(args.rounds):
         for case in cases:
-            for backend in ("gloo", "dlcp", "untagged") if case[1] == "float32" else ("gloo", "dlcp"):
+            for backend in ("gloo", "dlcp", "untagged") if case[1] == "float32" and not args.small else ("gloo", "dlcp"):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
                 out["load"], out["idle"] = load.load, load.idle
@@ -146,7 +161,8 @@ def table(args: argparse.Namespace) -> Table:
                       Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"),
                       Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"), Column("untagged ms"),
                       Column("untagged x gloo"), *LOAD_COLUMNS],
-              notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
+              notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
+                     "4-layer MLP, batch 32; barrier: dist.barrier()",
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
@@ -160,10 +176,18 @@ def table(args: argparse.Namespace) -> Table:
         un = by["untagged"]
         ums = f"{statistics.median(x['ms'] for x in un):.1f}" if un else "-"
         ux = f"{statistics.median(u['ms'] / g['ms'] for u, g in zip(un, by['gloo'])):.2f}" if un else "-"
-        t.add("all_reduce" if case == "all_reduce" else f"DDP step {case}", dtype, world, gms, dms,
+        t.add(_label(case), dtype, world, gms, dms,
               statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu, ums, ux,
               *load_cells(by["gloo"] + by["dlcp"] + un))
     return t
+
+
+def _label(case: str) -> str:
+    """A row's name: "all_reduce", "all_reduce 64 KB", "barrier", "DDP step 12M"."""
+    if case.startswith("all_reduce:"):
+        size = int(case.partition(":")[2])
+        return f"all_reduce {size >> 20} MB" if size >= 1 << 20 else f"all_reduce {size >> 10} KB"
+    return case if case in ("all_reduce", "barrier") else f"DDP step {case}"
 
 
 def main() -> None:
@@ -172,9 +196,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="timed calls or DDP steps per run (default 20)")
     ap.add_argument("--world", type=int, nargs="+", default=[4, 2], help="process counts (default 4 2)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
+    ap.add_argument("--small", action="store_true",
+                    help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier; 200 calls unless --steps)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
+    if args.small and "--steps" not in sys.argv:
+        args.steps = 200
     if args.quick:
         args.rounds, args.steps = 1, 5
     record = Record.start("python bench/backend.py")

@@ -87,6 +87,11 @@ P2P_STEP = MAX_STEPS - 1
 #: Sums of these take the ring, each in its own type on the wire (:data:`dlcp.hostagent.exchange.RING_DTYPES`,
 #: as torch types); float64 and integers are gathered and reduced exactly.
 RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
+#: A sum of at most this many bytes is gathered in one round (each rank sends its tensor to every
+#: other and adds them all in rank order, so every rank gets the same bits) instead of taking the
+#: ring's 2 (n - 1) steps one after another: that small, a collective's time is its steps' round
+#: trips and control records, not its bytes (``bench/backend.py --small`` measures the two).
+DIRECT_SUM_BYTES = 64 * 1024
 #: The largest data packet the backend cuts by default (IP bytes): the interface's MTU up to
 #: this (loopback's is 64 KB; a jumbo frame is what real networks carry).
 MAX_DEFAULT_MTU = 9000
@@ -349,7 +354,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                if t.dtype in RING_DTYPES and op in ("SUM", "AVG"):
+                if t.dtype in RING_DTYPES and op in ("SUM", "AVG") and t.numel() * t.element_size() > DIRECT_SUM_BYTES:
                     self._ring_sum(call, i, t, gradients, priority)
                     if op == "AVG":
                         with torch.no_grad():

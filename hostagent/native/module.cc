@@ -143,6 +143,7 @@ NB_MODULE(_datapath, m) {
           "key"_a, "ptype"_a, "epoch"_a);
     // The rule of when an end of pass is answered (endpass.h): the receive thread's, for the
     // protocol core in Python too, so that it is written once.
+    m.def("mean_gap", &mean_gap, "received_pkts"_a, "first_arrival"_a, "last_arrival"_a);
     m.def("answer_grace",
           [](double floor, double gap, double max_grace, double gaps) {
               return answer_grace(floor, gap, AnswerRule{max_grace, gaps, 0.0});

@@ -178,11 +178,12 @@ class Incoming:
 
 
 def packet_gap(msg: Incoming) -> float | None:
-    """Mean time between ``msg``'s packets so far (None before two arrived)."""
-    n = msg.received_pkts
-    if msg.first_arrival is None or n < 2:
+    """Mean time between ``msg``'s packets so far (None before two arrived): the receive
+    thread's ``mean_gap`` (``hostagent/native/endpass.h``), written once."""
+    if msg.first_arrival is None:
         return None
-    return (msg.last_arrival - msg.first_arrival) / (n - 1)
+    gap = float(_rules().mean_gap(msg.received_pkts, msg.first_arrival, msg.last_arrival))
+    return None if gap < 0 else gap
 
 
 def answer_grace(floor: float, msg: Incoming) -> float:

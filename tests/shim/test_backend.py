@@ -177,6 +177,14 @@ def _collectives(rank, world):
         out["p2p"] = (a, c)
     work = dist.all_reduce(torch.ones(3), async_op=True)
     work.wait()
+    from dlcp_torch.backend import DIRECT_SUM_BYTES, implementation
+
+    log = implementation(dist.group.WORLD).endpoint.message_log
+    for name, elems in (("direct", DIRECT_SUM_BYTES // 4), ("ring", DIRECT_SUM_BYTES // 4 + 1)):
+        before = sum(m.direction == "send" for m in log)
+        x = torch.full((elems,), float(rank + 1))
+        dist.all_reduce(x)
+        out[name] = (x.min().item(), x.max().item(), sum(m.direction == "send" for m in log) - before)
     dist.barrier()
     return out
 
@@ -196,7 +204,11 @@ def test_collectives_give_what_they_define(staged):
     world = 3
     res = _spawn(_collectives_staged if staged else _collectives, world)
     for rank, plain in res.items():
-        out = {k: _t(v) for k, v in plain.items() if k != "p2p"}
+        # up to DIRECT_SUM_BYTES a sum is one round (a message to each other rank), above it the
+        # ring's 2 (n - 1) steps; both sum exactly
+        assert plain["direct"] == (6.0, 6.0, world - 1), plain["direct"]
+        assert plain["ring"] == (6.0, 6.0, 2 * (world - 1)), plain["ring"]
+        out = {k: _t(v) for k, v in plain.items() if k not in ("p2p", "direct", "ring")}
         torch.testing.assert_close(out["sum"], torch.arange(10, dtype=torch.float32) * 6)
         assert out["max_int"].item() == (world - 1) * 3 - 1
         torch.testing.assert_close(out["sum_f16"], torch.full((7,), 3.0, dtype=torch.float16))

@@ -150,7 +150,8 @@ def table(args: argparse.Namespace) -> Table:
     res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], "untagged": []} for k in cases}
     for r in range(args.rounds):
         for case in cases:
-            for backend in ("gloo", "dlcp", "untagged") if case[1] == "float32" and not args.small else ("gloo", "dlcp"):
+            untagged = case[1] == "float32" and not args.small
+            for backend in ("gloo", "dlcp", "untagged") if untagged else ("gloo", "dlcp"):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
                 out["load"], out["idle"] = load.load, load.idle

@@ -179,7 +179,9 @@ def _collectives(rank, world):
     work.wait()
     from dlcp_torch.backend import DIRECT_SUM_BYTES, implementation
 
-    log = implementation(dist.group.WORLD).endpoint.message_log
+    pg = implementation(dist.group.WORLD)
+    assert pg is not None
+    log = pg.endpoint.message_log
     for name, elems in (("direct", DIRECT_SUM_BYTES // 4), ("ring", DIRECT_SUM_BYTES // 4 + 1)):
         before = sum(m.direction == "send" for m in log)
         x = torch.full((elems,), float(rank + 1))

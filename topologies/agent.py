@@ -123,7 +123,9 @@ class _Tally:
     Why one snapshot per iteration: each read of ``Endpoint.stats`` copies the data path's
     counters under its receive lock and builds the whole record; the loops read it five times
     an iteration before, CPU that gloo's workers do not spend on a machine whose validity rules
-    count it. One read at each iteration's end serves as the next one's start."""
+    count it. One read at each iteration's end serves as the next one's start, so the records'
+    changes add up to the run's totals (what came between two iterations, an evaluation's time,
+    counts in the next one)."""
     retransmitted: int
     ctl_frames: int
     ctl_bytes: int

@@ -194,16 +194,17 @@ def _label(case: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    ap.add_argument("--steps", type=int, default=20, help="timed calls or DDP steps per run (default 20)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed calls or DDP steps per run (default 20; 200 with --small)")
     ap.add_argument("--world", type=int, nargs="+", default=[4, 2], help="process counts (default 4 2)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
     ap.add_argument("--small", action="store_true",
-                    help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier; 200 calls unless --steps)")
+                    help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
-    if args.small and "--steps" not in sys.argv:
-        args.steps = 200
+    if args.steps is None:
+        args.steps = 200 if args.small else 20
     if args.quick:
         args.rounds, args.steps = 1, 5
     record = Record.start("python bench/backend.py")

@@ -21,7 +21,7 @@ from dlcp.hostagent.provenance import results_file, write_slim
 from dlcp.topologies import converge
 from dlcp.topologies import results_table as testbed_report
 from dlcp.topologies.report import against
-from dlcp.topologies.results import ResultsError, upgrade
+from dlcp.topologies.results import ResultsError, merge, upgrade
 from dlcp.topologies.sweep import markdown as testbed_sweep_markdown
 from dlcp.topologies.sweepkit import read_csv, sweep_csv
 
@@ -39,11 +39,18 @@ def add_report_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--against", metavar="SCHEME", default=None,
                    help="pair the speedups with this scheme instead of the run's reference (the accuracy target "
                         "stays the run's)")
+    p.add_argument("--merge", action="store_true",
+                   help="the testbed runs given are repetitions of one experiment (the later ones run with "
+                        "dlcp run --first-repeat): one section pairing them all")
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Print each file's section in the order given, so a page's sections come out in its order."""
+    """Print each file's section in the order given, so a page's sections come out in its order
+    (with ``--merge``, one section of them all)."""
+    if args.merge:
+        print(merged_section(args.results, slim_dir=args.slim, against_scheme=args.against))
+        return 0
     for given in args.results:
         print(section(given, slim_dir=args.slim, against_scheme=args.against))
     return 0
@@ -84,6 +91,35 @@ def section(given: str, slim_dir: str | None = None, against_scheme: str | None 
         raise UsageError(f"--against: {exc}") from None
 
 
+def merged_section(given: list[str], slim_dir: str | None = None, against_scheme: str | None = None) -> str:
+    """The Markdown of testbed runs that are repetitions of one experiment, paired as one run
+    (:func:`dlcp.topologies.results.merge`); each is kept slim on its own with ``slim_dir``.
+
+    Raises:
+        UsageError: a file is not a testbed run's results, or they are not one experiment's.
+    """
+    documents, sources = [], []
+    for name in given:
+        path = results_file(name)
+        try:
+            results = testbed_report.refresh_metrics(upgrade(json.loads(path.read_text())))
+        except (OSError, ValueError) as exc:  # (ResultsError is a ValueError)
+            raise UsageError(f"{name}: not a run's results ({exc})") from None
+        if results.get("source") != "testbed":
+            raise UsageError(f"{name}: --merge joins testbed runs; this is the {results.get('source')}'s")
+        sources.append(write_slim(slim_dir, path, testbed_report.slim(results)) if slim_dir else str(name))
+        documents.append((str(name), results))
+    try:
+        results = merge(documents)
+        if against_scheme:
+            results = against(results, against_scheme)
+    except ResultsError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(f"--against: {exc}") from None
+    return testbed_report.markdown(results, ", ".join(sources))
+
+
 def _csv_section(given: str) -> str:
     """A sweep's table (testbed's rows count runs, the simulator's seeds) or a convergence study's."""
     path = sweep_csv(given)
@@ -116,4 +152,4 @@ def _converge_section(given: str, path: Path) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["add_report_command", "cmd_report", "section"]
+__all__ = ["add_report_command", "cmd_report", "merged_section", "section"]

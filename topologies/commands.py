@@ -38,6 +38,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
                       buffer=args.buffer, ecn_backlog=ecn_backlog, loss_bound=loss_bound, policy=policy,
                       cross_traffic=args.cross_traffic == "on", cross_rate=args.cross_rate,
                       cross_priority=args.cross_priority, fusion=args.fusion == "on", repeat=args.repeat,
+                      first_repeat=args.first_repeat,
                       calibration_iterations=args.calibration_iterations, strict=args.strict, out=args.out,
                       quiet=args.quiet, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
                       timeout=args.timeout, reference=args.reference,
@@ -202,6 +203,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-tcp", default=d.host_tcp, metavar="CC",
                    help="TCP congestion control of every host: gloo's connections, the TCP cross traffic, "
                         f"DLCP's control connections (default: {d.host_tcp}, Linux's default)")
+    p.add_argument("--first-repeat", type=_checked("first_repeat"), default=d.first_repeat, metavar="N",
+                   help="number the repetitions from N (their seeds and source ports): a later run adds "
+                        "repetitions N, N+1, ... to an earlier one's 0..N-1, and dlcp report --merge pairs them "
+                        f"all (default: {d.first_repeat})")
     p.add_argument("--strict", action="store_true",
                    help="exit with code 3 when a run is invalid (machine saturated, bottleneck below capacity)")
     p.add_argument("--fusion", choices=["on", "off"], default="on" if d.fusion else "off",

@@ -28,6 +28,7 @@ stay readable. Pure functions, dicts in and dicts out, but :func:`load`, which r
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,9 @@ def by_scheme(results: dict) -> dict[str, list[dict]]:
 
 
 def repetitions(results: dict) -> int:
-    """How many times each scheme ran (the most any did)."""
-    return max((r.get("repeat", 0) for r in results["runs"]), default=-1) + 1
+    """How many times each scheme ran (the most any did; repetitions may be numbered from other
+    than 0: ``dlcp run --first-repeat``)."""
+    return max(Counter(r["scheme"] for r in results["runs"]).values(), default=0)
 
 
 def slim(results: dict, keep: Iterable[str]) -> dict:
@@ -170,5 +172,56 @@ def _simulator_v1(raw: dict) -> dict:
                     summary=raw.get("summary"), **rest)
 
 
-__all__ = ["CORE_METRICS", "SCHEMA", "SOURCES", "ResultsError", "by_scheme", "core_metrics", "document", "load",
-           "repetitions", "schemes", "slim", "upgrade"]
+#: Options that may differ between the runs :func:`merge` joins: how many repetitions each ran
+#: and from which, and what only steers the runner (where it wrote, its output, its limits).
+MERGE_FREE = frozenset({"repeat", "first_repeat", "out", "quiet", "timeout", "strict"})
+
+
+def merge(documents: list[tuple[str, dict]]) -> dict:
+    """Runs of one experiment made at different times (``dlcp run --first-repeat``), as one
+    results document: their runs together, repetitions numbered as they ran, options those
+    they share, provenance every part's (command, commit and start, joined with "; ").
+
+    Why: an interval needs 5 paired repetitions and a verdict more than its pairs may happen
+    to give; adding repetitions later must not change what each one measured, so every other
+    option must be the same, and no repetition of a scheme may come twice.
+
+    ``documents``: ``(name, results)`` pairs in schema 2, the name only for messages.
+
+    Raises:
+        ResultsError: fewer than two, not all the testbed's, options that differ (named), or a
+            scheme's repetition in two of them.
+    """
+    if len(documents) < 2:
+        raise ResultsError("--merge needs at least two results files")
+    first_name, first = documents[0]
+    runs: list[dict] = []
+    seen: dict[tuple[str, int], str] = {}
+    for name, doc in documents:
+        if doc.get("source") != "testbed":
+            raise ResultsError(f"{name}: --merge joins testbed runs; this is the {doc.get('source')}'s")
+        for key in sorted((set(doc["options"]) | set(first["options"])) - MERGE_FREE):
+            mine, theirs = doc["options"].get(key), first["options"].get(key)
+            if mine != theirs:
+                raise ResultsError(f"{name}: option {key} is {mine!r}, in {first_name} {theirs!r}: "
+                                   "only runs of one experiment merge")
+        for r in doc["runs"]:
+            at = (r["scheme"], r.get("repeat", 0))
+            if at in seen:
+                raise ResultsError(f"{name}: {at[0]}'s repetition {at[1] + 1} is in {seen[at]} too "
+                                   "(the later run needs --first-repeat)")
+            seen[at] = name
+            runs.append(r)
+    runs.sort(key=lambda r: r.get("repeat", 0))  # stable: within a repetition, the order they ran
+    provs = [doc.get("provenance") or {} for _, doc in documents]
+    provenance = {k: "; ".join(str(p.get(k, "?")) for p in provs) for k in ("command", "commit", "started")}
+    repeats = sorted({r.get("repeat", 0) for r in runs})
+    options = {**first["options"], "repeat": len(repeats), "first_repeat": repeats[0]}
+    rest = {k: v for k, v in first.items() if k not in ("options", "runs", "provenance", "summary", "source",
+                                                        "schema", "reference", "tta_targets", "tta_rule")}
+    return document("testbed", options, runs, provenance=provenance, reference=first.get("reference"),
+                    merged_from=[name for name, _ in documents], **rest)
+
+
+__all__ = ["CORE_METRICS", "SCHEMA", "SOURCES", "MERGE_FREE", "ResultsError", "by_scheme", "core_metrics", "document",
+           "load", "merge", "repetitions", "schemes", "slim", "upgrade"]

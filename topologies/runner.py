@@ -93,6 +93,11 @@ class RunOptions:
     """Pack tensors into DDP-style buckets (caps scaled by ``scale``); off: one message per tensor."""
     repeat: int = 1
     """Runs of every scheme, interleaved (A B A B ...), for confidence intervals."""
+    first_repeat: int = 0
+    """The first repetition's number: repetitions ``first_repeat`` .. ``first_repeat + repeat - 1``
+    train from those seeds and take those repetitions' source ports, so a later run adds new
+    repetitions to an earlier one's instead of repeating its seeds (``dlcp report --merge``
+    pairs them as one run)."""
     calibration_iterations: int = 3
     """Communication-only iterations after the measured ones, for the ordering efficiency E."""
     cross_priority: int | None = None
@@ -190,6 +195,7 @@ RANGES: dict[str, Range] = {
     "target_accuracy": Range(0, 1, lo_open=True),
     "eval_every": Range(1),
     "timeout": Range(0, lo_open=True),
+    "first_repeat": Range(0, 999),
 }
 
 
@@ -452,7 +458,8 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
     scheme, pattern = split_label(label, opts.pattern)
     opts = replace(opts, pattern=pattern)
     name = label.replace(":", "-")
-    sdir = run_dir / (name if opts.repeat == 1 else f"{name}-r{repeat + 1}")
+    numbered = opts.repeat > 1 or opts.first_repeat > 0
+    sdir = run_dir / (f"{name}-r{repeat + 1}" if numbered else name)
     sdir.mkdir(parents=True, exist_ok=True)
     policy = scheme_policy(scheme, opts)
     # With priority queueing, the agents' control connections (TCP, top priority's DSCP) get
@@ -467,7 +474,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
     with ExitStack() as stack:
         switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
         progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
-            f" r{repeat + 1}]" if opts.repeat > 1 else "]")
+            f" r{repeat + 1}]" if numbered else "]")
         out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches, repeat)
     seed = {"seed": repeat} if opts.workload in TRAINING_WORKLOADS else {}  # agent_spec's training seed
     return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat, **seed}
@@ -762,11 +769,12 @@ def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
         tnet.start(net, host_tcp=opts.host_tcp)
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
-        runs = [(r, scheme) for r in range(opts.repeat) for scheme in opts.schemes]  # interleaved: A B A B ...
+        first = opts.first_repeat
+        runs = [(r, scheme) for r in range(first, first + opts.repeat) for scheme in opts.schemes]  # A B A B ...
         progress = Progress(len(runs), stream=None)
         for i, (r, scheme) in enumerate(runs):
             results["runs"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
-            _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.repeat > 1 else "")), final=True)
+            _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.repeat > 1 or first else "")), final=True)
     finally:
         _progress(opts, "tearing down ...")
         try:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dlcp.cli import main
-from dlcp.topologies.results import (CORE_METRICS, SCHEMA, ResultsError, by_scheme, document, load, repetitions,
-                                     schemes, slim, upgrade)
+from dlcp.topologies.results import (CORE_METRICS, SCHEMA, ResultsError, by_scheme, document, load, merge,
+                                     repetitions, schemes, slim, upgrade)
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
 
@@ -99,3 +99,53 @@ def test_a_document_needs_a_known_source_and_runs_with_scheme_and_repeat():
         document("lab", {}, [], provenance=None, reference="baseline")
     with pytest.raises(ValueError, match="needs a scheme and a repeat"):
         document("testbed", {}, [{"scheme": "dlcp"}], provenance=None, reference="baseline")
+
+
+def _split(path: Path, cut: int) -> tuple[dict, dict]:
+    """A kept run as two runs of the same experiment: repetitions below ``cut``, and the rest as
+    ``dlcp run --first-repeat cut`` would have made them (another command, another commit)."""
+    whole = load(path)
+    early = {**whole, "runs": [r for r in whole["runs"] if r["repeat"] < cut],
+             "options": {**whole["options"], "repeat": cut}}
+    late = {**whole, "runs": [r for r in whole["runs"] if r["repeat"] >= cut],
+            "options": {**whole["options"], "repeat": 5 - cut, "first_repeat": cut, "out": "/elsewhere"},
+            "provenance": {"command": "dlcp run --first-repeat 3", "commit": "f00d", "started": "later"}}
+    return early, late
+
+
+def test_runs_of_one_experiment_merge_into_the_tables_one_run_would_have_given(tmp_path, capsys):
+    path = DATA / "20261129-112318-leafspine.json"
+    early, late = _split(path, 3)
+    merged = merge([("early", early), ("late", late)])
+    assert repetitions(merged) == 5 and (merged["options"]["repeat"], merged["options"]["first_repeat"]) == (5, 0)
+    assert [r["repeat"] for r in merged["runs"]] == sorted(r["repeat"] for r in load(path)["runs"])
+    assert merged["provenance"]["commit"] == "187bd2d; f00d" and merged["merged_from"] == ["early", "late"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(early))
+    b.write_text(json.dumps(late))
+    assert main(["report", str(a), str(b), "--merge"]) == 0
+    joined = capsys.readouterr().out
+    assert main(["report", str(path)]) == 0
+    alone = capsys.readouterr().out
+
+    def table(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("|") or line.startswith("`")]
+
+    assert table(joined) == table(alone) and "3.27 [2.82, 4.02]x" in joined
+    assert "f00d" in joined and "dlcp run --first-repeat 3" in joined
+    assert "5 run(s) per scheme" in alone
+    assert main(["report", str(b)]) == 0  # the later repetitions alone: 2 per scheme, ranges, no verdict
+    assert "2 run(s) per scheme" in capsys.readouterr().out
+
+
+def test_runs_that_are_not_one_experiment_do_not_merge():
+    early, late = _split(DATA / "20261129-112318-leafspine.json", 3)
+    with pytest.raises(ResultsError, match="at least two"):
+        merge([("early", early)])
+    with pytest.raises(ResultsError, match=r"late: dlcp-fp16:ring's repetition 3 is in early too"):
+        merge([("early", early), ("late", {**late, "runs": early["runs"][-1:] + late["runs"]})])
+    other = {**late, "options": {**late["options"], "capacity_bps": 7_400_000}}
+    with pytest.raises(ResultsError, match="option capacity_bps is 7400000, in early 5500000"):
+        merge([("early", early), ("late", other)])
+    with pytest.raises(ResultsError, match="joins testbed runs"):
+        merge([("early", early), ("sim", {**late, "source": "simulator"})])

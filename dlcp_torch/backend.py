@@ -92,6 +92,9 @@ RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
 #: ring's 2 (n - 1) steps one after another: that small, a collective's time is its steps' round
 #: trips and control records, not its bytes (``bench/backend.py --small`` measures the two).
 DIRECT_SUM_BYTES = 64 * 1024
+#: Most sends of one-round collectives a group keeps unsettled (see
+#: :meth:`DLCPProcessGroup._settle_later`); past it a call waits for the oldest.
+MAX_UNSETTLED_SENDS = 64
 #: The largest data packet the backend cuts by default (IP bytes): the interface's MTU up to
 #: this (loopback's is 64 KB; a jumbo frame is what real networks carry).
 MAX_DEFAULT_MTU = 9000
@@ -307,6 +310,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._group_desc = ""
         self.counts: Counter = Counter()
         """Collectives issued, by name; and ``failed`` (see :meth:`stats`)."""
+        self._unsettled: list[tuple[Any, np.ndarray]] = []  # (send handle, the copy it sends from)
+        self._unsettled_lock = threading.Lock()
         endpoint.peer_lost_callbacks.append(self._on_peer_lost)
 
     # ------------------------------------------------------------------ process group facts
@@ -720,8 +725,14 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 t.copy_(flat.view(t.shape))
 
     def _gather_all(self, call: int, index: int, t: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's ``t`` (reliable), in rank order."""
+        """Every rank's ``t`` (reliable), in rank order. A small ``t`` (at most
+        :data:`DIRECT_SUM_BYTES`: the one-round sums, barriers) is sent from a copy, and the call
+        returns once every other rank's part is here, without waiting for its own sends'
+        answers (:meth:`_settle_later`)."""
         data, c = _bytes_as_wire(t)
+        later = data.nbytes <= DIRECT_SUM_BYTES
+        if later:
+            data = data.copy()  # the caller may change t as soon as this returns
         mid = message_id(call, index, 0)
         sends = [self._send(r, data, mid, call) for r in self._others()]
         got = iter(self._wait([self._recv(r, data.size, mid, call) for r in self._others()]))
@@ -733,8 +744,46 @@ class DLCPProcessGroup(dist.ProcessGroup):
             part = torch.empty_like(c)
             _store_bytes(part, next(got).data)
             out.append(part)
-        self._wait(sends)
+        if later:
+            self._settle_later([(h, data) for h in sends])
+        else:
+            self._wait(sends)
         return out
+
+    def _settle_later(self, sends: list[tuple[Any, np.ndarray]]) -> None:
+        """Keep ``sends`` (handle, the array it sends from) until their receivers answer, without
+        waiting here.
+
+        Why: a one-round collective is done on this rank once every other rank's part has come;
+        the answers (STOPs) to its own sends come a control round trip later, about as long as a
+        small collective takes. gloo's send is done once TCP has the bytes. A send that fails
+        afterwards fails the group, so the next call raises it (as gloo's next call raises a lost
+        peer); at most :data:`MAX_UNSETTLED_SENDS` wait so, the oldest are waited for past that,
+        and :meth:`shutdown` waits for them before the group leaves."""
+        for h, _ in sends:
+            h.add_done_callback(self._on_settled)
+        with self._unsettled_lock:
+            self._unsettled = [x for x in self._unsettled if not x[0].done()] + sends
+            excess = self._unsettled[:-MAX_UNSETTLED_SENDS]
+        self._wait([h for h, _ in excess])
+
+    def _settle_all(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s in all) until every send :meth:`_settle_later` kept is
+        answered or failed (a failure fails the group through :meth:`_on_settled`)."""
+        with self._unsettled_lock:
+            unsettled, self._unsettled = self._unsettled, []
+        deadline = time.monotonic() + timeout
+        for h, _ in unsettled:
+            with contextlib.suppress(Exception):
+                h.wait(max(0.0, deadline - time.monotonic()))
+
+    def _on_settled(self, handle: Any) -> None:
+        """A send :meth:`_settle_later` kept resolved or failed (on the transport's thread)."""
+        try:
+            handle.wait(0)
+        except Exception as exc:  # noqa: BLE001 - any failure of it fails the group
+            if not self._closed:
+                self._break(f"a send to rank {handle.peer} failed after its collective returned: {exc}")
 
     def _exchange_parts(self, call: int, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         """``ins[r]`` to rank r, and what rank r sent into ``outs[r]`` (reliable)."""
@@ -800,6 +849,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         if self._broken is None and self._store is not None:
+            self._settle_all(min(self.timeout, LEAVE_WAIT))  # what the last collectives sent arrives first
             try:
                 self._store.set(f"dlcp/leaving/{self._rank}", "1")
                 self._store.wait([f"dlcp/leaving/{r}" for r in range(self._world)],

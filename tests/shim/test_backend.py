@@ -183,9 +183,11 @@ def _collectives(rank, world):
     assert pg is not None
     log = pg.endpoint.message_log
     for name, elems in (("direct", DIRECT_SUM_BYTES // 4), ("ring", DIRECT_SUM_BYTES // 4 + 1)):
+        pg._settle_all(60)  # (the log records a send once answered: a one-round call's come after it)
         before = sum(m.direction == "send" for m in log)
         x = torch.full((elems,), float(rank + 1))
         dist.all_reduce(x)
+        pg._settle_all(60)
         out[name] = (x.min().item(), x.max().item(), sum(m.direction == "send" for m in log) - before)
     dist.barrier()
     return out
@@ -223,6 +225,37 @@ def test_collectives_give_what_they_define(staged):
         torch.testing.assert_close(out["rs"], torch.full((4,), float(sum(r * 10 + rank for r in range(world)))))
     a, c = (_t(x) for x in res[1]["p2p"])
     assert a.tolist() == [1.5, 2.5] and c.tolist() == [True, False, True]
+
+
+def _unsettled(rank, world):
+    """A one-round collective returns without waiting for its own sends' answers
+    (``_settle_later``); a send that fails after it returned fails the group, and the next call
+    raises it. The failure is made by hand (a send kept so cannot be made to fail on cue):
+    every rank fails one, so no rank waits on another that stopped."""
+    import numpy as np
+
+    from dlcp.hostagent.messages import SendHandle, TransportError
+    from dlcp_torch.backend import implementation
+
+    dist.init_process_group("dlcp")
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)
+    pg = implementation(dist.group.WORLD)
+    assert pg is not None
+    late = SendHandle(1 - rank, 999_999)
+    pg._settle_later([(late, np.zeros(1))])
+    late._fail(TransportError("no answer from the receiver"))
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as exc:
+        return x.tolist(), str(exc)
+    return x.tolist(), "returned"
+
+
+def test_a_send_that_fails_after_its_one_round_collective_returned_fails_the_next_call():
+    for rank, (summed, error) in _spawn(_unsettled, 2).items():
+        assert summed == [3.0] * 4
+        assert "failed after its collective returned" in error and "no answer from the receiver" in error, error
 
 
 def _refuses(rank, world):

@@ -726,9 +726,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
     def _gather_all(self, call: int, index: int, t: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``t`` (reliable), in rank order. A small ``t`` (at most
-        :data:`DIRECT_SUM_BYTES`: the one-round sums, barriers) is sent from a copy, and the call
-        returns once every other rank's part is here, without waiting for its own sends'
-        answers (:meth:`_settle_later`)."""
+        :data:`DIRECT_SUM_BYTES`: one-round sums, small all_gathers, barriers) is sent from a
+        copy, and the call returns once every other rank's part is here, without waiting for its
+        own sends' answers (:meth:`_settle_later`)."""
         data, c = _bytes_as_wire(t)
         later = data.nbytes <= DIRECT_SUM_BYTES
         if later:

@@ -253,7 +253,7 @@ def _unsettled(rank, world):
 
 
 def test_a_send_that_fails_after_its_one_round_collective_returned_fails_the_next_call():
-    for rank, (summed, error) in _spawn(_unsettled, 2).items():
+    for summed, error in _spawn(_unsettled, 2).values():
         assert summed == [3.0] * 4
         assert "failed after its collective returned" in error and "no answer from the receiver" in error, error
 

@@ -129,7 +129,7 @@ def test_runs_of_one_experiment_merge_into_the_tables_one_run_would_have_given(t
     alone = capsys.readouterr().out
 
     def table(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line.startswith("|") or line.startswith("`")]
+        return [line for line in text.splitlines() if line.startswith(("|", "`"))]
 
     assert table(joined) == table(alone) and "3.27 [2.82, 4.02]x" in joined
     assert "f00d" in joined and "dlcp run --first-repeat 3" in joined

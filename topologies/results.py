@@ -182,9 +182,9 @@ def merge(documents: list[tuple[str, dict]]) -> dict:
     results document: their runs together, repetitions numbered as they ran, options those
     they share, provenance every part's (command, commit and start, joined with "; ").
 
-    Why: an interval needs 5 paired repetitions and a verdict more than its pairs may happen
-    to give; adding repetitions later must not change what each one measured, so every other
-    option must be the same, and no repetition of a scheme may come twice.
+    Why: an interval needs 5 paired repetitions, and a run can leave fewer (an invalid run, a
+    seed that missed the target). Repetitions added later must measure what the earlier ones
+    did, so every other option must be the same, and no repetition of a scheme may come twice.
 
     ``documents``: ``(name, results)`` pairs in schema 2, the name only for messages.
 

@@ -301,6 +301,14 @@ CROSS_UDP_PORT, CROSS_TCP_PORT, GLOO_PORTS = 512, 513, 514
 CROSS_SINK_PORT = 5001
 
 
+def run_order(opts: RunOptions) -> list[tuple[int, str]]:
+    """The runs of ``opts`` as (repetition, scheme), in the order they run: every scheme of a
+    repetition, then the next (A B A B ...), repetitions numbered from ``first_repeat``. The
+    number is the repetition's seed and path draw (:func:`flow_port_base`)."""
+    first = opts.first_repeat
+    return [(r, scheme) for r in range(first, first + opts.repeat) for scheme in opts.schemes]
+
+
 def flow_port_base(repeat: int) -> int:
     """The first source port of repetition ``repeat``'s flows: DLCP's data sockets and the
     cross traffic's senders leave from fixed ports, so where switches hash flows onto paths
@@ -769,12 +777,12 @@ def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
         tnet.start(net, host_tcp=opts.host_tcp)
         registry.pids += [n.pid for n in net.hosts + net.switches] + [s.bmv2.pid for s in net.switches if s.bmv2]
         registry.save()
-        first = opts.first_repeat
-        runs = [(r, scheme) for r in range(first, first + opts.repeat) for scheme in opts.schemes]  # A B A B ...
+        runs = run_order(opts)
         progress = Progress(len(runs), stream=None)
+        numbered = opts.repeat > 1 or opts.first_repeat > 0
         for i, (r, scheme) in enumerate(runs):
             results["runs"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
-            _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.repeat > 1 or first else "")), final=True)
+            _progress(opts, progress.step(scheme + (f" r{r + 1}" if numbered else "")), final=True)
     finally:
         _progress(opts, "tearing down ...")
         try:

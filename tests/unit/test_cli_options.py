@@ -18,7 +18,7 @@ from dlcp.hostagent.clikit import DefaultsHelpFormatter, package_version
 from dlcp.hostagent.ranges import Range
 from dlcp.topologies.commands import run_options
 from dlcp.topologies.progress import Progress, eta
-from dlcp.topologies.runner import agent_spec, scheme_policy
+from dlcp.topologies.runner import agent_spec, flow_port_base, run_order, scheme_policy
 
 
 def _usage_error(main, argv: list[str], capsys) -> str:
@@ -256,3 +256,12 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error_like_any_other(capsys):
     parser.set_defaults(func=fails)
     assert clikit.run_cli(parser, [], "t") == 1
     assert "t: unexpected error: BrokenPipeError" in capsys.readouterr().err
+
+
+def test_first_repeat_numbers_a_runs_repetitions_its_seeds_and_paths_from_n():
+    args = ["run", "--workload", "mnist1d", "--scheme", "gloo,dlcp:ring", "--repeat", "2"]
+    later = run_options(cli.build_parser().parse_args([*args, "--first-repeat", "5"]))
+    assert run_order(later) == [(5, "gloo"), (5, "dlcp:ring"), (6, "gloo"), (6, "dlcp:ring")]
+    assert run_order(run_options(cli.build_parser().parse_args(args)))[0] == (0, "gloo")
+    spec = agent_spec(later, scheme_policy("dlcp", later), ["10.0.0.1", "10.0.0.2"], repeat=5)
+    assert (spec["seed"], spec["source_port_base"]) == (5, flow_port_base(5))

@@ -127,6 +127,12 @@ class RunOptions:
     control connections): Linux's default, whatever the machine running the testbed uses
     (a host namespace inherits the machine's, which may be BBR)."""
 
+    @property
+    def numbered(self) -> bool:
+        """Whether run directories and progress lines name each run's repetition (``-r2``): when
+        there are several, or they are numbered from other than 0 (``first_repeat``)."""
+        return self.repeat > 1 or self.first_repeat > 0
+
     def validate(self) -> None:
         """Raises :class:`UsageError` naming the first option out of its range or unknown."""
         if self.topology not in TOPOLOGIES:
@@ -466,8 +472,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
     scheme, pattern = split_label(label, opts.pattern)
     opts = replace(opts, pattern=pattern)
     name = label.replace(":", "-")
-    numbered = opts.repeat > 1 or opts.first_repeat > 0
-    sdir = run_dir / (f"{name}-r{repeat + 1}" if numbered else name)
+    sdir = run_dir / (f"{name}-r{repeat + 1}" if opts.numbered else name)
     sdir.mkdir(parents=True, exist_ok=True)
     policy = scheme_policy(scheme, opts)
     # With priority queueing, the agents' control connections (TCP, top priority's DSCP) get
@@ -482,7 +487,7 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
     with ExitStack() as stack:
         switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
         progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
-            f" r{repeat + 1}]" if numbered else "]")
+            f" r{repeat + 1}]" if opts.numbered else "]")
         out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches, repeat)
     seed = {"seed": repeat} if opts.workload in TRAINING_WORKLOADS else {}  # agent_spec's training seed
     return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat, **seed}
@@ -779,10 +784,9 @@ def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
         registry.save()
         runs = run_order(opts)
         progress = Progress(len(runs), stream=None)
-        numbered = opts.repeat > 1 or opts.first_repeat > 0
         for i, (r, scheme) in enumerate(runs):
             results["runs"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
-            _progress(opts, progress.step(scheme + (f" r{r + 1}" if numbered else "")), final=True)
+            _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.numbered else "")), final=True)
     finally:
         _progress(opts, "tearing down ...")
         try:

@@ -263,5 +263,7 @@ def test_first_repeat_numbers_a_runs_repetitions_its_seeds_and_paths_from_n():
     later = run_options(cli.build_parser().parse_args([*args, "--first-repeat", "5"]))
     assert run_order(later) == [(5, "gloo"), (5, "dlcp:ring"), (6, "gloo"), (6, "dlcp:ring")]
     assert run_order(run_options(cli.build_parser().parse_args(args)))[0] == (0, "gloo")
+    one = run_options(cli.build_parser().parse_args(["run", "--scheme", "dlcp"]))
+    assert later.numbered and not one.numbered  # a run numbered from 5 names its repetitions, even one
     spec = agent_spec(later, scheme_policy("dlcp", later), ["10.0.0.1", "10.0.0.2"], repeat=5)
     assert (spec["seed"], spec["source_port_base"]) == (5, flow_port_base(5))

@@ -55,7 +55,7 @@ from dlcp.topologies.results import document
 from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, GLOO_TCP, check_schemes, mechanisms, policy_for,
                                      split_label, wire_dtype_of)
 from dlcp.topologies.topos import HOST_PORTS, TOPOLOGIES, TopologyDesc, short, with_host_ports
-from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy
+from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy, outside_busy
 from dlcp.topologies.workload import TRAINING_WORKLOADS
 
 log = logging.getLogger(__name__)
@@ -700,10 +700,12 @@ def _validity(samples: list, iterations: list[dict], bottlenecks: list, opts: Ru
 
 
 def _cpu_trace(samples: list) -> dict:
-    """The machine's CPU use over the scheme's run (for the report's plot), % of all cores."""
+    """The machine's CPU use over the scheme's run (for the report's plot), % of all cores, and
+    the part of it no process of the run used (:func:`dlcp.topologies.validity.outside_busy`)."""
     busy = machine_busy(samples)
     return {"t": [round(s.t - samples[0].t, 2) for s in samples[1:]] if samples else [],
-            "machine_busy": [round(float(b), 1) for b in busy]}
+            "machine_busy": [round(float(b), 1) for b in busy],
+            "outside_busy": [round(float(b), 1) for b in outside_busy(samples)]}
 
 
 def _counter_delta(before: dict, after: dict) -> dict:

@@ -20,7 +20,10 @@ def _samples(busy_pct: float, agent_pct: float, rate_pps: float, busy_share: flo
     for i in range(n):
         total = 2.0 * i
         gaps = int(rate_pps * busy_share * i)
-        out.append(Sample(float(i), (total * busy_pct / 100, total), {"worker0": agent_pct / 100 * i},
+        # the rest of the machine's busy time goes to the switch: no CPU outside the run
+        rest = max(0.0, 2.0 * busy_pct / 100 - agent_pct / 100) * i
+        procs = {"worker0": agent_pct / 100 * i, "switch:l1": rest}
+        out.append(Sample(float(i), (total * busy_pct / 100, total), procs,
                           {PORT: (gaps, int(busy_share * i * 1e6)) * 2}))  # backlogged throughout
     return out
 
@@ -65,6 +68,20 @@ def test_packets_a_switch_lost_uncounted_invalidate_beyond_the_tolerance():
         ("buffer", 3, 100), ("ingress", 1, 50), ("ingress", 2, 1)]
     assert judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"],
                  ValidityRules(max_silent_loss=0.1), silent={"ingress": ingress, "buffer": buffer}).valid
+
+
+def test_cpu_that_no_process_of_the_run_used_invalidates_beyond_the_limit():
+    """The ring run of 20261129-155049 that took 3x its repetitions' sync time: 22 % of the
+    machine went to no process of the run (quiet runs: 1-10 %, the kernel's forwarding)."""
+    samples = [Sample(float(i), (2.0 * 0.7 * i, 2.0 * i), {"worker0": 0.4 * i, "switch:l1": 0.56 * i},
+                      {PORT: (1990 * 0.5 * i, 0.5e6 * i) * 2}) for i in range(11)]  # 1.4 of 2 cores, 0.96 ours
+    v = judge(samples, 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert not v.valid and v.reasons == [
+        "other work on the machine: a median 22 % of all cores went to no process of the run (> 15 %)"]
+    assert abs(v.outside_busy_p50 - 22.0) < 1e-6 and v.as_dict()["outside_busy_p50"] == v.outside_busy_p50
+    assert judge(samples, 0.0, 10.0, {PORT: 2000.0}, ["worker0"], ValidityRules(outside_busy_max=25)).valid
+    quiet = judge(_samples(60, 40, 1990, 0.5), 0.0, 10.0, {PORT: 2000.0}, ["worker0"])
+    assert quiet.valid and abs(quiet.outside_busy_p50) < 1e-6
 
 
 def test_a_port_hardly_ever_backlogged_gives_no_verdict():
@@ -137,7 +154,7 @@ def test_the_full_measure_judges_slow_ports_and_the_loose_one_fast_ports():
     too few, no slow-port verdict. A port is too fast only by the loose measure, which can
     only read low."""
     def samples(loose: float, full_rate: float, full_us: float = 0.2e6) -> list[Sample]:
-        return [Sample(float(i), (i * 2.0 * 0.5, i * 2.0), {"worker0": 0.4 * i},
+        return [Sample(float(i), (i * 2.0 * 0.5, i * 2.0), {"worker0": 0.4 * i, "switch:l1": 0.6 * i},
                        {PORT: (loose * 600 * 0.5 * i, 0.5e6 * i, full_rate * full_us / 1e6 * i, full_us * i)})
                 for i in range(11)]
     v = judge(samples(0.85, 600.0), 0.0, 10.0, {PORT: 600.0}, ["worker0"])
@@ -158,7 +175,8 @@ def test_only_the_measured_window_counts():
     busy = [100.0] * 5 + [50.0] * 10  # start-up at 100 % CPU for 5 s, then 50 %
     samples, cpu = [], 0.0
     for t in range(len(busy) + 1):
-        samples.append(Sample(float(t), (cpu, 2.0 * t), {"worker0": 0.4 * t}, {PORT: (1000 * t, 500_000 * t)}))
+        samples.append(Sample(float(t), (cpu, 2.0 * t), {"worker0": 0.4 * t, "switch:l1": cpu - 0.4 * t},
+                              {PORT: (1000 * t, 500_000 * t)}))
         cpu += 2.0 * busy[t] / 100 if t < len(busy) else 0.0
     assert judge(samples, 0.0, 8.0, {PORT: 2000.0}, ["worker0"]).reasons  # mostly start-up: saturated
     assert judge(samples, 5.0, 15.0, {PORT: 2000.0}, ["worker0"]).valid  # the measured part is not

@@ -11,7 +11,10 @@ communication-only calibration iterations are left out, the latter used only for
   behind) over the line-rate bound (:mod:`dlcp.topologies.bound`), how far from what the
   bottlenecks allow (sync / bound is kept in the metrics, but sync is only what the backward
   pass left exposed, and may be far below the bound);
-* lost fraction and retransmitted packets;
+* lost fraction and retransmitted packets (the workers', over the measured iterations); for DLCP
+  runs, from the endpoints' totals over the whole run, what a parameter server resent (its
+  replies and the resends its BITMAPs asked for, which no worker's record counts) and the share
+  of all data packets that were sent again (:func:`resend_metrics`);
 * ordering efficiency E = (cost_max - U) / (cost_max - cost_min) (SysML'18, TicTac): with
   comm = the median communication time of the calibration iterations and comp = the compute
   time, cost_max = comm + comp, cost_min = max(comm, comp), U = mean iteration time. A value
@@ -120,7 +123,24 @@ def scheme_metrics(s: dict) -> dict:
             "missing_fraction": float(np.mean([r["lost_fraction"] for r in recs])),
             "retransmitted": int(sum(r["retransmissions"] for r in recs)),
             "ordering_efficiency": eff["value"], "ordering_efficiency_detail": eff, "straggler_spread": spread,
-            "selective_drops": drops_by_class, "tail_drops": tail}
+            "selective_drops": drops_by_class, "tail_drops": tail, **resend_metrics(s)}
+
+
+def resend_metrics(s: dict) -> dict[str, Any]:
+    """From a DLCP run's endpoint totals (every endpoint writes them as it stops, over the whole
+    run: warm-up, measured and calibration iterations): ``server_retransmitted``, the data
+    packets a parameter server sent again (None without one), and ``resent_share``, the data
+    packets every endpoint sent again over all it sent. Why apart from ``retransmitted``: a
+    server writes no per-iteration records, so the workers' records, where that comes from,
+    never count its resends; in a PS run they are most of them (3,300 of 3,318 in one run of
+    20261129-133954). Empty for runs without endpoint totals (gloo's, slim files' own metrics)."""
+    eps = {int(rank): e for rank, e in (s.get("endpoints") or {}).items() if e}
+    sent = sum(e.get("data_pkts_sent", 0) for e in eps.values())
+    if not eps or not sent:
+        return {}
+    server = max(eps) if s.get("pattern") == "ps" else None  # the server is the rank after the workers
+    return {"server_retransmitted": None if server is None else int(eps[server].get("retransmitted_pkts", 0)),
+            "resent_share": sum(e.get("retransmitted_pkts", 0) for e in eps.values()) / sent}
 
 
 def _tta(metrics: dict, target: float) -> float:
@@ -249,6 +269,8 @@ def aggregate(results: dict) -> dict[str, dict]:
                 keys = [k for k in tta if k in base_tta]
                 row["tta_speedup"] = median_ci(paired_ratios([base_tta[k] for k in keys], [tta[k] for k in keys]))
         row["retransmitted"] = median_ci([x["retransmitted"] for x in m])
+        if any(x.get("server_retransmitted") is not None for x in m):
+            row["server_retransmitted"] = est("server_retransmitted")
         row["selective_drops"] = median_ci([sum(x["selective_drops"].values()) for x in m])
         row["tail_drops"] = median_ci([x["tail_drops"] for x in m])
         if base:
@@ -325,6 +347,10 @@ def summary(results: dict) -> str:
                  "alone (the calibration iterations' p50) / line-rate bound; service = what the bottleneck ports "
                  "served while backlogged / their capacity, lowest-highest over ports and runs; msgs, ctl: messages "
                  "and control frames per worker per iteration")
+    for name, r in agg.items():
+        if "server_retransmitted" in r:
+            lines.append(f"{name}: its server resent {r['server_retransmitted'].median:.0f} data packets over the "
+                         "whole run (not in retx, which counts the workers' measured iterations)")
     for name, r in agg.items():
         if "speedup" in r and name != ref and repeated:
             sp = r["speedup"]

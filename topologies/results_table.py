@@ -102,6 +102,29 @@ def iteration_tail_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resend_table(results: dict) -> str:
+    """Per DLCP scheme, medians over its valid runs of what its endpoints sent again: the
+    workers' resends over the measured iterations (the ``retx`` of ``summary.txt``), a parameter
+    server's over the whole run, and the share of all data packets its endpoints sent again over
+    the whole run (:func:`dlcp.topologies.report.resend_metrics`). Empty where no run recorded
+    endpoint totals (gloo's runs; slim files written before 2026-11-29 evening)."""
+    runs: dict[str, list[dict]] = {}
+    for s in results["runs"]:
+        m = s.get("metrics") or {}
+        if "resent_share" in m and (s.get("validity") or {}).get("valid", True):
+            runs.setdefault(s["scheme"], []).append(m)
+    if not runs:
+        return ""
+    lines = ["| scheme | valid runs | workers' resends (measured iterations) | server's resends (whole run) | "
+             "share of data packets sent again (whole run) |", "|---|---:|---:|---:|---:|"]
+    for name, ms in runs.items():
+        server = [m["server_retransmitted"] for m in ms if m.get("server_retransmitted") is not None]
+        lines.append(f"| `{name}` | {len(ms)} | {float(np.median([m['retransmitted'] for m in ms])):.0f} | "
+                     + (f"{float(np.median(server)):.0f}" if server else "- (no server)")
+                     + f" | {100 * float(np.median([m['resent_share'] for m in ms])):.2f} % |")
+    return "\n".join(lines) + "\n"
+
+
 def host_tcp_table(results: dict) -> str:
     """Per scheme, medians over its runs of the TCP segments its hosts resent and the
     retransmission timeouts they waited out, the agents' hosts (gloo's connections, DLCP's
@@ -209,6 +232,10 @@ def markdown(results: dict, source: str = "") -> str:
     if tail:
         lines += ["", "Iteration times, medians over valid runs of each run's figure (time to a target is a sum "
                   "of iterations, so it follows the mean, not the median):", "", tail]
+    resends = resend_table(results)
+    if resends:
+        lines += ["", "DLCP's resends, medians over valid runs (a server writes no per-iteration records, so its "
+                  "resends are counted from its endpoint's totals):", "", resends]
     tcp = host_tcp_table(results)
     if tcp:
         lines += ["", "TCP on the hosts, medians over runs (all runs):", "", tcp]

@@ -271,3 +271,34 @@ def test_iteration_tails_are_tabled_for_valid_runs_that_recorded_them():
     assert "| `dlcp:ring` | 1 | 170 | 175 | 340 | 510 | 1.03 |" in table and "old" not in table
     assert iteration_tail_table(slim(as_testbed_results(runs))) == table  # a kept results file shows it too
     assert iteration_tail_table(as_testbed_results(runs[-1:])) == ""
+
+
+def test_a_parameter_servers_resends_are_counted_from_its_endpoint_totals():
+    """A PS server writes no per-iteration records, so the workers' ``retransmitted`` never saw
+    its resends (3,300 of 3,318 in one run of 20261129-133954); its endpoint's totals do."""
+    from dlcp.topologies.results_table import resend_table, slim
+
+    def ps_run(repeat: int, server_resent: int, valid: bool = True) -> dict:
+        s = _run("dlcp:ps", repeat, 0.5, valid=valid)
+        s["pattern"] = "ps"
+        s["endpoints"] = {str(r): {"data_pkts_sent": 1000, "retransmitted_pkts": 5} for r in range(2)}
+        s["endpoints"]["2"] = {"data_pkts_sent": 2000, "retransmitted_pkts": server_resent}  # the server
+        s["metrics"] = scheme_metrics(s)
+        return s
+
+    one = ps_run(0, 300)
+    assert one["metrics"]["server_retransmitted"] == 300 and one["metrics"]["retransmitted"] == 10  # workers' own
+    assert math.isclose(one["metrics"]["resent_share"], 310 / 4000)
+    ring = _run("dlcp:ring", 0, 0.5)
+    ring["pattern"] = "ring"
+    ring["endpoints"] = {str(r): {"data_pkts_sent": 500, "retransmitted_pkts": 1} for r in range(2)}
+    ring["metrics"] = scheme_metrics(ring)
+    assert ring["metrics"]["server_retransmitted"] is None and math.isclose(ring["metrics"]["resent_share"], 2 / 1000)
+    assert "server_retransmitted" not in _run("gloo", 0, 0.5)["metrics"]  # no endpoints, no figure
+
+    results = as_testbed_results([one, ps_run(1, 500), ps_run(2, 100), ps_run(3, 9000, valid=False), ring])
+    table = resend_table(results)
+    assert "| `dlcp:ps` | 3 | 10 | 300 | 7.75 % |" in table  # medians over the valid runs
+    assert "| `dlcp:ring` | 1 | 10 | - (no server) | 0.20 % |" in table
+    assert resend_table(slim(results)) == table  # a kept results file shows it too
+    assert "dlcp:ps: its server resent 300 data packets" in summary(results)

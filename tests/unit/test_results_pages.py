@@ -38,7 +38,8 @@ PAGES: dict[str, list[list[str]]] = {
                           ["20261128-simval-ps.json"],
                           ["20261128-simval-ring.json"]],
     "testbed-one-capacity.md": [["20261128-034854-leafspine.json"]],
-    "testbed-vs-gloo.md": [["20261129-133954-leafspine.json"], ["20261129-112318-leafspine.json"],
+    "testbed-vs-gloo.md": [["20261129-133954-leafspine.json"],
+                           ["20261129-112318-leafspine.json", "20261129-163204-leafspine.json", "--merge"],
                            ["20261129-022056-leafspine.json"],
                            ["20261129-062255-leafspine.json"],
                            ["20261129-062255-leafspine.json", "--against", "gloo-fp16"],
@@ -52,7 +53,9 @@ PAGES: dict[str, list[list[str]]] = {
 def _rows(args: list[str]) -> list[str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["report", str(RESULTS / "data" / args[0]), *args[1:]]) == 0
+        # (every data file named, the first and any other: --merge takes several)
+        assert main(["report", *(str(RESULTS / "data" / a) if (RESULTS / "data" / a).is_file() else a
+                                 for a in args)]) == 0
     return [line for line in out.getvalue().splitlines() if line.startswith(("| ", "|---"))]
 
 

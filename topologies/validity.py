@@ -168,8 +168,9 @@ def process_busy(samples: list[Sample]) -> dict[str, np.ndarray]:
 def outside_busy(samples: list[Sample]) -> np.ndarray:
     """Per interval between consecutive samples: % of all cores busy beyond what the sampled
     processes used (their CPU seconds over the machine's, which counts every core). What it
-    holds: the kernel's work no process is charged for (softirqs forwarding the veth traffic)
-    and every process the run did not start. Why measured: another job on a 2-core machine
+    holds: the kernel's work no process is charged for (softirqs forwarding the veth traffic),
+    every process the run did not start, and on a virtual machine the time the hypervisor gave
+    other guests (steal counts as busy in :func:`_machine_times`). Why measured: another job on a 2-core machine
     slows the switches and the agents alike, and a run can stay under every other threshold
     while its figures are not the code's."""
     out = []

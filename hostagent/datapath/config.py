@@ -16,7 +16,7 @@ from dlcp.hostagent.datapath.credits import (CREDIT_QUIET, CREDIT_SHARE, CREDIT_
                                              max_datagram)
 from dlcp.hostagent.policy import CLASS_SAMPLE, PARALLEL_MAGNITUDE_ELEMS, SAMPLED_CLASSES_PACKETS, magnitude_threads
 from dlcp.hostagent.protocol.incoming import (ANSWER_GAPS, FRESH_KEPT, FRESH_WINDOW, MAX_ANSWER_GRACE, MAX_BUSY_DEFER,
-                                              REORDER_DECAY, REORDER_MARGIN, REORDER_MIN)
+                                              REORDER_DECAY, REORDER_MARGIN, REORDER_MIN, REORDER_PERSIST)
 from dlcp.hostagent.ratecontrol import BEHIND_BACKLOG, DRAIN_FRESH, DRAIN_MIN_BYTES, DRAIN_STRETCH
 from dlcp.hostagent.transport_config import TransportConfig
 
@@ -60,6 +60,7 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "answer_grace": config.probe_grace, "max_answer_grace": MAX_ANSWER_GRACE,
         "answer_gaps": ANSWER_GAPS, "max_busy_defer": MAX_BUSY_DEFER,
         "reorder_min": REORDER_MIN, "reorder_margin": REORDER_MARGIN, "reorder_decay": REORDER_DECAY,
+        "reorder_persist": REORDER_PERSIST,
         "fresh_window": FRESH_WINDOW, "fresh_kept": FRESH_KEPT,
         "source_port_base": config.source_port_base or 0,
     }

@@ -122,8 +122,10 @@ struct Config {
     AnswerRule answer;
     // the reordering window (settings: hostagent.protocol.incoming.REORDER_*): answer_grace until a
     // path is measured; a first-pass packet that comes `late` after its message's LAST widens
-    // it to margin * late; a message whose pass ended without one narrows it by decay, to min
+    // it to margin * late; every `persist` passes in a row that ended without one narrow it by
+    // decay, to min
     double reorder_min = 0.0002, reorder_margin = 1.25, reorder_decay = 0.9;
+    uint32_t reorder_persist = 16;
     // freshness per sender (settings: hostagent.protocol.incoming.FRESH_*): message ids set up remembered,
     // and how far behind the newest iteration set up from a sender a finished use is stale
     uint32_t fresh_window = 512, fresh_kept = 1 << 16;
@@ -366,6 +368,7 @@ class Datapath {
         // checks what it sends us (data and credits); the key of ours seals the credits we grant it
         std::unique_ptr<Sealer> opener, credit_sealer;
         double reorder = -1;  // the reordering window measured on its path (s; < 0: none yet)
+        uint32_t clean_passes = 0;  // passes in a row that ended with nothing after (narrow_window)
         bool has_newest = false;
         uint32_t newest = 0;  // the newest iteration of its messages set up here (freshness)
     };
@@ -462,7 +465,7 @@ class Datapath {
     // time (0: none). ``seen_until``: every datagram that arrived before it has been read.
     double end_passes(double now, double seen_until);
     // src's reordering window (rx_mu_ held): answer_grace until measured; widened by a
-    // first-pass packet `late` s after its LAST, narrowed by a clean pass (the rule
+    // first-pass packet `late` s after its LAST, narrowed by a run of clean passes (the rule
     // hostagent.protocol.incoming describes at REORDER_MIN)
     double& window_of(uint16_t src);
     void widen_window(uint16_t src, double late);

@@ -93,6 +93,7 @@ Config make_config(const nb::dict& d) {
     c.reorder_min = get<double>(d, "reorder_min");
     c.reorder_margin = get<double>(d, "reorder_margin");
     c.reorder_decay = get<double>(d, "reorder_decay");
+    c.reorder_persist = get<uint32_t>(d, "reorder_persist");
     c.fresh_window = get<uint32_t>(d, "fresh_window");
     c.fresh_kept = get<uint32_t>(d, "fresh_kept");
     c.drain_min_bytes = get<double>(d, "drain_min_bytes");

@@ -335,10 +335,14 @@ double& Datapath::window_of(uint16_t src) {
 void Datapath::widen_window(uint16_t src, double late) {
     double& w = window_of(src);
     w = std::min(cfg_.answer.max_grace, std::max(w, cfg_.reorder_margin * std::max(0.0, late)));
+    fb_[src].clean_passes = 0;
 }
 
 void Datapath::narrow_window(uint16_t src) {
     double& w = window_of(src);
+    uint32_t& clean = fb_[src].clean_passes;
+    if (++clean < std::max<uint32_t>(1, cfg_.reorder_persist)) return;
+    clean = 0;
     w = std::max(cfg_.reorder_min, w * cfg_.reorder_decay);
 }
 

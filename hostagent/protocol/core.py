@@ -593,8 +593,14 @@ class ProtocolCore:
         data path's events and every control record call for a run at once besides.
         """
         wake = now + IDLE_TICK
-        seen_until: float | None = None
+        seen_until = 0.0
         if self.inc:  # what moved since the last run (a run per event: most messages did not)
+            # seen_until first, then the progress: everything that arrived before it is then in
+            # the progress read after it. Read the other way round, the receive thread could take
+            # packets from the socket in between, and an answer judged on the later seen_until
+            # listed them as missing from the earlier progress (captured at a testbed receiver:
+            # a bitmap sent 0.75 ms after both packets it listed had arrived, both then resent)
+            seen_until = self.port.rx_seen_until()
             for key, p in self.port.progress_changed().items():
                 msg = self.inc.get(key)
                 if msg is not None:
@@ -613,8 +619,6 @@ class ProtocolCore:
                 continue
             wake = min(wake, msg.deadline)
             if msg.holes_to_look_for:
-                if seen_until is None:
-                    seen_until = self.port.rx_seen_until()
                 wake = min(wake, self._look_for_holes(msg, now, seen_until))
             if msg.probe_pending:
                 floor = self.port.reorder_window(msg.src)
@@ -622,8 +626,6 @@ class ProtocolCore:
                 if now < due:
                     wake = min(wake, due)
                     continue
-                if seen_until is None:
-                    seen_until = self.port.rx_seen_until()
                 if not answer_due(msg, now, floor, seen_until):
                     wake = min(wake, now + URGENT_TICK)  # the reader is behind: look again shortly
                     continue

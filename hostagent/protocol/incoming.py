@@ -23,14 +23,21 @@ ANSWER_GAPS = 4
 #: sender, ``Datapath::widen_window`` and ``narrow_window`` in hostagent/native/rx.cc, the way
 #: RACK (RFC 8985) adapts its reordering window). It starts at ``probe_grace``.
 #: A first-pass packet that comes ``late`` seconds after its message's LAST packet (the path
-#: reordered it past the end of the pass) widens it to REORDER_MARGIN x late at once; a message
-#: whose pass ended with nothing of it coming after narrows it by REORDER_DECAY, down to
-#: REORDER_MIN. Why: a fixed floor long enough for a sprayed fabric (2 ms on the testbed) was
-#: paid at every step of a ring on a path that never reorders; a window too short costs a few
-#: packets resent (p = 0) or left out (p > 0) once, and widens on the spot.
+#: reordered it past the end of the pass) widens it to REORDER_MARGIN x late at once; every
+#: REORDER_PERSIST passes in a row that ended with nothing of theirs coming after narrow it by
+#: REORDER_DECAY, down to REORDER_MIN. Why: a fixed floor long enough for a sprayed fabric (2 ms
+#: on the testbed) was paid at every step of a ring on a path that never reorders; a window too
+#: short costs a few packets resent (p = 0) or left out (p > 0), and widens on the spot. Why
+#: narrowing waits for a run of clean passes (RACK's reo_wnd_persist, also 16): narrowed by
+#: every clean pass, a ring's window fell from 2 ms to its floor within two iterations (a dozen
+#: messages each), and the testbed's sprayed paths, which reorder by a packet time (2.2 ms at
+#: 5.5 Mbit/s) now and then, had 0.4-1 bitmaps an iteration listing packets still on the way
+#: (captured at a receiver: the answer went 0.2-1 ms before the packet came), each resent and
+#: each a cut of the sender's rate.
 REORDER_MIN = 0.0002
 REORDER_MARGIN = 1.25
 REORDER_DECAY = 0.9
+REORDER_PERSIST = 16
 
 
 #: Freshness per sender (the data path keeps it: ``Datapath::stale`` in hostagent/native/rx.cc): a

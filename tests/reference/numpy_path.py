@@ -144,6 +144,7 @@ class _Sender:
     parked: int = 0
     good_since: float = 0.0  # accepted datagrams since the last overrun was accounted
     reorder: float = 0.0  # the reordering window measured on its path (s; starts at probe_grace)
+    clean_passes: int = 0  # passes in a row that ended with nothing after (narrow_reorder)
     newest: int | None = None  # the newest iteration of its messages set up here (freshness)
 
 
@@ -510,6 +511,7 @@ class NumpyDatapath:
         """A first-pass packet of ``src`` came ``late`` s after its message's LAST (lock held)."""
         s = self._sender(src)
         s.reorder = widen_reorder(s.reorder, late)
+        s.clean_passes = 0
 
     def _sender(self, rank: int) -> _Sender:
         s = self._senders.get(rank)
@@ -530,7 +532,7 @@ class NumpyDatapath:
         key = rx.asm.key
         if rx.last_at and not rx.late:  # a pass ended and nothing of it came after: narrow the window
             s = self._sender(key[0])
-            s.reorder = narrow_reorder(s.reorder)
+            s.reorder, s.clean_passes = narrow_reorder(s.reorder, s.clean_passes)
         # The sender's transmissions this message will never bring (packets that never came, the
         # first sending of each that came as a resend) count as read for its credits, or its
         # window would shrink by every loss.

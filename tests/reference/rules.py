@@ -7,7 +7,8 @@ tested directly, on a fake clock (tests/transport/test_core_rules.py), and again
 from __future__ import annotations
 
 from dlcp.hostagent.datapath.credits import CREDIT_QUIET
-from dlcp.hostagent.protocol.incoming import FRESH_WINDOW, MAX_ANSWER_GRACE, REORDER_DECAY, REORDER_MARGIN, REORDER_MIN
+from dlcp.hostagent.protocol.incoming import (FRESH_WINDOW, MAX_ANSWER_GRACE, REORDER_DECAY, REORDER_MARGIN,
+                                              REORDER_MIN, REORDER_PERSIST)
 from dlcp.hostagent.ratecontrol import DRAIN_FRESH, DRAIN_MIN_BYTES, DRAIN_STRETCH
 
 
@@ -151,9 +152,14 @@ def widen_reorder(window: float, late: float) -> float:
     return min(MAX_ANSWER_GRACE, max(window, REORDER_MARGIN * late))
 
 
-def narrow_reorder(window: float) -> float:
-    """The window after a message whose pass ended without a packet coming after its LAST."""
-    return max(REORDER_MIN, window * REORDER_DECAY)
+def narrow_reorder(window: float, clean: int) -> tuple[float, int]:
+    """The window and the count of clean passes in a row after a message whose pass ended
+    without a packet coming after its LAST (``clean``: the count before it): narrowed once
+    every REORDER_PERSIST of them."""
+    clean += 1
+    if clean < REORDER_PERSIST:
+        return window, clean
+    return max(REORDER_MIN, window * REORDER_DECAY), 0
 
 
 def iteration_before(a: int, b: int) -> bool:

@@ -813,9 +813,10 @@ def test_an_empty_datagram_ahead_of_others_is_not_an_empty_socket(which):
 def test_both_paths_learn_a_senders_reordering_window_alike():
     """The grace's floor per sender (RACK's reordering window): ``probe_grace`` until measured;
     a first-pass packet that comes after its message's LAST widens it to 1.25 x its lateness at
-    once, also when the message was already complete; a resend (RETX) never does; a message
-    whose pass ended with nothing after it narrows it by 0.9, down to REORDER_MIN."""
-    from dlcp.hostagent.protocol.incoming import REORDER_MIN
+    once, also when the message was already complete; a resend (RETX) never does; every
+    REORDER_PERSIST passes in a row that ended with nothing after them narrow it by 0.9, down to
+    REORDER_MIN (a late packet starts the count again)."""
+    from dlcp.hostagent.protocol.incoming import REORDER_MIN, REORDER_PERSIST
 
     paths, sock = _paths(probe_grace=0.002)
     x = np.arange(1, PER * 10 + 1, dtype=np.float32)
@@ -831,7 +832,7 @@ def test_both_paths_learn_a_senders_reordering_window_alike():
         seen.append(dp.reorder_window(1))
         _one(dp, dgs[4], now=1.004)  # the original, 4 ms after the LAST, to a complete message
         seen.append(dp.reorder_window(1))
-        for mid in range(6, 40):  # in order: each narrows the window
+        for mid in range(6, 6 + REORDER_PERSIST * 35):  # in order: each run of REORDER_PERSIST narrows it
             dgs = _datagrams(x, mid)
             dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
             _expect(dp, 1, mid, x.size)
@@ -844,33 +845,40 @@ def test_both_paths_learn_a_senders_reordering_window_alike():
     native, numpy_ = windows
     np.testing.assert_allclose(native, numpy_, rtol=1e-6)
     assert native[-2] == native[-1]  # at the floor: it stays there
-    assert native[0] == 0.002 and native[1] == pytest.approx(0.9 * 0.002)
-    assert native[2] == pytest.approx(1.25 * 0.004)
-    assert native[3] == pytest.approx(0.9 * 1.25 * 0.004)
+    # the first message (its packet 4 overtaken, then resent) was a clean pass, one of a run
+    assert native[0] == 0.002 and native[1] == 0.002
+    assert native[2] == pytest.approx(1.25 * 0.004)  # the original came 4 ms after the LAST
+    # the late original started the count again: REORDER_PERSIST more clean passes narrow it once
+    assert native[3:2 + REORDER_PERSIST] == [native[2]] * (REORDER_PERSIST - 1)
+    assert native[2 + REORDER_PERSIST] == pytest.approx(0.9 * 1.25 * 0.004)
+    assert native[2 + 2 * REORDER_PERSIST] == pytest.approx(0.9 ** 2 * 1.25 * 0.004)
     assert native[-1] == REORDER_MIN
 
 
 def test_a_passs_other_last_packets_coming_after_its_first_are_not_reordering():
     """The final LAST_PACKETS of a pass all carry LAST and arrive after the first of them by
-    design: read one per batch, later and later, they do not widen the reordering window (each
-    such pass narrows it, on both paths); a packet without LAST after them still widens it."""
+    design: read one per batch, later and later, they do not widen the reordering window (such
+    passes are clean: a run of REORDER_PERSIST of them narrows it, on both paths); a packet
+    without LAST after them still widens it."""
+    from dlcp.hostagent.protocol.incoming import REORDER_PERSIST
+
     paths, sock = _paths(probe_grace=0.002)
     x = np.arange(1, PER * 10 + 1, dtype=np.float32)
     for dp in paths:
-        for mid in (5, 6):
+        for mid in range(5, 5 + REORDER_PERSIST):
             dgs = _datagrams(x, mid)
             for i in range(10 - wire.LAST_PACKETS, 10):
                 dgs[i] = _with(dgs[i], flags=wire.Flags.LAST)
             _expect(dp, 1, mid, x.size)
-            before = dp.reorder_window(1)
             for i, d in enumerate(dgs):
                 _one(dp, d, now=mid + i * 5e-4)
-            assert dp.reorder_window(1) == pytest.approx(0.9 * before), type(dp).__name__
-        dgs = _datagrams(x, 7)
+        assert dp.reorder_window(1) == pytest.approx(0.9 * 0.002), type(dp).__name__
+        late = 5 + REORDER_PERSIST
+        dgs = _datagrams(x, late)
         dgs[-1] = _with(dgs[-1], flags=wire.Flags.LAST)
-        _expect(dp, 1, 7, x.size)
+        _expect(dp, 1, late, x.size)
         for i in [0, 1, 2, 3, 4, 5, 6, 7, 9, 8]:  # 8 after the LAST, 3 ms late
-            _one(dp, dgs[i], now=7.003 if i == 8 else 7.0)
+            _one(dp, dgs[i], now=late + 0.003 if i == 8 else late)
         assert dp.reorder_window(1) == pytest.approx(1.25 * 0.003), type(dp).__name__
         dp.stop()
     sock.close()

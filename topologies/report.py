@@ -138,9 +138,13 @@ def resend_metrics(s: dict) -> dict[str, Any]:
     sent = sum(e.get("data_pkts_sent", 0) for e in eps.values())
     if not eps or not sent:
         return {}
-    server = max(eps) if s.get("pattern") == "ps" else None  # the server is the rank after the workers
-    return {"server_retransmitted": None if server is None else int(eps[server].get("retransmitted_pkts", 0)),
-            "resent_share": sum(e.get("retransmitted_pkts", 0) for e in eps.values()) / sent}
+    out: dict[str, Any] = {"resent_share": sum(e.get("retransmitted_pkts", 0) for e in eps.values()) / sent,
+                           "server_retransmitted": None}
+    if s.get("pattern") == "ps":  # the server is the rank after the workers (who write the records)
+        server = 1 + max((r["rank"] for r in s.get("iterations", []) if "rank" in r), default=-1)
+        if server in eps:
+            out["server_retransmitted"] = int(eps[server].get("retransmitted_pkts", 0))
+    return out
 
 
 def _tta(metrics: dict, target: float) -> float:

@@ -295,6 +295,9 @@ def test_a_parameter_servers_resends_are_counted_from_its_endpoint_totals():
     ring["metrics"] = scheme_metrics(ring)
     assert ring["metrics"]["server_retransmitted"] is None and math.isclose(ring["metrics"]["resent_share"], 2 / 1000)
     assert "server_retransmitted" not in _run("gloo", 0, 0.5)["metrics"]  # no endpoints, no figure
+    lost = ps_run(0, 300)
+    del lost["endpoints"]["2"]  # a server that wrote no totals: no figure, not a worker's taken for it
+    assert scheme_metrics(lost)["server_retransmitted"] is None
 
     results = as_testbed_results([one, ps_run(1, 500), ps_run(2, 100), ps_run(3, 9000, valid=False), ring])
     table = resend_table(results)

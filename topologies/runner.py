@@ -44,8 +44,8 @@ from dlcp.topologies import bpf_dctcp, paths, traffic
 from dlcp.topologies.bmv2 import terminate_group
 from dlcp.topologies.gloo_ports import (Connection, GlooPorts, expected_connections, fixed_ports, namespace_settings,
                                         parse_connections)
-from dlcp.topologies.netns import (NetnsError, allow_congestion_control, restore_allowed_congestion_controls,
-                                   tcp_counters)
+from dlcp.topologies.netns import (NetnsError, allow_congestion_control, list_netns,
+                                   restore_allowed_congestion_controls, tcp_counters)
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
 from dlcp.hostagent.provenance import provenance
 from dlcp.topologies.registry import REGISTRY, Registry, hold_testbed
@@ -755,13 +755,32 @@ def testbed_ready():
     return tnet
 
 
+def refuse_a_taken_testbed(topo: TopologyDesc) -> None:
+    """Raise before anything is created when a switch namespace of ``topo`` exists already.
+
+    Why, beside the lock: the lock lives in the run registry's directory, which a second run with
+    another ``DLCP_RUN_REGISTRY`` or in another mount namespace (a container, a CI job on the same
+    kernel) does not share, while the namespace names are the kernel's. Such a run failed
+    half-way, and its teardown deleted the live run's namespaces by name, killing that run too.
+
+    Raises:
+        DlcpUserError: naming the namespaces found."""
+    taken = sorted(set(list_netns()) & {s.name for s in topo.switches})
+    if taken:
+        raise DlcpUserError(f"network namespace{'s' if len(taken) > 1 else ''} {', '.join(taken)} exist"
+                            f"{'' if len(taken) > 1 else 's'} already: another dlcp run is using the testbed (perhaps "
+                            "from another container or run registry), or one that died left them; wait for it, or "
+                            "stop it and run `dlcp clean`")
+
+
 def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
     """:func:`run` once it holds the testbed."""
+    topo = with_host_ports(TOPOLOGIES[opts.topology](opts.workers), opts.host_ports)
+    refuse_a_taken_testbed(topo)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(opts.out).resolve() / f"{stamp}-{opts.topology}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(opts), indent=2))
-    topo = with_host_ports(TOPOLOGIES[opts.topology](opts.workers), opts.host_ports)
     registry = Registry(REGISTRY / f"{stamp}-{os.getpid()}.json", netns=[s.name for s in topo.switches])
     registry.save()
     sock_dir = Path(tempfile.mkdtemp(prefix="dlcp-"))  # short: a Unix socket path has at most 107 bytes

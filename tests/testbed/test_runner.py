@@ -201,3 +201,20 @@ def test_gloo_beside_dlcps_ring_in_one_run(tmp_path):
     assert netns.ALLOWED_CC.read_text() == allowed
     assert "speedup = gloo's iteration p50" in res.stdout and "(gloo final - 0.5 points)" in res.stdout
     assert _ours_left() == {"bmv2": [], "netns": [], "links": []}
+
+
+def test_a_run_from_another_registry_leaves_a_live_testbeds_namespaces_alone(tmp_path):
+    """A second run that does not share the first one's lock (another ``DLCP_RUN_REGISTRY``, or a
+    container on the same kernel) is refused before it creates anything, and the namespace it
+    found is still there: such a run used to fail half-way and delete the live run's namespaces."""
+    name = star(2).switches[0].name
+    assert not netns.netns_exists(name), "a testbed run is going on this machine"
+    netns.add_netns(name)  # what a live run in another container holds
+    try:
+        res = dlcp("run", "--topology", "star", "--workers", 2, "--scheme", "dlcp", "--out", tmp_path / "out", *SMALL,
+                   env={**os.environ, "DLCP_RUN_REGISTRY": str(tmp_path / "registry")}, timeout=120)
+        assert res.returncode != 0
+        assert f"network namespace {name} exists already: another dlcp run is using the testbed" in res.stderr
+        assert netns.netns_exists(name) and not (tmp_path / "out").exists()
+    finally:
+        netns.del_netns(name)

@@ -488,7 +488,16 @@ def describe(results: dict) -> str:
     pattern = " and ".join(ran) if ran else c.get("pattern", "")
     return (f"{results.get('topology', c.get('topology', ''))}, {c.get('workers', '?')} workers, "
             f"{pattern}, {c.get('workload', '')}, {capacity_label(c)}, {cross}; "
-            f"{runs} run(s) per scheme")
+            f"{runs} run(s) per scheme{partial_note(results)}")
+
+
+def partial_note(results: dict) -> str:
+    """What a results file written part-way says of itself (:func:`keep_partial`)."""
+    p = results.get("partial")
+    if not p:
+        return ""
+    return (f" (written after {p['repetitions']} of {p['of']} repetitions: the run stopped there or was still "
+            "going)")
 
 
 def _save(fig, path: Path) -> Path:
@@ -602,6 +611,24 @@ def breakdown_plot(path: Path, results: dict) -> Path | None:
     ax.set_title(f"Where the time goes: {describe(results)}", fontsize=8)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def keep_partial(run_dir: Path, results: dict, done: int, of: int) -> None:
+    """Write results.json of the ``done`` repetitions (of ``of``) finished so far; :func:`finish`
+    replaces it at the end.
+
+    Why: a long run stopped part-way (a lost session, a killed runner, a switch that died) lost
+    every finished repetition with it, though they are complete measurements. Written after each
+    repetition, they read as a run of ``done`` repetitions (``dlcp report``), which a later
+    ``dlcp run --first-repeat <done>`` continues and ``dlcp report --merge`` joins."""
+    for s in results["runs"]:
+        if "metrics" not in s:
+            add_stragglers([r for r in s["iterations"] if r.get("kind") == "measured"])
+            s["metrics"] = scheme_metrics(s)
+    part = {**results, "options": {**results["options"], "repeat": done}, "partial": {"repetitions": done, "of": of}}
+    tmp = run_dir / "results.json.partial"
+    tmp.write_text(json.dumps(part, indent=2))
+    tmp.replace(run_dir / "results.json")  # whole or not at all, whenever the run stops
 
 
 def finish(run_dir: Path, results: dict) -> str:

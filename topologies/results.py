@@ -218,7 +218,7 @@ def merge(documents: list[tuple[str, dict]]) -> dict:
     repeats = sorted({r.get("repeat", 0) for r in runs})
     options = {**first["options"], "repeat": len(repeats), "first_repeat": repeats[0]}
     rest = {k: v for k, v in first.items() if k not in ("options", "runs", "provenance", "summary", "source",
-                                                        "schema", "reference", "tta_targets", "tta_rule")}
+                                                        "schema", "reference", "tta_targets", "tta_rule", "partial")}
     return document("testbed", options, runs, provenance=provenance, reference=first.get("reference"),
                     merged_from=[name for name, _ in documents], **rest)
 

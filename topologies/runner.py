@@ -808,6 +808,10 @@ def _run_locked(opts: RunOptions, tnet) -> tuple[Path, dict]:
         for i, (r, scheme) in enumerate(runs):
             results["runs"].append(_run_scheme(net, topo, opts, scheme, run_dir, registry, i, r, sock_dir))
             _progress(opts, progress.step(scheme + (f" r{r + 1}" if opts.numbered else "")), final=True)
+            if i + 1 < len(runs) and runs[i + 1][0] != r:  # a repetition finished: kept, whatever comes
+                from dlcp.topologies.report import keep_partial
+
+                keep_partial(run_dir, results, r + 1 - opts.first_repeat, opts.repeat)
     finally:
         _progress(opts, "tearing down ...")
         try:

@@ -138,6 +138,28 @@ def test_runs_of_one_experiment_merge_into_the_tables_one_run_would_have_given(t
     assert "2 run(s) per scheme" in capsys.readouterr().out
 
 
+def test_a_run_stopped_part_way_keeps_its_finished_repetitions_and_a_later_run_continues_it(tmp_path, capsys):
+    """results.json is rewritten after each repetition: what a run stopped part-way finished reads
+    as a run of those repetitions, saying so, and merges with the run that does the rest."""
+    from dlcp.topologies.report import keep_partial
+
+    whole = load(DATA / "20261129-112318-leafspine.json")
+    early, late = _split(DATA / "20261129-112318-leafspine.json", 2)
+    running = {**whole, "runs": [dict(r) for r in early["runs"]]}  # as the runner holds it: all 5 asked for
+    keep_partial(tmp_path, running, 2, 5)
+    written = load(tmp_path / "results.json")
+    assert written["options"]["repeat"] == 2 and written["partial"] == {"repetitions": 2, "of": 5}
+    assert not (tmp_path / "results.json.partial").exists()
+    assert main(["report", str(tmp_path)]) == 0
+    assert "2 run(s) per scheme (written after 2 of 5 repetitions" in capsys.readouterr().out
+    b = tmp_path / "late.json"
+    b.write_text(json.dumps(late))
+    merged = merge([("early", written), ("late", late)])
+    assert repetitions(merged) == 5 and "partial" not in merged
+    assert main(["report", str(tmp_path), str(b), "--merge"]) == 0
+    assert "5 run(s) per scheme" in capsys.readouterr().out
+
+
 def test_runs_that_are_not_one_experiment_do_not_merge():
     early, late = _split(DATA / "20261129-112318-leafspine.json", 3)
     with pytest.raises(ResultsError, match="at least two"):

@@ -58,6 +58,35 @@ HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control co
 ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long after its last packet
 
 
+class ReaderMark:
+    """How far the receive thread has read (``rx_seen_until``), taken at most once per timer run
+    and only when an answer or a hole report hangs on it.
+
+    Why lazy: the timer runs at every data-path event, and the read takes the receive thread's
+    lock and a system call, while most runs judge no answer. Why the progress is read again
+    after it: everything that arrived before the mark is then in the message's progress. Read
+    the other way round, the receive thread could take packets from the socket in between, and
+    an answer judged on the later mark listed them as missing from the earlier progress
+    (captured at a testbed receiver: a bitmap sent 0.75 ms after both packets it listed had
+    arrived, both then resent)."""
+
+    def __init__(self, port: DataPort) -> None:
+        self.port = port
+        self.mark: float | None = None
+        self.refreshed: set[tuple[int, int]] = set()
+
+    def seen_until(self, msg: Incoming) -> float:
+        """The mark, with ``msg``'s progress read after it."""
+        if self.mark is None:
+            self.mark = self.port.rx_seen_until()
+        if msg.key not in self.refreshed:
+            self.refreshed.add(msg.key)
+            p = self.port.progress(msg.src, msg.message_id)
+            if p is not None:
+                msg.update(p)
+        return self.mark
+
+
 class ProtocolCore:
     """Every message of one endpoint, both directions. Not thread-safe: the driver serialises calls.
 
@@ -593,18 +622,12 @@ class ProtocolCore:
         data path's events and every control record call for a run at once besides.
         """
         wake = now + IDLE_TICK
-        seen_until = 0.0
         if self.inc:  # what moved since the last run (a run per event: most messages did not)
-            # seen_until first, then the progress: everything that arrived before it is then in
-            # the progress read after it. Read the other way round, the receive thread could take
-            # packets from the socket in between, and an answer judged on the later seen_until
-            # listed them as missing from the earlier progress (captured at a testbed receiver:
-            # a bitmap sent 0.75 ms after both packets it listed had arrived, both then resent)
-            seen_until = self.port.rx_seen_until()
             for key, p in self.port.progress_changed().items():
                 msg = self.inc.get(key)
                 if msg is not None:
                     msg.update(p)
+        reader = ReaderMark(self.port)
         for msg in list(self.inc.values()):
             if msg.dp_state:
                 continue  # completed by the data path: its RX_DONE event finishes it
@@ -619,9 +642,16 @@ class ProtocolCore:
                 continue
             wake = min(wake, msg.deadline)
             if msg.holes_to_look_for:
-                wake = min(wake, self._look_for_holes(msg, now, seen_until))
+                wake = min(wake, self._look_for_holes(msg, now, reader))
             if msg.probe_pending:
                 floor = self.port.reorder_window(msg.src)
+                due = msg.last_arrival + answer_grace(floor, msg)
+                if now < due:
+                    wake = min(wake, due)
+                    continue
+                seen_until = reader.seen_until(msg)  # (may move last_arrival: due again)
+                if msg.dp_state:
+                    continue
                 due = msg.last_arrival + answer_grace(floor, msg)
                 if now < due:
                     wake = min(wake, due)
@@ -695,7 +725,7 @@ class ProtocolCore:
         self.port.expire_parked(now - self.config.message_deadline)
         return max(0.0, wake - now)
 
-    def _look_for_holes(self, msg: Incoming, now: float, seen_until: float) -> float:
+    def _look_for_holes(self, msg: Incoming, now: float, reader: ReaderMark) -> float:
         """A reliable message in its first pass: report the holes that stayed open for a
         reordering window (HOLE_CHECK_INTERVAL, :func:`overdue_holes`) in a NACK. Returns when
         to look again."""
@@ -704,7 +734,7 @@ class ProtocolCore:
         if msg.holes_looked_at is not None:
             if now < msg.holes_looked_at + every:
                 return msg.holes_looked_at + every
-            if seen_until < msg.holes_looked_at + window:  # the reader is behind: look again shortly
+            if reader.seen_until(msg) < msg.holes_looked_at + window:  # the reader is behind: look again shortly
                 return now + URGENT_TICK
         holes = self.port.holes(msg.src, msg.message_id)
         if msg.holes_looked_at is not None:

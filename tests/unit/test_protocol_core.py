@@ -117,8 +117,8 @@ class FakePort:
                                            gaps=gaps)
 
 
-def make_core(**config) -> tuple[ProtocolCore, FakePort]:
-    port = FakePort()
+def make_core(port: FakePort | None = None, **config) -> tuple[ProtocolCore, FakePort]:
+    port = port or FakePort()
     cfg = TransportConfig(rank=0, peers=local_peers(3, 50000), **config)
     core = ProtocolCore(cfg, port, new_key=lambda: KEY)
     for rank in (1, 2):
@@ -383,6 +383,40 @@ def test_a_reader_that_keeps_up_answers_at_the_grace_however_busy_the_socket():
     port.seen_until = 1.0020
     core.handle_timer(1.0021)
     assert kinds(core, 1) == ["BITMAP"]
+
+
+class ReaderRacingPort(FakePort):
+    """A receive thread that takes the packets still in the socket just as the core asks how far
+    it has read (the moment in between two reads of the core)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_socket: list[tuple] = []
+        self.mark_reads = 0
+
+    def rx_seen_until(self):
+        self.mark_reads += 1
+        for args in self.in_socket:
+            self.deliver(*args)
+        self.in_socket.clear()
+        return self.seen_until
+
+
+def test_the_reader_mark_is_read_only_when_an_answer_hangs_on_it_and_before_the_progress_it_judges():
+    """Timer runs that judge no answer leave the receive thread's lock alone; the one that does
+    reads the message's progress after the mark, so packets the reader took in between are not
+    listed as missing (a bitmap listing packets already here sends them again)."""
+    port = ReaderRacingPort()
+    core, _ = make_core(probe_grace=0.002, port=port)
+    h = _expect(core, 20, 0.0)
+    port.deliver(1, 9, range(10), now=1.0)
+    core.on_events([(EventKind.RX_LAST, 1, 9, 1.0, 0)], now=1.0)
+    core.handle_timer(1.001)  # inside the grace: nothing judged
+    assert port.mark_reads == 0
+    port.in_socket.append((1, 9, range(10, 20), 1.0))  # arrived by 1.0, not yet read
+    core.handle_timer(1.003)
+    assert port.mark_reads == 1
+    assert kinds(core, 1) == ["STOP"] and h.wait(0).stats.how == "exact"
 
 
 def test_a_message_quiet_for_the_idle_timeout_completes_under_its_bound_without_a_pass_end():

@@ -50,6 +50,7 @@ from dlcp.topologies.breakdown import PARTS, add_stragglers
 from dlcp.topologies.results import by_scheme, repetitions, schemes
 from dlcp.topologies.stats import Estimate, median_ci, paired_ratios, verdict, versus
 from dlcp.topologies.tta import TARGET_MARGIN, accuracy_trace, default_target, time_to_accuracy
+from dlcp.topologies.validity import service_readings
 
 
 def ordering_efficiency(comm: float, comp: float, u: float) -> dict:
@@ -294,20 +295,35 @@ def aggregate(results: dict) -> dict[str, dict]:
     return out
 
 
-def service_range(runs: list[dict]) -> tuple[float, float] | None:
+def service_range(runs: list[dict]) -> tuple[float | None, float] | None:
     """The lowest and highest service ratio (a bottleneck port's rate while backlogged over its
-    capacity, :mod:`dlcp.topologies.validity`) over the ports and ``runs``; None where no port was
-    backlogged long enough to tell."""
-    ratios = [b["ratio"] for r in runs for b in (r.get("validity") or {}).get("bottlenecks", [])
-              if b.get("ratio") is not None]
-    return (min(ratios), max(ratios)) if ratios else None
+    capacity) over the ports and ``runs``, each end read as the validity rules read it
+    (:func:`dlcp.topologies.validity.service_readings`): the lowest from intervals the port was
+    backlogged throughout (None where no port was so for enough slots: a port backlogged only in
+    bursts has no rate to read from below), the highest from every backlogged interval. Runs
+    recorded before the strict reading existed give the loose one at both ends. None where no
+    port was backlogged long enough to tell. The two ends come in order (on steady ports the
+    strict reading, slightly high, may pass the loose one)."""
+    rows = [b for r in runs for b in (r.get("validity") or {}).get("bottlenecks", [])]
+    highs = [b["ratio"] for b in rows if b.get("ratio") is not None]
+    if not highs:
+        return None
+    if not any("full_slots" in b for b in rows):
+        return min(highs), max(highs)
+    lows = [low for low, _ in map(service_readings, rows) if low is not None]
+    if not lows:
+        return None, max(highs)
+    ends = sorted((min(lows), max(highs)))  # (on steady ports the strict reading may pass the loose one)
+    return ends[0], ends[1]
 
 
-def service_text(service: tuple[float, float] | None) -> str:
-    """``0.99-1.01x``, or ``-``."""
+def service_text(service: tuple[float | None, float] | None) -> str:
+    """``0.99-1.01x``, ``≤0.96x`` (no reading from below), or ``-``."""
     if service is None:
         return "-"
     lo, hi = service
+    if lo is None:
+        return f"≤{hi:.2f}x"
     return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
 
@@ -349,7 +365,8 @@ def summary(results: dict) -> str:
                                               if repeated else "")
                  + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; comm/bound = communication "
                  "alone (the calibration iterations' p50) / line-rate bound; service = what the bottleneck ports "
-                 "served while backlogged / their capacity, lowest-highest over ports and runs; msgs, ctl: messages "
+                 "served while backlogged / their capacity, lowest-highest over ports and runs as the validity rules read "
+                 "them (lowest: intervals backlogged throughout, ≤ where none held enough slots); msgs, ctl: messages "
                  "and control frames per worker per iteration")
     for name, r in agg.items():
         if "server_retransmitted" in r:

@@ -226,8 +226,11 @@ def markdown(results: dict, source: str = "") -> str:
     lines.append("Medians over valid runs, 95 % bootstrap intervals over runs in brackets from 5 runs or more, "
                  "the range (min..max) in parentheses with fewer, and then no verdict; speedups paired by run (run r "
                  "of each scheme, interleaved); port service / capacity: what the bottleneck ports served while "
-                 "backlogged over their capacity, lowest-highest over ports and runs (a run above 1.03x is invalid "
-                 "since issue 43; earlier runs were judged without that rule).")
+                 "backlogged over their capacity, lowest-highest over ports and runs, each end read as the validity "
+                 "rules read it: the lowest over intervals the port was backlogged throughout (≤ alone where no port "
+                 "was so for 200 slots: bursts give no rate from below), the highest over every backlogged interval "
+                 "(a valid run lies within [0.9, 1.03] so since issue 43; earlier runs were judged without the upper "
+                 "rule, and runs before the strict reading show the loose one at both ends).")
     tail = iteration_tail_table(results)
     if tail:
         lines += ["", "Iteration times, medians over valid runs of each run's figure (time to a target is a sum "

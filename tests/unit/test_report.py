@@ -305,3 +305,22 @@ def test_a_parameter_servers_resends_are_counted_from_its_endpoint_totals():
     assert "| `dlcp:ring` | 1 | 10 | - (no server) | 0.20 % |" in table
     assert resend_table(slim(results)) == table  # a kept results file shows it too
     assert "dlcp:ps: its server resent 300 data packets" in summary(results)
+
+
+def test_port_service_is_tabled_as_the_validity_rules_read_it():
+    """The lowest reading comes from intervals backlogged throughout (a port filled in bursts has
+    no rate to read from below: its loose reading counts idle moments), the highest from every
+    backlogged interval; runs recorded before the strict reading keep the loose one at both ends."""
+    from dlcp.topologies.report import service_range, service_text
+
+    def run(*ports: dict) -> dict:
+        return {"validity": {"bottlenecks": list(ports)}}
+
+    bursty = {"ratio": 0.62, "full_ratio": 0.80, "full_slots": 40}  # too few slots backlogged throughout
+    steady = {"ratio": 0.97, "full_ratio": 0.995, "full_slots": 900}
+    assert service_text(service_range([run(bursty)])) == "≤0.62x"
+    assert service_range([run(bursty), run(steady)]) == (0.97, 0.995)  # in order
+    assert service_text(service_range([run(bursty, steady), run({"ratio": 1.01, "full_ratio": 1.02,
+                                                                 "full_slots": 300})])) == "0.99-1.01x"
+    assert service_text(service_range([run({"ratio": 0.85}, {"ratio": 1.0})])) == "0.85-1.00x"  # before the rule
+    assert service_range([run({"ratio": None, "full_slots": 0})]) is None

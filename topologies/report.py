@@ -365,8 +365,9 @@ def summary(results: dict) -> str:
                                               if repeated else "")
                  + f"; speedup = {ref}'s iteration p50 / the scheme's, paired by run; comm/bound = communication "
                  "alone (the calibration iterations' p50) / line-rate bound; service = what the bottleneck ports "
-                 "served while backlogged / their capacity, lowest-highest over ports and runs as the validity rules read "
-                 "them (lowest: intervals backlogged throughout, ≤ where none held enough slots); msgs, ctl: messages "
+                 "served while backlogged / their capacity, lowest-highest over ports and runs as the validity "
+                 "rules read them (lowest: intervals backlogged throughout, ≤ where none held enough slots); msgs, "
+                 "ctl: messages "
                  "and control frames per worker per iteration")
     for name, r in agg.items():
         if "server_retransmitted" in r:

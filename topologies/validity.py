@@ -204,7 +204,8 @@ _WHERE = {"ingress": "frames before its pipeline (BMv2's capture ring overflowed
           "scheduler": "admitted frames in the port's scheduler (its FIFO overflowed)"}
 
 
-def service_readings(row: Mapping[str, Any], rules: ValidityRules = ValidityRules()) -> tuple[float | None, float | None]:
+def service_readings(row: Mapping[str, Any],
+                     rules: ValidityRules = ValidityRules()) -> tuple[float | None, float | None]:
     """A bottleneck port's service over its capacity as the port rules read it (``row``: one of
     :func:`judge`'s port rows): (the reading a slow port is judged on, the reading a fast one is),
     None where too few slots were served to tell.

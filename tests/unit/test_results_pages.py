@@ -46,7 +46,9 @@ PAGES: dict[str, list[list[str]]] = {
                            ["20261128-225814-leafspine.json"],
                            ["20261128-194717-leafspine.json"],
                            ["20261126-131439-leafspine.json"], ["20261126-132312-leafspine.json"],
-                           ["20261129-193156-leafspine.json"]],
+                           ["20261129-193156-leafspine.json"],
+                           ["20261129-211527-leafspine.json"],
+                           ["20261129-211527-leafspine.json", "--against", "gloo-dctcp"]],
 }
 
 

@@ -639,22 +639,30 @@ def keep_partial(run_dir: Path, results: dict, done: int, of: int) -> None:
     every finished repetition with it, though they are complete measurements. Written after each
     repetition, they read as a run of ``done`` repetitions (``dlcp report``), which a later
     ``dlcp run --first-repeat <done>`` continues and ``dlcp report --merge`` joins."""
+    _add_metrics(results)
+    _write_results(run_dir, {**results, "options": {**results["options"], "repeat": done},
+                             "partial": {"repetitions": done, "of": of}})
+
+
+def _add_metrics(results: dict) -> None:
+    """Each finished run's stragglers and metrics, once (a run kept part-way has them already)."""
     for s in results["runs"]:
         if "metrics" not in s:
             add_stragglers([r for r in s["iterations"] if r.get("kind") == "measured"])
             s["metrics"] = scheme_metrics(s)
-    part = {**results, "options": {**results["options"], "repeat": done}, "partial": {"repetitions": done, "of": of}}
+
+
+def _write_results(run_dir: Path, results: dict) -> None:
+    """results.json, whole or not at all, whenever the run stops."""
     tmp = run_dir / "results.json.partial"
-    tmp.write_text(json.dumps(part, indent=2))
-    tmp.replace(run_dir / "results.json")  # whole or not at all, whenever the run stops
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(run_dir / "results.json")
 
 
 def finish(run_dir: Path, results: dict) -> str:
-    for s in results["runs"]:
-        add_stragglers([r for r in s["iterations"] if r.get("kind") == "measured"])
-        s["metrics"] = scheme_metrics(s)
+    _add_metrics(results)
     results["summary"] = _jsonable(aggregate(results))
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    _write_results(run_dir, results)
     plots(run_dir, results)
     breakdown_plot(run_dir / "breakdown.png", results)
     text = summary(results)

@@ -287,10 +287,6 @@ int Datapath::TxMsg::sending_priority() const {
     return spec.priority;
 }
 
-int Datapath::TxMsg::lowest_priority() const {
-    return prio_in_order.empty() ? spec.priority : prio_in_order.back();  // (send_order is by priority)
-}
-
 void Datapath::submit(const TxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("submit: unknown dtype code");
@@ -460,26 +456,9 @@ void Datapath::activate_locked(TxMsg* m) {
     tx_cv_.notify_all();
 }
 
-// The order the send thread serves its messages in (pick takes the first whose destination may
-// send): resends first; then destinations in the order of their oldest message still sending; a
-// destination's messages by the priority of their next packet, ties in order. Why destinations
-// in turn and not every packet by its priority: a priority says what its receiver needs first,
-// and the receivers of one sender need different things. Strictly by priority, a parameter
-// server's pulls to four workers left together and ended together, each pull's last priority
-// level behind the other three pulls' higher ones (testbed, float32 PS without cross traffic:
-// 530 ms an iteration); served in turn, the first worker has its pull a quarter of the way in
-// and pushes its next gradients while the others still receive, both of the server's directions
-// busy (488 ms). What the switches do at a port that several receivers share stays theirs.
 void Datapath::reorder_locked() {
-    std::map<uint16_t, uint64_t> first;  // destination -> the order of its oldest active message
-    for (const TxMsg* m : active_) {
-        auto it = first.emplace(m->spec.dest, m->spec.order).first;
-        it->second = std::min(it->second, m->spec.order);
-    }
-    std::stable_sort(active_.begin(), active_.end(), [&first](const TxMsg* a, const TxMsg* b) {
+    std::stable_sort(active_.begin(), active_.end(), [](const TxMsg* a, const TxMsg* b) {
         int pa = a->sending_priority(), pb = b->sending_priority();
-        if ((pa == 255) != (pb == 255)) return pa == 255;  // resends first, whatever their destination
-        if (a->spec.dest != b->spec.dest) return first[a->spec.dest] < first[b->spec.dest];
         if (pa != pb) return pa > pb;
         return a->spec.order < b->spec.order;
     });
@@ -698,7 +677,6 @@ void Datapath::tx_loop() {
         // pass with any holes resent during it (resend), or a retransmission.
         uint32_t room = in_flight < d->window ? uint32_t(d->window - in_flight) : chunk;
         uint32_t after;  // packets of the pass still to go after this call
-        bool lower_after;  // ... some of them of a lower priority than this call's (endpass.h, last_marks)
         if (retx) {
             uint32_t rest = m->n_pkts - m->next_pos;  // of the first pass, behind its resent holes
             size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
@@ -707,7 +685,6 @@ void Datapath::tx_loop() {
             seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
             m->retx_pos = stop;
             after = uint32_t(m->retx.size() - stop) + rest;
-            lower_after = rest > 0 && m->lowest_priority() < int(cfg_.top_priority);
         } else {
             uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
             if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;
@@ -717,7 +694,6 @@ void Datapath::tx_loop() {
                 while (j < stop && m->prio_in_order[j] == p0) ++j;
                 stop = j;
             }
-            lower_after = stop < m->n_pkts && m->lowest_priority() < m->sending_priority();
             seqs.assign(m->send_order.begin() + m->next_pos, m->send_order.begin() + stop);
             m->next_pos = stop;
             after = m->n_pkts - stop;
@@ -748,8 +724,7 @@ void Datapath::tx_loop() {
         }
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
-        if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, last_marks(uint32_t(seqs.size()), after,
-                                                                             cfg_.last_packets, lower_after));
+        if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, after);
         g.lock();
         m->busy = false;
         d->pacer.consume(double(sent.second));
@@ -816,7 +791,7 @@ uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first
 }
 
 std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, Sealer& sealer,
-                                                     const std::vector<uint32_t>& seqs, bool retx, uint32_t marks) {
+                                                     const std::vector<uint32_t>& seqs, bool retx, uint32_t after) {
     const HeaderLayout& L = cfg_.layout;
     size_t k = seqs.size();
     if (k == 0) return {0, 0};
@@ -847,9 +822,9 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, Sealer& 
     if (short_pos >= 0) order.push_back(size_t(short_pos));
     for (size_t i = 0; i < k; ++i)
         if (int(i) != short_pos) order.push_back(i);
-    // LAST on the final `marks` packets to leave (last_marks: the pass's final last_packets, of its last level)
+    // LAST on the packets that leave within the pass's final last_packets (wire.LAST_PACKETS)
     for (size_t j = 0; j < k; ++j) {
-        if (k - j > marks) continue;
+        if (uint64_t(k - 1 - j) + after >= cfg_.last_packets) continue;
         uint8_t* h = const_cast<uint8_t*>(hp[order[j]]);
         wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
     }

@@ -684,7 +684,7 @@ class RingAllreduce:
             if snap is not None:
                 snaps.append(snap)
             h = self.ep.send(dest, bufs[t][lo:hi], message_id(iteration, ids[t], step),
-                             priority=chunk.top_priority if chunk.total else int(prio[t]),
+                             priority=lays[t].top_priority,  # (a chunk's rank among messages: its bucket's)
                              loss_bound=pull if gather else push, iteration=iteration, tensor_id=ids[t],
                              layer=chunk.first_layer % 65536, layout=chunk, announce=False, held=held,
                              snapshot=snap)

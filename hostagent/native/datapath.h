@@ -421,6 +421,8 @@ class Datapath {
         std::vector<float> boundaries;
         std::vector<uint8_t> classed;
         int sending_priority() const;
+        int lowest_priority() const;  // of the first pass's last packet
+        int queue_priority() const;  // its place among messages (reorder_locked)
         bool has_packets() const { return !stopped && !held && (next_pos < n_pkts || retx_pos < retx.size()); }
     };
 
@@ -502,7 +504,7 @@ class Datapath {
     void activate_locked(TxMsg* m);
     void reorder_locked();
     std::pair<uint32_t, uint64_t> send_packets(TxMsg* m, Sock& s, Sealer& sealer, const std::vector<uint32_t>& seqs,
-                                                 bool retx, uint32_t after);
+                                                 bool retx, uint32_t marks);  // marks: of them carry LAST
     Sock& sock_for(Dest& d, uint8_t priority);
     uint64_t sendmmsg_plain(Sock& s, std::vector<struct iovec>& iov, size_t first, size_t count, uint32_t& sent);
 

@@ -156,6 +156,7 @@ NB_MODULE(_datapath, m) {
               return std::make_tuple(c.due, c.wake);
           },
           "now"_a, "last_arrival"_a, "grace"_a, "seen_until"_a, "since"_a, "max_busy_defer"_a);
+    m.def("last_marks", &last_marks, "k"_a, "after"_a, "last_packets"_a, "lower_after"_a);
     nb::class_<Sealer>(m, "PacketSealer")
         .def("__init__",
              [](Sealer* self, nb::bytes key, int mode, unsigned epoch_bits) {

@@ -287,6 +287,14 @@ int Datapath::TxMsg::sending_priority() const {
     return spec.priority;
 }
 
+int Datapath::TxMsg::queue_priority() const {
+    return retx_pos < retx.size() ? 255 : spec.priority;
+}
+
+int Datapath::TxMsg::lowest_priority() const {
+    return prio_in_order.empty() ? spec.priority : prio_in_order.back();  // (send_order is by priority)
+}
+
 void Datapath::submit(const TxSpec& spec) {
     auto kit = cfg_.kinds.find(spec.dtype);
     if (kit == cfg_.kinds.end()) throw std::invalid_argument("submit: unknown dtype code");
@@ -456,9 +464,15 @@ void Datapath::activate_locked(TxMsg* m) {
     tx_cv_.notify_all();
 }
 
+// The order the send thread serves its messages in (pick takes the first whose destination may
+// send): resends first; then by the message's priority (its most urgent layer's), ties in order;
+// a message's own packets by theirs (send_order). Why the message's and not its next packet's:
+// ranked by their next packet, a message's least urgent level sank behind every other message's
+// more urgent packets, and a chain of messages that each wait for the one before (a ring's steps)
+// or a receiver that needs the whole message (a parameter server's pull) waited for it.
 void Datapath::reorder_locked() {
     std::stable_sort(active_.begin(), active_.end(), [](const TxMsg* a, const TxMsg* b) {
-        int pa = a->sending_priority(), pb = b->sending_priority();
+        int pa = a->queue_priority(), pb = b->queue_priority();
         if (pa != pb) return pa > pb;
         return a->spec.order < b->spec.order;
     });
@@ -677,6 +691,7 @@ void Datapath::tx_loop() {
         // pass with any holes resent during it (resend), or a retransmission.
         uint32_t room = in_flight < d->window ? uint32_t(d->window - in_flight) : chunk;
         uint32_t after;  // packets of the pass still to go after this call
+        bool lower_after;  // ... some of them of a lower priority than this call's (endpass.h, last_marks)
         if (retx) {
             uint32_t rest = m->n_pkts - m->next_pos;  // of the first pass, behind its resent holes
             size_t stop = std::min(m->retx.size(), m->retx_pos + chunk);
@@ -685,6 +700,7 @@ void Datapath::tx_loop() {
             seqs.assign(m->retx.begin() + m->retx_pos, m->retx.begin() + stop);
             m->retx_pos = stop;
             after = uint32_t(m->retx.size() - stop) + rest;
+            lower_after = rest > 0 && m->lowest_priority() < int(cfg_.top_priority);
         } else {
             uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
             if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;
@@ -694,6 +710,7 @@ void Datapath::tx_loop() {
                 while (j < stop && m->prio_in_order[j] == p0) ++j;
                 stop = j;
             }
+            lower_after = stop < m->n_pkts && m->lowest_priority() < m->sending_priority();
             seqs.assign(m->send_order.begin() + m->next_pos, m->send_order.begin() + stop);
             m->next_pos = stop;
             after = m->n_pkts - stop;
@@ -724,7 +741,8 @@ void Datapath::tx_loop() {
         }
         sleep_for(w);
         std::pair<uint32_t, uint64_t> sent{0, 0};
-        if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, after);
+        if (sk) sent = send_packets(m, *sk, *sealer, seqs, retx, last_marks(uint32_t(seqs.size()), after,
+                                                                             cfg_.last_packets, lower_after));
         g.lock();
         m->busy = false;
         d->pacer.consume(double(sent.second));
@@ -791,7 +809,7 @@ uint64_t Datapath::sendmmsg_plain(Sock& s, std::vector<iovec>& iov, size_t first
 }
 
 std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, Sealer& sealer,
-                                                     const std::vector<uint32_t>& seqs, bool retx, uint32_t after) {
+                                                     const std::vector<uint32_t>& seqs, bool retx, uint32_t marks) {
     const HeaderLayout& L = cfg_.layout;
     size_t k = seqs.size();
     if (k == 0) return {0, 0};
@@ -822,9 +840,9 @@ std::pair<uint32_t, uint64_t> Datapath::send_packets(TxMsg* m, Sock& s, Sealer& 
     if (short_pos >= 0) order.push_back(size_t(short_pos));
     for (size_t i = 0; i < k; ++i)
         if (int(i) != short_pos) order.push_back(i);
-    // LAST on the packets that leave within the pass's final last_packets (wire.LAST_PACKETS)
+    // LAST on the final `marks` packets to leave (last_marks: the pass's final last_packets, of its last level)
     for (size_t j = 0; j < k; ++j) {
-        if (uint64_t(k - 1 - j) + after >= cfg_.last_packets) continue;
+        if (k - j > marks) continue;
         uint8_t* h = const_cast<uint8_t*>(hp[order[j]]);
         wr(h, L.flags, rd(h, L.flags) | cfg_.flag_last);
     }

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcp.hostagent import sealing, wire
+from dlcp.hostagent import _datapath, sealing, wire
 from dlcp.hostagent.datapath.credits import CREDIT_QUIET, CREDIT_TIMEOUT, credit_window, initial_window, max_datagram
 from dlcp.hostagent.lossmodel import drop_by_class
 from dlcp.hostagent.packetizer import MessageMeta, PacketBatch, elems_per_packet, packetize
@@ -181,6 +181,10 @@ class _Tx:
         if self.prio_in_order is not None and self.next_pos < len(self.prio_in_order):
             return int(self.prio_in_order[self.next_pos])
         return self.spec.priority
+
+    def lowest_priority(self) -> int:
+        """The priority of the first pass's last packet (the send order is by priority)."""
+        return self.spec.priority if self.prio_in_order is None else int(self.prio_in_order[-1])
 
 
 @dataclass
@@ -1085,7 +1089,9 @@ class NumpyDatapath:
         self._tx_cv.notify_all()
 
     def _reorder(self) -> None:
-        self._active.sort(key=lambda m: (-m.sending_priority(), m.spec.order))
+        """Resends first, then by the message's priority, ties in order (the compiled
+        ``reorder_locked``, where the reasons are)."""
+        self._active.sort(key=lambda m: (-(255 if m.retx_pos < len(m.retx) else m.spec.priority), m.spec.order))
 
     def _find_tx(self, dest: int, message_id: int, seqs: np.ndarray, caller: str) -> _Tx | None:
         """The message sent to ``dest`` as ``message_id`` (None: none), after checking that
@@ -1269,6 +1275,7 @@ class NumpyDatapath:
                         seqs = m.retx[m.retx_pos : stop]
                         m.retx_pos = stop
                         after = len(m.retx) - stop + rest
+                        lower_after = rest > 0 and m.lowest_priority() < self.policy.top_priority
                     else:
                         stop = min(m.next_pos + chunk, m.packets)
                         if m.packets - stop < wire.LAST_PACKETS and m.packets - m.next_pos <= room:
@@ -1277,6 +1284,7 @@ class NumpyDatapath:
                             same = m.prio_in_order[m.next_pos : stop] == m.prio_in_order[m.next_pos]
                             if not same.all():
                                 stop = m.next_pos + int(np.argmin(same))
+                        lower_after = stop < m.packets and m.lowest_priority() < m.sending_priority()
                         seqs = m.send_order[m.next_pos : stop]
                         m.next_pos = stop
                         after = m.packets - stop
@@ -1294,7 +1302,8 @@ class NumpyDatapath:
                         self._tx_cv.notify_all()
                 continue
             try:
-                sent, nbytes = self._send_packets(m, d, seqs, retx, after)
+                marks = _datapath.last_marks(len(seqs), after, wire.LAST_PACKETS, lower_after)
+                sent, nbytes = self._send_packets(m, d, seqs, retx, marks)
             finally:
                 with self._tx_cv:
                     m.busy = False
@@ -1330,11 +1339,11 @@ class NumpyDatapath:
             entry = d.socks[q] = (sock, DatagramSender(sock, use_gso=self.config.offload))
         return entry[1]
 
-    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, after: int) -> tuple[int, int]:
+    def _send_packets(self, m: _Tx, d: _Dest, seqs: np.ndarray, retx: bool, marked: int) -> tuple[int, int]:
         """Send ``seqs`` of ``m`` (all of one priority) in one paced burst: full-size packets as
         rows of a staging buffer by GSO, the short last packet (and everything without GSO) one
-        by one. ``after`` packets of the pass are still to go after these; the packets that
-        leave within the pass's final ``wire.LAST_PACKETS`` carry LAST."""
+        by one. The final ``marked`` of them to leave carry LAST (the compiled rule
+        ``last_marks``: the pass's final ``wire.LAST_PACKETS``, of its last priority level)."""
         batch = m.batch
         assert batch is not None and m.payload_rows is not None  # prepared before any packet is sent
         per = batch.elems_per_packet
@@ -1373,7 +1382,6 @@ class NumpyDatapath:
         if w > 0:
             time.sleep(w)
         use_gso = sender.gso and n_full > 1
-        marked = max(0, min(k, wire.LAST_PACKETS - after))
         if marked:
             # LAST goes on the packets that really leave last: with a GSO run, the short packet
             # leaves first and the run's final rows last.

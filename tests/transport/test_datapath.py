@@ -423,6 +423,74 @@ def test_a_fused_message_leaves_most_urgent_packets_first_with_the_policys_drop_
 
 
 @pytest.mark.parametrize("which", ["native", "numpy"])
+def test_no_packet_carries_last_while_the_pass_still_has_a_lower_priority_to_send(which):
+    """LAST goes on the final packets of the pass's last priority level only (``last_marks``,
+    hostagent/native/endpass.h): fewer than three when that level has fewer. Here one packet of
+    priority 1 follows four of priority 6; the final two of those used to carry LAST as well,
+    and a receiver answered them while the priority-1 packet still waited behind other messages'
+    higher priorities (at the sender and in the switches), so that packet was resent every time.
+    A resend pass of packets all sent at the top priority ends as before, its last three LAST."""
+    x = np.random.default_rng(5).standard_normal(PER * 5).astype(np.float32)
+    prio = np.array([1, 6, 6, 6, 6], np.uint8)
+    layers = np.array([4, 2, 2, 2, 2], np.uint16)
+    got = _capture(which, TxSpec(1, 7, x, 0, PER, 99, 2, 3, 0, 6, prio, layers, np.zeros(5, np.uint8)), 5,
+                   resend=[0, 2, 4, 3])
+    hdr = [wire.unpack_header(d) for d in got]
+    assert [h.seq for h in hdr[:5]] == [1, 2, 3, 4, 0]
+    assert [bool(h.flags & wire.Flags.LAST) for h in hdr[:5]] == [False] * 4 + [True]
+    assert [bool(h.flags & wire.Flags.LAST) for h in hdr[5:]] == [False, True, True, True]
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
+def test_messages_leave_by_their_priority_and_a_messages_packets_by_theirs(which):
+    """The send thread's order (``reorder_locked``): resends first, then messages by their own
+    priority (their most urgent layer's), ties in order, whatever their destination; a message's
+    packets by theirs. So a message's least urgent level leaves with it, before a less urgent
+    message's packets of a higher level: ranked by its next packet, it waited behind every other
+    message (a ring's chunk holding a bucket's last level held up the ring's chain). Ranks 1 and 2
+    share one socket here, so the order on the wire is the order sent."""
+    from dlcp.hostagent.datapath.native import NativeDatapath
+    from tests.reference.numpy_path import NumpyDatapath
+
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    cfg = TransportConfig(rank=0, peers=local_peers(3, 42000), offload=False)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = (NativeDatapath if which == "native" else NumpyDatapath)(cfg, sock, False)
+    openers = {rank: sealing.new_sealer(KEY1, sealing.MAC) for rank in (1, 2)}  # (a counter per direction)
+    for rank in (1, 2):
+        dp.add_peer(rank, "127.0.0.1", rx.getsockname()[1])
+        dp.set_keys(rank, KEY1, KEY1)
+        dp.set_rate(rank, 1e9)
+    x = np.arange(PER * 3, dtype=np.float32)
+
+    def spec(dest: int, mid: int, priority: int, order: int, levels: list[int] | None = None) -> TxSpec:
+        prio = None if levels is None else np.array(levels, np.uint8)
+        return TxSpec(dest, mid, x, 0, PER, 99, 2, 3, 0, priority, prio, None, np.zeros(3, np.uint8), order=order)
+
+    def arrivals(n: int) -> list[tuple[int, int]]:
+        out = []
+        for _ in range(n):
+            d = rx.recv(65536)
+            opened = sealing.open_datagram(openers[1 if wire.unpack_header(d).message_id < 20 else 2], d)
+            assert opened is not None, "a datagram that does not open under its direction's key"
+            h = wire.unpack_header(opened)
+            out.append((h.message_id, h.seq))
+        return out
+
+    try:
+        for s in (spec(1, 10, 6, 1, [1, 6, 6]), spec(1, 11, 4, 2), spec(2, 20, 7, 3)):
+            dp.submit(s)
+        dp.start()
+        rx.settimeout(5)
+        assert arrivals(9) == [(20, 0), (20, 1), (20, 2), (10, 1), (10, 2), (10, 0), (11, 0), (11, 1), (11, 2)]
+    finally:
+        dp.stop()
+        sock.close()
+        rx.close()
+
+
+@pytest.mark.parametrize("which", ["native", "numpy"])
 def test_a_pass_ends_with_its_last_three_packets_marked_last_whatever_the_send_calls(which):
     """wire.LAST_PACKETS: the final three packets of a pass carry LAST, so one lost packet does
     not leave the receiver waiting for a PROBE. Nine packets go out eight to a call without

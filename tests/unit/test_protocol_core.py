@@ -666,6 +666,18 @@ def test_an_end_of_pass_is_answered_when_quiet_and_read_or_after_the_fallback():
     assert not answer_due(m, last + 10, 0.002, last + 10)  # nothing to answer
 
 
+def test_last_goes_on_the_final_packets_of_the_passs_last_priority_level():
+    """``last_marks`` (hostagent/native/endpass.h): of a send call's k packets, those within the
+    pass's final LAST_PACKETS carry LAST, none while a lower priority is still to go."""
+    from dlcp.hostagent import _datapath as rules
+
+    assert rules.last_marks(8, 0, wire.LAST_PACKETS, False) == 3  # the pass's final call: its last 3
+    assert rules.last_marks(2, 1, wire.LAST_PACKETS, False) == 2  # 2 here, the third still to go
+    assert rules.last_marks(8, 3, wire.LAST_PACKETS, False) == 0  # 3 still to go: none here
+    assert rules.last_marks(1, 0, wire.LAST_PACKETS, False) == 1  # a last level of one packet
+    assert rules.last_marks(2, 1, wire.LAST_PACKETS, True) == 0  # the one still to go is of a lower priority
+
+
 def test_the_answer_rule_says_when_to_look_again():
     """``answer_check`` (hostagent/native/endpass.h) gives the time a pending answer can next
     become due: the quiet time's end, then the busy fallback's."""

@@ -1,9 +1,11 @@
 // When a receiver answers the end of a sender's pass, and which packets ask for that answer: the
-// one definition of each rule, pure (no clock, no lock, no message state). The receive thread uses it to complete a bounded message
-// after its LAST (Datapath::end_passes); the protocol core in Python uses the same functions,
-// through the bindings `answer_grace` and `answer_check`, to time its answers to a LAST or a
-// PROBE (hostagent/protocol/incoming.py). Settings and why: the constants of that module
-// (MAX_ANSWER_GRACE, ANSWER_GAPS, MAX_BUSY_DEFER), passed in, so they too are defined once.
+// one definition of each rule, pure (no clock, no lock, no message state). The receive thread
+// uses the first to complete a bounded message after its LAST (Datapath::end_passes); the
+// protocol core in Python uses the same functions, through the bindings `answer_grace` and
+// `answer_check`, to time its answers to a LAST or a PROBE (hostagent/protocol/incoming.py).
+// Settings and why: the constants of that module (MAX_ANSWER_GRACE, ANSWER_GAPS,
+// MAX_BUSY_DEFER), passed in, so they too are defined once. The send thread uses `last_marks`,
+// and the reference data path through its binding (tests/reference/numpy_path.py).
 #pragma once
 
 #include <algorithm>
@@ -56,8 +58,8 @@ inline AnswerCheck answer_check(double now, double last_arrival, double grace, d
 // final `last_packets`, with `after` packets of the pass still to go behind the call; none while
 // the packets still to go include a lower priority than the call's (`lower_after`), so the LAST
 // packets are those of the pass's last priority level (fewer when it has fewer). Why: a pass
-// leaves by priority, and a lower priority's packets wait behind every higher one, at the sender
-// (its other messages' packets go first) and in the switches' strict-priority queues. A LAST ahead
+// leaves by priority, and a lower priority's packets may wait behind more urgent ones, in the
+// switches' strict-priority queues and at the sender behind a more urgent message. A LAST ahead
 // of them had the receiver answer while they waited and list them as missing, and they were sent
 // again: captured at a parameter server's worker, each pull's one packet of priority 1, left
 // behind LAST on two packets of priority 3, came only as the resend its bitmap asked for, in

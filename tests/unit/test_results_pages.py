@@ -48,7 +48,8 @@ PAGES: dict[str, list[list[str]]] = {
                            ["20261126-131439-leafspine.json"], ["20261126-132312-leafspine.json"],
                            ["20261129-193156-leafspine.json"],
                            ["20261129-211527-leafspine.json"],
-                           ["20261129-211527-leafspine.json", "--against", "gloo-dctcp"]],
+                           ["20261129-211527-leafspine.json", "--against", "gloo-dctcp"],
+                           ["20261129-234218-leafspine.json"]],
 }
 
 

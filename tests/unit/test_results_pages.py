@@ -49,7 +49,7 @@ PAGES: dict[str, list[list[str]]] = {
                            ["20261129-193156-leafspine.json"],
                            ["20261129-211527-leafspine.json"],
                            ["20261129-211527-leafspine.json", "--against", "gloo-dctcp"],
-                           ["20261129-234218-leafspine.json"]],
+                           ["20261129-234218-leafspine.json", "20261130-004611-leafspine.json", "--merge"]],
 }
 
 

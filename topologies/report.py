@@ -367,8 +367,7 @@ def summary(results: dict) -> str:
                  "alone (the calibration iterations' p50) / line-rate bound; service = what the bottleneck ports "
                  "served while backlogged / their capacity, lowest-highest over ports and runs as the validity "
                  "rules read them (lowest: intervals backlogged throughout, ≤ where none held enough slots); msgs, "
-                 "ctl: messages "
-                 "and control frames per worker per iteration")
+                 "ctl: messages and control frames per worker per iteration")
     for name, r in agg.items():
         if "server_retransmitted" in r:
             lines.append(f"{name}: its server resent {r['server_retransmitted'].median:.0f} data packets over the "

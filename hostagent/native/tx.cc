@@ -684,7 +684,7 @@ void Datapath::tx_loop() {
         chunk = std::max<uint32_t>(1, std::min<uint32_t>(chunk, uint32_t(std::max(0.0, allowed) / size)));
         uint64_t in_flight = d->sent.load() > d->acked ? d->sent.load() - d->acked : 0;
         if (in_flight < d->window) chunk = std::min<uint32_t>(chunk, uint32_t(d->window - in_flight));
-        int before = m->sending_priority();
+        int before = m->queue_priority();
         seqs.clear();
         // A pass's LAST packets leave in one call: a call that would leave fewer than
         // last_packets behind takes them too (within the credit window). A pass is the first
@@ -716,7 +716,7 @@ void Datapath::tx_loop() {
             after = m->n_pkts - stop;
         }
         bool finished_pass = !m->has_packets();
-        if (!finished_pass && m->sending_priority() != before) reorder_locked();
+        if (!finished_pass && m->queue_priority() != before) reorder_locked();  // (its resends are done)
         uint32_t pass_no = m->pass_no;
         Sock* sk = nullptr;
         auto sit = tx_sealers_.find(d->rank);

@@ -182,6 +182,10 @@ class _Tx:
             return int(self.prio_in_order[self.next_pos])
         return self.spec.priority
 
+    def queue_priority(self) -> int:
+        """Its place among messages (``_reorder``): the top while resends wait, else its own priority."""
+        return 255 if self.retx_pos < len(self.retx) else self.spec.priority
+
     def lowest_priority(self) -> int:
         """The priority of the first pass's last packet (the send order is by priority)."""
         return self.spec.priority if self.prio_in_order is None else int(self.prio_in_order[-1])
@@ -1091,7 +1095,7 @@ class NumpyDatapath:
     def _reorder(self) -> None:
         """Resends first, then by the message's priority, ties in order (the compiled
         ``reorder_locked``, where the reasons are)."""
-        self._active.sort(key=lambda m: (-(255 if m.retx_pos < len(m.retx) else m.spec.priority), m.spec.order))
+        self._active.sort(key=lambda m: (-m.queue_priority(), m.spec.order))
 
     def _find_tx(self, dest: int, message_id: int, seqs: np.ndarray, caller: str) -> _Tx | None:
         """The message sent to ``dest`` as ``message_id`` (None: none), after checking that
@@ -1262,7 +1266,7 @@ class NumpyDatapath:
                     allowed = min(d.pacer.allowance(d.rate, now, MAX_INLINE_WAIT),
                                   self._host_pacer.allowance(cfg.rate.line_rate, now, MAX_INLINE_WAIT))
                     chunk = max(1, min(chunk, int(allowed // pkt), d.window - (d.sent - d.acked)))
-                    before = m.sending_priority()
+                    before = m.queue_priority()
                     # A pass's LAST packets leave in one call: a call that would leave fewer than
                     # LAST_PACKETS behind takes them too (within the credit window). A pass is the
                     # first pass with any holes resent during it (resend), or a retransmission.
@@ -1289,7 +1293,7 @@ class NumpyDatapath:
                         m.next_pos = stop
                         after = m.packets - stop
                     finished = not m.has_packets()
-                    if not finished and m.sending_priority() != before:
+                    if not finished and m.queue_priority() != before:
                         self._reorder()
                     pass_no = m.pass_no
             if prepare:

@@ -7,8 +7,11 @@
 //   - after its last packet the sender PROBEs; the receiver answers once no data of that
 //     message arrived for `answerIdle` (packets merely late are not reported missing) with a
 //     BITMAP of what it has, and the sender resends only what the bound needs, most important
-//     drop class first (policy.retransmission_set), as class 0; a lost probe is re-sent after
-//     `probeTimeout`;
+//     drop class first (policy.retransmission_set), as class 0 at the top priority; a lost
+//     probe is re-sent after `probeTimeout`;
+//   - a sender serves its messages as the agent's send thread does (native/tx.cc): resends
+//     first, then by the message's own priority (MsgPlan::rank), ties to the earlier; a
+//     message's packets most urgent first; LAST only on the pass's last priority level;
 //   - DCTCP-like rate per destination (ratecontrol.RateController): alpha is a moving average of
 //     the marked-or-lost fraction, the rate is cut by alpha/2 at most once per `cutInterval`
 //     (or, as the agent, once per window: not again until every packet sent before the cut
@@ -121,6 +124,7 @@ class DlcpHost : public GradientHost {
     m->plan = plan;
     m->ppm = uint32_t(lossBound * 1e6 + 0.5);
     m->lowest = *std::min_element(plan->priority.begin(), plan->priority.end());
+    m->order = m_submitted++;
     Flow& f = FlowTo(dst);
     f.active.push_back(m);
     stats.messagesSent++;
@@ -129,15 +133,20 @@ class DlcpHost : public GradientHost {
 
   struct TxMsg {
     uint16_t dst = 0;
-    uint32_t id = 0, ppm = 0, next = 0;
+    uint32_t id = 0, ppm = 0, next = 0;  // next: position in plan->sendOrder of the first pass
     uint8_t lowest = 0;  // the message's least urgent priority: its probes travel there
+    uint64_t order = 0;  // when it was handed over (ties between equal ranks go to the earlier)
     const MsgPlan* plan = nullptr;
     std::deque<uint32_t> retx;
     bool probing = false, done = false;
     Time passDone = Time::Max();  // when the last pass ended (its answer times the round trip)
     EventId probeTimer;
     bool HasPacket() const { return !done && (next < plan->npkts || !retx.empty()); }
-    uint32_t NextSeq() const { return next < plan->npkts ? next : retx.front(); }
+    //! Resends first (as the agent's send thread takes them), then the first pass's next packet.
+    uint32_t NextSeq() const { return !retx.empty() ? retx.front() : plan->sendOrder[next]; }
+    //! Its rank among the host's messages (the agent's queue_priority): above every priority
+    //! while resends wait, else the message's own (MsgPlan::rank).
+    int Rank() const { return !retx.empty() ? 255 : plan->rank; }
   };
   struct Flow {
     double rate = 0, alpha = 0;
@@ -171,6 +180,7 @@ class DlcpHost : public GradientHost {
   std::map<uint64_t, RxMsg> m_rx;
   std::map<uint16_t, RxCounters> m_fb;
   Time m_hostNext;
+  uint64_t m_submitted = 0;  // messages handed over so far (TxMsg::order)
   double m_hostTokens = 0;  // the host pacer's bucket (burstBytes), full at the start
   Time m_hostTokensAt;
   EventId m_pump;
@@ -253,7 +263,9 @@ class DlcpHost : public GradientHost {
 
   // --- sending ---------------------------------------------------------------------------
 
-  //! Send every packet that the pacing allows now, most urgent first; wake when more may go.
+  //! Send every packet that the pacing allows now, as the agent's send thread does: of the
+  //! messages whose destination may send, the highest ranked (TxMsg::Rank, ties to the earlier
+  //! handed over), its packets most urgent first; wake when more may go.
   void Pump() {
     Time now = Simulator::Now();
     while (true) {
@@ -267,9 +279,8 @@ class DlcpHost : public GradientHost {
             wake = std::min(wake, f.nextSend);
             break;
           }
-          uint8_t pr = m->plan->priority[m->NextSeq()];
-          if (!bestMsg || pr > bestMsg->plan->priority[bestMsg->NextSeq()] ||
-              (pr == bestMsg->plan->priority[bestMsg->NextSeq()] && m->id < bestMsg->id)) {
+          int rank = m->Rank(), bestRank = bestMsg ? bestMsg->Rank() : -1;
+          if (!bestMsg || rank > bestRank || (rank == bestRank && m->order < bestMsg->order)) {
             best = &f;
             bestMsg = m.get();
           }
@@ -294,14 +305,21 @@ class DlcpHost : public GradientHost {
   }
 
   void SendOne(Flow& f, TxMsg& m) {
-    bool first = m.next < m.plan->npkts;
-    uint32_t seq = first ? m.next++ : m.retx.front();
+    bool first = m.retx.empty();
+    uint32_t seq = first ? m.plan->sendOrder[m.next++] : m.retx.front();
     if (!first) m.retx.pop_front();
     bool last = !m.HasPacket();  // the pass ends with this packet
-    size_t left = first ? m.plan->npkts - m.next : m.retx.size();  // of the pass after this packet
+    size_t rest = m.plan->npkts - m.next;   // of the first pass, still to go
+    size_t left = m.retx.size() + rest;     // of the pass after this packet
+    // LAST only on the pass's last priority level (the agent's last_marks, endpass.h): packets of
+    // a lower priority still to go may wait behind more urgent ones, and a LAST ahead of them
+    // has the receiver answer while they wait and list them as missing. Resends leave at the top
+    // priority, as class 0 (protected), as the agent's do.
+    uint8_t priority = first ? m.plan->priority[seq] : tp.topPriority;
+    bool lowerAfter = rest > 0 && m.lowest < priority;
     DlcpHeader h;
     h.type = DATA;
-    h.priority = m.plan->priority[seq];
+    h.priority = priority;
     h.dropClass = first ? m.plan->dropClass[seq] : 0;  // retransmissions are protected
     h.src = rank;
     h.dst = m.dst;
@@ -309,7 +327,7 @@ class DlcpHost : public GradientHost {
     h.seq = seq;
     h.npkts = m.plan->npkts;
     h.aux = m.ppm;
-    h.flags = tp.lastFlag && left < tp.lastPackets ? FLAG_LAST : 0;
+    h.flags = tp.lastFlag && !lowerAfter && left < tp.lastPackets ? FLAG_LAST : 0;
     Transmit(m.dst, h, tp.datagram);
     stats.dataSent++;
     if (!first) stats.retransmitted++;
@@ -444,18 +462,24 @@ class DlcpHost : public GradientHost {
     auto snap = bitmaps->bits.find(h.aux);
     if (!m || m->done || snap == bitmaps->bits.end()) return;
     const std::vector<bool>& got = snap->second;
-    uint32_t n = m->plan->npkts, have = 0;
+    // Missing are the packets sent and not arrived: one the first pass has still to send is on
+    // its way (an answer can come mid-pass while a more urgent message holds the sender), and
+    // the agent resends only what it sent (tx.cc, Datapath::resend).
+    uint32_t n = m->plan->npkts, have = 0, unsent = 0;
     std::vector<uint32_t> missing;
     for (uint32_t s = 0; s < n; ++s) {
       if (got[s])
         have++;
+      else if (m->plan->position[s] >= m->next)
+        unsent++;
       else
         missing.push_back(s);
     }
     bitmaps->bits.erase(snap);
     Congestion(FlowTo(dst), double(missing.size()) / n, 0, false);
     uint32_t required = n - uint32_t(double(m->ppm) / 1e6 * n + 1e-9);
-    if (have >= required) return;  // its STOP is on the way
+    if (have + unsent >= required) return;  // its STOP is on the way, or will be
+    required -= unsent;
     // policy.retransmission_set: most important class first, then by sequence
     std::stable_sort(missing.begin(), missing.end(),
                      [m](uint32_t a, uint32_t b) { return m->plan->dropClass[a] < m->plan->dropClass[b]; });

@@ -6,7 +6,9 @@
 // messages over TCP connections, the way gloo, NCCL's socket transport and BytePS do.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <functional>
 #include <ostream>
 #include <vector>
@@ -16,10 +18,27 @@
 
 namespace ns3 {
 
-//! The packets of one message: per-packet priority and drop class (from the Python side).
+//! The packets of one message: per-packet priority and drop class (from the Python side), and
+//! how a sender ranks it and orders its packets, as the agent does (hostagent/native/tx.cc,
+//! reorder_locked and send_order): the message by its own priority, its packets most urgent first.
 struct MsgPlan {
   uint32_t npkts = 0;
   std::vector<uint8_t> priority, dropClass;
+  uint8_t rank = 0;                 // the message's priority among a sender's messages (Order sets it)
+  std::vector<uint32_t> sendOrder;  // its packets' sequence numbers as they leave (Order sets them)
+  std::vector<uint32_t> position;   // each packet's place in sendOrder
+
+  //! Rank the message by its most urgent packet (or `rank`, a ring's chunk: its bucket's most
+  //! urgent, as RingAllreduce ranks it) and send its packets most urgent first, ties in sequence.
+  void Order(int rankOverride = -1) {
+    rank = rankOverride >= 0 ? uint8_t(rankOverride) : *std::max_element(priority.begin(), priority.end());
+    sendOrder.resize(npkts);
+    std::iota(sendOrder.begin(), sendOrder.end(), 0u);
+    std::stable_sort(sendOrder.begin(), sendOrder.end(),
+                     [this](uint32_t a, uint32_t b) { return priority[a] > priority[b]; });
+    position.resize(npkts);
+    for (uint32_t i = 0; i < npkts; ++i) position[sendOrder[i]] = i;
+  }
 };
 
 //! One host's counters, printed on its `host` line (main.cc). A transport fills what it has.

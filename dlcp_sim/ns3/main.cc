@@ -229,6 +229,7 @@ Scenario Parse(std::istream& in) {
       b.dropClass = Digits(cl);
       if (b.npkts == 0 || b.priority.size() != b.npkts || b.dropClass.size() != b.npkts)
         Fail("bucket: need npkts > 0 and one priority and one class digit per packet");
+      b.Order();
       sc.buckets.push_back(std::move(b));
     } else if (key == "job") {
       Scenario::Job j;
@@ -351,8 +352,20 @@ struct RingJob {
     double start = 0, computed = 0;
   };
   std::vector<Member> members;
+  std::vector<MsgPlan> chunks;  // sc->buckets, each ranked by its bucket's most urgent packet (Rank)
 
   uint32_t N() const { return spec.workers.size(); }
+  //! A chunk's rank among a sender's messages is its bucket's (RingAllreduce sends every chunk
+  //! at its bucket's top priority: a chunk holding only a bucket's least urgent layers would
+  //! otherwise sink behind every other bucket's steps, and the ring's next step waits for it).
+  void Rank() {
+    chunks = sc->buckets;
+    for (uint32_t b = 0; b < B(); ++b) {
+      uint8_t top = 0;
+      for (uint32_t c = 0; c < N(); ++c) top = std::max(top, chunks[b * N() + c].rank);
+      for (uint32_t c = 0; c < N(); ++c) chunks[b * N() + c].Order(top);
+    }
+  }
   uint32_t Steps() const { return 2 * (N() - 1); }
   uint32_t B() const { return sc->buckets.size() / N(); }
   uint32_t Msg(uint32_t it, uint32_t step, uint32_t b) const { return (it * Steps() + step) * B() + b; }
@@ -390,7 +403,7 @@ struct RingJob {
     uint32_t n = N();
     bool gather = s >= n - 1;
     uint32_t c = gather ? (i + 1 + n - (s - (n - 1)) % n) % n : (i + n - s % n) % n;
-    hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &sc->buckets[b * n + c],
+    hosts[spec.workers[i]]->Send(spec.workers[(i + 1) % n], Msg(m.it, s, b), &chunks[b * n + c],
                                  gather ? spec.pullBound : spec.pushBound, chained);
   }
 
@@ -423,6 +436,7 @@ struct RingJob {
 
   void Wire() {
     members.assign(N(), Member{});
+    Rank();
     for (uint32_t i = 0; i < N(); ++i) {
       hosts[spec.workers[i]]->onReceived = [this, i](uint16_t, uint32_t msg) {
         members[i].got.insert(msg);

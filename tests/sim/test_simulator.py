@@ -292,13 +292,16 @@ def test_wire_framing_charges_an_uplink_what_an_ethernet_frame_costs():
 def test_ecn_on_the_port_backlog_marks_every_sender_of_an_incast():
     """Strict priority in a parameter-server incast: with ECN on the backlog ahead (the
     default) a packet on a high priority is not marked for the low-priority backlog behind it;
-    on the port's whole backlog it is, so more packets are marked, the senders slow down
-    sooner and fewer packets are tail-dropped."""
+    on the port's whole backlog it is, so the senders slow down sooner and fewer packets are
+    tail-dropped, in every seed. (Not that more packets are marked: senders that slow sooner
+    build smaller queues to mark. Since the model sends a message's most urgent packets first,
+    as the agent does, seed 0 has fewer marks under the port rule, seeds 1 and 2 more.)"""
     base: dict[str, Any] = dict(scale=0.01, iterations=1, leaves=4, hosts_per_leaf=5, jobs=0)
-    ports = {b: simulate(SimOptions(**base, ecn_backlog=b), "prio").ports for b in ("ahead", "port")}
-    marks = {b: sum(p.marks for p in ports[b]) for b in ports}
-    drops = {b: sum(p.tail_drops for p in ports[b]) for b in ports}
-    assert marks["port"] > marks["ahead"] and drops["port"] < drops["ahead"], (marks, drops)
+    for seed in range(3):
+        ports = {b: simulate(SimOptions(**base, ecn_backlog=b, seed=seed), "prio").ports for b in ("ahead", "port")}
+        marks = {b: sum(p.marks for p in ports[b]) for b in ports}
+        drops = {b: sum(p.tail_drops for p in ports[b]) for b in ports}
+        assert marks["port"] > 0 and drops["port"] < drops["ahead"], (seed, marks, drops)
     # the baseline has one queue, where the two rules are the same
     same = [simulate(SimOptions(**base, ecn_backlog=b), "baseline").ports for b in ("ahead", "port")]
     assert [(p.marks, p.tail_drops) for p in same[0]] == [(p.marks, p.tail_drops) for p in same[1]]
@@ -373,3 +376,31 @@ def test_the_testbed_model_agrees_with_the_testbed(pattern, scheme):
 def test_dlcp_is_faster_than_the_baseline_in_the_validation_setup(pattern):
     """The rank the testbed shows in both patterns, in the simulator too."""
     assert _validation_sync_ms(pattern, "dlcp") < _validation_sync_ms(pattern, "baseline")
+
+
+#: The share of its data packets a ring may send again in the validation setup with nothing
+#: dropped: its packets are sprayed over both spines and a few arrive after their receiver answered
+#: the pass's end (0.1 % in the model, where the agent's reordering window, which widens with the
+#: reordering it sees, is fixed; 0.02 % on the testbed at e92ebd9). It was 0.9 % while the model
+#: resent packets its first pass had not yet sent, and the PS resent some too.
+RING_RESEND_SHARE = 0.002
+
+
+@pytest.mark.parametrize("pattern", ["ps", "ring"])
+def test_the_model_resends_nothing_it_need_not_where_no_port_dropped(pattern):
+    """The agent's send order, modelled (dlcp-host.h, as hostagent/native/tx.cc): a pass leaves
+    by priority, LAST rides only its last priority level, and an answer that comes while the
+    first pass is held behind a more urgent message asks only for what was sent. The PS resends
+    nothing; the ring a few that its spraying reordered."""
+    place: dict[str, Any] = (dict(hosts_per_leaf=3) if pattern == "ps"
+                             else dict(hosts_per_leaf=2, jobs_placement="packed"))
+    opts = SimOptions(pattern=pattern, leaves=2, spines=2, link_gbps=10, uplink_gbps=0.0084, buffer=64, scale=0.002,
+                      compute_ms=500, iterations=11, warmup=1, host_model="agent", control_bytes=1472,
+                      host_delay_us=HOST_DELAY_US, wire_framing=True, host_rate_gbps=TESTBED_HOST_GBPS,
+                      tcp_min_rto_us=200_000, schemes=("dlcp",), **place)
+    r = simulate(opts, "dlcp")
+    s = r.summary()
+    assert s["tail_drops"] == 0 and sum(s["selective_drops"]) == 0, s  # (the premise: nothing dropped)
+    sent = sum(h.data_sent for h in r.hosts)
+    limit = 0 if pattern == "ps" else RING_RESEND_SHARE * sent
+    assert s["retransmitted"] <= limit, (s["retransmitted"], sent)

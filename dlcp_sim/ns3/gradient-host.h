@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <functional>
+#include <numeric>
 #include <ostream>
 #include <vector>
 

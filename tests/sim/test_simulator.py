@@ -326,8 +326,8 @@ def test_incast_senders_share_the_servers_link_evenly():
 #: The testbed's sync p50 (ms) in the validation setup (docs/results/sim-validation.md), 5 runs
 #: each, hosts on Cubic, ports of one capacity at 8.4 Mbit/s counted in bits, hosts configured for
 #: that rate (the PS: 10 iterations per run, agents at 2669ab3; the ring: 50 iterations per run,
-#: agents at 7420cbc, the send order of 4877bb6; 10 left a run's median to a few iterations): what the simulator's testbed model
-#: (``--host-model agent --wire-framing --host-rate-gbps`` the testbed hosts' rate,
+#: agents at 7420cbc, the send order of 4877bb6; 10 left a run's median to a few iterations): what
+#: the simulator's testbed model (``--host-model agent --wire-framing --host-rate-gbps`` the testbed hosts' rate,
 #: ``--tcp-min-rto-us 200000``, a host delay of 500 us) must stay within 15 % of. ``tcp`` is the
 #: simulator's analogue of the testbed's ``gloo`` (stock DDP over TCP).
 TESTBED_SYNC_MS = {("ps", "baseline"): 573, ("ps", "dlcp"): 493, ("ring", "baseline"): 64, ("ring", "dlcp"): 60,
@@ -344,16 +344,20 @@ TESTBED_HOST_GBPS = 683 * 1500 * 8 / 1e9
 HOST_DELAY_US = 500
 
 
-def _validation_sync_ms(pattern: str, scheme: str) -> float:
-    """The simulator's median over 8 seeds of each seed's median sync in the validation setup."""
+def _validation_options(pattern: str, scheme: str) -> SimOptions:
+    """The validation setup (docs/results/sim-validation.md): the testbed's leaf-spine as the
+    simulator's testbed model, 11 iterations (1 warm-up)."""
     place: dict[str, Any] = (dict(hosts_per_leaf=3) if pattern == "ps"
                              else dict(hosts_per_leaf=2, jobs_placement="packed"))
-    opts = SimOptions(pattern=pattern, leaves=2, spines=2, link_gbps=10, uplink_gbps=0.0084, buffer=64, scale=0.002,
+    return SimOptions(pattern=pattern, leaves=2, spines=2, link_gbps=10, uplink_gbps=0.0084, buffer=64, scale=0.002,
                       compute_ms=500, iterations=11, warmup=1, host_model="agent", control_bytes=1472,
                       host_delay_us=HOST_DELAY_US, wire_framing=True, host_rate_gbps=TESTBED_HOST_GBPS,
-                      tcp_min_rto_us=200_000, gradient_tcp="cubic",
-                      tcp_ack_every=1,
-                      schemes=(scheme,), **place)
+                      tcp_min_rto_us=200_000, gradient_tcp="cubic", tcp_ack_every=1, schemes=(scheme,), **place)
+
+
+def _validation_sync_ms(pattern: str, scheme: str) -> float:
+    """The simulator's median over 8 seeds of each seed's median sync in the validation setup."""
+    opts = _validation_options(pattern, scheme)
     per_seed = [np.median(simulate(replace(opts, seed=s), scheme).sync_times()) for s in range(8)]
     return 1e3 * float(np.median(per_seed))
 
@@ -392,13 +396,7 @@ def test_the_model_resends_nothing_it_need_not_where_no_port_dropped(pattern):
     by priority, LAST rides only its last priority level, and an answer that comes while the
     first pass is held behind a more urgent message asks only for what was sent. The PS resends
     nothing; the ring a few that its spraying reordered."""
-    place: dict[str, Any] = (dict(hosts_per_leaf=3) if pattern == "ps"
-                             else dict(hosts_per_leaf=2, jobs_placement="packed"))
-    opts = SimOptions(pattern=pattern, leaves=2, spines=2, link_gbps=10, uplink_gbps=0.0084, buffer=64, scale=0.002,
-                      compute_ms=500, iterations=11, warmup=1, host_model="agent", control_bytes=1472,
-                      host_delay_us=HOST_DELAY_US, wire_framing=True, host_rate_gbps=TESTBED_HOST_GBPS,
-                      tcp_min_rto_us=200_000, schemes=("dlcp",), **place)
-    r = simulate(opts, "dlcp")
+    r = simulate(_validation_options(pattern, "dlcp"), "dlcp")
     s = r.summary()
     assert s["tail_drops"] == 0 and sum(s["selective_drops"]) == 0, s  # (the premise: nothing dropped)
     sent = sum(h.data_sent for h in r.hosts)

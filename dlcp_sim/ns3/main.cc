@@ -355,9 +355,10 @@ struct RingJob {
   std::vector<MsgPlan> chunks;  // sc->buckets, each ranked by its bucket's most urgent packet (Rank)
 
   uint32_t N() const { return spec.workers.size(); }
-  //! A chunk's rank among a sender's messages is its bucket's (RingAllreduce sends every chunk
-  //! at its bucket's top priority: a chunk holding only a bucket's least urgent layers would
-  //! otherwise sink behind every other bucket's steps, and the ring's next step waits for it).
+  //! A chunk's rank among a sender's messages is its bucket's (RingAllreduce ranks every chunk
+  //! by its bucket's top priority, its packets keeping their layers' tags: a chunk holding only a
+  //! bucket's least urgent layers would otherwise sink behind every other bucket's steps, and the
+  //! ring's next step waits for it).
   void Rank() {
     chunks = sc->buckets;
     for (uint32_t b = 0; b < B(); ++b) {

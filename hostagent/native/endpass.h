@@ -32,6 +32,38 @@ inline double answer_grace(double floor, double gap, const AnswerRule& r) {
     return gap < 0 ? floor : std::max(floor, std::min(r.max_grace, r.gaps * gap));
 }
 
+// How late a first-pass packet (not a resend) of a message whose end of pass was seen shows the
+// sender's path to be, for its reordering window (Datapath::widen_window); <= 0: not reordered.
+// `at`: its arrival; `last_at`: the pass's first LAST packet's; `quiet_since`: the message's
+// previous arrival; `window`: the sender's reordering window, the floor of the end of pass's
+// grace. A packet without LAST after the first LAST was overtaken: late by `at - last_at`. The
+// pass's other LAST packets come after the first by design, so they count only when the
+// message had been quiet longer than the window before them: late by that quiet gap, which the
+// window must cover. (A slow path's grace is its message's own pace, answer_grace's gaps, which
+// a window of that gap's size does not change.) Why: a path that pauses between bursts (a
+// software switch descheduled for a millisecond) delivered a pass's first LAST, then after the
+// pause the other two; they never widened the window, which narrowed to its floor, and answers
+// within the pause listed them missing: the testbed's rings resent 0.5 % of their packets with
+// nothing lost.
+inline double reorder_lateness(bool last_flag, double at, double last_at, double quiet_since, double window) {
+    if (last_at <= 0 || at <= last_at) return 0.0;
+    if (!last_flag) return at - last_at;
+    double quiet = at - quiet_since;
+    return quiet > window ? quiet : 0.0;
+}
+
+// Whether a finished message counts towards narrowing its sender's reordering window (every
+// reorder_persist of them in a row, Datapath::narrow_window): its pass ended (a LAST came), no
+// packet of it came late, and the window was put to use: an answer had to decide on packets
+// that did not come (`recovered`: resends came, or it completed with packets left out). Why only then
+// (RACK's reo_wnd_persist counts loss recoveries, RFC 8985): a narrower window pays off only
+// when packets are lost; narrowed by every clean pass, a ring's window fell to its floor within
+// a few dozen passes on a path that never lost a packet, and every pause of that path longer
+// than the floor then had packets resent.
+inline bool narrows_window(bool last_seen, bool late, bool recovered) {
+    return last_seen && !late && recovered;
+}
+
 struct AnswerCheck {
     bool due;     // answer now
     double wake;  // if not: when the answer can next become due (0 when due)

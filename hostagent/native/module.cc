@@ -157,6 +157,9 @@ NB_MODULE(_datapath, m) {
           },
           "now"_a, "last_arrival"_a, "grace"_a, "seen_until"_a, "since"_a, "max_busy_defer"_a);
     m.def("last_marks", &last_marks, "k"_a, "after"_a, "last_packets"_a, "lower_after"_a);
+    // The reordering window's rules (endpass.h), for the reference data path in tests.
+    m.def("reorder_lateness", &reorder_lateness, "last_flag"_a, "at"_a, "last_at"_a, "quiet_since"_a, "window"_a);
+    m.def("narrows_window", &narrows_window, "last_seen"_a, "late"_a, "recovered"_a);
     nb::class_<Sealer>(m, "PacketSealer")
         .def("__init__",
              [](Sealer* self, nb::bytes key, int mode, unsigned epoch_bits) {

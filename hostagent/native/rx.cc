@@ -464,6 +464,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         }
         uint8_t flags = uint8_t(rd(d, L.flags));
         bool retx = flags & cfg_.flag_retx;
+        // the message's previous arrival (this batch's earlier packets of it count)
+        double quiet_since = m->in_batch ? std::max(m->prog.last_arrival, m->batch_last_at) : m->prog.last_arrival;
         if (!m->in_batch) {
             m->in_batch = true;
             m->batch_first_at = m->batch_last_at = at;
@@ -472,11 +474,12 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
         m->batch_first_at = std::min(m->batch_first_at, at);
         m->batch_last_at = std::max(m->batch_last_at, at);
         if (flags & cfg_.flag_last) m->batch_last = true;
-        if (!retx && !(flags & cfg_.flag_last) && m->last_at > 0 && at > m->last_at) {
-            // a first-pass packet that reached the host after the pass's LAST packets: reordered
-            // (its other LAST packets come after the first by design)
-            widen_window(sender, at - m->last_at);
-            m->late = true;
+        if (!retx && m->last_at > 0) {
+            double late = reorder_lateness(flags & cfg_.flag_last, at, m->last_at, quiet_since, window_of(sender));
+            if (late > 0) {  // reordered past the end of its pass (endpass.h)
+                widen_window(sender, late);
+                m->late = true;
+            }
         }
         if (s.received[seq]) {
             m->prog.duplicates += 1;
@@ -802,7 +805,9 @@ double Datapath::end_passes(double now, double seen_until) {
 void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
     m->prog.state = how;
     const RxSpec& s = m->spec;
-    if (m->last_at > 0 && !m->late) narrow_window(s.src);  // a pass ended and nothing of it came after
+    // (resends came, or it completes with packets left out: an answer decided without them)
+    bool recovered = m->prog.retx_seen > 0 || m->prog.received_pkts < m->total_pkts;
+    if (narrows_window(m->last_at > 0, m->late, recovered)) narrow_window(s.src);
     // The sender's transmissions this message will never bring: packets that never came, and the
     // first sending of each packet that came as a resend. They count as read for its credits,
     // or its window would shrink by every loss (a bound's losses are never resent at all).

@@ -538,7 +538,8 @@ class NumpyDatapath:
         its held sends start."""
         rx.state = how
         key = rx.asm.key
-        if rx.last_at and not rx.late:  # a pass ended and nothing of it came after: narrow the window
+        recovered = rx.retx_seen > 0 or rx.asm.received_pkts < rx.asm.total_pkts
+        if _datapath.narrows_window(bool(rx.last_at), rx.late, recovered):  # (endpass.h)
             s = self._sender(key[0])
             s.reorder, s.clean_passes = narrow_reorder(s.reorder, s.clean_passes)
         # The sender's transmissions this message will never bring (packets that never came, the
@@ -859,18 +860,22 @@ class NumpyDatapath:
                 for k in zip(hdr["sender_rank"][rmask].tolist(), hdr["message_id"][rmask].tolist()):
                     retx[k] = retx.get(k, 0) + 1
             firsts: set[tuple[int, int]] = set()  # messages with first-pass packets not marked LAST in this batch
+            last_firsts: set[tuple[int, int]] = set()  # ... with first-pass packets marked LAST
             if res.run:
                 rx = self._rx.get(keys[0])
                 if rx is not None:
                     self._note_first_pass(rx, hdr["priority"], hdr["seq"])
                 if np.count_nonzero(good & ((hdr["flags"] & (_RETX | _LAST)) == 0)):
                     firsts.add(keys[0])
+                if np.count_nonzero(good & ((hdr["flags"] & (_RETX | _LAST)) == _LAST)):
+                    last_firsts.add(keys[0])
             else:
                 first = good & ((hdr["flags"] & _RETX) == 0)
-                unmarked = first & ((hdr["flags"] & _LAST) == 0)
-                if unmarked.any():
-                    ukeys = (hdr["sender_rank"][unmarked].astype(np.int64) << 32) | hdr["message_id"][unmarked]
-                    firsts.update((k >> 32, k & 0xFFFFFFFF) for k in np.unique(ukeys).tolist())
+                for mask, into in ((first & ((hdr["flags"] & _LAST) == 0), firsts),
+                                   (first & ((hdr["flags"] & _LAST) != 0), last_firsts)):
+                    if mask.any():
+                        mkeys = (hdr["sender_rank"][mask].astype(np.int64) << 32) | hdr["message_id"][mask]
+                        into.update((k >> 32, k & 0xFFFFFFFF) for k in np.unique(mkeys).tolist())
                 # the levels count packets placed now (not a duplicate's copy, nor parked data),
                 # as the compiled path counts them
                 placed = first & res.placed if res.placed is not None else first
@@ -885,14 +890,19 @@ class NumpyDatapath:
                 rx = self._rx.get(asm.key)
                 if rx is None or rx.state:
                     continue
-                rx.last_arrival = now
+                quiet_since, rx.last_arrival = rx.last_arrival, now
                 if not rx.first_arrival:
                     rx.first_arrival = now
                 n_retx = retx.get(asm.key, 0)
                 rx.retx_seen += n_retx
-                if rx.last_at and asm.key in firsts and now > rx.last_at:
-                    # a first-pass packet after the pass's LAST packets (read in a later batch): reordered
-                    self._widen(asm.key[0], now - rx.last_at)
+                # a first-pass packet after the pass's first LAST (read in a later batch):
+                # reordered past the end of its pass (endpass.h, reorder_lateness)
+                window, late = self._sender(asm.key[0]).reorder, 0.0
+                for flag, keyed in ((False, firsts), (True, last_firsts)):
+                    if asm.key in keyed:
+                        late = max(late, _datapath.reorder_lateness(flag, now, rx.last_at, quiet_since, window))
+                if late > 0:
+                    self._widen(asm.key[0], late)
                     rx.late = True
                 if asm.key in last:
                     rx.last_at = rx.last_at or now

@@ -330,12 +330,15 @@ def test_incast_senders_share_the_servers_link_evenly():
 #: the simulator's testbed model (``--host-model agent --wire-framing --host-rate-gbps`` the testbed hosts' rate,
 #: ``--tcp-min-rto-us 200000``, a host delay of 500 us) must stay within 15 % of. ``tcp`` is the
 #: simulator's analogue of the testbed's ``gloo`` (stock DDP over TCP).
-TESTBED_SYNC_MS = {("ps", "baseline"): 573, ("ps", "dlcp"): 493, ("ring", "baseline"): 64, ("ring", "dlcp"): 60,
-                   ("ring", "tcp"): 80}
+TESTBED_SYNC_MS = {("ps", "baseline"): 573, ("ps", "dlcp"): 493, ("ring", "baseline"): 64, ("ring", "dlcp"): 51,
+                   ("ring", "tcp"): 82}
 #: Where the model does not agree today, what was measured (the cases stay in the test, expected to
-#: fail, so that agreeing again shows as an unexpected pass). None since the ring's 50-iteration
-#: runs (its 10-iteration runs had put DLCP's ring at 88 ms, 56-115 by run).
-DISAGREES: dict[tuple[str, str], str] = {}
+#: fail, so that agreeing again shows as an unexpected pass).
+DISAGREES: dict[tuple[str, str], str] = {
+    ("ring", "dlcp"): "the model's 59.1 ms is 16 % above the testbed's 51 [49, 67] at fccc09c, whose rings "
+                      "stopped resending with nothing dropped (60 [48, 80] before); not yet explained "
+                      "(docs/results/sim-validation.md, first section)",
+}
 #: The rate the testbed's hosts are configured for: a link of the fabric's rate (683 full frames
 #: per second at 8.4 Mbit/s counted in bits, ``topologies.runner.testbed_rate``), in Gb/s.
 TESTBED_HOST_GBPS = 683 * 1500 * 8 / 1e9
@@ -386,8 +389,9 @@ def test_dlcp_is_faster_than_the_baseline_in_the_validation_setup(pattern):
 #: dropped: its packets are sprayed over both spines and a few arrive after their receiver answered
 #: the pass's end (0.1 % in the model, whose reordering window does not widen with the reordering
 #: it sees as the agent's does). It was 0.9 % while the model resent packets its first pass had not
-#: yet sent, and the PS resent some too. The testbed's ring resent 0.47 % in this setup at 7420cbc
-#: (sim-validation.md): more than the model, not yet explained; this bound is the model's own.
+#: yet sent, and the PS resent some too. The testbed's ring resent 0.47 % in this setup at 7420cbc,
+#: its receivers' reordering window too narrow for the same-leaf hops' pauses, and 0.02 % since
+#: fccc09c (sim-validation.md).
 RING_RESEND_SHARE = 0.002
 
 

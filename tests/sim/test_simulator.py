@@ -325,19 +325,19 @@ def test_incast_senders_share_the_servers_link_evenly():
 
 #: The testbed's sync p50 (ms) in the validation setup (docs/results/sim-validation.md), 5 runs
 #: each, hosts on Cubic, ports of one capacity at 8.4 Mbit/s counted in bits, hosts configured for
-#: that rate (the PS: 10 iterations per run, agents at 2669ab3; the ring: 50 iterations per run,
-#: agents at 7420cbc, the send order of 4877bb6; 10 left a run's median to a few iterations): what
+#: that rate (the PS: 10 iterations per run; the ring: 50 iterations per run; agents at fccc09c with
+#: its reordering window; 10 iterations left a ring run's median to a few iterations): what
 #: the simulator's testbed model (``--host-model agent --wire-framing --host-rate-gbps`` the testbed hosts' rate,
 #: ``--tcp-min-rto-us 200000``, a host delay of 500 us) must stay within 15 % of. ``tcp`` is the
 #: simulator's analogue of the testbed's ``gloo`` (stock DDP over TCP).
-TESTBED_SYNC_MS = {("ps", "baseline"): 573, ("ps", "dlcp"): 493, ("ring", "baseline"): 64, ("ring", "dlcp"): 51,
+TESTBED_SYNC_MS = {("ps", "baseline"): 487, ("ps", "dlcp"): 487, ("ring", "baseline"): 64, ("ring", "dlcp"): 51,
                    ("ring", "tcp"): 82}
 #: Where the model does not agree today, what was measured (the cases stay in the test, expected to
 #: fail, so that agreeing again shows as an unexpected pass).
 DISAGREES: dict[tuple[str, str], str] = {
     ("ring", "dlcp"): "the model's 59.1 ms is 16 % above the testbed's 51 [49, 67] at fccc09c, whose rings "
                       "stopped resending with nothing dropped (60 [48, 80] before); not yet explained "
-                      "(docs/results/sim-validation.md, first section)",
+                      "(docs/results/sim-validation.md, \"The ring after the reordering window's fix\")",
 }
 #: The rate the testbed's hosts are configured for: a link of the fabric's rate (683 full frames
 #: per second at 8.4 Mbit/s counted in bits, ``topologies.runner.testbed_rate``), in Gb/s.
@@ -379,9 +379,11 @@ def test_the_testbed_model_agrees_with_the_testbed(pattern, scheme):
     assert abs(sync - measured) <= 0.15 * measured, (sync, measured)
 
 
-@pytest.mark.parametrize("pattern", ["ps", "ring"])
+@pytest.mark.parametrize("pattern", ["ring"])
 def test_dlcp_is_faster_than_the_baseline_in_the_validation_setup(pattern):
-    """The rank the testbed shows in both patterns, in the simulator too."""
+    """The rank the testbed shows, in the simulator too: the ring's. (The PS's testbed schemes
+    take the same time since fccc09c, both at the line-rate bound with nothing else queueing; the
+    model puts DLCP's 8 % ahead.)"""
     assert _validation_sync_ms(pattern, "dlcp") < _validation_sync_ms(pattern, "baseline")
 
 

@@ -33,7 +33,7 @@ PAGES: dict[str, list[list[str]]] = {
     "sim-144-hosts.md": [["20261126-sim-hosts-ps.csv"], ["20261126-sim-hosts-ring.csv"],
                          ["20261126-sim144-ps.json", "--against", "tcp-dctcp"],
                          ["20261126-sim144-ring.json", "--against", "tcp-dctcp"], ["20261126-sim64-mechanisms.json"]],
-    "sim-validation.md": [["20261130-052226-leafspine.json"],
+    "sim-validation.md": [["20261130-063157-leafspine.json"], ["20261130-052226-leafspine.json"],
                           ["20261130-033654-leafspine.json"], ["20261130-simval50-ring.json"],
                           ["20261129-155049-leafspine.json"], ["20261129-simval50-ring.json"],
                           ["20261129-071723-leafspine.json"], ["20261128-183805-leafspine.json"],

@@ -109,6 +109,8 @@ NUMPY_DTYPES: dict[Dtype, np.dtype] = {
     Dtype.FLOAT16: np.dtype("<f2"),
     Dtype.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }
+#: Wire code by native-order numpy type: every message looks its type up (a dict, not a scan).
+_CODE_OF: dict[np.dtype, Dtype] = {d.newbyteorder("="): c for c, d in NUMPY_DTYPES.items()}
 
 
 def destination_dtypes(wire_dtype: np.dtype, accumulate: bool) -> tuple[np.dtype, ...]:
@@ -135,9 +137,9 @@ def dtype_code(dtype: np.dtype | str | type) -> Dtype:
     Example: ``dtype_code(np.float32) == Dtype.FLOAT32``
     """
     kind = np.dtype(dtype).newbyteorder("=")
-    for code, wire in NUMPY_DTYPES.items():
-        if wire.newbyteorder("=") == kind:
-            return code
+    code = _CODE_OF.get(kind)
+    if code is not None:
+        return code
     raise ValueError(
         f"dtype {np.dtype(dtype)} is not supported on the wire; use one of "
         f"{[str(d.newbyteorder('=')) for d in NUMPY_DTYPES.values()]}"

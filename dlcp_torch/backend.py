@@ -840,9 +840,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Stop the endpoint and the pool (``destroy_process_group`` calls it, and the
         interpreter's exit). A healthy group leaves together: each rank says so in the store and
-        waits (at most :data:`LEAVE_WAIT` s) for the others before its endpoint closes. Why: a
-        rank that is done with the last collective may still be needed by a slower one's (its
-        STOPs, a resend), and a control connection that closes fails the group at once (see
+        waits (at most :data:`LEAVE_WAIT` s) for the others before its endpoint closes, rank 0
+        last (its process may host the store). Why: a rank that is done with the last collective
+        may still be needed by a slower one's (its STOPs, a resend), and a control connection
+        that closes fails the group at once (see
         :meth:`_on_peer_lost`). A failed group closes at once; the endpoint closes before the
         pool, so a collective still waiting fails now instead of holding the pool."""
         if self._closed:
@@ -850,10 +851,17 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = True
         if self._broken is None and self._store is not None:
             self._settle_all(min(self.timeout, LEAVE_WAIT))  # what the last collectives sent arrives first
+            wait = timedelta(seconds=min(self.timeout, LEAVE_WAIT))
             try:
                 self._store.set(f"dlcp/leaving/{self._rank}", "1")
-                self._store.wait([f"dlcp/leaving/{r}" for r in range(self._world)],
-                                 timedelta(seconds=min(self.timeout, LEAVE_WAIT)))
+                self._store.wait([f"dlcp/leaving/{r}" for r in range(self._world)], wait)
+                # Rank 0 leaves last: under MASTER_ADDR its process hosts the store, and a rank
+                # whose wait was still on its way when rank 0's process ended found the store
+                # gone (torch prints a warning with a stack trace for it).
+                if self._rank == 0:
+                    self._store.wait([f"dlcp/left/{r}" for r in range(1, self._world)], wait)
+                else:
+                    self._store.set(f"dlcp/left/{self._rank}", "1")
             except Exception as exc:  # noqa: BLE001 - a peer gone, or the store's host gone first: leave anyway
                 log.info("dlcp: rank %d leaves without every rank's word: %s", self._rank, exc)
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)

@@ -290,7 +290,8 @@ class _LateWaiter:
     slow to reach its leave-wait (a busy machine), as one of four often was."""
 
     def __init__(self, store, delay: float) -> None:
-        self.store, self.delay, self.error = store, delay, None
+        self.store, self.delay = store, delay
+        self.error: str | None = None
 
     def set(self, key, value):
         return self.store.set(key, value)
@@ -312,7 +313,9 @@ def _late_leaver(rank, world):
     late = None
     if rank == 1:
         pg = implementation(dist.group.WORLD)
-        late = pg._store = _LateWaiter(pg._store, 2.0)
+        assert pg is not None
+        late = _LateWaiter(pg._store, 2.0)
+        pg._store = late  # type: ignore[assignment]  # it has the two methods shutdown calls
     dist.destroy_process_group()
     return None if late is None else late.error
 

@@ -1,0 +1,38 @@
+"""Ports for peers on one machine: picked where no outgoing connection can take them."""
+
+from __future__ import annotations
+
+import socket
+
+from dlcp.hostagent import loopback
+
+
+def test_picked_ports_are_distinct_free_for_udp_and_tcp_and_below_the_ephemeral_range():
+    """A port from the kernel's ephemeral range could be taken by any process's connect()
+    before its user bound it: the testbed's gloo agents once failed to listen on their store
+    port in a full test run (EADDRINUSE, ``tests/shim/test_testbed_gloo_agent.py``)."""
+    span = loopback._pick_range()
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    pairs = loopback.free_port_pairs(4)
+    ports = [p for pair in pairs for p in pair] + list(loopback.free_tcp_ports(3))
+    assert len(set(ports[:8])) == 8
+    for p in ports:
+        if span is not None:
+            assert span[0] <= p < ephemeral_low, (p, span)
+        for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+            with socket.socket(socket.AF_INET, kind) as s:
+                s.bind(("127.0.0.1", p))
+
+
+def test_a_port_in_use_is_never_picked(monkeypatch):
+    """The pick checks each number with a bind: one held by a listener is skipped."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        free = next(p for p in range(20000, 65535) if p != busy and loopback._bindable(p))
+        choices = iter([busy, busy, free])
+        monkeypatch.setattr(loopback, "_pick_range", lambda: (1, 2))
+        monkeypatch.setattr(loopback.random.SystemRandom, "randint", lambda self, a, b: next(choices))
+        assert loopback.free_tcp_ports(1) == (free,)

@@ -34,13 +34,13 @@ def _pick_range() -> tuple[int, int] | None:
     return (max(10000, low - 12000), low - 1) if low > 11000 else None
 
 
-def _bindable(port: int) -> bool:
-    """Whether ``port`` on 127.0.0.1 takes a UDP and a TCP bind now."""
+def _bindable(port: int, host: str) -> bool:
+    """Whether ``port`` on ``host`` takes a UDP and a TCP bind now."""
     socks: list[socket.socket] = []
     try:
         for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
             socks.append(socket.socket(socket.AF_INET, kind))
-            socks[-1].bind(("127.0.0.1", port))
+            socks[-1].bind((host, port))
         return True
     except OSError:
         return False
@@ -49,8 +49,8 @@ def _bindable(port: int) -> bool:
             s.close()
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct port numbers free for both UDP and TCP on 127.0.0.1, picked at random below
+def _free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct port numbers free for both UDP and TCP on ``host``, picked at random below
     the ephemeral range (:func:`_pick_range`; inside it, as the kernel picks, where there is no
     room below)."""
     span = _pick_range()
@@ -58,31 +58,21 @@ def _free_ports(n: int) -> list[int]:
     out: list[int] = []
     for _ in range(100 * n):
         if len(out) == n:
-            return out
+            break
         if span is None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                u.bind(("127.0.0.1", 0))
+                u.bind((host, 0))
                 port = u.getsockname()[1]
         else:
             port = rng.randint(*span)
-        if port not in out and _bindable(port):
+        if port not in out and _bindable(port, host):
             out.append(port)
-    if len(out) == n:
-        return out
-    raise RuntimeError(f"found {len(out)} of {n} ports free for both UDP and TCP on 127.0.0.1")
+    if len(out) < n:
+        raise RuntimeError(f"found {len(out)} of {n} ports free for both UDP and TCP on {host}")
+    return out
 
 
 def free_shared_port() -> int:
     """One port number free for both UDP and TCP on every address (a sink that binds both on
     0.0.0.0, as the testbed's cross-traffic sink does)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("0.0.0.0", 0))
-            port = u.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("0.0.0.0", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no port number is free for both UDP and TCP")
+    return _free_ports(1, "0.0.0.0")[0]

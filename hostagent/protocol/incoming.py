@@ -38,7 +38,8 @@ ANSWER_GAPS = 4
 #: bitmaps an iteration listing packets still on the way; narrowed after 16 clean passes, it
 #: still sat at its floor on the testbed's same-leaf hops, which pause for about a millisecond
 #: between a pass's first LAST and its other two, and 0.8-1 % of those hops' packets were
-#: resent with nothing lost (captured at both ends, 8.4 Mbit/s, no cross traffic; 0.008 % since).
+#: resent with nothing lost (captured at both ends, 8.4 Mbit/s, no cross traffic; 0.02 % of a
+#: run's data packets since: docs/results/sim-validation.md).
 REORDER_MIN = 0.0002
 REORDER_MARGIN = 1.25
 REORDER_DECAY = 0.9

@@ -15,7 +15,7 @@ def test_picked_ports_are_distinct_free_for_udp_and_tcp_and_below_the_ephemeral_
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral_low = int(f.read().split()[0])
     pairs = loopback.free_port_pairs(4)
-    ports = [p for pair in pairs for p in pair] + list(loopback.free_tcp_ports(3))
+    ports = [p for pair in pairs for p in pair] + list(loopback.free_tcp_ports(3)) + [loopback.free_shared_port()]
     assert len(set(ports[:8])) == 8
     for p in ports:
         if span is not None:
@@ -31,7 +31,7 @@ def test_a_port_in_use_is_never_picked(monkeypatch):
         held.bind(("127.0.0.1", 0))
         held.listen()
         busy = held.getsockname()[1]
-        free = next(p for p in range(20000, 65535) if p != busy and loopback._bindable(p))
+        free = next(p for p in range(20000, 65535) if p != busy and loopback._bindable(p, "127.0.0.1"))
         choices = iter([busy, busy, free])
         monkeypatch.setattr(loopback, "_pick_range", lambda: (1, 2))
         monkeypatch.setattr(loopback.random.SystemRandom, "randint", lambda self, a, b: next(choices))

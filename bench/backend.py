@@ -15,7 +15,8 @@ machine has 2 cores for up to 4 processes):
 Schemes run interleaved (gloo, dlcp, gloo, dlcp, ...) for ``--rounds`` rounds; a figure is the
 median over rounds of each round's median; ``x gloo`` the median of the per-round ratios, with
 their range. ``load`` is the 1-minute load average before a row, ``idle`` the machine's idle CPU
-while it ran (medians over rounds).
+while it ran, ``c2c`` the one-way core-to-core latency just before it (the vCPUs' placement, see
+``bench/transport.py``; medians over rounds).
 
 Targets (issue 45): 4 and 2 processes, DDP step of the 12M MLP <= 1.1x gloo, all_reduce of 57 MB
 float32 <= 1.0x gloo.
@@ -154,7 +155,7 @@ def table(args: argparse.Namespace) -> Table:
             for backend in ("gloo", "dlcp", "untagged") if untagged else ("gloo", "dlcp"):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
-                out["load"], out["idle"] = load.load, load.idle
+                out["load"], out["idle"], out["c2c"] = load.load, load.idle, load.c2c
                 res[case][backend].append(out)
                 print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} {backend:<5} "
                       f"{out['ms']:8.1f} ms  cpu {out['cpu_ms']:7.1f} ms  {load}", flush=True)

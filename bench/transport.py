@@ -23,8 +23,10 @@ Parts 1-3 and 5 run their schemes interleaved (A B C, A B C, ...) for ``--rounds
 the median over rounds of each round's median, with the range over rounds. Ratios are taken
 within a round, then their median. Every participant is its own (spawned) process on this
 machine: with 2 cores, 4 processes share them, so parts 2-3 measure the hosts' software, CPU
-included; ``load`` is the 1-minute load average before the row and ``idle`` the machine's idle
-CPU while it ran.
+included; ``load`` is the 1-minute load average before the row, ``idle`` the machine's idle
+CPU while it ran and ``c2c`` the one-way core-to-core latency just before it (``bench/core_to_core.cc``:
+where the host placed the virtual machine's two vCPUs, which it changes within seconds; tens of ns
+when they share a cache, 100-300 when not, and every hand-over between cores costs more then).
 
 Targets (issue 26, which calls part 2's profile 25 MB): ring lossless <= 1.0x gloo; ring at
 p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of packets resent after
@@ -107,11 +109,24 @@ def _run(target: Callable, args_of: Callable[[int], tuple], n: int, timeout: flo
     return [r for _, r in sorted(rows, key=lambda x: x[0])]
 
 
+def core_to_core_ns() -> float:
+    """One-way latency of a cache line between CPUs 0 and 1 now (``bench/core_to_core.cc``): which
+    placement the host gave this virtual machine's two vCPUs (tens of ns when they share a cache,
+    100-300 when not; it changes within seconds here). NaN where it cannot be measured."""
+    try:
+        out = subprocess.run([str(_compiled("core_to_core")), "20000"], capture_output=True, text=True, timeout=30)
+        return float(out.stdout) if out.returncode == 0 else float("nan")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return float("nan")
+
+
 class Load:
-    """The load average before a row and the machine's idle CPU while it ran."""
+    """The load average before a row, the cores' placement (:func:`core_to_core_ns`) just before it
+    and the machine's idle CPU while it ran."""
 
     def __enter__(self) -> Load:
         self.load = os.getloadavg()[0]
+        self.c2c = core_to_core_ns()
         psutil.cpu_times_percent(None)
         return self
 
@@ -119,7 +134,7 @@ class Load:
         self.idle = psutil.cpu_times_percent(None).idle
 
     def __str__(self) -> str:
-        return f"load {self.load:4.2f} idle {self.idle:3.0f}%"
+        return f"load {self.load:4.2f} idle {self.idle:3.0f}% c2c {self.c2c:3.0f} ns"
 
 
 def interleaved(schemes: dict[str, Callable[[], dict]], rounds: int, key: str) -> dict[str, list[dict]]:
@@ -130,19 +145,21 @@ def interleaved(schemes: dict[str, Callable[[], dict]], rounds: int, key: str) -
         for name, fn in schemes.items():
             with Load() as load:
                 res = fn()
-            res["load"], res["idle"] = load.load, load.idle
+            res["load"], res["idle"], res["c2c"] = load.load, load.idle, load.c2c
             out[name].append(res)
             print(f"   round {r + 1}/{rounds} {name:<28} {res[key]:9.1f}  {load}", flush=True)
     return out
 
 
-#: The machine's load beside every row: the 1-minute load average before a round's run and the
-#: idle CPU while it ran, medians over rounds.
-LOAD_COLUMNS = [Column("load", "{:.2f}"), Column("idle %", "{:.0f}")]
+#: The machine beside every row: the 1-minute load average before a round's run, the idle CPU
+#: while it ran and the one-way core-to-core latency just before it (the vCPUs' placement),
+#: medians over rounds.
+LOAD_COLUMNS = [Column("load", "{:.2f}"), Column("idle %", "{:.0f}"), Column("c2c ns", "{:.0f}")]
 
 
-def load_cells(rounds: list[dict]) -> tuple[float, float]:
-    return statistics.median(r["load"] for r in rounds), statistics.median(r["idle"] for r in rounds)
+def load_cells(rounds: list[dict]) -> tuple[float, float, float]:
+    return (statistics.median(r["load"] for r in rounds), statistics.median(r["idle"] for r in rounds),
+            statistics.median(r.get("c2c", float("nan")) for r in rounds))
 
 
 def summary(results: dict[str, list[dict]], key: str, base: str) -> dict[str, tuple[float, float, float, float]]:
@@ -157,22 +174,22 @@ def summary(results: dict[str, list[dict]], key: str, base: str) -> dict[str, tu
 
 # ----------------------------------------------------------------------------- part 1: one sender
 
-BARE_SRC = Path(__file__).with_name("bare_pair.cc")
-BARE_BIN = Path(__file__).resolve().parents[1] / "build" / "bench" / "bare_pair"
+BENCH_BIN = Path(__file__).resolve().parents[1] / "build" / "bench"
 
 
-def _bare_binary() -> Path:
-    """bench/bare_pair.cc compiled with the system's g++ (again when the source is newer)."""
-    if not BARE_BIN.exists() or BARE_BIN.stat().st_mtime < BARE_SRC.stat().st_mtime:
-        BARE_BIN.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["g++", "-O2", "-std=c++17", "-o", str(BARE_BIN), str(BARE_SRC)], check=True)
-    return BARE_BIN
+def _compiled(name: str) -> Path:
+    """bench/NAME.cc compiled with the system's g++ into build/bench/NAME (again when the source is newer)."""
+    src, exe = Path(__file__).with_name(f"{name}.cc"), BENCH_BIN / name
+    if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["g++", "-O2", "-std=c++17", "-pthread", "-o", str(exe), str(src)], check=True)
+    return exe
 
 
 def _bare_pair(mtu: int, messages: int, rate: float = 0) -> tuple[list[tuple[int, float, float]], list[float]]:
     """Run the C++ bare pair: per message the receiver's (bytes, seconds, cpu) and the sender's cpu.
     ``rate`` (bytes/s) paces its sender as DLCP's hosts are paced (0: unpaced)."""
-    exe, port = str(_bare_binary()), free_port_pairs(1)[0][0]
+    exe, port = str(_compiled("bare_pair")), free_port_pairs(1)[0][0]
     n, total, seg = messages + WARMUP, str(GOODPUT_ELEMS * 4), str(mtu - 28)
     rx = subprocess.Popen([exe, "recv", str(port), seg, str(n), total], stdout=subprocess.PIPE, text=True)
     tx = subprocess.run([exe, "send", str(port), seg, str(n), total, f"{rate:.0f}"], capture_output=True, text=True,
@@ -603,7 +620,7 @@ def testbed_table(args) -> Table:
         with Load() as load:
             r = testbed_workload(fusion, max(3, args.iterations * 2))
         table.add("on" if fusion else "off", r["messages"], r["sync_p50"], r["sync_p99"], r["bound"],
-                  r["sync_p50"] / r["bound"], r["ctl"], r["ctl_bytes"], r["retx"], load.load, load.idle)
+                  r["sync_p50"] / r["bound"], r["ctl"], r["ctl_bytes"], r["retx"], load.load, load.idle, load.c2c)
     return table
 
 

@@ -69,9 +69,11 @@ def credit_window(socket_memory: int, max_datagram: int, senders: int) -> int:
 
 
 def max_datagram(config: TransportConfig) -> int:
-    """Bytes of the largest datagram an endpoint sends or receives: a full packet of float32 and
-    its trailer."""
-    return wire.HEADER_SIZE + elems_per_packet(config.mtu, np.float32) * 4 + wire.TRAILER_SIZE
+    """Bytes of the largest datagram an endpoint sends or receives: a full packet of the element
+    type that fills the most of the MTU's room, and its trailer. (Not always float32: where the
+    room is no multiple of 4, a half-precision packet is 2 bytes longer.)"""
+    payload = max(elems_per_packet(config.mtu, d) * d.itemsize for d in wire.NUMPY_DTYPES.values())
+    return wire.HEADER_SIZE + payload + wire.TRAILER_SIZE
 
 
 def initial_window(config: TransportConfig) -> int:

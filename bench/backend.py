@@ -21,8 +21,10 @@ while it ran, ``c2c`` the one-way core-to-core latency just before it (the vCPUs
 Targets (issue 45): 4 and 2 processes, DDP step of the 12M MLP <= 1.1x gloo, all_reduce of 57 MB
 float32 <= 1.0x gloo.
 
-A second, named setting runs interleaved on the float32 rows: ``untagged``, the backend with
-``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag costs).
+Second, named settings run interleaved on the float32 rows (``SETTINGS``): ``untagged``, the
+backend with ``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag
+costs), and ``mtu 9000``, with ``DLCP_MTU=9000`` (a jumbo frame, a real network's largest, where
+the default on loopback is 65,535: what the per-packet work costs).
 
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls
@@ -54,15 +56,17 @@ ALLREDUCE_BYTES = 57_000_000
 SMALL_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
 MODELS = {"12M": [1024, 2048, 2048, 2048, 1024], "1M": [512, 512, 512, 512, 512]}
 BATCH = 32
+#: Second settings, each a named row beside the defaults on the float32 cases: its environment.
+SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "mtu 9000": {"DLCP_MTU": "9000"}}
 
 
 def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_name: str, iters: int, q: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     for var in [v for v in os.environ if v.startswith("DLCP_")]:
         del os.environ[var]  # the defaults a user gets
-    if backend == "untagged":
+    if backend in SETTINGS:
+        os.environ.update(SETTINGS[backend])
         backend = "dlcp"
-        os.environ["DLCP_AUTHENTICATE"] = "0"
     import torch
     import torch.distributed as dist
 
@@ -148,39 +152,42 @@ def table(args: argparse.Namespace) -> Table:
         cases = [(c, d, w) for w in args.world for c, d in
                  [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
                   ("1M", "float32")]]
-    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], "untagged": []} for k in cases}
+    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in SETTINGS}} for k in cases}
     for r in range(args.rounds):
         for case in cases:
-            untagged = case[1] == "float32" and not args.small
-            for backend in ("gloo", "dlcp", "untagged") if untagged else ("gloo", "dlcp"):
+            second = case[1] == "float32" and not args.small
+            for backend in ("gloo", "dlcp", *SETTINGS) if second else ("gloo", "dlcp"):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
                 out["load"], out["idle"], out["c2c"] = load.load, load.idle, load.c2c
                 res[case][backend].append(out)
-                print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} {backend:<5} "
+                print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} {backend:<8} "
                       f"{out['ms']:8.1f} ms  cpu {out['cpu_ms']:7.1f} ms  {load}", flush=True)
     t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
                       Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"),
-                      Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"), Column("untagged ms"),
-                      Column("untagged x gloo"), *LOAD_COLUMNS],
+                      Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
+                      *(c for n in SETTINGS for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
                      "4-layer MLP, batch 32; barrier: dist.barrier()",
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
-                     "untagged: a second setting, DLCP_AUTHENTICATE=0 (no packet tag), float32 rows only"])
+                     "untagged: a second setting, DLCP_AUTHENTICATE=0 (no packet tag); mtu 9000: DLCP_MTU=9000 "
+                     "(the default on loopback is 65535); float32 rows only"])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
         dms = statistics.median(x["ms"] for x in by["dlcp"])
         gcpu = statistics.median(x["cpu_ms"] for x in by["gloo"])
         dcpu = statistics.median(x["cpu_ms"] for x in by["dlcp"])
-        un = by["untagged"]
-        ums = f"{statistics.median(x['ms'] for x in un):.1f}" if un else "-"
-        ux = f"{statistics.median(u['ms'] / g['ms'] for u, g in zip(un, by['gloo'])):.2f}" if un else "-"
+        seconds = []
+        for n in SETTINGS:
+            un = by[n]
+            seconds.append(f"{statistics.median(x['ms'] for x in un):.1f}" if un else "-")
+            seconds.append(f"{statistics.median(u['ms'] / g['ms'] for u, g in zip(un, by['gloo'])):.2f}" if un else "-")
         t.add(_label(case), dtype, world, gms, dms,
-              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu, ums, ux,
-              *load_cells(by["gloo"] + by["dlcp"] + un))
+              statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu, *seconds,
+              *load_cells(by["gloo"] + by["dlcp"] + [x for n in SETTINGS for x in by[n]]))
     return t
 
 

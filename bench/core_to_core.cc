@@ -2,11 +2,11 @@
 // every benchmark row.
 //
 // Why: the benchmarks run on a virtual machine whose 2 vCPUs the host places on physical cores
-// it chooses, and may move. When the two share a last-level cache a line crosses in tens of ns;
-// when they do not, in over a hundred, and everything that hands data from one core to the other
-// (loopback TCP and UDP, the copies between a sender and its receiver) costs more CPU per byte.
-// Gloo's 57 MB all_reduce has taken 134 and 207 CPU ms on the same machine a few hours apart;
-// this number says which placement a row ran on.
+// it chooses, and moves: on the AMD machine of 2026-11-30 a line crossed in 30-40 ns at some
+// moments and in 100-300 ns at others, changing every few seconds. Whatever hands data from one
+// core to the other (loopback TCP and UDP, a sender's copy and its receiver's) may cost more
+// when it is high; this number says what a row started on. (It does not explain gloo's two
+// speeds on that machine: those follow where Linux puts the ranks, see docs/results/backend.md.)
 //
 //   core_to_core [ROUNDS]   prints "ns" (one way, median of 5 runs of ROUNDS round trips)
 //

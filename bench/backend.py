@@ -23,15 +23,20 @@ float32 <= 1.0x gloo.
 
 Second, named settings run interleaved on the float32 rows (``SETTINGS``): ``untagged``, the
 backend with ``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag
-costs), and ``mtu 9000``, with ``DLCP_MTU=9000`` (a jumbo frame, a real network's largest, where
-the default on loopback is 65,535: what the per-packet work costs).
+costs); ``encrypted``, with ``DLCP_ENCRYPT=1`` (payloads encrypted too, issue 44's option for
+shared networks); and ``mtu 9000``, with ``DLCP_MTU=9000`` (a jumbo frame, a real network's
+largest, where the default on loopback is 65,535: what the per-packet work costs).
+
+Targets (issue 44, the lossless ring of 57 MB with 4 processes, which a 57 MB all_reduce outside
+a backward pass is): with the tag <= 0.8x gloo, encrypted <= 1.0x gloo.
 
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls
 per run: where a collective's time is its round trips, not its bytes (the backend gathers sums
 of up to ``DIRECT_SUM_BYTES`` in one round instead of the ring's steps).
 
-Run: python bench/backend.py [--rounds 3] [--steps 20] [--quick] [--small] [--out FILE]
+Run: python bench/backend.py [--rounds 3] [--steps 20] [--world 4 2] [--cases WHAT:DTYPE ...] [--quick] [--small]
+[--out FILE]
 """
 
 from __future__ import annotations
@@ -56,8 +61,11 @@ ALLREDUCE_BYTES = 57_000_000
 SMALL_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
 MODELS = {"12M": [1024, 2048, 2048, 2048, 1024], "1M": [512, 512, 512, 512, 512]}
 BATCH = 32
+#: The rows (what, dtype) of a run without ``--small``, in order.
+CASES = [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"), ("1M", "float32")]
 #: Second settings, each a named row beside the defaults on the float32 cases: its environment.
-SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "mtu 9000": {"DLCP_MTU": "9000"}}
+SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "encrypted": {"DLCP_ENCRYPT": "1"},
+            "mtu 9000": {"DLCP_MTU": "9000"}}
 
 
 def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_name: str, iters: int, q: Any) -> None:
@@ -149,9 +157,7 @@ def table(args: argparse.Namespace) -> Table:
     if args.small:
         cases = [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
     else:
-        cases = [(c, d, w) for w in args.world for c, d in
-                 [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
-                  ("1M", "float32")]]
+        cases = [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
     res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in SETTINGS}} for k in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -172,8 +178,8 @@ def table(args: argparse.Namespace) -> Table:
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
-                     "untagged: a second setting, DLCP_AUTHENTICATE=0 (no packet tag); mtu 9000: DLCP_MTU=9000 "
-                     "(the default on loopback is 65535); float32 rows only"])
+                     "second settings, float32 rows only: untagged, DLCP_AUTHENTICATE=0 (no packet tag); encrypted, "
+                     "DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000 (the default on loopback is 65535)"])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
@@ -205,6 +211,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help="timed calls or DDP steps per run (default 20; 200 with --small)")
     ap.add_argument("--world", type=int, nargs="+", default=[4, 2], help="process counts (default 4 2)")
+    ap.add_argument("--cases", nargs="+", default=None, metavar="WHAT:DTYPE",
+                    choices=[f"{c}:{d}" for c, d in CASES],
+                    help="only these rows (default: all; e.g. all_reduce:float32 12M:float32)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
     ap.add_argument("--small", action="store_true",
                     help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")

@@ -99,8 +99,8 @@ MAX_UNSETTLED_SENDS = 64
 #: this, the largest IPv4 packet. A NIC's MTU (1500, a 9000 jumbo frame) is below it; loopback's
 #: (65,536) is above, and there the packets are as large as gloo's TCP segments on loopback
 #: (64 KB). With 9000-byte packets a 4-rank DDP step of a 12M-parameter MLP took 1.22x gloo's
-#: time against 1.04x (18 % more CPU: per-packet work, headers, tags, placement); a lone 57 MB
-#: all_reduce did not move (docs/results/backend.md, 5 interleaved rounds).
+#: time against 1.04x (18 % more CPU: per-packet work, headers, tags, placement), a lone 57 MB
+#: all_reduce 1.06x the time (median of 10 interleaved rounds; docs/results/backend.md).
 MAX_DEFAULT_MTU = 65535
 #: The line rate assumed where the interface reports no speed (loopback, veth, most virtual
 #: NICs), in bytes/s: 100 Gb/s. On loopback no link limits the rate and gloo paces nothing:

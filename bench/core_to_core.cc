@@ -5,8 +5,8 @@
 // it chooses, and moves: on the AMD machine of 2026-11-30 a line crossed in 30-40 ns at some
 // moments and in 100-300 ns at others, changing every few seconds. Whatever hands data from one
 // core to the other (loopback TCP and UDP, a sender's copy and its receiver's) may cost more
-// when it is high; this number says what a row started on. (It does not explain gloo's two
-// speeds on that machine: those follow where Linux puts the ranks, see docs/results/backend.md.)
+// when it is high; this number says what a row started on. (Read before a run, it did not
+// predict gloo's two speeds on that machine: docs/results/backend.md.)
 //
 //   core_to_core [ROUNDS]   prints "ns" (one way, median of 5 runs of ROUNDS round trips)
 //

@@ -62,7 +62,8 @@ SMALL_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
 MODELS = {"12M": [1024, 2048, 2048, 2048, 1024], "1M": [512, 512, 512, 512, 512]}
 BATCH = 32
 #: The rows (what, dtype) of a run without ``--small``, in order.
-CASES = [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"), ("1M", "float32")]
+CASES = [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
+         ("1M", "float32")]
 #: Second settings, each a named row beside the defaults on the float32 cases: its environment.
 SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "encrypted": {"DLCP_ENCRYPT": "1"},
             "mtu 9000": {"DLCP_MTU": "9000"}}

@@ -33,8 +33,6 @@ fake clock (tests/transport/test_core_rules.py):
 
 from __future__ import annotations
 
-import numpy as np
-
 from dlcp.hostagent import wire
 from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.hostagent.transport_config import TransportConfig

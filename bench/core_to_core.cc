@@ -57,7 +57,10 @@ double one_way_ns(long rounds) {
 
 int main(int argc, char** argv) {
     long rounds = argc > 1 ? std::atol(argv[1]) : 100000;
-    if (std::thread::hardware_concurrency() < 2 || !pin(0)) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !CPU_ISSET(0, &allowed) || !CPU_ISSET(1, &allowed) ||
+        !pin(0)) {
         std::fprintf(stderr, "core_to_core: needs CPUs 0 and 1\n");
         return 1;
     }

@@ -26,7 +26,8 @@ machine: with 2 cores, 4 processes share them, so parts 2-3 measure the hosts' s
 included; ``load`` is the 1-minute load average before the row, ``idle`` the machine's idle
 CPU while it ran and ``c2c`` the one-way core-to-core latency just before it (``bench/core_to_core.cc``:
 where the host placed the virtual machine's two vCPUs, which it changes within seconds; tens of ns
-when they share a cache, 100-300 when not, and every hand-over between cores costs more then).
+when they share a cache, 100-300 when not; read before a run, it did not predict gloo's two speeds
+on the AMD machine, docs/results/backend.md).
 
 Targets (issue 26, which calls part 2's profile 25 MB): ring lossless <= 1.0x gloo; ring at
 p = 0.05 with 2 % loss <= 1.0x gloo lossless; PS <= 1.5x gloo, at most 1 % of packets resent after

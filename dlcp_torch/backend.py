@@ -119,8 +119,8 @@ class BackendOptions:
 
     mtu: int | None = None
     """IP packet size of data packets; None: the MTU of the interface that carries this
-    process's address, at most :data:`MAX_DEFAULT_MTU` (every rank must use the same, so set
-    it where the ranks' interfaces differ)."""
+    process's address, at most :data:`MAX_DEFAULT_MTU`. Where the ranks' differ, every rank
+    uses the smallest (agreed through the store at start-up)."""
 
     line_rate: float | None = None
     """The host's link rate in bytes/s, which the sender paces to and starts at half of; None:
@@ -909,6 +909,21 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
     return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from}); {protection}"
 
 
+def _agree_on_mtu(store: dist.Store, rank: int, world_size: int, cfg: TransportConfig,
+                  link: str) -> tuple[TransportConfig, str]:
+    """Every rank's MTU through the store; all use the smallest. Ranks cut a message into packets
+    by their MTU, and a receiver refuses packets cut otherwise: where the interfaces differ (a
+    jumbo-frame host beside a 1500-byte one) the group would fail at its first collective. The
+    smallest is the one every rank's interface carries. The start-up line says when it was lowered."""
+    store.set(f"dlcp/mtu/{rank}", str(cfg.mtu))
+    mtus = [int(store.get(f"dlcp/mtu/{r}")) for r in range(world_size)]
+    low = min(mtus)
+    if low == cfg.mtu and len(set(mtus)) == 1:
+        return cfg, link
+    by_rank = ", ".join(f"rank {r} {m}" for r, m in enumerate(mtus))
+    return replace(cfg, mtu=low), f"{link}; every rank uses MTU {low}, the smallest of theirs ({by_rank})"
+
+
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
     """The backend's constructor (``Backend.register_backend`` calls it): DLCP addresses and the
     job secret go through the process group's own store. Returns the group's collectives as a
@@ -923,6 +938,7 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     secret = parse_secret(os.environ.get("DLCP_SECRET"))
     peers, held, secret = exchange_addresses(store, rank, world_size, host, secret=secret)
     cfg, link = _transport_config(rank, peers, options, host, seconds, secret)
+    cfg, link = _agree_on_mtu(store, rank, world_size, cfg, link)
     ep = Endpoint(cfg).start(held.get(rank))
     try:
         ep.connect()

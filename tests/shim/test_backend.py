@@ -417,3 +417,28 @@ def test_batch_isend_irecv_and_out_of_order_waits_deliver_to_each_receiver():
     for rank, res in _spawn(_p2p_batch, world).items():
         prv = (rank - 1) % world
         assert res == {"got": [float(prv)] * 5, "a": [float(prv)] * 2, "b": [prv, prv + 1, prv + 2]}
+
+
+def _mtus_differ(rank, world):
+    """Ranks whose MTUs differ (a jumbo-frame host beside a 1500-byte one): the sum of a tensor
+    of several packets at either MTU, and the MTU the endpoint ended with."""
+    os.environ["DLCP_MTU"] = "9000" if rank == 0 else "1500"
+    dist.init_process_group("dlcp")
+    from dlcp_torch.backend import implementation
+
+    x = torch.arange(100_000, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(x)
+    pg = implementation(dist.group.WORLD)
+    assert pg is not None
+    return x, pg.endpoint.config.mtu
+
+
+def test_ranks_with_different_mtus_all_use_the_smallest():
+    """Before, each rank cut packets by its own MTU and the first collective failed (the
+    receiver refused packets cut otherwise); now the ranks agree on the smallest at start-up."""
+    out = _spawn(_mtus_differ, 2)
+    want = torch.arange(100_000, dtype=torch.float32) * 3
+    for rank in (0, 1):
+        x, mtu = out[rank]
+        assert mtu == 1500
+        torch.testing.assert_close(_t(x), want)

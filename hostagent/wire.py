@@ -246,8 +246,8 @@ class Header:
         return {f.name: int(v) for f, v in zip(FIELDS, _FIELD_VALUES(self))}
 
 
-#: A header's field values in wire order (one C call: the control thread packs and reads
-#: thousands of headers a second, and a loop of ``getattr`` was a tenth of its time).
+#: A header's field values in wire order, in one C call (the control thread packs and reads a
+#: header per control record: packing with a loop of ``getattr`` took 2.3 us, this 0.5).
 _FIELD_VALUES = operator.attrgetter(*(f.name for f in FIELDS))
 _MAXES = tuple(FIELD_MAX[f.name] for f in FIELDS)
 

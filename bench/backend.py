@@ -159,11 +159,11 @@ def table(args: argparse.Namespace) -> Table:
         cases = [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
     else:
         cases = [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
-    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in SETTINGS}} for k in cases}
+    settings = [] if args.small else list(SETTINGS)  # (float32 rows only: below)
+    res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in settings}} for k in cases}
     for r in range(args.rounds):
         for case in cases:
-            second = case[1] == "float32" and not args.small
-            for backend in ("gloo", "dlcp", *SETTINGS) if second else ("gloo", "dlcp"):
+            for backend in ("gloo", "dlcp", *(settings if case[1] == "float32" else ())):
                 with Load() as load:
                     out = run(backend, *case[:2], case[2], args.steps)
                 out["load"], out["idle"], out["c2c"] = load.load, load.idle, load.c2c
@@ -173,14 +173,15 @@ def table(args: argparse.Namespace) -> Table:
     t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
                       Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("range"),
                       Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
-                      *(c for n in SETTINGS for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
+                      *(c for n in settings for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
                      "4-layer MLP, batch 32; barrier: dist.barrier()",
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
-                     "second settings, float32 rows only: untagged, DLCP_AUTHENTICATE=0 (no packet tag); encrypted, "
-                     "DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000 (the default on loopback is 65535)"])
+                     *(["second settings, float32 rows only: untagged, DLCP_AUTHENTICATE=0 (no packet tag); "
+                        "encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000 (the default on loopback is 65535)"]
+                       if settings else [])])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
@@ -188,13 +189,13 @@ def table(args: argparse.Namespace) -> Table:
         gcpu = statistics.median(x["cpu_ms"] for x in by["gloo"])
         dcpu = statistics.median(x["cpu_ms"] for x in by["dlcp"])
         seconds = []
-        for n in SETTINGS:
+        for n in settings:
             un = by[n]
             seconds.append(f"{statistics.median(x['ms'] for x in un):.1f}" if un else "-")
             seconds.append(f"{statistics.median(u['ms'] / g['ms'] for u, g in zip(un, by['gloo'])):.2f}" if un else "-")
         t.add(_label(case), dtype, world, gms, dms,
               statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}", gcpu, dcpu, *seconds,
-              *load_cells(by["gloo"] + by["dlcp"] + [x for n in SETTINGS for x in by[n]]))
+              *load_cells(by["gloo"] + by["dlcp"] + [x for n in settings for x in by[n]]))
     return t
 
 

@@ -917,9 +917,9 @@ def _agree_on_mtu(store: dist.Store, rank: int, world_size: int, cfg: TransportC
     smallest is the one every rank's interface carries. The start-up line says when it was lowered."""
     store.set(f"dlcp/mtu/{rank}", str(cfg.mtu))
     mtus = [int(store.get(f"dlcp/mtu/{r}")) for r in range(world_size)]
-    low = min(mtus)
-    if low == cfg.mtu and len(set(mtus)) == 1:
+    if len(set(mtus)) == 1:
         return cfg, link
+    low = min(mtus)
     by_rank = ", ".join(f"rank {r} {m}" for r, m in enumerate(mtus))
     return replace(cfg, mtu=low), f"{link}; every rank uses MTU {low}, the smallest of theirs ({by_rank})"
 

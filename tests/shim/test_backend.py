@@ -374,6 +374,10 @@ def _stats(rank, world, c10d):
         refused = "accepted"
     except ValueError as exc:
         refused = str(exc)
+    # A one-round sum returns once the other rank's tensor is here, before its own send need
+    # have left (it goes from a copy); the other rank reaches this barrier (gloo's: DLCP's
+    # figures stay as they are) only after that send arrived, so after it they count it.
+    dist.barrier(group=gloo)
     world_stats, pair_stats = group_stats(), group_stats(pair)
     dist.barrier()
     return {"world": world_stats["collectives"], "pair": pair_stats["collectives"],

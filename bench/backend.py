@@ -30,13 +30,22 @@ largest, where the default on loopback is 65,535: what the per-packet work costs
 Targets (issue 44, the lossless ring of 57 MB with 4 processes, which a 57 MB all_reduce outside
 a backward pass is): with the tag <= 0.8x gloo, encrypted <= 1.0x gloo.
 
+``--paired``: the same rows with every scheme in the same processes: the default group is
+``init_process_group("dlcp")``, gloo's ``dist.new_group(backend="gloo")``, each named setting a
+``dlcp`` group made with its environment, and each turn times one call of every scheme (the
+first of a turn rotating), a gloo barrier before each. Why: this machine's two vCPUs change
+speed within seconds (gloo's 57 MB all_reduce takes ~70 or ~110 ms, see ``c2c``), so runs in
+turn, 20 s apart, can meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
+is then the median of every turn's ratio, with the quartiles. (Every process then also holds
+the other groups' idle threads.)
+
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls
 per run: where a collective's time is its round trips, not its bytes (the backend gathers sums
 of up to ``DIRECT_SUM_BYTES`` in one round instead of the ring's steps).
 
-Run: python bench/backend.py [--rounds 3] [--steps 20] [--world 4 2] [--cases WHAT:DTYPE ...] [--quick] [--small]
-[--out FILE]
+Run: python bench/backend.py [--rounds 3] [--steps 20] [--world 4 2] [--cases WHAT:DTYPE ...] [--quick]
+[--paired | --small] [--out FILE]
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,10 +79,45 @@ SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "encrypted": {"DLCP_ENCRYPT"
             "mtu 9000": {"DLCP_MTU": "9000"}}
 
 
-def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_name: str, iters: int, q: Any) -> None:
+def _step(case: str, dtype_name: str, rank: int, group: Any = None) -> Callable[[], None]:
+    """One timed call of ``case`` on ``group`` (None: the default group): an ``all_reduce`` of
+    its tensor, or a DDP step of its model. Built once per group, before the first call."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = getattr(torch, dtype_name)
+    if case == "barrier":
+        return lambda: dist.barrier(group=group)
+    if case.startswith("all_reduce"):  # "all_reduce" (57 MB) or "all_reduce:<bytes>"
+        x = torch.randn(int(case.partition(":")[2] or ALLREDUCE_BYTES) // 4).to(dtype)
+        return lambda: dist.all_reduce(x, group=group)
+    widths = MODELS[case]
+    torch.manual_seed(0)
+    layers: list[Any] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1]).to(dtype)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(BATCH, widths[0], generator=g).to(dtype)
+
+    def step() -> None:
+        opt.zero_grad()
+        ddp(x).float().pow(2).mean().backward()
+        opt.step()
+    return step
+
+
+def _user_env(port: int, rank: int, world: int) -> None:
+    """The environment a user's spawned rank has: the rendezvous, no ``DLCP_*`` (the defaults)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     for var in [v for v in os.environ if v.startswith("DLCP_")]:
-        del os.environ[var]  # the defaults a user gets
+        del os.environ[var]
+
+
+def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_name: str, iters: int, q: Any) -> None:
+    _user_env(port, rank, world)
     if backend in SETTINGS:
         os.environ.update(SETTINGS[backend])
         backend = "dlcp"
@@ -80,75 +125,157 @@ def _worker(rank: int, world: int, port: int, backend: str, case: str, dtype_nam
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dtype = getattr(torch, dtype_name)
     dist.init_process_group(backend)
+    step = _step(case, dtype_name, rank)
     times = []
     cpu = 0.0  # this process's CPU seconds (every thread) over the timed calls, barriers included
-
-    def mark(i: int) -> None:
-        nonlocal cpu
+    for i in range(iters + WARMUP):
         if i == WARMUP:
             cpu = -time.process_time()
-        elif i == iters + WARMUP:
-            cpu += time.process_time()
-
-    if case == "barrier":
-        for i in range(iters + WARMUP):
-            mark(i)
-            t0 = time.perf_counter()
+        if case != "barrier":
             dist.barrier()
-            times.append(time.perf_counter() - t0)
-    elif case.startswith("all_reduce"):  # "all_reduce" (57 MB) or "all_reduce:<bytes>"
-        x = torch.randn(int(case.partition(":")[2] or ALLREDUCE_BYTES) // 4).to(dtype)
-        for i in range(iters + WARMUP):
-            mark(i)
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-    else:
-        widths = MODELS[case]
-        torch.manual_seed(0)
-        layers: list[Any] = []
-        for a, b in zip(widths, widths[1:]):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        model = torch.nn.Sequential(*layers[:-1]).to(dtype)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn(BATCH, widths[0], generator=g).to(dtype)
-        for i in range(iters + WARMUP):
-            mark(i)
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            ddp(x).float().pow(2).mean().backward()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-    mark(iters + WARMUP)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    cpu += time.process_time()
     q.put((rank, times[WARMUP:], cpu / iters))
     dist.destroy_process_group()
+
+
+def _paired_worker(rank: int, world: int, port: int, schemes: list[str], case: str, dtype_name: str, iters: int,
+                   q: Any) -> None:
+    """``--paired``: one process per rank holds a group of every scheme (the default group is
+    ``init_process_group("dlcp")``, gloo's is ``dist.new_group(backend="gloo")``, a named setting's
+    a ``dlcp`` group made with its environment) and times one call of each in turn, the first of
+    each turn rotating; a gloo barrier (untimed) before every call."""
+    _user_env(port, rank, world)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("dlcp")
+    fence = dist.new_group(backend="gloo")
+    groups: dict[str, Any] = {}
+    for name in schemes:
+        if name == "dlcp":
+            groups[name] = None
+        elif name == "gloo":
+            groups[name] = fence
+        else:
+            os.environ.update(SETTINGS[name])
+            groups[name] = dist.new_group(backend="dlcp")
+            for var in SETTINGS[name]:
+                del os.environ[var]
+    steps = {name: _step(case, dtype_name, rank, groups[name]) for name in schemes}
+    times: dict[str, list[float]] = {name: [] for name in schemes}
+    cpu = dict.fromkeys(schemes, 0.0)  # this process's CPU seconds (every thread) in each scheme's calls
+    for i in range(iters + WARMUP):
+        for k in range(len(schemes)):
+            name = schemes[(i + k) % len(schemes)]
+            dist.barrier(group=fence)
+            c0, t0 = time.process_time(), time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - t0)
+            if i >= WARMUP:
+                cpu[name] += time.process_time() - c0
+    q.put((rank, {n: t[WARMUP:] for n, t in times.items()}, {n: c / iters for n, c in cpu.items()}))
+    dist.barrier(group=fence)
+    dist.destroy_process_group()
+
+
+def _spawn(target: Callable[..., None], world: int, *args: Any) -> list[tuple]:
+    """Run ``target(rank, world, port, *args, queue)`` in ``world`` spawned processes; what each put
+    on the queue, by rank."""
+    (port,) = free_tcp_ports(1)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return sorted(q.get(timeout=900) for _ in range(world))
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
 
 
 def run(backend: str, case: str, dtype: str, world: int, iters: int) -> dict:
     """One row's run: the slowest rank's median ms per call or step, and the CPU ms all ranks
     spent per call (every thread of every process: on this machine's 2 cores a call cannot take
     less than half of it)."""
-    (port,) = free_tcp_ports(1)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, case, dtype, iters, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        rows = [q.get(timeout=600) for _ in range(world)]
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+    rows = _spawn(_worker, world, backend, case, dtype, iters)
     per = [max(times[i] for _, times, _ in rows) for i in range(iters)]
     return {"ms": statistics.median(per) * 1e3, "cpu_ms": sum(cpu for _, _, cpu in rows) * 1e3}
+
+
+def run_paired(schemes: list[str], case: str, dtype: str, world: int, iters: int) -> dict[str, dict]:
+    """One run of ``--paired``: per scheme, the slowest rank's ms of each turn (a list), their
+    median, and the CPU ms all ranks spent per call."""
+    rows = _spawn(_paired_worker, world, schemes, case, dtype, iters)
+    out = {}
+    for name in schemes:
+        per = [max(times[name][i] for _, times, _ in rows) * 1e3 for i in range(iters)]
+        out[name] = {"per_call": per, "ms": statistics.median(per), "cpu_ms": sum(c[name] for _, _, c in rows) * 1e3}
+    return out
+
+
+def _quartiles(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return f"{q[0]:.2f}-{q[2]:.2f}"
+
+
+def paired_table(args: argparse.Namespace) -> Table:
+    title = (f"backend, paired: init_process_group(\"dlcp\") and a gloo group in the same processes, one call "
+             f"of each in turn, defaults, loopback, {args.rounds} rounds of {args.steps} turns")
+    print(title, flush=True)
+    cases = [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
+    settings = list(SETTINGS)
+    res: dict[tuple, list[dict[str, dict]]] = {k: [] for k in cases}
+    for r in range(args.rounds):
+        for case in cases:
+            schemes = ["gloo", "dlcp", *(settings if case[1] == "float32" else ())]
+            with Load() as load:
+                out = run_paired(schemes, *case[:2], case[2], args.steps)
+            for x in out.values():
+                x["load"], x["idle"], x["c2c"] = load.load, load.idle, load.c2c
+            res[case].append(out)
+            print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} "
+                  + "  ".join(f"{n} {x['ms']:.1f} ms (cpu {x['cpu_ms']:.0f})" for n, x in out.items())
+                  + f"  {load}", flush=True)
+    t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
+                      Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("quartiles"),
+                      Column("rounds"), Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
+                      *(c for n in settings for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
+              notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
+                     "x gloo: median over every turn of every round of (dlcp's call / gloo's call of the same "
+                     "turn), each the slowest rank's; quartiles: of those ratios; rounds: the range of the "
+                     "rounds' median ratios",
+                     "cpu ms: CPU time of every thread of every rank per call (medians over rounds), the other "
+                     "groups' idle threads included; 2 cores give at most 2 CPU ms per ms",
+                     "second settings, float32 rows only, each a dlcp group of its own in the same processes: "
+                     "untagged, DLCP_AUTHENTICATE=0; encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000"])
+    def ratios(runs: list[dict[str, dict]], name: str) -> list[float]:
+        return [x / g for run in runs for x, g in zip(run[name]["per_call"], run["gloo"]["per_call"])]
+
+    def median_of(runs: list[dict[str, dict]], name: str, key: str) -> float:
+        return statistics.median(run[name][key] for run in runs)
+
+    for (case, dtype, world), runs in res.items():
+        per_round = [statistics.median(x / g for x, g in zip(run["dlcp"]["per_call"], run["gloo"]["per_call"]))
+                     for run in runs]
+        seconds = []
+        for n in settings:
+            there = n in runs[0]
+            seconds.append(f"{median_of(runs, n, 'ms'):.1f}" if there else "-")
+            seconds.append(f"{statistics.median(ratios(runs, n)):.2f}" if there else "-")
+        t.add(_label(case), dtype, world, median_of(runs, "gloo", "ms"), median_of(runs, "dlcp", "ms"),
+              statistics.median(ratios(runs, "dlcp")), _quartiles(ratios(runs, "dlcp")),
+              f"{min(per_round):.2f}-{max(per_round):.2f}", median_of(runs, "gloo", "cpu_ms"),
+              median_of(runs, "dlcp", "cpu_ms"),
+              *seconds, *load_cells([run["gloo"] for run in runs]))
+    return t
 
 
 def table(args: argparse.Namespace) -> Table:
@@ -217,8 +344,11 @@ def main() -> None:
                     choices=[f"{c}:{d}" for c, d in CASES],
                     help="only these rows (default: all; e.g. all_reduce:float32 12M:float32)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
-    ap.add_argument("--small", action="store_true",
-                    help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--paired", action="store_true",
+                      help="each scheme a group in the same processes, one call of each in turn (see above)")
+    kind.add_argument("--small", action="store_true",
+                      help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
@@ -228,7 +358,7 @@ def main() -> None:
         args.rounds, args.steps = 1, 5
     record = Record.start("python bench/backend.py")
     print(record.header())
-    done = [table(args)]
+    done = [paired_table(args) if args.paired else table(args)]
     print(done[0].text())
     record.keep(args.out, done)
 

@@ -20,7 +20,7 @@ PAGES: dict[str, list[list[str]]] = {
                       ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"],
                       ["20261128-bench-forgeries.json"], ["20261130-bench-protection-mtu1500-9054deb.json"],
                       ["20261130-bench-protection-mtu9000-9054deb.json"], ["20261130-bench-collective-5ddfac1.json"]],
-    "backend.md": [["20261130-bench-backend-82db73f.json"], ["20261130-bench-backend-4p-9b999c1.json"],
+    "backend.md": [["20261130-bench-backend-paired-6a539fc.json"], ["20261130-bench-backend-82db73f.json"], ["20261130-bench-backend-4p-9b999c1.json"],
                    ["20261130-bench-backend-ring-ed59591.json"],
                    ["20261130-bench-backend-2a56fad.json"], ["20261129-bench-backend.json"],
                    ["20261130-bench-backend-small-39b0ba7.json"], ["20261130-bench-backend-small-3eb0b70.json"],

@@ -37,7 +37,7 @@ first of a turn rotating), a gloo barrier before each. Why: this machine's two v
 speed within seconds (gloo's 57 MB all_reduce takes ~70 or ~110 ms, see ``c2c``), so runs in
 turn, 20 s apart, can meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
 is then the median of every turn's ratio, with the quartiles. (Every process then also holds
-the other groups' idle threads.)
+the other groups' idle threads.) With ``--small``, the small collectives' rows, gloo and dlcp.
 
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls
@@ -45,7 +45,7 @@ per run: where a collective's time is its round trips, not its bytes (the backen
 of up to ``DIRECT_SUM_BYTES`` in one round instead of the ring's steps).
 
 Run: python bench/backend.py [--rounds 3] [--steps 20] [--world 4 2] [--cases WHAT:DTYPE ...] [--quick]
-[--paired | --small] [--out FILE]
+[--paired] [--small] [--out FILE]
 """
 
 from __future__ import annotations
@@ -226,12 +226,19 @@ def _quartiles(xs: list[float]) -> str:
     return f"{q[0]:.2f}-{q[2]:.2f}"
 
 
+def _cases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """The rows (what, dtype, processes) a run measures."""
+    if args.small:
+        return [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
+    return [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
+
+
 def paired_table(args: argparse.Namespace) -> Table:
     title = (f"backend, paired: init_process_group(\"dlcp\") and a gloo group in the same processes, one call "
              f"of each in turn, defaults, loopback, {args.rounds} rounds of {args.steps} turns")
     print(title, flush=True)
-    cases = [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
-    settings = list(SETTINGS)
+    cases = _cases(args)
+    settings = [] if args.small else list(SETTINGS)
     res: dict[tuple, list[dict[str, dict]]] = {k: [] for k in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -242,20 +249,23 @@ def paired_table(args: argparse.Namespace) -> Table:
                 x["load"], x["idle"], x["c2c"] = load.load, load.idle, load.c2c
             res[case].append(out)
             print(f"   round {r + 1}/{args.rounds} {case[0]:>10} {case[1]:<8} x{case[2]} "
-                  + "  ".join(f"{n} {x['ms']:.1f} ms (cpu {x['cpu_ms']:.0f})" for n, x in out.items())
+                  + "  ".join(f"{n} {x['ms']:.3g} ms (cpu {x['cpu_ms']:.3g})" for n, x in out.items())
                   + f"  {load}", flush=True)
-    t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", "{:.1f}"),
-                      Column("dlcp ms", "{:.1f}"), Column("x gloo", "{:.2f}"), Column("quartiles"),
+    ms = "{:.3f}" if args.small else "{:.1f}"
+    t = Table(title, [Column("what"), Column("dtype"), Column("procs"), Column("gloo ms", ms),
+                      Column("dlcp ms", ms), Column("x gloo", "{:.2f}"), Column("quartiles"),
                       Column("rounds"), Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
                       *(c for n in settings for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
-              notes=["all_reduce: one 57 MB tensor; 12M / 1M: a stock DDP step of a 4-layer MLP, batch 32",
+              notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
+                     "4-layer MLP, batch 32; barrier: dist.barrier()",
                      "x gloo: median over every turn of every round of (dlcp's call / gloo's call of the same "
                      "turn), each the slowest rank's; quartiles: of those ratios; rounds: the range of the "
                      "rounds' median ratios",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds), the other "
                      "groups' idle threads included; 2 cores give at most 2 CPU ms per ms",
-                     "second settings, float32 rows only, each a dlcp group of its own in the same processes: "
-                     "untagged, DLCP_AUTHENTICATE=0; encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000"])
+                     *(["second settings, float32 rows only, each a dlcp group of its own in the same processes: "
+                        "untagged, DLCP_AUTHENTICATE=0; encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000"]
+                       if settings else [])])
     def ratios(runs: list[dict[str, dict]], name: str) -> list[float]:
         return [x / g for run in runs for x, g in zip(run[name]["per_call"], run["gloo"]["per_call"])]
 
@@ -282,10 +292,7 @@ def table(args: argparse.Namespace) -> Table:
     title = (f"backend: init_process_group(\"dlcp\") against \"gloo\", defaults, loopback, {args.rounds} "
              f"interleaved rounds, {args.steps} timed calls per run")
     print(title, flush=True)
-    if args.small:
-        cases = [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
-    else:
-        cases = [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
+    cases = _cases(args)
     settings = [] if args.small else list(SETTINGS)  # (float32 rows only: below)
     res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in settings}} for k in cases}
     for r in range(args.rounds):
@@ -344,11 +351,10 @@ def main() -> None:
                     choices=[f"{c}:{d}" for c, d in CASES],
                     help="only these rows (default: all; e.g. all_reduce:float32 12M:float32)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
-    kind = ap.add_mutually_exclusive_group()
-    kind.add_argument("--paired", action="store_true",
-                      help="each scheme a group in the same processes, one call of each in turn (see above)")
-    kind.add_argument("--small", action="store_true",
-                      help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
+    ap.add_argument("--paired", action="store_true",
+                    help="each scheme a group in the same processes, one call of each in turn (see above)")
+    ap.add_argument("--small", action="store_true",
+                    help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()

@@ -23,7 +23,7 @@ PAGES: dict[str, list[list[str]]] = {
     "backend.md": [["20261130-bench-backend-paired-6a539fc.json"], ["20261130-bench-backend-82db73f.json"], ["20261130-bench-backend-4p-9b999c1.json"],
                    ["20261130-bench-backend-ring-ed59591.json"],
                    ["20261130-bench-backend-2a56fad.json"], ["20261129-bench-backend.json"],
-                   ["20261130-bench-backend-small-39b0ba7.json"], ["20261130-bench-backend-small-3eb0b70.json"],
+                   ["20261130-bench-backend-paired-small-7ff9551.json"], ["20261130-bench-backend-small-39b0ba7.json"], ["20261130-bench-backend-small-3eb0b70.json"],
                    ["20261129-bench-backend-small.json"]],
     "sim-speed.md": [["20261126-bench-sim.json"]],
     "digits-demo.md": [["20261126-demo.json"]],

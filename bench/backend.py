@@ -34,8 +34,9 @@ a backward pass is): with the tag <= 0.8x gloo, encrypted <= 1.0x gloo.
 ``init_process_group("dlcp")``, gloo's ``dist.new_group(backend="gloo")``, each named setting a
 ``dlcp`` group made with its environment, and each turn times one call of every scheme (the
 first of a turn rotating), a gloo barrier before each. Why: this machine's two vCPUs change
-speed within seconds (gloo's 57 MB all_reduce takes ~70 or ~110 ms, see ``c2c``), so runs in
-turn, 20 s apart, can meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
+speed for tens of seconds at a time (gloo's 57 MB all_reduce takes ~76 or ~110 ms, DLCP's about
+the same in both; the ``c2c`` reading does not tell which), so runs in turn, 20 s apart, can
+meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
 is then the median of every turn's ratio, with the quartiles. (Every process then also holds
 the other groups' idle threads.) With ``--small``, the small collectives' rows, gloo and dlcp.
 
@@ -56,8 +57,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

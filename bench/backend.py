@@ -38,7 +38,9 @@ speed for tens of seconds at a time (gloo's 57 MB all_reduce takes ~76 or ~110 m
 the same in both; the ``c2c`` reading does not tell which), so runs in turn, 20 s apart, can
 meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
 is then the median of every turn's ratio, with the quartiles. (Every process then also holds
-the other groups' idle threads.) With ``--small``, the small collectives' rows, gloo and dlcp.
+the other groups' idle threads, 2-5 % of a DDP step.) Not for the DDP rows: there gloo's step is
+~12 % faster paired than alone (DLCP's the same; cause not established, docs/results/backend.md),
+so their fair figure is the unpaired one. With ``--small``, the small collectives' rows.
 
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls

@@ -38,9 +38,11 @@ speed for tens of seconds at a time (gloo's 57 MB all_reduce takes ~76 or ~110 m
 the same in both; the ``c2c`` reading does not tell which), so runs in turn, 20 s apart, can
 meet different machines; calls 0.1 s apart meet the same one. ``x gloo``
 is then the median of every turn's ratio, with the quartiles. (Every process then also holds
-the other groups' idle threads, 2-5 % of a DDP step.) Not for the DDP rows: there gloo's step is
-~12 % faster paired than alone (DLCP's the same; cause not established, docs/results/backend.md),
-so their fair figure is the unpaired one. With ``--small``, the small collectives' rows.
+the other groups' idle threads, 2-8 % of a DDP step.) Fair for the 57 MB all_reduce only (each
+backend's time alone and paired within 1-4 %): gloo's DDP step is ~12 % faster paired than alone
+(DLCP's the same; cause not established), and a small DLCP collective is 1.3-2x slower paired
+(its threads asleep after gloo's call), so for those rows the unpaired figures are the fair
+ones (docs/results/backend.md). With ``--small``, the small collectives' rows.
 
 ``--small``: instead, the latency of small collectives: ``all_reduce`` of float32 tensors of
 1 KB to 1 MB (a ``dist.barrier`` before each, untimed) and ``dist.barrier`` itself, 200 calls

@@ -420,6 +420,9 @@ class Endpoint(ControlPath):
             "loss_releases_sent": d.get("loss_releases_sent", 0),
             "credits_received": d.get("credits_received", 0),
             "credit_waits": d.get("credit_waits", 0), "credit_timeouts": d.get("credit_timeouts", 0),
+            # exact completions told to their senders by the data path (a STOP datagram), and
+            # messages of ours stopped that way (the rest by a STOP record: ctl_records_*)
+            "stops_sent": d.get("stops_sent", 0), "stops_received": d.get("stops_received", 0),
             "ctl_frames_sent": s.ctl_frames_sent, "ctl_bytes_sent": s.ctl_bytes_sent,
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),

@@ -64,7 +64,12 @@ enum EventKind : uint8_t {
     EV_TX_PASS = 5,     // peer=dest: a sending pass ended (a = pass number)
     EV_TX_ACTIVE = 6,   // peer=dest: a held message started (its trigger fired)
     EV_FAILED = 7,      // a thread of the data path failed and stopped (a = 0 receive, 1 send): failure() says why
+    EV_TX_STOP = 8,     // peer=dest: its receiver's data path took every packet and said so (a = elements held)
 };
+
+// EV_RX_DONE's `a`: how the message completed. RX_EXACT_STOPPED: every packet came and this data
+// path sent the sender its STOP datagram (on_stop), so the protocol core sends no STOP record.
+constexpr int64_t RX_EXACT = 1, RX_BOUNDED = 2, RX_EXACT_STOPPED = 4;
 
 struct Event {
     uint8_t kind;
@@ -76,7 +81,7 @@ struct Event {
 
 struct Config {
     HeaderLayout layout;
-    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4, flag_release = 8;
+    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, stop_ptype = 4 /* 0: none sent */, flag_retx = 1, flag_last = 4, flag_release = 8;
     uint32_t last_packets = 3;  // a pass's final packets that carry flag_last (wire.LAST_PACKETS)
     std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
     uint32_t job_id = 0;
@@ -442,6 +447,11 @@ class Datapath {
     uint8_t ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                           double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
+    // A STOP datagram from a receiver of ours: the message it names (and its iteration) ends
+    // here as a STOP record would end it (on_stop; rx_mu_ held). send_stop sends one for a
+    // message this path completed with every packet: whether it left.
+    uint8_t on_stop(const uint8_t* d, uint32_t len, double now);
+    bool send_stop(const RxMsg* m);
     // The credits due now (the rules hostagent/datapath/credits.py describes; rx_mu_ held), sealed, into `out`;
     // returns when the next falls due (0: none waits). credit_sent() records one that left.
     double due_credits(double now, double seen_until, std::vector<CreditOut>& out);
@@ -572,7 +582,7 @@ class Datapath {
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
             rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0,
             accepted_ = 0, duplicates_ = 0, parked_now_ = 0, credits_sent_ = 0, credits_received_ = 0,
-            overrun_credits_sent_ = 0, loss_releases_sent_ = 0;
+            stops_sent_ = 0, stops_received_ = 0, overrun_credits_sent_ = 0, loss_releases_sent_ = 0;
     // counted by the receive thread between reads, outside rx_mu_ (stats() reads them any time)
     std::atomic<int64_t> rx_reads_{0}, gro_reads_{0}, injected_delays_{0};
     std::atomic<int64_t> credit_waits_{0}, credit_timeouts_{0}, max_in_flight_{0}, max_window_{0};

@@ -41,6 +41,7 @@ Config make_config(const nb::dict& d) {
     c.version = get<uint8_t>(d, "version");
     c.data_ptype = get<uint8_t>(d, "data_ptype");
     c.credit_ptype = get<uint8_t>(d, "credit_ptype");
+    c.stop_ptype = get<uint8_t>(d, "stop_ptype");
     c.initial_window = get<uint32_t>(d, "initial_window");
     c.credit_timeout = get<double>(d, "credit_timeout");
     c.credit_quiet = get<double>(d, "credit_quiet");

@@ -940,6 +940,8 @@ std::map<std::string, int64_t> Datapath::stats() {
     out["overrun_credits_sent"] = overrun_credits_sent_;
     out["loss_releases_sent"] = loss_releases_sent_;
     out["credits_received"] = credits_received_;
+    out["stops_sent"] = stops_sent_;
+    out["stops_received"] = stops_received_;
     out["data_bytes_received"] = data_bytes_received_;
     out["ce_marked"] = ce_marked_;
     out["parked"] = parked_total_;

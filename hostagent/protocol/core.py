@@ -43,7 +43,8 @@ from dlcp.hostagent.policy import required_elements, retransmission_set
 from dlcp.hostagent.protocol.incoming import (HOLE_CHECK_INTERVAL, Incoming, answer_due, answer_grace, overdue_holes,
                                               packet_gap)
 from dlcp.hostagent.protocol.outgoing import Outgoing
-from dlcp.hostagent.protocol.port import DONE_HOW, DataPort, Event, EventKind, FeedbackCounts, RxBuffers, RxSpec, TxSpec
+from dlcp.hostagent.protocol.port import (DONE_HOW, STOP_SENT, DataPort, Event, EventKind, FeedbackCounts, RxBuffers,
+                                          RxSpec, TxSpec)
 from dlcp.hostagent.ratecontrol import CUT_HOLD_ANSWERS, CUT_HOLD_MIN_REPORTS, AnswerTimer, RateController, drain_share
 from dlcp.hostagent.transport_config import EndpointStats, TransportConfig
 
@@ -355,8 +356,9 @@ class ProtocolCore:
                 self.announced.put(key)
         return self.announced
 
-    def _finish(self, msg: Incoming, how: str, now: float) -> None:
-        """A received message is done (the data path places nothing more of it)."""
+    def _finish(self, msg: Incoming, how: str, now: float, stop_sent: bool = False) -> None:
+        """A received message is done (the data path places nothing more of it); its sender is
+        told with a STOP record unless ``stop_sent`` (the data path sent it a STOP datagram)."""
         key = msg.key
         p = self.port.progress(*key)
         if p is not None:
@@ -369,8 +371,9 @@ class ProtocolCore:
         self.recent_done[key] = msg.received_elems
         while len(self.recent_done) > RECENT_DONE:
             self.recent_done.popitem(last=False)
-        body = wire.STOP_BODY.pack(msg.received_elems) + (b"" if msg.is_exact() else msg.missing_bitmap())
-        self.queue(msg.src, wire.PacketType.STOP, msg.message_id, body)
+        if not stop_sent:
+            body = wire.STOP_BODY.pack(msg.received_elems) + (b"" if msg.is_exact() else msg.missing_bitmap())
+            self.queue(msg.src, wire.PacketType.STOP, msg.message_id, body)
         h = msg.handle
         if h is None:
             self.done_in[key] = result
@@ -418,7 +421,8 @@ class ProtocolCore:
         elif t == wire.PacketType.STOP and h.flags & wire.Flags.MISMATCH:
             self._on_refusal(h)
         elif t == wire.PacketType.STOP:
-            self._on_stop(src, h.message_id, body, now)
+            (held,) = wire.STOP_BODY.unpack_from(body)
+            self._on_stop(src, h.message_id, held, body[wire.STOP_BODY.size:], now)
         elif t == wire.PacketType.BITMAP:
             self._on_bitmap(src, h.message_id, body, now)
         elif t == wire.PacketType.NACK:
@@ -488,8 +492,9 @@ class ProtocolCore:
         self.mismatch_with[m.dest] = what
         m.handle._fail(MessageMismatch(f"rank {self.rank}: {what}"))
 
-    def _on_stop(self, src: int, message_id: int, body: bytes, now: float) -> None:
-        (held,) = wire.STOP_BODY.unpack_from(body)
+    def _on_stop(self, src: int, message_id: int, held: int, missing: bytes, now: float) -> None:
+        """The receiver of a message of ours has enough of it (``held`` elements; ``missing``:
+        the bitmap of packets it went without, empty if none), by a STOP record or datagram."""
         m = self.out.pop((src, message_id), None)
         if m is None:
             return
@@ -502,8 +507,8 @@ class ProtocolCore:
         self.stats.messages_sent += 1
         stats = m.stats("stopped", lost, info.retransmissions if info else 0, now)
         self.message_log.append(stats)
-        if len(body) > wire.STOP_BODY.size:
-            bits = np.unpackbits(np.frombuffer(body, np.uint8, offset=wire.STOP_BODY.size))[: m.packets]
+        if missing:
+            bits = np.unpackbits(np.frombuffer(missing, np.uint8))[: m.packets]
             stats.lost_packets = np.flatnonzero(bits)
         m.handle._resolve(stats)
 
@@ -582,7 +587,7 @@ class ProtocolCore:
             if kind == EventKind.RX_DONE:
                 msg = self.inc.get(key)
                 if msg is not None:
-                    self._finish(msg, DONE_HOW.get(a, "exact"), t)
+                    self._finish(msg, DONE_HOW.get(a, "exact"), t, stop_sent=a == STOP_SENT)
             elif kind == EventKind.RX_LAST:
                 msg = self.inc.get(key)
                 if msg is not None:
@@ -603,6 +608,8 @@ class ProtocolCore:
                 m = self.out.get(key)
                 if m is not None:
                     m.on_pass_done(a, t)
+            elif kind == EventKind.TX_STOP:
+                self._on_stop(peer, mid, a, b"", t)
             elif kind == EventKind.TX_ACTIVE:
                 m = self.out.get(key)
                 if m is not None:

@@ -44,13 +44,16 @@ class EventKind(enum.IntEnum):
     """What a data path reports (the compiled path's ``enum EventKind`` has the same values:
     tests/unit/test_port_codes.py)."""
 
-    RX_DONE = 1  #: a received message completed in the data path (``a``: 1 every packet, 2 bounded after recovery)
+    RX_DONE = 1  #: a received message completed in the data path (``a``: a key of :data:`DONE_HOW`)
     RX_LAST = 2  #: a packet that ends the sender's pass arrived: answer as to a PROBE
     RX_RETX = 3  #: ``a`` retransmitted packets of the message arrived
     CONGESTION = 4  #: the first CE mark or socket overrun from ``peer`` since its last feedback
     TX_PASS = 5  #: a sending pass of the message ended (``a``: its pass number)
     TX_ACTIVE = 6  #: a held message started sending (its trigger fired)
     FAILED = 7  #: a thread of the data path failed and stopped (``a``: 0 receive, 1 send); ``failure()`` says why
+    #: the message's receiver took every packet and its data path said so in a STOP datagram
+    #: (``a``: the elements it holds); the message ends as at a STOP record
+    TX_STOP = 8
 
 
 class Event(NamedTuple):
@@ -61,8 +64,11 @@ class Event(NamedTuple):
     a: int
 
 
-#: How a data path completed a message (``Event.a`` of RX_DONE).
-DONE_HOW = {1: "exact", 2: "bounded"}
+#: How a data path completed a message (``Event.a`` of RX_DONE): 1 every packet, 2 bounded after
+#: recovery, 4 every packet with the sender told already (the data path sent it a STOP datagram,
+#: :data:`STOP_SENT`), so the protocol core sends no STOP record.
+DONE_HOW = {1: "exact", 2: "bounded", 4: "exact"}
+STOP_SENT = 4
 
 
 class Progress(NamedTuple):
@@ -231,5 +237,5 @@ class FeedbackCounts:
         return bool(self.received or self.lost)
 
 
-__all__ = ["DONE_HOW", "DataPort", "Event", "EventKind", "FeedbackCounts", "Progress", "RxBuffers", "RxSpec",
-           "TxInfo", "TxSpec"]
+__all__ = ["DONE_HOW", "STOP_SENT", "DataPort", "Event", "EventKind", "FeedbackCounts", "Progress", "RxBuffers",
+           "RxSpec", "TxInfo", "TxSpec"]

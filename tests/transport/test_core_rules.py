@@ -8,14 +8,15 @@ pacer.h), and the copies that remain are the numpy reference model's (tests/refe
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
 
-from dlcp.hostagent import sealing, wire
+from dlcp.hostagent import auth, sealing, wire
 from dlcp.hostagent.datapath import native_available
 from dlcp.hostagent.datapath.credits import CREDIT_QUIET, CREDIT_SHARE, MIN_WINDOW
-from dlcp.hostagent.protocol.port import EventKind
+from dlcp.hostagent.protocol.port import STOP_SENT, EventKind, TxSpec
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 from tests.transport.test_datapath import KEY1, PER, WIDTH, _datagrams, _expect, _one
 
@@ -25,20 +26,27 @@ WINDOW = 40
 MEMORY = CREDIT_SHARE * WIDTH * WINDOW  # a socket whose credit window is WINDOW packets for one sender
 
 
-@pytest.fixture
-def receiver():
+def _receiver(peer_port: int = 41002):
     """Rank 0's compiled data path, threads not started, rank 1 an authenticated sender (KEY1
-    both ways) with a data address, and 20 packets of message 5 from rank 1 expected."""
+    both ways) whose data port is ``peer_port``, and 20 packets of message 5 from rank 1 expected.
+    Returns (data path, socket, the 20 datagrams)."""
     from dlcp.hostagent.datapath.native import NativeDatapath
 
     cfg = TransportConfig(rank=0, peers=local_peers(3, 41000))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dp = NativeDatapath(cfg, sock, False)
     dp.set_keys(1, KEY1, KEY1)
-    dp.add_peer(1, "127.0.0.1", 41002)
+    dp.add_peer(1, "127.0.0.1", peer_port)
     x = np.arange(PER * 20, dtype=np.float32)
     _expect(dp, 1, 5, x.size)
-    yield dp, _datagrams(x, 5)
+    return dp, sock, _datagrams(x, 5)
+
+
+@pytest.fixture
+def receiver():
+    """:func:`_receiver`'s data path and datagrams."""
+    dp, sock, dgs = _receiver()
+    yield dp, dgs
     dp.stop()
     sock.close()
 
@@ -139,6 +147,95 @@ def test_an_overrun_is_blamed_on_the_holes_of_the_senders_that_filled_the_socket
     dp.account_reads_for_test(100, 12, now=1.1)  # 100 reads of junk, 8 dropped: no sender's share
     assert dp.stats()["rx_dropped_estimate"] == 2 and dp.stats()["rx_dropped_reads"] == 12
     assert dp.take_feedback(1)[2] == 0
+
+
+def _stop_datagram(mid: int, iteration: int, held: int, sender: int = 1) -> bytes:
+    """A STOP datagram as a receiver's data path sends it (unsealed): the message, its
+    iteration, the elements held in (total_pkts, elem_offset)."""
+    return wire.pack_header(wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=mid, sender_rank=sender,
+                                        iteration=iteration, total_pkts=held >> 32, elem_offset=held & 0xFFFFFFFF,
+                                        priority=7))
+
+
+def test_a_message_complete_here_is_answered_at_once_with_a_stop_datagram():
+    """Every packet placed: the data path tells the sender itself (a STOP datagram sealed under
+    the direction's key, naming the message, its iteration and the elements held) and reports
+    the completion as STOP_SENT, so the protocol core sends no STOP record. A message completed
+    with packets missing gets no datagram (its STOP lists them, from the core)."""
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    dp, sock, dgs = _receiver(peer.getsockname()[1])
+    stops = sealing.new_sealer(KEY1, sealing.MAC)  # rank 1's opener of what rank 0 sends it
+
+    def stops_read(wait: float) -> list[wire.Header]:
+        """The STOP datagrams rank 1's data port got within ``wait`` (credits skipped: the
+        started receive thread grants them on its own clock)."""
+        got, end = [], time.monotonic() + wait
+        while (left := end - time.monotonic()) > 0:
+            peer.settimeout(left)
+            try:
+                opened = sealing.open_datagram(stops, peer.recv(4096))
+            except TimeoutError:
+                break
+            assert opened is not None, "a datagram that does not open under its direction's key"
+            h = wire.unpack_header(opened)
+            if h.ptype == wire.PacketType.STOP:
+                got.append(h)
+        return got
+
+    try:
+        dp.start()  # (the datagrams leave from the socket the started threads hold)
+        for d in dgs:
+            _one(dp, d, now=1.0)
+        done = [e for e in dp.take_events() if e[0] == EventKind.RX_DONE]
+        assert [(e[1], e[2], e[4]) for e in done] == [(1, 5, STOP_SENT)]
+        [h] = stops_read(1.0)
+        assert (h.message_id, h.sender_rank, h.iteration) == (5, 0, 0)
+        assert (h.total_pkts << 32 | h.elem_offset) == PER * 20
+        assert dp.stats()["stops_sent"] == 1
+        # a bounded completion (the core completes it with 3 packets missing): no datagram
+        x = np.arange(PER * 10, dtype=np.float32)
+        _expect(dp, 1, 6, x.size)
+        for d in _datagrams(x, 6)[:7]:
+            _one(dp, d, now=1.1)
+        assert dp.complete(1, 6, True)
+        assert stops_read(0.3) == [] and dp.stats()["stops_sent"] == 1
+    finally:
+        dp.stop()
+        sock.close()
+        peer.close()
+
+
+def test_a_stop_datagram_ends_only_the_use_of_the_message_it_names(receiver):
+    """The sender's side: a STOP datagram from the receiver ends the message it names (TX_STOP,
+    the elements held) and nothing is sent of it any more; one of another iteration (an earlier
+    use of the id, late) is ignored, one holding fewer elements than the message is refused, and
+    a changed or replayed one is refused before it is read."""
+    dp, _ = receiver
+    x = np.arange(PER * 4, dtype=np.float32)
+    dp.submit(TxSpec(1, 7, x, int(wire.dtype_code(np.float32)), PER, auth.DATA_TOKEN, 3, 0, 0, 6, None, None,
+                     np.zeros(4, np.uint8)))
+    dp.take_events()
+    sealer = sealing.new_sealer(KEY1, sealing.MAC)  # rank 1's, to rank 0
+
+    def feed(d: bytes) -> list:
+        row = np.zeros((1, WIDTH), np.uint8)
+        row[0, : len(d)] = np.frombuffer(d, np.uint8)
+        dp.ingest_for_test(row, np.array([len(d)]), 2.0)
+        return [e for e in dp.take_events() if e[0] == EventKind.TX_STOP]
+
+    assert feed(sealing.seal(sealer, _stop_datagram(7, 2, x.size))) == []  # another use of the id
+    assert feed(sealing.seal(sealer, _stop_datagram(7, 3, x.size - 1))) == []  # not all of it
+    assert dp.stats()["rejected"]["count_mismatch"] == 1
+    good = sealing.seal(sealer, _stop_datagram(7, 3, x.size))
+    flipped = bytearray(good)
+    flipped[wire.HEADER_SIZE - 1] ^= 1
+    assert feed(bytes(flipped)) == []
+    assert dp.stats()["rejected"]["bad_mac"] == 1
+    assert [(e[1], e[2], e[4]) for e in feed(good)] == [(1, 7, x.size)]
+    assert feed(good) == [] and dp.stats()["rejected"]["replay"] == 1
+    assert dp.stats()["stops_received"] == 1
+    assert not dp.tx_info(1, 7).active  # nothing of it leaves any more
 
 
 def test_the_drain_meter_samples_only_stretches_of_full_batches(receiver):

@@ -113,6 +113,36 @@ def test_loss_below_bound_completes_without_retransmission(endpoints):
     assert np.abs(x[lost]).mean() < np.abs(x[~lost]).mean()
 
 
+def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_records(endpoints):
+    """A message that arrives whole is told to its sender by the receiver's data path (a STOP
+    datagram): no STOP record crosses the control connection, and each send ends at it."""
+    a, b = endpoints(2)
+    xs = [_grad(n) for n in (1, 5_000, 200_000)]
+    sends = [a.send(1, x, message_id=mid, loss_bound=0.0) for mid, x in enumerate(xs)]
+    for mid, x in enumerate(xs):
+        np.testing.assert_array_equal(b.recv(0, mid).wait(T).data, x)
+    for s in sends:
+        assert s.wait(T).lost_fraction == 0.0
+    sent, got = b.endpoint_stats(), a.endpoint_stats()
+    assert sent["stops_sent"] == got["stops_received"] == len(xs)
+    assert sent["ctl_records_sent"].get("STOP", 0) == 0 and got["ctl_records_received"].get("STOP", 0) == 0
+
+
+def test_a_stop_datagram_lost_on_the_way_is_answered_at_the_senders_probe(endpoints):
+    """Every datagram of drop class 0 that reaches the sender is lost (its STOPs and credits): its
+    message still ends, at the STOP record that answers its PROBE after the pass."""
+    loss = LossInjection(drop_probabilities=(1.0,), seed=3)
+    a, b = endpoints(2, per_rank={0: {"loss": loss}})
+    x = _grad(20_000)  # (within the first window: no credit needed)
+    s = a.send(1, x, message_id=1, loss_bound=0.0)
+    np.testing.assert_array_equal(b.recv(0, 1).wait(T).data, x)
+    assert s.wait(T).lost_fraction == 0.0
+    sent, got = b.endpoint_stats(), a.endpoint_stats()
+    assert sent["stops_sent"] == 1 and got["stops_received"] == 0
+    assert got["injected_drops_by_class"].get(0, 0) >= 1
+    assert got["ctl_records_sent"].get("PROBE", 0) >= 1 and got["ctl_records_received"].get("STOP", 0) == 1
+
+
 def test_delay_and_reorder_still_exact(endpoints):
     loss = LossInjection(delay=0.02, delay_probability=0.1, reorder=True, seed=3)
     a, b = endpoints(2, per_rank={1: {"loss": loss}})

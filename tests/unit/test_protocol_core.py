@@ -17,7 +17,7 @@ from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, Transpo
 from dlcp.hostagent.policy import Policy, required_elements
 from dlcp.hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
 from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_due, answer_grace
-from dlcp.hostagent.protocol.port import EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.protocol.port import STOP_SENT, EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = 351  # elements per packet at MTU 1500 (float32; the trailer takes 24 bytes)
@@ -452,6 +452,30 @@ def test_a_probe_for_a_finished_message_is_answered_with_what_was_held():
     assert stop.ptype == wire.PacketType.STOP and wire.STOP_BODY.unpack_from(body)[0] == 2 * PER
     core.on_record(wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=123, sender_rank=1), b"", now=0.1)
     assert core.stats.probes_unknown == 1 and kinds(core, 1) == []
+
+
+@pytest.mark.parametrize("how, record", [(1, True), (STOP_SENT, False)], ids=["record", "datagram sent"])
+def test_a_message_done_in_the_data_path_gets_a_stop_record_unless_the_data_path_sent_its_stop(how, record):
+    core, port = make_core()
+    h = _expect(core, 2, 0.0)
+    port.deliver(1, 9, [0, 1], now=0.0)
+    port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 9, 0.01, how)], now=0.01)
+    assert h.wait(0).stats.how == "exact" and h.wait(0).stats.lost_fraction == 0.0
+    assert kinds(core, 1) == (["STOP"] if record else [])
+
+
+def test_a_stop_datagram_ends_a_send_as_a_stop_record_does():
+    """TX_STOP (the receiver's data path took every packet): the send ends "stopped", retired, with
+    nothing lost, and is never probed."""
+    core, port = make_core()
+    h = core.send(1, np.zeros(PER * 10, np.float32), 7, now=0.0, announce=False)
+    events = [(EventKind.TX_PASS, 1, 7, 0.010, 0), (EventKind.TX_STOP, 1, 7, 0.011, PER * 10)]
+    core.on_events(events, now=0.011)
+    assert h.done() and h.wait(0).how == "stopped" and h.wait(0).lost_fraction == 0.0
+    assert ("retire", 1, 7) in port.calls and kinds(core, 1) == []
+    core.handle_timer(5.0)
+    assert kinds(core, 1) == []  # no probe for a stopped message
 
 
 def test_a_meta_sets_the_message_up_for_a_recv_posted_before_it():

@@ -134,7 +134,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=20.0, help="the process group's timeout, s (default 20)")
-    ap.add_argument("--barriers", type=int, default=1000)
+    # (issue 45 asks for 1,000; message ids repeat after 1,024 calls, which 1,000 stopped short
+    # of while the 1,026th barrier hung: the drill runs past the wrap)
+    ap.add_argument("--barriers", type=int, default=2000)
     ap.add_argument("--drills", nargs="+", default=["kill", "stop", "barriers", "bad calls", "mismatch"])
     args = ap.parse_args()
     print(f"backend drills: {args.world} processes, timeout {args.timeout:g} s, {args.repeat} each", flush=True)

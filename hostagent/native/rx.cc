@@ -432,11 +432,18 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             rejected_[STALE] += 1;
             return STALE;
         }
-        if (it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0)
+        // Of the use that finished (its iteration), or early data of the id's next use: after
+        // 1,024 iterations message ids repeat (exchange.message_id), and a rank that is ahead
+        // sends the next use's packets before this one has set it up. Those park; taken for
+        // stragglers, they were dropped and the next use waited for its deadline (back-to-back
+        // barriers hung at the 1,026th).
+        auto u = used_.find(key);
+        bool of_done_use = u != used_.end() && u->second.iteration == rd(d, L.iteration);
+        if (of_done_use && it != rx_.end() && !(rd(d, L.flags) & cfg_.flag_retx) && it->second->last_at > 0)
             // a first-pass packet after its message completed at the end of its pass: the
             // window was too narrow (a bitmap listed it, or a bound left it out)
             widen_window(sender, at - it->second->last_at);
-        if (done_.count(key)) {
+        if (of_done_use && done_.count(key)) {
             late_ += 1;
         } else if (fb->parked >= cfg_.park_limit) {
             rejected_[UNKNOWN_MESSAGE] += 1;

@@ -1045,7 +1045,8 @@ class NumpyDatapath:
             if stale(int(hdr["iteration"][r]), self._used.get(key), self._sender(key[0]).newest):
                 verdict[i] = _STALE  # it neither parks, widens a window nor counts
                 continue
-            if key in self._done:  # a straggler of a finished message: not malformed
+            if key in self._done and self._used.get(key) == int(hdr["iteration"][r]):
+                # a straggler of a finished message (not early data of its id's next use): not malformed
                 self.counters["late"] += 1
                 verdict[i] = 0
                 rx = self._rx.get(key)

@@ -153,7 +153,7 @@ def test_tensors_that_differ_across_ranks_make_both_raise_at_once(case):
 
 
 def _barriers(rank, world, n):
-    dist.init_process_group("dlcp")
+    dist.init_process_group("dlcp", timeout=datetime.timedelta(seconds=60))  # (a hang fails in a minute)
     for i in range(n):
         if i % 2:
             dist.barrier(async_op=True).wait()
@@ -164,8 +164,11 @@ def _barriers(rank, world, n):
 
 def test_back_to_back_barriers_never_hang():
     """Barriers were rings over one element: empty chunks, whose sends waited for a pass that had
-    ended (13 of 22 runs of a barrier loop hung)."""
-    assert _spawn(_barriers, 3, 300) == {0: 300, 1: 300, 2: 300}
+    ended (13 of 22 runs of a barrier loop hung). And past 1,024 calls, where message ids repeat:
+    a rank ahead sent the id's next use before the other had set it up, and its packets were
+    taken for stragglers of the finished use and dropped (the 1,026th barrier hung)."""
+    n = 1_100
+    assert _spawn(_barriers, 3, n) == {0: n, 1: n, 2: n}
 
 
 def _more_collectives(rank, world):

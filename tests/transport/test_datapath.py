@@ -153,6 +153,35 @@ def test_every_datagram_is_judged_alike_by_both_paths():
     sock.close()
 
 
+def test_early_data_of_a_message_ids_next_use_parks_and_a_straggler_of_the_last_counts_late():
+    """Message ids repeat every 1,024 iterations (``exchange.message_id``), and a sender that is
+    ahead sends an id's next use before this rank has set it up. Its packets park and are placed
+    once the use is set up; a packet of the use that finished counts as late. (The next use's
+    packets were taken for stragglers and dropped: the use never completed, and back-to-back
+    barriers hung at the 1,026th.) Both paths."""
+    x = np.arange(PER * 3, dtype=np.float32)
+    y = x + 1000
+    paths, sock = _paths()
+    try:
+        for dp in paths:
+            _expect(dp, 1, 5, x.size, iteration=2)
+            for d in _datagrams(x, 5, iteration=2):
+                _one(dp, d, now=1.0)
+            assert _state(dp, 1, 5) == 1
+            dp.forget(1, 5, remember=True)  # as the protocol core does when it finishes a message
+            _one(dp, _datagrams(x, 5, iteration=2)[1], now=1.1)  # a straggler of that use
+            for d in _datagrams(y, 5, iteration=1026):  # the id's next use, not set up yet
+                _one(dp, d, now=1.2)
+            assert (_counts(dp)["late"], _counts(dp)["parked"]) == (1, 3)
+            b = _expect(dp, 1, 5, y.size, iteration=1026)
+            assert _state(dp, 1, 5) == 1
+            np.testing.assert_array_equal(b.out, y)
+    finally:
+        for dp in paths:
+            dp.stop()
+        sock.close()
+
+
 def test_a_replayed_datagram_is_refused_alike_by_both_paths():
     """The same sealed bytes again (a recording sent back) are refused as ``replay`` on both
     paths, before the message sees them: no duplicate, nothing accepted twice; in the same

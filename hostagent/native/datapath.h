@@ -81,7 +81,8 @@ struct Event {
 
 struct Config {
     HeaderLayout layout;
-    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, stop_ptype = 4 /* 0: none sent */, flag_retx = 1, flag_last = 4, flag_release = 8;
+    uint8_t version = 2, data_ptype = 1, credit_ptype = 9, flag_retx = 1, flag_last = 4, flag_release = 8;
+    uint8_t stop_ptype = 4;  // STOP datagrams (on_stop, send_stop); 0: none are sent
     uint32_t last_packets = 3;  // a pass's final packets that carry flag_last (wire.LAST_PACKETS)
     std::map<uint8_t, Kind> kinds;  // wire dtype code -> element kind
     uint32_t job_id = 0;
@@ -447,6 +448,7 @@ class Datapath {
     uint8_t ingest_sealed(uint8_t* d, uint32_t len, bool ce, double now, std::vector<RxMsg*>& touched,
                           double at = -1);
     uint8_t on_credit(const uint8_t* d, uint32_t len, double now);
+    uint8_t check_from_receiver(const uint8_t* d, uint32_t len);  // a CREDIT's or STOP's checks; counts a rejection
     // A STOP datagram from a receiver of ours: the message it names (and its iteration) ends
     // here as a STOP record would end it (on_stop; rx_mu_ held). send_stop sends one for a
     // message this path completed with every packet: whether it left.

@@ -86,6 +86,16 @@ inline void wr(uint8_t* p, Field f, uint32_t v) {
     }
 }
 
+// The 64-bit count a bare header (a CREDIT's packets read, a STOP's elements held) carries in
+// total_pkts (high 32 bits) and elem_offset (low): wire-format.md.
+inline uint64_t rd_wide(const uint8_t* p, const HeaderLayout& L) {
+    return (uint64_t(rd(p, L.total_pkts)) << 32) | rd(p, L.elem_offset);
+}
+inline void wr_wide(uint8_t* p, const HeaderLayout& L, uint64_t v) {
+    wr(p, L.total_pkts, uint32_t(v >> 32));
+    wr(p, L.elem_offset, uint32_t(v));
+}
+
 // The same clock as Python's time.monotonic() on Linux.
 inline double now_s() {
     timespec ts;

@@ -567,26 +567,32 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
 
 // ------------------------------------------------------------------ credits
 
-uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
-    // A credit from a receiver we send to: the window it grants us (rx_mu_ held).
+uint8_t Datapath::check_from_receiver(const uint8_t* d, uint32_t len) {
+    // A CREDIT's or a STOP's checks beyond its tag (rx_mu_ held): a bare header of our job from
+    // an authenticated peer other than us. The rejection is counted here.
     const HeaderLayout& L = cfg_.layout;
+    uint16_t from = uint16_t(rd(d, L.sender_rank));
+    auto fit = fb_.find(from);
     uint8_t reason = OK;
-    uint16_t granter = uint16_t(rd(d, L.sender_rank));
-    auto fit = fb_.find(granter);
-    uint32_t seq = rd(d, L.iteration);
-    uint64_t consumed = (uint64_t(rd(d, L.total_pkts)) << 32) | rd(d, L.elem_offset);
-    bool release = rd(d, L.flags) & cfg_.flag_release;
     if (rd(d, L.job_id) != cfg_.job_id) {
         reason = WRONG_JOB;
     } else if (len != uint32_t(H_)) {
         reason = COUNT_MISMATCH;
-    } else if (fit == fb_.end() || !fit->second.authed || granter == cfg_.rank) {
+    } else if (fit == fb_.end() || !fit->second.authed || from == cfg_.rank) {
         reason = BAD_TOKEN;  // (not from a peer we send to: its tag was checked under its key already)
     }
-    if (reason != OK) {
-        rejected_[reason] += 1;
-        return reason;
-    }
+    if (reason != OK) rejected_[reason] += 1;
+    return reason;
+}
+
+uint8_t Datapath::on_credit(const uint8_t* d, uint32_t len, double now) {
+    // A credit from a receiver we send to: the window it grants us (rx_mu_ held).
+    const HeaderLayout& L = cfg_.layout;
+    if (uint8_t reason = check_from_receiver(d, len); reason != OK) return reason;
+    uint16_t granter = uint16_t(rd(d, L.sender_rank));
+    uint32_t seq = rd(d, L.iteration);
+    uint64_t consumed = rd_wide(d, L);
+    bool release = rd(d, L.flags) & cfg_.flag_release;
     credits_received_ += 1;
     std::lock_guard<std::mutex> g(tx_mu_);
     auto it = dests_.find(granter);
@@ -634,8 +640,7 @@ bool Datapath::send_stop(const RxMsg* m) {
     wr(h, L.job_id, cfg_.job_id);
     wr(h, L.message_id, m->spec.message_id);
     wr(h, L.iteration, m->spec.iteration);
-    wr(h, L.total_pkts, uint32_t(held >> 32));
-    wr(h, L.elem_offset, uint32_t(held));
+    wr_wide(h, L, held);
     fit->second.credit_sealer->seal(h, size_t(H_), size_t(L.ptype.off), nullptr, 0, nullptr, h + H_);
     ssize_t r = sendto(credit_fd_, h, size_t(H_) + TRAILER_BYTES, MSG_DONTWAIT,
                        reinterpret_cast<const sockaddr*>(&ait->second), sizeof(sockaddr_in));
@@ -647,22 +652,10 @@ bool Datapath::send_stop(const RxMsg* m) {
 uint8_t Datapath::on_stop(const uint8_t* d, uint32_t len, double now) {
     // A STOP from a receiver we send to (rx_mu_ held; its tag was checked under its key).
     const HeaderLayout& L = cfg_.layout;
-    uint8_t reason = OK;
+    if (uint8_t reason = check_from_receiver(d, len); reason != OK) return reason;
     uint16_t receiver = uint16_t(rd(d, L.sender_rank));
-    auto fit = fb_.find(receiver);
-    if (rd(d, L.job_id) != cfg_.job_id) {
-        reason = WRONG_JOB;
-    } else if (len != uint32_t(H_)) {
-        reason = COUNT_MISMATCH;
-    } else if (fit == fb_.end() || !fit->second.authed || receiver == cfg_.rank) {
-        reason = BAD_TOKEN;
-    }
-    if (reason != OK) {
-        rejected_[reason] += 1;
-        return reason;
-    }
     uint32_t mid = rd(d, L.message_id);
-    uint64_t held = (uint64_t(rd(d, L.total_pkts)) << 32) | rd(d, L.elem_offset);
+    uint64_t held = rd_wide(d, L);
     std::lock_guard<std::mutex> g(tx_mu_);
     auto it = tx_.find(key_of(receiver, mid));
     // a message already retired, or another use of its id (a STOP of an earlier iteration that
@@ -739,8 +732,7 @@ double Datapath::due_credits(double now, double seen_until, std::vector<CreditOu
         wr(h, L.iteration, s.credit_seq);
         wr(h, L.flags, c.release ? cfg_.flag_release : 0);
         wr(h, L.elem_count, grant);
-        wr(h, L.total_pkts, uint32_t(s.consumed >> 32));
-        wr(h, L.elem_offset, uint32_t(s.consumed));
+        wr_wide(h, L, s.consumed);
         if (!s.credit_sealer) continue;
         s.credit_sealer->seal(h, size_t(H_), size_t(L.ptype.off), nullptr, 0, nullptr, h + H_);
         c.bytes.assign(h, h + H_ + TRAILER_BYTES);

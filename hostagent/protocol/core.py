@@ -111,7 +111,8 @@ class ProtocolCore:
         self.inc: dict[tuple[int, int], Incoming] = {}
         self.waiting: dict[tuple[int, int], RecvHandle] = {}
         self.done_in: dict[tuple[int, int], RecvResult] = {}
-        self.recent_done: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> elements held
+        # key -> (elements held, the use's iteration): a PROBE of the same use is answered from it
+        self.recent_done: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
         self.announced: Queue | None = None
         self.rx_keys: dict[int, bytes] = {}  # sender rank -> our key for its tokens
         self.tx_keys: dict[int, bytes] = {}  # destination rank -> its key for our tokens
@@ -368,12 +369,12 @@ class ProtocolCore:
         result = msg.result(how, now)
         self.stats.messages_received += 1
         self.message_log.append(result.stats)
-        self.recent_done[key] = msg.received_elems
+        self.recent_done[key] = (msg.received_elems, msg.iteration)
         while len(self.recent_done) > RECENT_DONE:
             self.recent_done.popitem(last=False)
         if not stop_sent:
             body = wire.STOP_BODY.pack(msg.received_elems) + (b"" if msg.is_exact() else msg.missing_bitmap())
-            self.queue(msg.src, wire.PacketType.STOP, msg.message_id, body)
+            self.queue(msg.src, wire.PacketType.STOP, msg.message_id, body, iteration=msg.iteration)
         h = msg.handle
         if h is None:
             self.done_in[key] = result
@@ -411,13 +412,16 @@ class ProtocolCore:
                 msg.ask(now)
                 msg.probes += 1
                 return
-            held = self.recent_done.get(key)
-            if held is None:
+            done = self.recent_done.get(key)
+            if done is None or done[1] != h.iteration:
                 # Not known (yet): a receiver that posts its recv later (expect=) will know it;
                 # the sender probes again after its timeout, and its deadline bounds the wait.
+                # (A use of the id that finished is not this one: ids repeat every 1,024 calls,
+                # and a sender ahead probes the next use before it is set up here. Answered from
+                # the finished use, its STOP ended a send whose data never came.)
                 self.stats.probes_unknown += 1
                 return
-            self.queue(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(held))
+            self.queue(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(done[0]), iteration=h.iteration)
         elif t == wire.PacketType.STOP and h.flags & wire.Flags.MISMATCH:
             self._on_refusal(h)
         elif t == wire.PacketType.STOP:
@@ -715,7 +719,7 @@ class ProtocolCore:
             # the first probe, or no answer to the last one (the receiver did not know the message yet)
             m.probe_sent_at = now
             m.probes += 1
-            self.queue(m.dest, wire.PacketType.PROBE, m.message_id,
+            self.queue(m.dest, wire.PacketType.PROBE, m.message_id, iteration=m.iteration,
                        **wire.shape_fields(m.dtype_code, m.total_elems, m.elems_per_packet))
             wake = min(wake, now + timer.reprobe_timeout())
         for rank in sorted(self.authed):

@@ -454,6 +454,34 @@ def test_a_probe_for_a_finished_message_is_answered_with_what_was_held():
     assert core.stats.probes_unknown == 1 and kinds(core, 1) == []
 
 
+def test_a_probe_of_the_ids_next_use_is_not_answered_from_the_use_that_finished():
+    """Message ids repeat every 1,024 calls; a sender ahead probes the id's next use before this
+    rank has set it up. That PROBE is not known yet (the sender probes again), not answered with
+    the finished use's STOP, which ended a send whose data had not come."""
+    core, port = make_core()
+    _expect(core, 2, 0.0, iteration=5)
+    port.deliver(1, 9, [0, 1], now=0.0)
+    port.prog[(1, 9)] = port.prog[(1, 9)]._replace(state=1)
+    core.on_events([(EventKind.RX_DONE, 1, 9, 0.0, 1)], now=0.0)
+    (stop, _), = records(core, 1)
+    assert stop.ptype == wire.PacketType.STOP and stop.iteration == 5
+    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1, iteration=5 + 1024)
+    core.on_record(probe, b"", now=0.1)
+    assert kinds(core, 1) == [] and core.stats.probes_unknown == 1
+    core.on_record(dataclasses.replace(probe, iteration=5), b"", now=0.2)  # the finished use's own
+    (stop, body), = records(core, 1)
+    assert stop.iteration == 5 and wire.STOP_BODY.unpack_from(body)[0] == 2 * PER
+
+
+def test_a_probe_carries_its_messages_iteration():
+    core, port = make_core()
+    core.send(1, np.zeros(PER * 2, np.float32), 7, now=0.0, iteration=1030, announce=False)
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.01, 0)], now=0.01)
+    core.handle_timer(1.0)
+    (probe, _), = records(core, 1)
+    assert probe.ptype == wire.PacketType.PROBE and probe.iteration == 1030
+
+
 @pytest.mark.parametrize("how, record", [(1, True), (STOP_SENT, False)], ids=["record", "datagram sent"])
 def test_a_message_done_in_the_data_path_gets_a_stop_record_unless_the_data_path_sent_its_stop(how, record):
     core, port = make_core()

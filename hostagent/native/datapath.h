@@ -67,9 +67,12 @@ enum EventKind : uint8_t {
     EV_TX_STOP = 8,     // peer=dest: its receiver's data path took every packet and said so (a = elements held)
 };
 
-// EV_RX_DONE's `a`: how the message completed. RX_EXACT_STOPPED: every packet came and this data
-// path sent the sender its STOP datagram (on_stop), so the protocol core sends no STOP record.
-constexpr int64_t RX_EXACT = 1, RX_BOUNDED = 2, RX_EXACT_STOPPED = 4;
+// How a received message completed (finish_locked's `how`, EV_RX_DONE's `a`; the values of
+// dlcp.hostagent.protocol.port.DONE_HOW and STOP_SENT, checked by tests/unit/test_port_codes.py).
+// RX_BY_CORE: the protocol core completed it (no event: it knows). RX_EXACT_STOPPED: every
+// packet came and this data path sent the sender its STOP datagram (send_stop), so the core
+// sends no STOP record.
+enum DoneHow : int { RX_EXACT = 1, RX_BOUNDED = 2, RX_BY_CORE = 3, RX_EXACT_STOPPED = 4 };
 
 struct Event {
     uint8_t kind;

@@ -208,7 +208,7 @@ void Datapath::expect(const RxSpec& spec) {
         f.has_newest = true;
     }
     if (m->total_pkts == 0) {
-        finish_locked(m, 1, true, now);
+        finish_locked(m, RX_EXACT, true, now);
         return;
     }
     replay_parked(key, now);
@@ -240,7 +240,7 @@ bool Datapath::complete(uint16_t src, uint32_t mid, bool fire) {
     std::lock_guard<std::mutex> g(rx_mu_);
     auto it = rx_.find(key_of(src, mid));
     if (it == rx_.end() || it->second->prog.state != 0) return false;
-    finish_locked(it->second, 3, fire, now_s());
+    finish_locked(it->second, RX_BY_CORE, fire, now_s());
     return true;
 }
 
@@ -845,9 +845,9 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
         if (last && m->last_at == 0) m->last_at = at;
         if (last) m->last_seen = true;
         if (p.received_pkts == m->total_pkts) {
-            finish_locked(m, 1, true, now);
+            finish_locked(m, RX_EXACT, true, now);
         } else if (p.retx_seen && p.received_elems >= m->spec.required_elems) {
-            finish_locked(m, 2, true, now);  // recovery reached the bound: stop now
+            finish_locked(m, RX_BOUNDED, true, now);  // recovery reached the bound: stop now
         } else if (m->last_seen && p.received_elems >= m->spec.required_elems && !m->watched) {
             m->watched = true;  // the pass is over and the bound met: complete after the grace
             m->watched_at = now;
@@ -872,7 +872,7 @@ double Datapath::end_passes(double now, double seen_until) {
         AnswerCheck c = answer_check(now, p.last_arrival, grace, seen_until, m->watched_at, cfg_.answer);
         if (c.due) {
             m->watched = false;
-            finish_locked(m, 2, true, now);
+            finish_locked(m, RX_BOUNDED, true, now);
             continue;
         }
         // not yet quiet: wake at the grace; quiet but the reader behind: every batch looks
@@ -921,8 +921,8 @@ void Datapath::finish_locked(RxMsg* m, int how, bool fire, double now) {
         }
     }
     if (fire && !m->spec.triggers.empty()) fire_triggers(m->spec.triggers, now, m);
-    if (how == int(RX_EXACT) && send_stop(m)) how = int(RX_EXACT_STOPPED);
-    if (how != 3) emit(EV_RX_DONE, m->spec.src, m->spec.message_id, now, how);
+    if (how == RX_EXACT && send_stop(m)) how = RX_EXACT_STOPPED;
+    if (how != RX_BY_CORE) emit(EV_RX_DONE, m->spec.src, m->spec.message_id, now, how);
 }
 
 void Datapath::replay_parked(uint64_t key, double now) {

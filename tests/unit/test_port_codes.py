@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dlcp.hostagent.protocol.port import REASONS, EventKind
+from dlcp.hostagent.protocol.port import DONE_HOW, REASONS, STOP_SENT, EventKind
 
 NATIVE = Path(__file__).resolve().parents[2] / "hostagent" / "native"
 
@@ -39,3 +39,14 @@ def test_event_kinds_agree_in_value_with_the_compiled_path():
         name, value = (x.strip() for x in k.split("="))
         cxx[name.removeprefix("EV_")] = int(value)
     assert cxx == {k.name: k.value for k in EventKind}
+
+
+def test_completion_codes_agree_with_the_compiled_path():
+    """EV_RX_DONE's ``a``: the compiled path's ``enum DoneHow`` against DONE_HOW and STOP_SENT
+    (RX_BY_CORE is never reported: the core completed the message itself)."""
+    cxx = {}
+    for k in _enum((NATIVE / "datapath.h").read_text(), "DoneHow"):
+        name, value = (x.strip() for x in k.split("="))
+        cxx[name] = int(value)
+    assert {cxx["RX_EXACT"]: "exact", cxx["RX_BOUNDED"]: "bounded", cxx["RX_EXACT_STOPPED"]: "exact"} == DONE_HOW
+    assert cxx["RX_EXACT_STOPPED"] == STOP_SENT and cxx["RX_BY_CORE"] not in DONE_HOW

@@ -387,7 +387,7 @@ class Endpoint(ControlPath):
             ctl_bytes_sent=self.ctl_stats["bytes_sent"], ctl_frames_received=self.ctl_stats["frames_received"],
             ctl_bytes_received=self.ctl_stats["bytes_received"], ctl_records_sent=Counter(c.ctl_records_sent),
             ctl_records_received=Counter(self.ctl_records_received), probes_unknown=c.probes_unknown,
-            messages_refused=c.messages_refused,
+            records_of_another_use=c.records_of_another_use, messages_refused=c.messages_refused,
             holes_reported=c.holes_reported, holes_resent=c.holes_resent, ctl_rejected=Counter(self.ctl_rejected),
             gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
 
@@ -427,6 +427,8 @@ class Endpoint(ControlPath):
             "ctl_frames_received": s.ctl_frames_received, "ctl_bytes_received": s.ctl_bytes_received,
             "ctl_records_sent": dict(s.ctl_records_sent), "ctl_records_received": dict(s.ctl_records_received),
             "probes_unknown": s.probes_unknown, "messages_refused": s.messages_refused,
+            # control records about another use of a message id than ours (ignored)
+            "records_of_another_use": s.records_of_another_use,
             "ctl_rejected": dict(s.ctl_rejected),
             # reliable messages' holes reported before their pass ended (NACK), and resent for them
             "holes_reported": s.holes_reported, "holes_resent": s.holes_resent,

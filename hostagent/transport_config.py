@@ -284,6 +284,9 @@ class EndpointStats:
     ctl_records_sent: Counter = field(default_factory=Counter)
     ctl_records_received: Counter = field(default_factory=Counter)
     probes_unknown: int = 0
+    records_of_another_use: int = 0
+    """PROBE, STOP, BITMAP or NACK records naming another use of a message id than the one
+    this endpoint has (ids repeat every 1,024 calls): ignored."""
     messages_refused: int = 0
     """Receives failed because the sender's PROBE stated another shape (MessageMismatch)."""
     holes_reported: int = 0

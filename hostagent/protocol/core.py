@@ -397,13 +397,25 @@ class ProtocolCore:
 
     # ------------------------------------------------------------------ inputs: records
     def on_record(self, h: wire.Header, body: bytes, now: float) -> None:
-        """A control record from an authenticated peer (META, PROBE, STOP, BITMAP or FEEDBACK)."""
+        """A control record from an authenticated peer (META, PROBE, STOP, BITMAP, NACK or FEEDBACK)."""
         t, src = h.ptype, h.sender_rank
         key = (src, h.message_id)
         if t == wire.PacketType.META:
             self._on_meta(h, body, now)
-        elif t == wire.PacketType.PROBE:
-            msg = self.inc.get(key)
+            return
+        if t == wire.PacketType.FEEDBACK:
+            self._on_feedback(h, body, now)
+            return
+        # The rest name one use of a message: ids repeat every 1,024 calls, so a record of
+        # another use (a late answer, a probe of a sender ahead) must not act on this one.
+        mine = self.inc.get(key) if t == wire.PacketType.PROBE else self.out.get(key)
+        if mine is not None and mine.iteration != h.iteration:
+            self.stats.records_of_another_use += 1
+            if t != wire.PacketType.PROBE:
+                return
+            mine = None  # a PROBE of a use not set up here: as one of an unknown message
+        if t == wire.PacketType.PROBE:
+            msg = mine
             if msg is not None:
                 theirs = (int(h.dtype), h.elem_offset, h.elem_count)
                 if not shapes_agree(theirs, (msg.dtype_code, msg.total_elems, msg.elems_per_packet)):
@@ -431,8 +443,6 @@ class ProtocolCore:
             self._on_bitmap(src, h.message_id, body, now)
         elif t == wire.PacketType.NACK:
             self._on_nack(src, h.message_id, body, now)
-        elif t == wire.PacketType.FEEDBACK:
-            self._on_feedback(h, body, now)
 
     def _on_meta(self, h: wire.Header, body: bytes, now: float) -> None:
         total, per, p = wire.META_BODY.unpack_from(body)
@@ -480,7 +490,7 @@ class ProtocolCore:
         if msg.handle:
             msg.handle._fail(MessageMismatch(f"rank {self.rank}: {what}"))
         self.queue(msg.src, wire.PacketType.STOP, msg.message_id, wire.STOP_BODY.pack(0), flags=wire.Flags.MISMATCH,
-                   **wire.shape_fields(*mine))
+                   iteration=msg.iteration, **wire.shape_fields(*mine))
 
     def _on_refusal(self, h: wire.Header) -> None:
         """The receiver refused a message of ours: it expects another shape (:meth:`_refuse`)."""
@@ -676,7 +686,8 @@ class ProtocolCore:
                     self._complete(msg, "exact" if msg.is_exact() else "bounded", now)
                 else:
                     self.queue(msg.src, wire.PacketType.BITMAP, msg.message_id,
-                               wire.BITMAP_PREFIX.pack(msg.received_elems) + msg.missing_bitmap())
+                               wire.BITMAP_PREFIX.pack(msg.received_elems) + msg.missing_bitmap(),
+                               iteration=msg.iteration)
                     msg.bitmap_sent_at = now
                     if msg.first_bitmap_at is None:
                         msg.first_bitmap_at = now
@@ -757,7 +768,8 @@ class ProtocolCore:
                 bits = np.zeros(msg.total_pkts, np.uint8)
                 bits[report] = 1
                 self.queue(msg.src, wire.PacketType.NACK, msg.message_id,
-                           wire.BITMAP_PREFIX.pack(msg.received_elems) + np.packbits(bits).tobytes())
+                           wire.BITMAP_PREFIX.pack(msg.received_elems) + np.packbits(bits).tobytes(),
+                           iteration=msg.iteration)
                 self.stats.holes_reported += len(report)
         msg.holes_seen, msg.holes_looked_at, msg.gaps_at_look = holes, now, msg.gaps
         return now + every

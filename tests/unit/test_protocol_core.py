@@ -150,7 +150,7 @@ def test_a_pass_end_is_followed_by_a_probe_only_after_the_answer_time():
     assert "PROBE" not in kinds(core, 1)  # a STOP usually comes within a round trip
     core.handle_timer(0.010 + delay + 1e-6)
     assert kinds(core, 1) == ["PROBE"]
-    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1)
+    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1, iteration=3)
     core.on_record(stop, wire.STOP_BODY.pack(PER * 10), now=0.020)
     assert h.done() and h.wait(0).how == "stopped" and h.wait(0).lost_fraction == 0.0
     assert ("retire", 1, 7) in port.calls
@@ -480,6 +480,58 @@ def test_a_probe_carries_its_messages_iteration():
     core.handle_timer(1.0)
     (probe, _), = records(core, 1)
     assert probe.ptype == wire.PacketType.PROBE and probe.iteration == 1030
+
+
+@pytest.mark.parametrize("kind", ["STOP", "BITMAP", "NACK", "MISMATCH"])
+def test_a_senders_record_of_another_use_of_the_id_does_not_act_on_this_send(kind):
+    """Ids repeat every 1,024 calls: a STOP, BITMAP, NACK or refusal that names the id's previous
+    use (an answer to a probe delayed past the wrap) must neither end, resend nor fail this one."""
+    core, port = make_core()
+    h = core.send(1, np.zeros(PER * 4, np.float32), 7, now=0.0, iteration=1030, announce=False)
+    core.on_events([(EventKind.TX_PASS, 1, 7, 0.01, 0)], now=0.01)
+    bits = np.packbits(np.array([0, 1, 1, 0], np.uint8)).tobytes()
+    ptype, flags, body = {
+        "STOP": (wire.PacketType.STOP, wire.Flags.NONE, wire.STOP_BODY.pack(PER * 4)),
+        "BITMAP": (wire.PacketType.BITMAP, wire.Flags.NONE, wire.BITMAP_PREFIX.pack(PER * 2) + bits),
+        "NACK": (wire.PacketType.NACK, wire.Flags.NONE, wire.BITMAP_PREFIX.pack(PER * 2) + bits),
+        "MISMATCH": (wire.PacketType.STOP, wire.Flags.MISMATCH, wire.STOP_BODY.pack(0)),
+    }[kind]
+    fields = wire.shape_fields(wire.dtype_code(np.float16), PER * 4, PER) if kind == "MISMATCH" else {}
+    rec = wire.Header(ptype=ptype, job_id=1, message_id=7, sender_rank=1, flags=flags, iteration=6, **fields)
+    core.on_record(rec, body, now=0.02)
+    assert not h.done() and core.stats.records_of_another_use == 1
+    assert not [c for c in port.calls if c[0] in ("retransmit", "resend", "retire")]
+    core.on_record(dataclasses.replace(rec, iteration=1030), body, now=0.03)  # this use's own: acts
+    assert core.stats.records_of_another_use == 1
+    if kind in ("STOP", "MISMATCH"):
+        assert h.done() and ("retire", 1, 7) in port.calls
+    else:
+        assert [c for c in port.calls if c[0] in ("retransmit", "resend")]
+
+
+def test_a_probe_of_another_use_of_the_id_asks_nothing_of_the_receive_in_progress():
+    core, port = make_core()
+    _expect(core, 4, 0.0, iteration=1030)
+    port.deliver(1, 9, [0, 1], now=0.0)
+    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1, iteration=6,
+                        **wire.shape_fields(wire.dtype_code(np.float32), 4 * PER, PER))
+    core.on_record(probe, b"", now=0.1)
+    core.handle_timer(0.5)
+    assert kinds(core, 1) == [] and core.stats.records_of_another_use == 1
+    core.on_record(dataclasses.replace(probe, iteration=1030), b"", now=0.6)
+    core.handle_timer(1.0)
+    (bitmap, _), = records(core, 1)
+    assert bitmap.ptype == wire.PacketType.BITMAP and bitmap.iteration == 1030
+
+
+def test_holes_reported_in_a_nack_name_the_messages_use():
+    core, port = make_core()
+    _expect(core, 6, 0.0, iteration=1030)
+    port.deliver(1, 9, [0, 3], now=0.0)
+    for t in (0.1, 0.2, 0.3):
+        core.handle_timer(t)
+    nack = [hd for hd, _ in records(core, 1) if hd.ptype == wire.PacketType.NACK]
+    assert nack and all(hd.iteration == 1030 for hd in nack)
 
 
 @pytest.mark.parametrize("how, record", [(1, True), (STOP_SENT, False)], ids=["record", "datagram sent"])

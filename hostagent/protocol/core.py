@@ -408,14 +408,11 @@ class ProtocolCore:
             return
         # The rest name one use of a message: ids repeat every 1,024 calls, so a record of
         # another use (a late answer, a probe of a sender ahead) must not act on this one.
-        mine = self.inc.get(key) if t == wire.PacketType.PROBE else self.out.get(key)
-        if mine is not None and mine.iteration != h.iteration:
-            self.stats.records_of_another_use += 1
-            if t != wire.PacketType.PROBE:
-                return
-            mine = None  # a PROBE of a use not set up here: as one of an unknown message
         if t == wire.PacketType.PROBE:
-            msg = mine
+            msg = self.inc.get(key)
+            if msg is not None and msg.iteration != h.iteration:
+                self.stats.records_of_another_use += 1
+                msg = None  # a use not set up here: as a PROBE of an unknown message
             if msg is not None:
                 theirs = (int(h.dtype), h.elem_offset, h.elem_count)
                 if not shapes_agree(theirs, (msg.dtype_code, msg.total_elems, msg.elems_per_packet)):
@@ -434,7 +431,12 @@ class ProtocolCore:
                 self.stats.probes_unknown += 1
                 return
             self.queue(src, wire.PacketType.STOP, h.message_id, wire.STOP_BODY.pack(done[0]), iteration=h.iteration)
-        elif t == wire.PacketType.STOP and h.flags & wire.Flags.MISMATCH:
+            return
+        sending = self.out.get(key)
+        if sending is not None and sending.iteration != h.iteration:
+            self.stats.records_of_another_use += 1
+            return
+        if t == wire.PacketType.STOP and h.flags & wire.Flags.MISMATCH:
             self._on_refusal(h)
         elif t == wire.PacketType.STOP:
             (held,) = wire.STOP_BODY.unpack_from(body)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -496,7 +497,9 @@ def test_a_senders_record_of_another_use_of_the_id_does_not_act_on_this_send(kin
         "NACK": (wire.PacketType.NACK, wire.Flags.NONE, wire.BITMAP_PREFIX.pack(PER * 2) + bits),
         "MISMATCH": (wire.PacketType.STOP, wire.Flags.MISMATCH, wire.STOP_BODY.pack(0)),
     }[kind]
-    fields = wire.shape_fields(wire.dtype_code(np.float16), PER * 4, PER) if kind == "MISMATCH" else {}
+    fields: dict[str, Any] = {}
+    if kind == "MISMATCH":  # (a refusal states the receiver's shape)
+        fields = dict(wire.shape_fields(wire.dtype_code(np.float16), PER * 4, PER))
     rec = wire.Header(ptype=ptype, job_id=1, message_id=7, sender_rank=1, flags=flags, iteration=6, **fields)
     core.on_record(rec, body, now=0.02)
     assert not h.done() and core.stats.records_of_another_use == 1
@@ -513,8 +516,8 @@ def test_a_probe_of_another_use_of_the_id_asks_nothing_of_the_receive_in_progres
     core, port = make_core()
     _expect(core, 4, 0.0, iteration=1030)
     port.deliver(1, 9, [0, 1], now=0.0)
-    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1, iteration=6,
-                        **wire.shape_fields(wire.dtype_code(np.float32), 4 * PER, PER))
+    fields: dict[str, Any] = dict(wire.shape_fields(wire.dtype_code(np.float32), 4 * PER, PER))
+    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1, iteration=6, **fields)
     core.on_record(probe, b"", now=0.1)
     core.handle_timer(0.5)
     assert kinds(core, 1) == [] and core.stats.records_of_another_use == 1

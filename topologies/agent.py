@@ -274,10 +274,10 @@ def run_server(spec: dict, rank: int, out: Path | None = None) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
-    if spec.get("transport") == "gloo":  # what users run, for comparison (dlcp.topologies.gloo_agent)
-        from dlcp.topologies import gloo_agent
+    if spec.get("transport") == "torch":  # stock DDP, as users run it (dlcp.topologies.ddp_agent)
+        from dlcp.topologies import ddp_agent
 
-        gloo_agent.main(spec, rank, Path(sys.argv[3]))
+        ddp_agent.main(spec, rank, Path(sys.argv[3]))
     elif rank == spec["workers"] and spec["pattern"] == "ps":
         run_server(spec, rank, Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     elif spec["model"] in TRAINING_WORKLOADS:

@@ -175,8 +175,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: baseline, dlcp, lb, prio, drop, bounded (DLCP's transport), gloo, "
                         "gloo-fp16, powersgd (stock DDP over gloo, with PyTorch's fp16 or PowerSGD hook, on "
                         "baseline's fabric), gloo-ecn, gloo-dctcp (gloo over TCP with ECN: the host's congestion "
-                        "control, or DCTCP); SCHEME-fp16 (dlcp-fp16) sends a DLCP scheme's gradients as float16; "
-                        "SCHEME:ps or SCHEME:ring names its pattern (gloo: always ring)")
+                        "control, or DCTCP); dlcp-backend (the same stock-DDP script over "
+                        "init_process_group(\"dlcp\"), its defaults, on dlcp's fabric; training workloads); "
+                        "SCHEME-fp16 (dlcp-fp16) sends a DLCP scheme's gradients as float16; "
+                        "SCHEME:ps or SCHEME:ring names its pattern (stock DDP: always ring)")
     p.add_argument("--reference", default=d.reference, metavar="SCHEME",
                    help="the scheme speedups and the default accuracy target are against (default: gloo when "
                         "it runs, else baseline)")

@@ -13,7 +13,9 @@ at a time: ``lb`` (per-packet spraying), ``prio`` (priority queueing), ``drop`` 
 dropping), ``bounded`` (bounded-loss completion); and what users run instead
 (``dlcp.topologies.schemes.GLOO_SCHEMES``): ``gloo`` (stock DDP over gloo), ``gloo-fp16`` and
 ``powersgd`` (PyTorch's compression hooks), ``gloo-ecn`` and ``gloo-dctcp`` (gloo over TCP that
-reacts to the switches' ECN marks: ``GLOO_TCP``), on the baseline's fabric. A scheme may name its
+reacts to the switches' ECN marks: ``GLOO_TCP``), on the baseline's fabric; and the same
+stock-DDP script over ``init_process_group("dlcp")``, ``dlcp-backend`` (``BACKEND_SCHEMES``),
+as PyTorch users run DLCP, on ``dlcp``'s fabric. A scheme may name its
 pattern (``dlcp:ring``); the speedups are against the reference scheme (``gloo`` when it runs,
 else ``baseline``).
 """
@@ -52,7 +54,8 @@ from dlcp.topologies.registry import REGISTRY, Registry, hold_testbed
 from dlcp.topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from dlcp.topologies.progress import Progress
 from dlcp.topologies.results import document
-from dlcp.topologies.schemes import (FP16_SCHEMES, GLOO_SCHEMES, GLOO_TCP, check_schemes, mechanisms, policy_for,
+from dlcp.topologies.schemes import (BACKEND_SCHEMES, FP16_SCHEMES, GLOO_SCHEMES, GLOO_TCP, TORCH_SCHEMES,
+                                    check_schemes, mechanisms, policy_for, torch_backend_of,
                                      split_label, wire_dtype_of)
 from dlcp.topologies.topos import HOST_PORTS, TOPOLOGIES, TopologyDesc, short, with_host_ports
 from dlcp.topologies.validity import MeteredPort, RunMonitor, ServiceSampler, judge, losses, machine_busy, outside_busy
@@ -139,7 +142,7 @@ class RunOptions:
             raise UsageError(f"unknown topology {self.topology!r}; one of {sorted(TOPOLOGIES)}")
         try:
             names = [split_label(label, self.pattern)[0] for label in self.schemes]
-            check_schemes(tuple(names), (*GLOO_SCHEMES, *FP16_SCHEMES))
+            check_schemes(tuple(names), (*TORCH_SCHEMES, *FP16_SCHEMES))
         except DlcpUserError as exc:
             raise UsageError(str(exc)) from None
         if len(set(self.schemes)) != len(self.schemes):
@@ -149,6 +152,12 @@ class RunOptions:
         if "powersgd" in names and self.workload not in TRAINING_WORKLOADS:
             raise UsageError(f"scheme powersgd compresses a real model's gradients: it needs a training workload "
                              f"({', '.join(TRAINING_WORKLOADS)}), not {self.workload!r}")
+        for name in set(names) & set(BACKEND_SCHEMES):
+            if self.workload not in TRAINING_WORKLOADS:
+                raise UsageError(f"scheme {name} runs stock DDP over the dlcp backend, which knows gradients "
+                                 "by DDP's backward pass: it needs a training workload "
+                                 f"({', '.join(TRAINING_WORKLOADS)}), not {self.workload!r} (synthetic buckets "
+                                 "all-reduced outside a backward pass would travel untagged and reliable)")
         check_options(self, RANGES, CHOICES)
         available = tcp_congestion_controls()
         if available is not None and self.host_tcp not in available:
@@ -271,7 +280,7 @@ def scheme_bound(topo: TopologyDesc, opts: RunOptions, scheme: str, spec: dict) 
         cross = cross_traffic_load(topo, src.name, dst.name, opts.capacity_pps * opts.cross_rate, 0.5)
     # DLCP's hosts pace to their configured line rate, a datagram (MTU less IP and UDP) at a
     # time; gloo's send as fast as their TCP and ports let them
-    paced = split_label(scheme, opts.pattern)[0] not in GLOO_SCHEMES
+    paced = split_label(scheme, opts.pattern)[0] not in TORCH_SCHEMES
     host_pps = spec["rate"]["line_rate"] / (opts.mtu - IP_UDP_OVERHEAD) if paced else 0.0
     b = line_rate_bound(topo, traffic, opts.capacity_pps, cross, host_pps=host_pps)
     return {"seconds": b.seconds, "port": [short(b.port[0]), b.port[1]] if b.port else None, "packets": b.packets,
@@ -332,14 +341,17 @@ def gloo_ports(repeat: int) -> GlooPorts:
 
 
 def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: list[tuple[str, str]],
-               repeat: int, gloo_connections: list[Connection] | None = None) -> dict[str, str]:
+               repeat: int, gloo_connections: list[Connection] | None = None,
+               dlcp_ports: bool = True) -> dict[str, str]:
     """The path of every flow of one run whose path a switch hashes from its 5-tuple
     (:mod:`dlcp.topologies.paths`), as ``{flow: "switch:port switch:port ..."}``: DLCP's data between
     every two ranks at each priority (unless sprayed, ``lb_mode`` other than ``flow``), gloo's
     connections (``gloo_connections`` as read during the run; by default the ones its fixed ports
     make, :func:`gloo_ports`) and the cross traffic's UDP and TCP (``cross``: their source and
     destination addresses). A parameter server's workers send only to the server and back; a
-    ring's may send to any other. Pure: what the run's fixed source ports make of its network."""
+    ring's may send to any other. ``dlcp_ports`` False: DLCP's data leaves from ports the
+    backend picks (``dlcp-backend``), so no path of it is computed. Pure: what the run's fixed
+    source ports make of its network."""
     base = flow_port_base(repeat)
     ips = spec["peer_ips"]
     names = [f"worker{r}" for r in range(spec["workers"])] + ["server"] * (len(ips) - spec["workers"])
@@ -350,7 +362,7 @@ def flow_paths(network: dict, spec: dict, policy: Policy, gloo: bool, cross: lis
             expected_connections(ips[:spec["workers"]], gloo_ports(repeat))
         flows += [(f"gloo worker{rank[c.src]}>worker{rank[c.dst]}", c.src, c.dst, paths.TCP, c.sport, c.dport)
                   for c in sorted(conns, key=lambda c: (rank[c.src], rank[c.dst]))]
-    elif policy.lb_mode == "flow":
+    elif policy.lb_mode == "flow" and dlcp_ports:
         flows += [(f"{names[a]}>{names[b]} q{q}", ips[a], ips[b], paths.UDP, base + PORTS_PER_DEST * b + q,
                    spec["data_port"])
                   for a in range(len(ips)) for b in range(len(ips))
@@ -373,11 +385,13 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
     ``ports`` gives each rank its own (data, control) ports (agents sharing one address, as on
     loopback); by default every host uses DLCP's ports. GSO/GRO stay off: a BMv2 switch reading
     a veth would see a GSO super-packet as one packet. A gloo ``scheme`` runs DDP over
-    ``torch.distributed`` instead of DLCP (``transport``, ``hook``), its store at worker 0's
-    address on ``store_port``. With ``repeat``, DLCP's data leaves from that repetition's fixed
-    source ports (:func:`flow_port_base`) and training starts from that repetition's seed (the
-    model's initial weights and every worker's batches, :class:`dlcp.topologies.training.Training`):
-    schemes of one repetition share both, repetitions differ.
+    ``torch.distributed`` instead of DLCP's agents (``transport`` ``torch``, ``backend`` ``gloo``,
+    ``hook``), its store at worker 0's address on ``store_port``; ``dlcp-backend`` the same script
+    over ``init_process_group("dlcp")`` (``backend`` ``dlcp``). With ``repeat``, DLCP's data
+    leaves from that repetition's fixed source ports (:func:`flow_port_base`) and training
+    starts from that repetition's seed (the model's initial weights and every worker's batches,
+    :class:`dlcp.topologies.training.Training`): schemes of one repetition share both,
+    repetitions differ.
     """
     spec = {"workers": opts.workers, "pattern": opts.pattern, "peer_ips": peer_ips, "data_port": 17649,
             "control_port": 17650, "policy": policy.to_dict(), "mtu": opts.mtu, "model": opts.workload,
@@ -386,7 +400,8 @@ def agent_spec(opts: RunOptions, policy: Policy, peer_ips: list[str],
             "timers": link_timers(opts.capacity_pps * opts.mtu, opts.mtu),
             "bucket_floor_packets": 8, "offload": False, "calibration_iterations": opts.calibration_iterations,
             "secret": new_secret(),  # a fresh job secret per run: control connections must prove it
-            "transport": "gloo" if scheme in GLOO_SCHEMES else "dlcp", "hook": GLOO_SCHEMES.get(scheme),
+            "transport": "torch" if scheme in TORCH_SCHEMES else "dlcp", "backend": torch_backend_of(scheme),
+            "hook": GLOO_SCHEMES.get(scheme),
             "wire_dtype": wire_dtype_of(scheme), "store_port": store_port}
     if opts.workload in TRAINING_WORKLOADS:
         spec["eval_every"] = opts.eval_every or max(1, opts.iterations // 20)
@@ -615,7 +630,7 @@ def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, poli
             **(_gloo_record(observed, [w.ip for w in workers], repeat) if gloo else {}),
             "paths": flow_paths(json.loads((sdir / "network.json").read_text()), spec, policy, gloo,
                                 [(s.ip, d.ip) for s, d in cross_pairs(topo)] if opts.cross_traffic else [], repeat,
-                                observed)}
+                                observed, dlcp_ports=scheme not in BACKEND_SCHEMES)}
 
 
 def _gloo_connections(net, workers) -> list[Connection]:

@@ -9,7 +9,9 @@ The testbed also runs what users run instead of DLCP (:data:`GLOO_SCHEMES`): sto
 PyTorch's own compression hooks, or over TCP that reacts to the switches' ECN marks
 (:data:`GLOO_TCP`), on the baseline's fabric. Each of DLCP's schemes also runs
 with its gradients as float16 on the wire (``dlcp-fp16``, :data:`FP16_SCHEMES`), as ``gloo-fp16``
-sends them. A scheme on the command line may name its communication pattern (``dlcp:ring``), so
+sends them. ``dlcp-backend`` (:data:`BACKEND_SCHEMES`) is how PyTorch users run DLCP: gloo's
+stock-DDP script with ``init_process_group("dlcp")``, the backend's defaults, on ``dlcp``'s
+fabric. A scheme on the command line may name its communication pattern (``dlcp:ring``), so
 DLCP's PS and ring run beside gloo's ring in one interleaved run.
 """
 
@@ -36,6 +38,18 @@ SCHEMES: dict[str, dict[str, bool]] = {
 GLOO_SCHEMES: dict[str, str | None] = {"gloo": None, "gloo-fp16": "fp16", "powersgd": "powersgd",
                                        "gloo-ecn": None, "gloo-dctcp": None}
 
+#: What users run over DLCP, by testbed scheme: stock ``DistributedDataParallel`` over
+#: ``init_process_group("dlcp")`` with the backend's defaults (:mod:`dlcp_torch.backend`), the
+#: gloo agent's very script with another backend's name, on the fabric named (the switches of
+#: that DLCP scheme). Why: DLCP's own agents drive its exchange directly, which no PyTorch user
+#: does; this is the configuration users get, measured beside ``gloo`` in the same run.
+BACKEND_SCHEMES: dict[str, str] = {"dlcp-backend": "dlcp"}
+
+#: Every scheme a stock ``torch.distributed`` script runs (DDP's own all-reduce or a hook):
+#: gloo's and the DLCP backend's. Their all-reduce is a ring; they run on training workloads or
+#: (gloo's) on synthetic buckets.
+TORCH_SCHEMES: tuple[str, ...] = (*GLOO_SCHEMES, *BACKEND_SCHEMES)
+
 #: How a gloo scheme's hosts run TCP, where it is not the testbed's (``--host-tcp``, Cubic by
 #: default, without ECN): the sysctls of each worker's namespace while it trains. Why: the
 #: switches mark CE on ECN-capable packets past their ECN threshold whatever the scheme, but
@@ -58,8 +72,18 @@ FP16_SCHEMES: dict[str, str] = {f"{s}-fp16": s for s in SCHEMES}
 def fabric_of(scheme: str) -> str:
     """The :data:`SCHEMES` entry whose switches and policy ``scheme`` runs on: gloo's schemes
     run on the baseline's (one FIFO queue, per-flow ECMP), as a user's cluster is; ``dlcp-fp16``
-    on ``dlcp``'s."""
-    return "baseline" if scheme in GLOO_SCHEMES else FP16_SCHEMES.get(scheme, scheme)
+    on ``dlcp``'s; the DLCP backend's on the one :data:`BACKEND_SCHEMES` names."""
+    if scheme in GLOO_SCHEMES:
+        return "baseline"
+    return BACKEND_SCHEMES.get(scheme) or FP16_SCHEMES.get(scheme, scheme)
+
+
+def torch_backend_of(scheme: str) -> str | None:
+    """The ``torch.distributed`` backend a stock-DDP scheme (:data:`TORCH_SCHEMES`) runs over:
+    ``gloo`` or ``dlcp``; None for DLCP's own agents."""
+    if scheme in GLOO_SCHEMES:
+        return "gloo"
+    return "dlcp" if scheme in BACKEND_SCHEMES else None
 
 
 def wire_dtype_of(scheme: str) -> str:
@@ -74,7 +98,8 @@ def mechanisms(scheme: str) -> dict[str, bool]:
 
 def split_label(label: str, pattern: str) -> tuple[str, str]:
     """(scheme, pattern) of a scheme as given on the command line: ``dlcp:ring`` names its
-    pattern, ``dlcp`` takes the run's ``pattern``; gloo's schemes always run a ring.
+    pattern, ``dlcp`` takes the run's ``pattern``; stock DDP's schemes (gloo's, the DLCP
+    backend's) always run a ring.
 
     Raises:
         DlcpUserError: an unknown pattern, or a parameter server asked of gloo.
@@ -82,9 +107,9 @@ def split_label(label: str, pattern: str) -> tuple[str, str]:
     scheme, _, named = label.partition(":")
     if named and named not in PATTERNS:
         raise DlcpUserError(f"scheme {label!r}: unknown pattern {named!r}; choose from {list(PATTERNS)}")
-    if scheme in GLOO_SCHEMES:
+    if scheme in TORCH_SCHEMES:
         if named == "ps":
-            raise DlcpUserError(f"scheme {label!r}: gloo has no parameter server (its all-reduce is a ring)")
+            raise DlcpUserError(f"scheme {label!r}: stock DDP has no parameter server (its all-reduce is a ring)")
         return scheme, "ring"
     return scheme, named or pattern
 

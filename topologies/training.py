@@ -1,6 +1,7 @@
 """What every training agent of a testbed run shares, DLCP's (:mod:`dlcp.topologies.agent`) and
-gloo's (:mod:`dlcp.topologies.gloo_agent`): the model, its data, this worker's batches, the optimiser
-and the evaluations, so schemes differ only in how gradients are exchanged."""
+stock DDP's (:mod:`dlcp.topologies.ddp_agent`, over gloo or the dlcp backend): the model, its
+data, this worker's batches, the optimiser and the evaluations, so schemes differ only in how
+gradients are exchanged."""
 
 from __future__ import annotations
 

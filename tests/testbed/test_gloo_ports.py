@@ -27,16 +27,16 @@ STORE_PORT = 29511
 CHILD = """
 import json, sys, time, torch, torch.distributed as dist
 from pathlib import Path
-from dlcp.topologies import gloo_agent
+from dlcp.topologies import ddp_agent
 spec, rank, go = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-gloo_agent.join(spec, rank)
+ddp_agent.join(spec, rank)
 t = torch.full((4,), float(rank + 1))
 dist.all_reduce(t)
 assert t.tolist() == [3.0] * 4, t
 Path(str(go) + f".up{rank}").touch()
 while not go.exists():
     time.sleep(0.05)
-gloo_agent.leave()
+ddp_agent.leave()
 """
 
 

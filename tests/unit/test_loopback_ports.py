@@ -10,7 +10,7 @@ from dlcp.hostagent import loopback
 def test_picked_ports_are_distinct_free_for_udp_and_tcp_and_below_the_ephemeral_range():
     """A port from the kernel's ephemeral range could be taken by any process's connect()
     before its user bound it: the testbed's gloo agents once failed to listen on their store
-    port in a full test run (EADDRINUSE, ``tests/shim/test_testbed_gloo_agent.py``)."""
+    port in a full test run (EADDRINUSE, ``tests/shim/test_testbed_ddp_agent.py``)."""
     span = loopback._pick_range()
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral_low = int(f.read().split()[0])

@@ -10,7 +10,7 @@ import pytest
 from dlcp.hostagent.errors import DlcpUserError, UsageError
 from dlcp.topologies.report import aggregate, summary
 from dlcp.topologies.runner import RunOptions, agent_spec, reference_scheme, scheme_bound, scheme_policy
-from dlcp.topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, mechanisms, split_label
+from dlcp.topologies.schemes import FP16_SCHEMES, GLOO_SCHEMES, fabric_of, mechanisms, split_label, torch_backend_of
 from dlcp.topologies.topos import star
 
 from dlcp.topologies.results import upgrade
@@ -23,8 +23,11 @@ def test_a_scheme_may_name_its_pattern_and_gloo_is_always_a_ring():
     assert split_label("dlcp:ring", "ps") == ("dlcp", "ring")
     assert split_label("baseline:ps", "ring") == ("baseline", "ps")
     assert split_label("gloo", "ps") == ("gloo", "ring") and split_label("powersgd:ring", "ps") == ("powersgd", "ring")
-    with pytest.raises(DlcpUserError, match="gloo has no parameter server"):
+    with pytest.raises(DlcpUserError, match="stock DDP has no parameter server"):
         split_label("gloo-fp16:ps", "ring")
+    assert split_label("dlcp-backend", "ps") == ("dlcp-backend", "ring")
+    with pytest.raises(DlcpUserError, match="stock DDP has no parameter server"):
+        split_label("dlcp-backend:ps", "ring")
     with pytest.raises(DlcpUserError, match="unknown pattern 'tree'"):
         split_label("dlcp:tree", "ps")
 
@@ -35,8 +38,25 @@ def test_gloo_runs_on_the_baselines_fabric(scheme):
     assert scheme_policy(scheme, opts) == scheme_policy("baseline", opts)
     assert not any(mechanisms(scheme).values())
     spec = agent_spec(opts, scheme_policy(scheme, opts), ["10.0.0.1", "10.0.0.2"], scheme=scheme)
-    assert spec["transport"] == "gloo" and spec["hook"] == GLOO_SCHEMES[scheme]
-    assert agent_spec(opts, scheme_policy("dlcp", opts), ["10.0.0.1"], scheme="dlcp")["transport"] == "dlcp"
+    assert (spec["transport"], spec["backend"], spec["hook"]) == ("torch", "gloo", GLOO_SCHEMES[scheme])
+    dlcp = agent_spec(opts, scheme_policy("dlcp", opts), ["10.0.0.1"], scheme="dlcp")
+    assert (dlcp["transport"], dlcp["backend"]) == ("dlcp", None)
+
+
+def test_the_dlcp_backend_runs_stock_ddp_on_dlcps_fabric_with_training_workloads_only():
+    """``dlcp-backend``: gloo's stock-DDP script over ``init_process_group("dlcp")``, on the
+    switches and policy of ``dlcp``; refused on a synthetic workload (outside a backward pass the
+    backend's all-reduce carries no gradient tags), and its data's paths are not computed from
+    DLCP's fixed ports (the backend picks its own)."""
+    opts = RunOptions(schemes=("gloo", "dlcp-backend", "dlcp:ring"), pattern="ring", workers=2, workload="digits")
+    opts.validate()
+    assert fabric_of("dlcp-backend") == "dlcp" and mechanisms("dlcp-backend") == mechanisms("dlcp")
+    assert scheme_policy("dlcp-backend", opts) == scheme_policy("dlcp", opts)
+    spec = agent_spec(opts, scheme_policy("dlcp-backend", opts), ["10.0.0.1", "10.0.0.2"], scheme="dlcp-backend")
+    assert (spec["transport"], spec["backend"], spec["hook"]) == ("torch", "dlcp", None)
+    assert torch_backend_of("gloo-fp16") == "gloo" and torch_backend_of("dlcp") is None
+    with pytest.raises(UsageError, match="dlcp-backend .* needs a training workload"):
+        RunOptions(schemes=("gloo", "dlcp-backend"), pattern="ring", workload="resnet50").validate()
 
 
 def test_gloo_over_tcp_with_ecn_sets_its_hosts_tcp_and_needs_its_congestion_control(monkeypatch):
@@ -101,7 +121,7 @@ def test_the_line_rate_bound_is_dlcps_and_gloos_uncompressed_ring_only():
 
 @pytest.mark.parametrize("opts, words", [
     (RunOptions(schemes=("powersgd",)), "powersgd compresses a real model's gradients"),
-    (RunOptions(schemes=("gloo:ps",)), "gloo has no parameter server"),
+    (RunOptions(schemes=("gloo:ps",)), "stock DDP has no parameter server"),
     (RunOptions(schemes=("dlcp", "dlcp")), "names a scheme twice"),
     (RunOptions(schemes=("dlcp", "gloo"), reference="baseline"), "--reference 'baseline' is not one of"),
     (RunOptions(schemes=("tcp",)), "unknown scheme(s) ['tcp']"),

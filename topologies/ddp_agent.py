@@ -1,25 +1,32 @@
-"""The host agent of a gloo scheme: what users run instead of DLCP, on the same hosts and fabric.
+"""The host agent of a stock-DDP scheme: what users run, on the same hosts and fabric as DLCP's agents.
 
 Started like DLCP's agent (``python -m dlcp.topologies.agent SPEC RANK OUT``, with ``spec["transport"]
-== "gloo"``): the workers join a ``torch.distributed`` process group over gloo (TCP) whose store
-is on worker 0's host, and exchange gradients as stock ``DistributedDataParallel`` does, with
-PyTorch's own communication hook where the scheme names one (:data:`HOOKS`). There is no
-parameter server: gloo's all-reduce is a ring.
+== "torch"``): the workers join a ``torch.distributed`` process group whose store is on worker 0's
+host, over ``spec["backend"]``, and exchange gradients as stock ``DistributedDataParallel`` does,
+with PyTorch's own communication hook where the scheme names one (:data:`HOOKS`). There is no
+parameter server: DDP's all-reduce is a ring.
 
+* ``gloo`` (TCP): what users run instead of DLCP.
+* ``dlcp`` (scheme ``dlcp-backend``): the same script with ``init_process_group("dlcp")``, as
+  PyTorch users run DLCP: the backend's defaults (its MTU and line rate read from the host's
+  interface, the loss bound on DDP's buckets, priorities from their order), with the run's
+  policy given through :func:`dlcp_torch.backend.configure` as a user gives the policy file the
+  switches run. Training workloads only (the backend knows gradients by the backward pass).
 * A training workload (digits, MNIST-1D) trains the same model from the same seed, on the same
   shard and batches, with the same optimiser and evaluation points as DLCP's agent
   (:class:`dlcp.topologies.training.Training`); only the exchange differs.
-* A synthetic workload exchanges the same buckets as DLCP's agent, with the same simulated
-  backward pass: each bucket is all-reduced (asynchronously, as DDP's reducer does) as soon as it
-  is full; ``fp16`` sends it as float16 (as ``fp16_compress_hook`` does). PowerSGD needs a
-  real model's matrices and is refused there (:meth:`dlcp.topologies.runner.RunOptions.validate`).
+* A synthetic workload (gloo only) exchanges the same buckets as DLCP's agent, with the same
+  simulated backward pass: each bucket is all-reduced (asynchronously, as DDP's reducer does) as
+  soon as it is full; ``fp16`` sends it as float16 (as ``fp16_compress_hook`` does). PowerSGD
+  needs a real model's matrices and is refused there (:meth:`dlcp.topologies.runner.RunOptions.validate`).
 
-The records are DLCP's agent's, with what means something for TCP: ``sync_time`` is from the
+The records are DLCP's agent's, with what means something for each: ``sync_time`` is from the
 last gradient being ready (a hook on every parameter) to the step's end, as DLCP's is;
 ``breakdown`` has compute and transmission only (a TCP stream's first byte, recovery and
 retransmissions happen in the kernel, not in messages this agent can see); ``retransmissions``
-counts the TCP segments the host's network namespace resent (``RetransSegs``), which on a
-Mininet host are gloo's own.
+counts, over gloo, the TCP segments the host's network namespace resent (``RetransSegs``, on a
+Mininet host gloo's own), over the dlcp backend the data packets its endpoint resent, whose
+totals close the file as DLCP's agents' do (an ``endpoint`` record).
 """
 
 from __future__ import annotations
@@ -74,15 +81,53 @@ LEAVE_TIMEOUT = timedelta(seconds=60)
 
 
 def join(spec: dict, rank: int) -> None:
-    """Join the job's gloo process group; the store is on worker 0's host."""
+    """Join the job's process group over ``spec["backend"]`` (gloo if unset); the store is on
+    worker 0's host."""
     import torch.distributed as dist
 
     global _STORE
-    os.environ["GLOO_SOCKET_IFNAME"] = interface_of(spec["peer_ips"][rank])
+    backend = spec.get("backend") or "gloo"
+    if backend == "gloo":
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_of(spec["peer_ips"][rank])
+    elif backend == "dlcp":
+        from dlcp.hostagent.policy import Policy
+        from dlcp_torch.backend import configure
+
+        # (its address would be found on the route to MASTER_ADDR; the runner sets none)
+        os.environ["DLCP_HOST"] = spec["peer_ips"][rank]
+        configure(policy=Policy.from_dict(spec["policy"]))
+    else:
+        raise ValueError(f"unknown torch.distributed backend {backend!r}; gloo or dlcp")
     timeout = timedelta(seconds=spec["deadline"] + 60)
     _STORE = dist.TCPStore(spec["peer_ips"][0], spec["store_port"], spec["workers"], is_master=rank == 0,
                            timeout=timeout)
-    dist.init_process_group("gloo", store=_STORE, rank=rank, world_size=spec["workers"], timeout=timeout)
+    dist.init_process_group(backend, store=_STORE, rank=rank, world_size=spec["workers"], timeout=timeout)
+
+
+class _Resends:
+    """What a record counts as resent: the TCP segments the host's namespace resent (gloo), or
+    the data packets the dlcp group's endpoint resent."""
+
+    def __init__(self, spec: dict) -> None:
+        self.dlcp: Any = None
+        if spec.get("backend") == "dlcp":  # (gloo's agents import nothing of DLCP's)
+            import torch.distributed as dist
+
+            from dlcp_torch.backend import implementation
+
+            self.dlcp = implementation(dist.group.WORLD)
+
+    def total(self) -> int:
+        if self.dlcp is None:
+            return tcp_retransmissions()
+        return int(self.dlcp.endpoint.stats.retransmitted_pkts)
+
+    def endpoint_record(self, rank: int) -> str:
+        """The endpoint's totals as DLCP's agents write them last (an empty string over gloo)."""
+        if self.dlcp is None:
+            return ""
+        return json.dumps({"rank": rank, "kind": "endpoint", "stats": self.dlcp.endpoint.endpoint_stats()},
+                          default=str) + "\n"
 
 
 def _wait_count(key: str, n: int) -> None:
@@ -131,12 +176,13 @@ def _record(rank: int, it: int, kind: str, t0: float, ready: float, end: float, 
 
 
 def run_training(spec: dict, rank: int, out: Path) -> None:
-    """Stock DDP over gloo on a training workload (see the module docstring)."""
+    """Stock DDP over the spec's backend on a training workload (see the module docstring)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     train = Training.setup(spec, rank)
     join(spec, rank)
+    resends = _Resends(spec)
     ddp = DistributedDataParallel(train.model)
     register_hook(ddp, spec.get("hook"))
     opt, schedule = train.optimizer(ddp.parameters())
@@ -149,7 +195,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
         p.register_post_accumulate_grad_hook(stamp)
     with open(out, "w") as f:
         for it, x, y in train.batches():
-            retx0 = tcp_retransmissions()
+            retx0 = resends.total()
             t0 = time.monotonic()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()  # DDP waits for its all-reduces here
@@ -158,8 +204,9 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                 schedule.step()
             end = time.monotonic()
             f.write(json.dumps(_record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
-                                       tcp_retransmissions() - retx0, 0)) + "\n")
+                                       resends.total() - retx0, 0)) + "\n")
             train.evaluate(f, it)
+        f.write(resends.endpoint_record(rank))
     leave()
 
 
@@ -193,6 +240,9 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
 
     if spec.get("hook") not in (None, "fp16"):
         raise ValueError(f"hook {spec.get('hook')!r} needs a training workload")
+    if (spec.get("backend") or "gloo") != "gloo":
+        raise ValueError(f"backend {spec['backend']!r} needs a training workload (its gradients travel in "
+                         "DDP's backward pass)")
     torch.set_num_threads(1)
     join(spec, rank)
     sizes, _, buckets = worker_plan(spec)
@@ -229,7 +279,7 @@ def run_worker(spec: dict, rank: int, out: Path) -> None:
 
 
 def main(spec: dict, rank: int, out: Path) -> None:
-    """Run worker ``rank`` of a gloo scheme (the runner starts no server for one)."""
+    """Run worker ``rank`` of a stock-DDP scheme (the runner starts no server for one)."""
     if spec["model"] in TRAINING_WORKLOADS:
         run_training(spec, rank, out)
     else:

@@ -1,5 +1,6 @@
-"""The testbed's gloo agents (``dlcp.topologies.gloo_agent``) on loopback: what users run, started as
-the runner starts it, against DLCP's agents on the same workload. No root, no switches."""
+"""The testbed's stock-DDP agents (``dlcp.topologies.ddp_agent``) on loopback: what users run (gloo,
+and DLCP through ``init_process_group("dlcp")``), started as the runner starts them, against DLCP's
+agents on the same workload. No root, no switches."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ def test_gloo_trains_what_dlcp_trains_lossless_step_for_step(tmp_path):
         assert r["iteration_time"] >= r["sync_time"] >= 0 and r["compute_time"] >= 0
         assert abs(sum(r["breakdown"].values()) - r["iteration_time"]) < 1e-6
         assert r["lost_fraction"] == 0.0 and r["retransmissions"] >= 0
+
+
+def test_the_dlcp_backend_trains_what_gloo_trains_lossless_and_reports_its_endpoint(tmp_path):
+    """``dlcp-backend``: the same stock-DDP script with ``init_process_group("dlcp")``. Lossless
+    (the run's policy, p = 0, reaches the backend), it reaches gloo's accuracies at every
+    evaluation; its records count the endpoint's resends, and its file ends with the endpoint's
+    totals as DLCP's agents' do."""
+    opts = RunOptions(workers=2, iterations=12, workload="digits", eval_every=4, capacity_pps=20_000, loss_bound=0.0)
+    gloo = _train(tmp_path, "gloo", opts)
+    backend = _train(tmp_path, "dlcp-backend", opts)
+    assert sorted(_evals(gloo)) == sorted(_evals(backend))
+    for key, acc in _evals(gloo).items():  # float sums in another order: at most one test sample of 360
+        assert abs(acc - _evals(backend)[key]) <= 1 / 360 + 1e-9, key
+    measured = [r for r in backend if r["kind"] == "measured"]
+    assert len(measured) == 2 * 12 and all(r["retransmissions"] >= 0 and r["sync_time"] >= 0 for r in measured)
+    endpoints = [r for r in backend if r["kind"] == "endpoint"]
+    assert sorted(e["rank"] for e in endpoints) == [0, 1]
+    assert all(e["stats"]["data_pkts_sent"] > 0 and e["stats"]["datapath_failure"] is None for e in endpoints)
+    assert not [r for r in gloo if r["kind"] == "endpoint"]
 
 
 @pytest.mark.parametrize("scheme", ["gloo-fp16", "powersgd"])

@@ -78,6 +78,7 @@ from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
 from dlcp.hostagent.transport import Endpoint, TransportConfig
+from dlcp.hostagent.transport_config import link_timers
 
 log = logging.getLogger(__name__)
 
@@ -898,7 +899,10 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
             rate, rate_from = iface.speed_bps / 8, f"{iface.name}'s speed"
         else:
             rate, rate_from = UNKNOWN_LINK_RATE, f"{iface.name if iface else 'the interface'} reports no speed"
-    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=mtu, rate=RateConfig.for_link(rate),
+    # the rate, burst and report interval follow the link (as the testbed configures its hosts)
+    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=mtu,
+                          rate=RateConfig.for_link(rate, mtu),
+                          feedback_interval=link_timers(rate, mtu)["feedback_interval"],
                           message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret,
                           encrypt=options.encrypt, authenticate=options.authenticate)
     protection = ("packets encrypted and authenticated" if options.encrypt else

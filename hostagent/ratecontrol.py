@@ -15,6 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: :meth:`RateConfig.for_link`'s burst: at most this long at the link's rate ...
+BURST_SECONDS = 0.0002
+#: ... and at least this many full datagrams (as the testbed's and the simulator's hosts burst).
+MIN_BURST_PACKETS = 16
+
+
 @dataclass(frozen=True)
 class RateConfig:
     """Rate control knobs; rates in bytes of datagrams per second."""
@@ -59,16 +65,22 @@ class RateConfig:
     emulated link (:func:`link_rates`: the testbed, the simulator) pace exactly: 0."""
 
     @classmethod
-    def for_link(cls, line_rate: float, **overrides: float) -> RateConfig:
-        """A host on a link of ``line_rate`` bytes/s: it starts at half of it and grows by 1 %
-        of it per increase interval, as the defaults do for 10 Gb/s; its floor is at most 1 % of
-        it. Why: setting ``line_rate`` alone keeps the 10 Gb/s increase, and a faster host then
-        takes several times longer to reach its link rate.
+    def for_link(cls, line_rate: float, mtu: int = 1500, **overrides: float) -> RateConfig:
+        """A host on a link of ``line_rate`` bytes/s (datagrams of at most ``mtu`` bytes): it
+        starts at half of it and grows by 1 % of it per increase interval, as the defaults do for
+        10 Gb/s; its floor is at most 1 % of it; a burst is at most :data:`BURST_SECONDS` of the
+        link (the default 256 KB is that at 10 Gb/s, and stays the cap above) and at least
+        :data:`MIN_BURST_PACKETS` full datagrams. Why: setting ``line_rate`` alone keeps the
+        10 Gb/s increase, and a faster host then takes several times longer to reach its link
+        rate; and 256 KB back to back is 2 ms of a 1 Gb/s link, a quarter of a second of the
+        testbed's 7.4 Mbit/s ones.
 
         Example: ``RateConfig.for_link(25e9 / 8)``
         """
+        burst = max(MIN_BURST_PACKETS * mtu, min(cls.burst_bytes, int(line_rate * BURST_SECONDS)))
         knobs = {"line_rate": line_rate, "initial_rate": line_rate * 0.5, "additive_increase": line_rate * 0.01,
-                 "min_rate": min(cls.min_rate, line_rate * 0.01)}  # (the default floor is 8 Mb/s)
+                 "min_rate": min(cls.min_rate, line_rate * 0.01),  # (the default floor is 8 Mb/s)
+                 "burst_bytes": burst}
         knobs.update(overrides)
         return cls(**knobs)  # type: ignore[arg-type]
 
@@ -94,15 +106,15 @@ def link_rates(link: float, mtu: int) -> dict:
     way: nothing about where the bottleneck is or what else crosses it. Two knobs differ from
     ``for_link``, for the emulation, not for speed: exact pacing (no ``pacing_slack``: the
     simulator's hosts model bursts of ``burst_bytes`` only) and a burst of 16 full packets
-    (the default 256 KB is 0.2 ms at 10 Gb/s, but a quarter of a second at the testbed's
-    7.4 Mbit/s).
+    whatever the link (``for_link``'s, on the testbed's slow links; on the simulator's fast
+    ones, where ``for_link`` allows 0.2 ms, the burst the simulator was validated with).
 
     Until 2026-11-28 the hosts were told the bottleneck's rate and allowed twice it (a host
     link taken as faster than the fabric), which let one DLCP flow spray 2x its link's rate over
     two spines where gloo's TCP flow, pinned to one path, got 1x (issue 43)."""
-    user = RateConfig.for_link(link)
+    user = RateConfig.for_link(link, mtu)
     return {"initial_rate": user.initial_rate, "line_rate": user.line_rate, "min_rate": user.min_rate,
-            "additive_increase": user.additive_increase, "burst_bytes": 16 * mtu, "pacing_slack": 0.0}
+            "additive_increase": user.additive_increase, "burst_bytes": MIN_BURST_PACKETS * mtu, "pacing_slack": 0.0}
 
 
 #: A rate cut's hold (:meth:`RateController.on_feedback`) is this many smoothed answer times

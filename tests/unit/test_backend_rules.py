@@ -121,3 +121,26 @@ def test_options_from_the_environment_and_what_they_refuse(monkeypatch):
     monkeypatch.setenv("DLCP_MTU", "big")
     with pytest.raises(ValueError, match="DLCP_MTU='big' is not a number"):
         BackendOptions.from_env()
+
+
+def test_the_endpoint_follows_the_line_rate_its_start_burst_and_report_interval():
+    """The backend configures a link of ``line_rate`` as the testbed configures its hosts: start
+    at half, a burst of at most 0.2 ms of the link (at least 16 datagrams), congestion reports
+    spaced for the link (:func:`link_timers`). On a 7.4 Mbit/s link, 256 KB back to back was a
+    quarter of a second."""
+    from dlcp.hostagent.ratecontrol import link_rates
+    from dlcp.hostagent.transport_config import TransportConfig, link_timers, local_peers
+    from dlcp_torch.backend import BackendOptions, _transport_config
+
+    slow = 7.4e6 / 8
+    reports = []
+    for rate, burst in ((slow, 16 * 1500), (1e9 / 8, 25_000), (100e9 / 8, 256 * 1024)):
+        opts = BackendOptions(line_rate=rate, mtu=1500)
+        cfg, line = _transport_config(0, local_peers(2, 40000), opts, "127.0.0.1", 30.0, b"s" * 32)
+        assert cfg.rate.line_rate == rate and cfg.rate.initial_rate == rate / 2 and cfg.rate.burst_bytes == burst
+        assert cfg.feedback_interval == link_timers(rate, 1500)["feedback_interval"]
+        assert "(configured)" in line
+        reports.append(cfg.feedback_interval)
+    assert reports[0] > reports[1] == reports[2] == TransportConfig.feedback_interval  # fast links: the default
+    knobs = link_rates(slow, 1500)  # what the testbed's own agents get for the same link
+    assert (knobs["initial_rate"], knobs["burst_bytes"]) == (slow / 2, 16 * 1500)

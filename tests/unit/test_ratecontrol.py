@@ -168,6 +168,9 @@ def test_a_config_for_a_link_scales_its_start_and_increase_with_it():
     assert cfg.line_rate == 25e9 / 8
     assert cfg.initial_rate == cfg.line_rate / 2
     assert cfg.additive_increase == cfg.line_rate / 100
+    assert cfg.burst_bytes == RateConfig.burst_bytes  # 0.2 ms of the link, at most the default 256 KB ...
+    assert RateConfig.for_link(1e9 / 8).burst_bytes == 25_000
+    assert RateConfig.for_link(925_000.0, 1500).burst_bytes == 16 * 1500  # ... and at least 16 datagrams
     assert RateConfig.for_link(1e9, min_rate=5e6).min_rate == 5e6
     with pytest.raises(ValueError, match="min_rate <= initial_rate"):
         RateConfig.for_link(1e6, min_rate=2e6)

@@ -8,10 +8,12 @@ parameter server: DDP's all-reduce is a ring.
 
 * ``gloo`` (TCP): what users run instead of DLCP.
 * ``dlcp`` (scheme ``dlcp-backend``): the same script with ``init_process_group("dlcp")``, as
-  PyTorch users run DLCP: the backend's defaults (its MTU and line rate read from the host's
-  interface, the loss bound on DDP's buckets, priorities from their order), with the run's
-  policy given through :func:`dlcp_torch.backend.configure` as a user gives the policy file the
-  switches run. Training workloads only (the backend knows gradients by the backward pass).
+  PyTorch users run DLCP: the backend's defaults (its MTU read from the host's interface, the
+  loss bound on DDP's buckets, priorities from their order), with the run's policy given
+  through :func:`dlcp_torch.backend.configure` as a user gives the policy file the switches
+  run, and the line rate a NIC on a link of the fabric's rate would report (``DLCP_LINE_RATE``:
+  the veth's own 10 Gb/s is an artefact of the emulation). Training workloads only (the
+  backend knows gradients by the backward pass).
 * A training workload (digits, MNIST-1D) trains the same model from the same seed, on the same
   shard and batches, with the same optimiser and evaluation points as DLCP's agent
   (:class:`dlcp.topologies.training.Training`); only the exchange differs.
@@ -95,6 +97,10 @@ def join(spec: dict, rank: int) -> None:
 
         # (its address would be found on the route to MASTER_ADDR; the runner sets none)
         os.environ["DLCP_HOST"] = spec["peer_ips"][rank]
+        # The backend's default line rate is the interface's speed: a NIC on a link of the
+        # fabric's rate says that rate, and that is what DLCP's own agents are configured for
+        # (spec["rate"]); a Mininet host's veth says 10 Gb/s, 1,350 times the testbed's links.
+        os.environ["DLCP_LINE_RATE"] = repr(spec["rate"]["line_rate"] * 8 / 1e9)
         configure(policy=Policy.from_dict(spec["policy"]))
     else:
         raise ValueError(f"unknown torch.distributed backend {backend!r}; gloo or dlcp")

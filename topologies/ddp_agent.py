@@ -112,7 +112,8 @@ def join(spec: dict, rank: int) -> None:
 
 class _Resends:
     """What a record counts as resent: the TCP segments the host's namespace resent (gloo), or
-    the data packets the dlcp group's endpoint resent."""
+    the data packets the dlcp group's endpoint resent; over dlcp also what DLCP's agents record
+    of an iteration's messages (its breakdown and message and rate traces)."""
 
     def __init__(self, spec: dict) -> None:
         self.dlcp: Any = None
@@ -127,6 +128,29 @@ class _Resends:
         if self.dlcp is None:
             return tcp_retransmissions()
         return int(self.dlcp.endpoint.stats.retransmitted_pkts)
+
+    def dlcp_fields(self, t0: float, ready: float, end: float, mtu: int) -> dict[str, Any]:
+        """The breakdown, message and rate traces DLCP's agents record, from the endpoint's logs
+        (every message that started in the iteration: the backend numbers its collectives, not
+        the training's iterations); none over gloo."""
+        if self.dlcp is None:
+            return {}
+        from dlcp.hostagent.exchange import step_of, tensor_of
+        from dlcp.topologies.agent import _changed, _finished, rate_trace, recent
+        from dlcp.topologies.breakdown import iteration_breakdown
+
+        ep = self.dlcp.endpoint
+        log = [m for m in recent(ep.message_log, t0, _finished) if m.started >= t0]
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round(1e3 * (t - t0), 3)
+
+        trace = sorted([[m.direction, m.peer, tensor_of(m.message_id), step_of(m.message_id), m.packets,
+                         m.retransmissions, ms(m.started), ms(m.first_arrival), ms(m.finished_at)] for m in log],
+                       key=lambda r: r[6])
+        return {"breakdown": iteration_breakdown(t0, ready, end, [m for m in log if m.direction == "recv"]),
+                "message_trace": trace, "rate_trace": rate_trace(recent(ep.rate_log, t0, _changed), mtu, t0, end),
+                "lost_fraction": float(np.mean([m.lost_fraction for m in log if m.direction == "recv"] or [0.0]))}
 
     def endpoint_record(self, rank: int) -> str:
         """The endpoint's totals as DLCP's agents write them last (an empty string over gloo)."""
@@ -209,8 +233,10 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
             if schedule is not None:
                 schedule.step()
             end = time.monotonic()
-            f.write(json.dumps(_record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
-                                       resends.total() - retx0, 0)) + "\n")
+            record = _record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
+                             resends.total() - retx0, 0)
+            record.update(resends.dlcp_fields(t0, min(ready[0], end), end, spec["mtu"]))
+            f.write(json.dumps(record) + "\n")
             train.evaluate(f, it)
         f.write(resends.endpoint_record(rank))
     leave()

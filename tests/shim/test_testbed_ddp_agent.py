@@ -73,6 +73,9 @@ def test_the_dlcp_backend_trains_what_gloo_trains_lossless_and_reports_its_endpo
         assert abs(acc - _evals(backend)[key]) <= 1 / 360 + 1e-9, key
     measured = [r for r in backend if r["kind"] == "measured"]
     assert len(measured) == 2 * 12 and all(r["retransmissions"] >= 0 and r["sync_time"] >= 0 for r in measured)
+    for r in measured:  # DLCP's agents' records: the breakdown from its messages, their traces
+        assert abs(sum(r["breakdown"].values()) - r["iteration_time"]) < 1e-6 and r["lost_fraction"] == 0.0
+        assert {row[0] for row in r["message_trace"]} == {"send", "recv"}
     endpoints = [r for r in backend if r["kind"] == "endpoint"]
     assert sorted(e["rank"] for e in endpoints) == [0, 1]
     assert all(e["stats"]["data_pkts_sent"] > 0 and e["stats"]["datapath_failure"] is None for e in endpoints)

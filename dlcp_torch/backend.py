@@ -77,7 +77,7 @@ from dlcp.hostagent.messages import Expect, TransportError, TransportTimeout
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
-from dlcp.hostagent.transport import Endpoint, TransportConfig
+from dlcp.hostagent.transport import Endpoint, TransportConfig, data_port_note
 from dlcp.hostagent.transport_config import link_timers
 
 log = logging.getLogger(__name__)
@@ -941,6 +941,8 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     secret = parse_secret(os.environ.get("DLCP_SECRET"))
     peers, held, secret = exchange_addresses(store, rank, world_size, host, secret=secret)
+    if (note := data_port_note(held[rank][0].getsockname()[1])) is not None:
+        print(f"dlcp: rank {rank}: {note}", file=sys.stderr, flush=True)
     cfg, link = _transport_config(rank, peers, options, host, seconds, secret)
     cfg, link = _agree_on_mtu(store, rank, world_size, cfg, link)
     ep = Endpoint(cfg).start(held.get(rank))

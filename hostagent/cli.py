@@ -51,11 +51,15 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 def cmd_wire(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps({"udp_port": wire.DLCP_UDP_PORT, "header_bytes": wire.HEADER_SIZE,
+        ports = wire.dlcp_ports()
+        print(json.dumps({"udp_port": wire.DLCP_UDP_PORT, "udp_ports": [min(ports), max(ports)],
+                          "header_bytes": wire.HEADER_SIZE,
                           "trailer_bytes": wire.TRAILER_SIZE,
                           "fields": [{"name": f.name, "bits": f.bits, "doc": f.doc} for f in wire.FIELDS]}, indent=2))
         return 0
-    print(f"DLCP header v{wire.VERSION}: {wire.HEADER_SIZE} bytes, network byte order, UDP port {wire.DLCP_UDP_PORT}")
+    ports = wire.dlcp_ports()
+    print(f"DLCP header v{wire.VERSION}: {wire.HEADER_SIZE} bytes, network byte order, UDP port {wire.DLCP_UDP_PORT} "
+          f"(switches take {min(ports)}-{max(ports)} as DLCP)")
     print(f"{'offset':>6}  {'bits':>4}  {'field':<12} meaning")
     offset = 0
     for f in wire.FIELDS:

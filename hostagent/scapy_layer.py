@@ -40,4 +40,5 @@ class DLCP(Packet):
     fields_desc = [_field(f) for f in wire.FIELDS]
 
 
-bind_layers(UDP, DLCP, dport=wire.DLCP_UDP_PORT)
+for _port in wire.dlcp_ports():  # every port of the block DLCP's switches parse
+    bind_layers(UDP, DLCP, dport=_port)

@@ -27,6 +27,7 @@ and the message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import queue
 import selectors
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcp.hostagent import wire
 from dlcp.hostagent.control_conn import CTL_WRITE_LIMIT, ControlConn
 from dlcp.hostagent.control_path import ControlPath
 from dlcp.hostagent.datapath import open_datapath
@@ -470,11 +472,23 @@ def _ipv4(host: str) -> str:
 def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
     """A UDP and a TCP socket bound to free ports of ``host``, to announce to the peers and then
     hand to :meth:`Endpoint.start` (``bound=``): the ports are held the whole time, so nobody
-    else can take them in between."""
+    else can take them in between.
+
+    The UDP port is the first free one DLCP's switches recognise (:func:`wire.dlcp_ports`:
+    17649, then the rest of its block of 16), so a rendezvous-started rank (the backend, the
+    store launcher) gets priority queues, spraying and selective drops on a DLCP fabric; only
+    where all 16 are taken on ``host`` does it take any free port, and then its data is plain UDP
+    to the switches (:func:`data_port_note` says so). The control port is any free one."""
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        udp.bind((host, 0))
+        for port in [*wire.dlcp_ports(), 0]:
+            try:
+                udp.bind((host, port))
+                break
+            except OSError as exc:
+                if port == 0 or exc.errno != errno.EADDRINUSE:
+                    raise
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((host, 0))
     except OSError:
@@ -484,7 +498,16 @@ def reserve_ports(host: str) -> tuple[socket.socket, socket.socket]:
     return udp, tcp
 
 
+def data_port_note(port: int) -> str | None:
+    """What to tell a user whose data port DLCP's switches do not parse as DLCP (None: they do)."""
+    if wire.is_dlcp_port(port):
+        return None
+    ports = wire.dlcp_ports()
+    return (f"data port {port} is outside DLCP's ports {min(ports)}-{max(ports)} (all taken on this address): "
+            "DLCP's switches treat this rank's packets as plain UDP (no priority, spraying or selective drop)")
+
+
 __all__ = ["CTL_WRITE_LIMIT", "IDLE_TICK", "Endpoint", "EndpointStats", "Expect", "LossInjection", "MessageMismatch",
            "MessageStats", "Peer", "PeerFailed", "PeerUnreachable", "REASONS", "RecvHandle", "RecvResult", "SendHandle",
-           "TransportClosed", "TransportConfig", "TransportError", "TransportTimeout", "local_peers",
-           "reserve_ports"]
+           "TransportClosed", "TransportConfig", "TransportError", "TransportTimeout", "data_port_note",
+           "local_peers", "reserve_ports"]

@@ -1,6 +1,6 @@
 """The DLCP header, defined once.
 
-Every DLCP packet is ``Ethernet | IPv4 | UDP(dport=DLCP_UDP_PORT) | DLCP header | payload``.
+Every DLCP packet is ``Ethernet | IPv4 | UDP(dport in DLCP's port block) | DLCP header | payload``.
 The header is the single source of truth for the host agent, the P4 parser
 (``p4/include/headers.p4`` must declare the same fields, widths and order; a test
 checks the compiled BMv2 JSON against :data:`FIELDS`), the scapy dissector used by
@@ -40,8 +40,27 @@ from typing import Any, TypedDict
 import ml_dtypes
 import numpy as np
 
-#: UDP destination port that marks a datagram as DLCP (the P4 parser selects on it).
+#: UDP destination port that marks a datagram as DLCP (the P4 parser selects on it): every
+#: receiver's default data port.
 DLCP_UDP_PORT = 17649
+#: The P4 parser takes every destination port of the aligned block of 16 holding it as DLCP
+#: (``port & DLCP_UDP_PORT_MASK == DLCP_UDP_PORT_BLOCK``: 17648-17663), so up to 16 ranks that
+#: share one address (GPUs of one host, processes on loopback) each receive on a port of their
+#: own that DLCP's switches still recognise (:func:`dlcp_ports`). A rank on any other port is
+#: plain UDP to them: no priority queue, no spraying, no selective drop.
+DLCP_UDP_PORT_MASK = 0xFFF0
+DLCP_UDP_PORT_BLOCK = DLCP_UDP_PORT & DLCP_UDP_PORT_MASK
+
+
+def is_dlcp_port(port: int) -> bool:
+    """Whether DLCP's switches parse a datagram to UDP ``port`` as DLCP."""
+    return port & DLCP_UDP_PORT_MASK == DLCP_UDP_PORT_BLOCK
+
+
+def dlcp_ports() -> list[int]:
+    """The data ports DLCP's switches recognise, the default first: the order a rank tries them in."""
+    block = range(DLCP_UDP_PORT_BLOCK, DLCP_UDP_PORT_BLOCK + (~DLCP_UDP_PORT_MASK & 0xFFFF) + 1)
+    return [DLCP_UDP_PORT, *(p for p in block if p != DLCP_UDP_PORT)]
 
 #: Header version carried in every packet; a receiver rejects any other value.
 #: 2: the ``token`` field (version 1 had none). 3: every data-path datagram ends in a trailer

@@ -6,8 +6,12 @@
 #define IP_PROTO_TCP 6
 #define IP_PROTO_UDP 17
 
-/* UDP destination port that marks DLCP; hostagent/wire.py DLCP_UDP_PORT (a test checks). */
+/* UDP destination ports that mark DLCP: the aligned block of 16 holding the default port
+ * (17648-17663), so ranks sharing an address each have one; hostagent/wire.py DLCP_UDP_PORT,
+ * DLCP_UDP_PORT_BLOCK, DLCP_UDP_PORT_MASK (a test checks). */
 #define DLCP_UDP_PORT 17649
+#define DLCP_UDP_PORT_BLOCK 17648
+#define DLCP_UDP_PORT_MASK 0xFFF0
 #define DLCP_VERSION 4
 #define DLCP_PTYPE_DATA 1
 

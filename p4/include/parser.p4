@@ -1,5 +1,5 @@
 /* DLCP: parser, deparser and checksums.
- * Ethernet -> IPv4 -> UDP -> DLCP when the UDP destination port is DLCP_UDP_PORT;
+ * Ethernet -> IPv4 -> UDP -> DLCP when the UDP destination port is in DLCP's block;
  * TCP (for the 5-tuple hash) and everything else pass through unparsed beyond L4. */
 #ifndef DLCP_PARSER_P4
 #define DLCP_PARSER_P4
@@ -34,7 +34,7 @@ parser DlcpParser(packet_in packet, out headers_t hdr, inout dlcp_metadata_t met
         meta.l4_src_port = hdr.udp.src_port;
         meta.l4_dst_port = hdr.udp.dst_port;
         transition select(hdr.udp.dst_port) {
-            DLCP_UDP_PORT: parse_dlcp;
+            DLCP_UDP_PORT_BLOCK &&& DLCP_UDP_PORT_MASK: parse_dlcp;
             default: accept;
         }
     }

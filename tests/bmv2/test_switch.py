@@ -19,9 +19,10 @@ from tests.bmv2.conftest import capture, host_mac, send_fast, switch_mac, wire_t
 pytestmark = pytest.mark.bmv2
 
 
-def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000, payload=64):
+def dlcp_pkt(dst="10.0.2.1", priority=0, drop_class=0, seq=0, ecn=0, sport=5000, payload=64,
+             dport=wire.DLCP_UDP_PORT):
     return (Ether(dst=switch_mac(1), src=host_mac(1)) / IP(src="10.0.1.1", dst=dst, tos=ecn) /
-            UDP(sport=sport, dport=wire.DLCP_UDP_PORT) /
+            UDP(sport=sport, dport=dport) /
             DLCP(job_id=1, priority=priority, drop_class=drop_class, seq=seq) / Raw(b"\0" * payload))
 
 
@@ -98,6 +99,25 @@ def test_dlcp_packets_spray_tcp_flows_stay(rig, mode):
         sendp(flow, iface=rig.host_ifaces[1], verbose=False)
         a, b = len(received(s2)), len(received(s3, 0))
         assert sorted([a, b]) == [0, 50]
+
+
+def test_every_port_of_dlcps_block_is_dlcp_and_the_next_one_is_plain_udp(rig):
+    """Ranks sharing an address receive on ports of DLCP's block (``wire.dlcp_ports``): a
+    datagram to its last port is sprayed as DLCP; the same datagram to the port after the block
+    is one UDP flow, all of it on one member."""
+    groups = {1: [{"port": 2, "dmac": host_mac(2)}, {"port": 3, "dmac": host_mac(3)}]}
+    net = rig.network(routes=[{"prefix": "10.0.5.0/24", "group": 1}], groups=groups,
+                      policy={"lb_mode": "round_robin"})
+    last = max(wire.dlcp_ports())
+    with rig.controller(net) as sw:
+        sw.apply(net)
+        for dport, sprayed in ((last, True), (last + 1, False)):
+            s2, s3 = capture(rig.host_ifaces[2]), capture(rig.host_ifaces[3])
+            sendp([dlcp_pkt(dst="10.0.5.1", seq=i, dport=dport) for i in range(40)], iface=rig.host_ifaces[1],
+                  verbose=False)
+            a, b = len(received(s2, expect=1)), len(received(s3, 0, expect=1))
+            assert a + b == 40
+            assert (abs(a - b) <= 1) if sprayed else sorted([a, b]) == [0, 40], (dport, a, b)
 
 
 def test_a_flow_takes_the_member_its_5_tuple_hash_predicts(rig):

@@ -36,3 +36,25 @@ def test_a_port_in_use_is_never_picked(monkeypatch):
         monkeypatch.setattr(loopback, "_pick_range", lambda: (1, 2))
         monkeypatch.setattr(loopback.random.SystemRandom, "randint", lambda self, a, b: next(choices))
         assert loopback.free_tcp_ports(1) == (free,)
+
+
+def test_a_rendezvous_rank_receives_on_a_port_dlcps_switches_parse_while_one_is_free():
+    """The backend's ranks bind their data sockets with ``reserve_ports``: DLCP's default port,
+    then the rest of its block of 16 (the ports the P4 parser takes as DLCP), so ranks sharing an
+    address each get one; a 17th gets any free port and a note that switches will not see DLCP."""
+    from dlcp.hostagent import wire
+    from dlcp.hostagent.transport import data_port_note, reserve_ports
+
+    host = "127.0.0.77"  # (all of 127/8 is loopback: an address no other test binds)
+    held = []
+    try:
+        for _ in range(len(wire.dlcp_ports()) + 1):
+            held.append(reserve_ports(host))
+        ports = [udp.getsockname()[1] for udp, _ in held]
+        assert ports[:-1] == wire.dlcp_ports() and ports[0] == wire.DLCP_UDP_PORT
+        assert all(data_port_note(p) is None for p in ports[:-1])
+        assert not wire.is_dlcp_port(ports[-1]) and "plain UDP" in (data_port_note(ports[-1]) or "")
+    finally:
+        for udp, tcp in held:
+            udp.close()
+            tcp.close()

@@ -23,10 +23,16 @@ def test_dlcp_header_matches_wire_field_by_field():
     assert fields == wire.header_fields_for_p4()
 
 
-def test_parser_selects_dlcp_on_the_wire_port():
+def test_parser_selects_dlcp_on_the_wire_ports():
+    """Every port of the block wire.dlcp_ports() lists (the default among them), and no other."""
     states = {s["name"]: s for s in _bmv2_json()["parsers"][0]["parse_states"]}
     to_dlcp = [t for t in states["parse_udp"]["transitions"] if t["next_state"] == "parse_dlcp"]
-    assert len(to_dlcp) == 1 and int(to_dlcp[0]["value"], 16) == wire.DLCP_UDP_PORT
+    assert len(to_dlcp) == 1
+    value, mask = int(to_dlcp[0]["value"], 16), int(to_dlcp[0]["mask"], 16)
+    assert (value, mask) == (wire.DLCP_UDP_PORT_BLOCK, wire.DLCP_UDP_PORT_MASK)
+    parsed = [p for p in range(1 << 16) if p & mask == value]
+    assert parsed == sorted(wire.dlcp_ports()) and wire.dlcp_ports()[0] == wire.DLCP_UDP_PORT
+    assert all(wire.is_dlcp_port(p) for p in parsed) and not wire.is_dlcp_port(parsed[-1] + 1)
 
 
 def test_every_table_the_controller_owns_exists():
@@ -51,6 +57,8 @@ def test_controller_constants_match_p4_defines():
     assert define("VQ_FRAC_BITS") == priority_queue.VQ_FRAC_BITS
     assert define("NUM_QUEUES") == priority_queue.NUM_QUEUES
     assert define("DLCP_UDP_PORT") == wire.DLCP_UDP_PORT
+    assert (define("DLCP_UDP_PORT_BLOCK"), define("DLCP_UDP_PORT_MASK")) == (wire.DLCP_UDP_PORT_BLOCK,
+                                                                            wire.DLCP_UDP_PORT_MASK)
     assert {define("LB_ROUND_ROBIN"), define("LB_RANDOM"), define("LB_FLOW")} == set(spray.LB_MODES.values())
     assert define("LB_FLOW") == spray.LB_MODES["flow"]
     assert define("LB_RANDOM") == spray.LB_MODES["random"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dlcp.hostagent import wire
 from dlcp.hostagent.loopback import free_tcp_ports
 from tests.shim.ranks import rank_context
 
@@ -380,20 +381,28 @@ def _stats(rank, world, c10d):
     dist.barrier(group=gloo)
     world_stats, pair_stats = group_stats(), group_stats(pair)
     dist.barrier()
+    from dlcp_torch.backend import implementation
+
+    ports = [impl.endpoint.config.peers[rank].data_port
+             for impl in (implementation(dist.group.WORLD), implementation(pair)) if impl is not None]
     return {"world": world_stats["collectives"], "pair": pair_stats["collectives"],
             "broken": world_stats["broken"], "sent": world_stats["endpoint"]["data_bytes_sent"],
-            "pair_sent": pair_stats["endpoint"]["data_bytes_sent"], "refused": refused}
+            "pair_sent": pair_stats["endpoint"]["data_bytes_sent"], "refused": refused, "data_ports": ports}
 
 
 @pytest.mark.parametrize("c10d", [True, False], ids=["c10d", "python"])
 def test_group_stats_count_each_groups_collectives_and_refuse_a_group_not_dlcps(c10d):
-    for res in _spawn(_stats, 2, c10d).values():
+    results = _spawn(_stats, 2, c10d)
+    for res in results.values():
         assert res["world"] == {"all_reduce": 3, "broadcast": 1}
         assert res["pair"] == {"all_reduce": 1}
         assert not res["broken"]
         assert res["sent"] >= 3 * 1000 * 4 // 2  # a ring sends half of each all_reduce at least
         assert 0 < res["pair_sent"] < res["sent"]
         assert res["refused"].startswith("not a dlcp process group")
+    # every group's data reaches it on a port DLCP's switches parse as DLCP, each its own
+    ports = [p for res in results.values() for p in res["data_ports"]]
+    assert len(ports) == 4 and len(set(ports)) == 4 and all(wire.is_dlcp_port(p) for p in ports), ports
 
 
 def _p2p_batch(rank, world):

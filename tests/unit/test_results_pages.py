@@ -47,7 +47,7 @@ PAGES: dict[str, list[list[str]]] = {
                           ["20261128-simval-ps.json"],
                           ["20261128-simval-ring.json"]],
     "testbed-one-capacity.md": [["20261128-034854-leafspine.json"]],
-    "testbed-vs-gloo.md": [["20261130-053558-leafspine.json"],
+    "testbed-vs-gloo.md": [["20261130-180051-leafspine.json"], ["20261130-053558-leafspine.json"],
                            ["20261130-015110-leafspine.json"], ["20261129-133954-leafspine.json"],
                            ["20261129-112318-leafspine.json", "20261129-163204-leafspine.json", "--merge"],
                            ["20261129-022056-leafspine.json"],

@@ -21,21 +21,19 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from dlcp_torch.state import DLCPState, start_server
-from dlcp.hostagent.exchange import iteration_of, step_of, tensor_of
+from dlcp.hostagent.exchange import iteration_of
 from dlcp.hostagent.fusion import Bucketer, FusionConfig
-from dlcp.hostagent.messages import MessageStats, RateChange
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
 from dlcp.hostagent.transport import Endpoint, LossInjection, Peer, TransportConfig
 from dlcp.topologies.breakdown import iteration_breakdown
+from dlcp.topologies.endpoint_logs import changed_at, finished_at, message_trace, rate_trace, recent
 from dlcp.topologies.training import Training
 from dlcp.topologies.workload import TRAINING_WORKLOADS, worker_plan
 
@@ -51,69 +49,17 @@ def _endpoint(spec: dict, rank: int) -> Endpoint:
     return Endpoint(cfg).start()
 
 
-LOG_SLACK = 1.0
-"""Seconds by which a log's append times may run out of order (they are the protocol core's
-``now`` at each append, which only moves forward; the slack is a margin, not a measured skew)."""
-
-
-def recent(log: Iterable, since: float, time_of: Callable[[Any], float]) -> list:
-    """The tail of an append-ordered log (``message_log``: ``finished_at``; ``rate_log``:
-    ``time``) whose entries were appended at ``since`` - :data:`LOG_SLACK` or later, oldest first.
-
-    Why: the per-iteration records read the endpoint's logs every iteration. Filtering the whole
-    of them (4,096 messages, 16,384 rate changes) cost each DLCP worker 0.85 ms of Python per
-    iteration against 0.31 ms for the tails (full logs of 24 messages per iteration, timed on
-    this machine), CPU that gloo's workers do not spend, on a machine whose validity rules count
-    it. The copy (``list``) is one C-level pass and safe against the core's thread appending."""
-    snapshot = list(log)
-    i = len(snapshot)
-    while i > 0 and time_of(snapshot[i - 1]) >= since - LOG_SLACK:
-        i -= 1
-    return snapshot[i:]
-
-
-def _finished(m: MessageStats) -> float:
-    return m.finished_at
-
-
-def _changed(c: RateChange) -> float:
-    return c.time
-
-
 def _received_in(ep: Endpoint, iteration: int | None, since: float) -> list:
     """The messages this endpoint received for ``iteration`` (None: any) that started after ``since``."""
-    return [m for m in recent(ep.message_log, since, _finished) if m.direction == "recv" and m.started >= since
+    return [m for m in recent(ep.message_log, since, finished_at) if m.direction == "recv" and m.started >= since
             and (iteration is None or iteration_of(m.message_id) == iteration % 1024)]
-
-
-def message_trace(log: Iterable[MessageStats], iteration: int, t0: float) -> list[list]:
-    """The messages of ``iteration`` in an endpoint's ``message_log`` (sent and received), for
-    seeing where a sync's time went bucket by bucket and step by step, and for comparing with
-    ``dlcp sim``: rows of [direction, peer, tensor (bucket), step, packets, retransmitted,
-    start ms, first packet ms (receiver), finish ms], times from the iteration's start ``t0``,
-    in order of start."""
-    def ms(t: float | None) -> float | None:
-        return None if t is None else round(1e3 * (t - t0), 3)
-
-    rows = [[m.direction, m.peer, tensor_of(m.message_id), step_of(m.message_id), m.packets, m.retransmissions,
-             ms(m.started), ms(m.first_arrival), ms(m.finished_at)]
-            for m in log if iteration_of(m.message_id) == iteration % 1024 and m.started >= t0]
-    return sorted(rows, key=lambda r: r[6])
-
-
-def rate_trace(log: Iterable[RateChange], mtu: int, since: float, until: float | None = None) -> list[list]:
-    """The changes of an endpoint's pacing rates (``Endpoint.rate_log``) from ``since`` (to
-    ``until``): rows of [ms from ``since``, destination, packets of ``mtu`` bytes per second,
-    cause], to see whether a slow transfer was cut by marks, losses or its receiver's ceiling."""
-    return [[round(1e3 * (c.time - since), 3), c.dest, round(c.rate / mtu, 1), c.cause]
-            for c in log if c.time >= since and (until is None or c.time <= until)]
 
 
 def _traces(ep: Endpoint, iteration: int, t0: float, end: float, mtu: int) -> dict[str, list]:
     """An iteration's message and rate traces (:func:`message_trace`, :func:`rate_trace`),
     read from the tails of the endpoint's logs."""
-    return {"message_trace": message_trace(recent(ep.message_log, t0, _finished), iteration, t0),
-            "rate_trace": rate_trace(recent(ep.rate_log, t0, _changed), mtu, t0, end)}
+    return {"message_trace": message_trace(recent(ep.message_log, t0, finished_at), iteration, t0),
+            "rate_trace": rate_trace(recent(ep.rate_log, t0, changed_at), mtu, t0, end)}
 
 
 @dataclass(frozen=True)

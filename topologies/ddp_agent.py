@@ -135,22 +135,16 @@ class _Resends:
         the training's iterations); none over gloo."""
         if self.dlcp is None:
             return {}
-        from dlcp.hostagent.exchange import step_of, tensor_of
-        from dlcp.topologies.agent import _changed, _finished, rate_trace, recent
         from dlcp.topologies.breakdown import iteration_breakdown
+        from dlcp.topologies.endpoint_logs import changed_at, finished_at, message_trace, rate_trace, recent
 
         ep = self.dlcp.endpoint
-        log = [m for m in recent(ep.message_log, t0, _finished) if m.started >= t0]
-
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round(1e3 * (t - t0), 3)
-
-        trace = sorted([[m.direction, m.peer, tensor_of(m.message_id), step_of(m.message_id), m.packets,
-                         m.retransmissions, ms(m.started), ms(m.first_arrival), ms(m.finished_at)] for m in log],
-                       key=lambda r: r[6])
-        return {"breakdown": iteration_breakdown(t0, ready, end, [m for m in log if m.direction == "recv"]),
-                "message_trace": trace, "rate_trace": rate_trace(recent(ep.rate_log, t0, _changed), mtu, t0, end),
-                "lost_fraction": float(np.mean([m.lost_fraction for m in log if m.direction == "recv"] or [0.0]))}
+        log = [m for m in recent(ep.message_log, t0, finished_at) if m.started >= t0]
+        received = [m for m in log if m.direction == "recv"]
+        return {"breakdown": iteration_breakdown(t0, ready, end, received),
+                "message_trace": message_trace(log, None, t0),
+                "rate_trace": rate_trace(recent(ep.rate_log, t0, changed_at), mtu, t0, end),
+                "lost_fraction": float(np.mean([m.lost_fraction for m in received] or [0.0]))}
 
     def endpoint_record(self, rank: int) -> str:
         """The endpoint's totals as DLCP's agents write them last (an empty string over gloo)."""

@@ -2,7 +2,7 @@
 
 from dlcp.hostagent.exchange import iteration_of, message_id, step_of, tensor_of
 from dlcp.hostagent.messages import MessageStats, RateChange
-from dlcp.topologies.agent import LOG_SLACK, message_trace, rate_trace, recent
+from dlcp.topologies.endpoint_logs import LOG_SLACK, message_trace, rate_trace, recent
 from dlcp.topologies.runner import LineCounter
 
 

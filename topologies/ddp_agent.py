@@ -110,10 +110,11 @@ def join(spec: dict, rank: int) -> None:
     dist.init_process_group(backend, store=_STORE, rank=rank, world_size=spec["workers"], timeout=timeout)
 
 
-class _Resends:
-    """What a record counts as resent: the TCP segments the host's namespace resent (gloo), or
-    the data packets the dlcp group's endpoint resent; over dlcp also what DLCP's agents record
-    of an iteration's messages (its breakdown and message and rate traces)."""
+class _ExchangeFigures:
+    """What an iteration's record says of the exchange: what was resent (the TCP segments the
+    host's namespace resent over gloo, the data packets the dlcp group's endpoint resent), and
+    over dlcp what DLCP's agents record of an iteration's messages (its breakdown, message and
+    rate traces) and, last, the endpoint's totals."""
 
     def __init__(self, spec: dict) -> None:
         self.dlcp: Any = None
@@ -206,7 +207,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
 
     train = Training.setup(spec, rank)
     join(spec, rank)
-    resends = _Resends(spec)
+    figures = _ExchangeFigures(spec)
     ddp = DistributedDataParallel(train.model)
     register_hook(ddp, spec.get("hook"))
     opt, schedule = train.optimizer(ddp.parameters())
@@ -219,7 +220,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
         p.register_post_accumulate_grad_hook(stamp)
     with open(out, "w") as f:
         for it, x, y in train.batches():
-            retx0 = resends.total()
+            retx0 = figures.total()
             t0 = time.monotonic()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()  # DDP waits for its all-reduces here
@@ -228,11 +229,11 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                 schedule.step()
             end = time.monotonic()
             record = _record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
-                             resends.total() - retx0, 0)
-            record.update(resends.dlcp_fields(t0, min(ready[0], end), end, spec["mtu"]))
+                             figures.total() - retx0, 0)
+            record.update(figures.dlcp_fields(t0, min(ready[0], end), end, spec["mtu"]))
             f.write(json.dumps(record) + "\n")
             train.evaluate(f, it)
-        f.write(resends.endpoint_record(rank))
+        f.write(figures.endpoint_record(rank))
     leave()
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+#: :func:`cpu_probe_ms`'s loop: iterations of one multiply-add in the interpreter.
+PROBE_ITERATIONS = 200_000
 
 
 def provenance(stamp: str, program: str = "dlcp", args: Sequence[str] | None = None) -> dict:
@@ -26,6 +30,24 @@ def provenance(stamp: str, program: str = "dlcp", args: Sequence[str] | None = N
             commit += "-dirty"
     return {"command": " ".join([program, *(sys.argv[1:] if args is None else args)]), "commit": commit,
             "started": stamp}
+
+
+def cpu_probe_ms(repeats: int = 5) -> float:
+    """Milliseconds one core takes for a fixed loop of Python (:data:`PROBE_ITERATIONS`), the
+    best of ``repeats``: how fast the machine ran when it was called. Why: this machine's vCPUs
+    run at different speeds for minutes to hours at a time, and the testbed's figures follow
+    them (the simulator's validation setup ran 12-25 % faster one evening than that morning,
+    gloo's unchanged path too, the machine busy 32-39 % against 53-60 %: sim-validation.md);
+    a run records the speed each scheme's run met, so runs compared across time say whether
+    they met the same machine."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(PROBE_ITERATIONS):
+            acc += i * i
+        best = min(best, time.perf_counter() - t0)
+    return round(1e3 * best, 3)
 
 
 def provenance_lines(results: dict, source: str = "") -> list[str]:

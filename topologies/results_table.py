@@ -200,12 +200,27 @@ def slim(results: dict) -> dict:
     (``dlcp report``'s cross-traffic lines)."""
     out = slim_results(results, keep=("base_scheme", "pattern", "policy", "validity", "cross", "bound",
                                       "tcp_counters", "host_tcp", "host_congestion_control", "flow_port_base",
-                                      "paths", "gloo_connections", "gloo_ports_fixed"))
+                                      "paths", "gloo_connections", "gloo_ports_fixed", "cpu_probe_ms"))
     for full, small in zip(results["runs"], out["runs"]):  # the switch counters, as bytes per port
         carried = port_bytes(full)
         if carried:
             small["port_bytes"] = carried
     return out
+
+
+def machine_speed_line(results: dict) -> str:
+    """How fast the machine ran before each run (:func:`dlcp.hostagent.provenance.cpu_probe_ms`),
+    per scheme: median and range over its runs; empty for runs recorded before 2026-11-30
+    evening, which did not measure it (their machine busy share is the only tell)."""
+    per: dict[str, list[float]] = {}
+    for s in results["runs"]:
+        if s.get("cpu_probe_ms") is not None:
+            per.setdefault(s["scheme"], []).append(float(s["cpu_probe_ms"]))
+    if not per:
+        return ""
+    parts = [f"`{name}` {float(np.median(v)):.1f} ({min(v):.1f}-{max(v):.1f})" for name, v in per.items()]
+    return ("Machine speed before each run, a fixed loop of Python on one core in ms (lower is faster; "
+            "median and range over runs): " + ", ".join(parts) + ".")
 
 
 def markdown(results: dict, source: str = "") -> str:
@@ -231,6 +246,9 @@ def markdown(results: dict, source: str = "") -> str:
                  "was so for 200 slots: bursts give no rate from below), the highest over every backlogged interval "
                  "(a valid run lies within [0.9, 1.03] so since issue 43; earlier runs were judged without the upper "
                  "rule, and runs before the strict reading show the loose one at both ends).")
+    speed = machine_speed_line(results)
+    if speed:
+        lines += ["", speed]
     tail = iteration_tail_table(results)
     if tail:
         lines += ["", "Iteration times, medians over valid runs of each run's figure (time to a target is a sum "

@@ -49,7 +49,7 @@ from dlcp.topologies.gloo_ports import (Connection, GlooPorts, expected_connecti
 from dlcp.topologies.netns import (NetnsError, allow_congestion_control, list_netns,
                                    restore_allowed_congestion_controls, tcp_counters)
 from dlcp.topologies.bound import cross_traffic_load, iteration_traffic, line_rate_bound
-from dlcp.hostagent.provenance import provenance
+from dlcp.hostagent.provenance import cpu_probe_ms, provenance
 from dlcp.topologies.registry import REGISTRY, Registry, hold_testbed
 from dlcp.topologies.options import COMMON_RANGES, WORKLOADS, check_options
 from dlcp.topologies.progress import Progress
@@ -503,9 +503,11 @@ def _run_scheme(net, topo: TopologyDesc, opts: RunOptions, label: str, run_dir: 
         switches = {spec.name: stack.enter_context(Switch(spec, schema, pipe)) for spec in network.switches.values()}
         progress = f"[{index + 1}/{len(opts.schemes) * opts.repeat} {label}" + (
             f" r{repeat + 1}]" if opts.numbered else "]")
+        speed = cpu_probe_ms()  # (switches configured, no agent yet: the machine's own speed)
         out = _measure_scheme(net, topo, opts, scheme, policy, sdir, registry, progress, switches, repeat)
     seed = {"seed": repeat} if opts.workload in TRAINING_WORKLOADS else {}  # agent_spec's training seed
-    return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat, **seed}
+    return {**out, "scheme": label, "base_scheme": scheme, "pattern": pattern, "repeat": repeat, **seed,
+            "cpu_probe_ms": speed}
 
 
 def _measure_scheme(net, topo: TopologyDesc, opts: RunOptions, scheme: str, policy: Policy, sdir: Path,

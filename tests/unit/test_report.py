@@ -324,3 +324,21 @@ def test_port_service_is_tabled_as_the_validity_rules_read_it():
                                                                  "full_slots": 300})])) == "0.99-1.01x"
     assert service_text(service_range([run({"ratio": 0.85}, {"ratio": 1.0})])) == "0.85-1.00x"  # before the rule
     assert service_range([run({"ratio": None, "full_slots": 0})]) is None
+
+
+def test_a_runs_machine_speed_is_printed_per_scheme_and_kept_in_the_slim_file():
+    """Each scheme's run records how fast the machine ran before it (a fixed loop's ms); the page
+    prints the median and range per scheme, and says nothing for runs that recorded none."""
+    from dlcp.hostagent.provenance import cpu_probe_ms
+    from dlcp.topologies.results_table import machine_speed_line, markdown, slim
+
+    assert cpu_probe_ms(repeats=1) > 0
+    runs = [_run("gloo", r, 0.6) for r in range(3)] + [_run("dlcp", r, 0.5) for r in range(3)]
+    old = as_testbed_results([dict(s) for s in runs], reference="gloo")
+    assert machine_speed_line(old) == "" and "Machine speed" not in markdown(old)
+    for s, ms in zip(runs, (10.0, 15.0, 10.5, 10.2, 14.0, 10.4)):
+        s["cpu_probe_ms"] = ms
+    new = as_testbed_results(runs, reference="gloo")
+    line = machine_speed_line(new)
+    assert line.endswith("`gloo` 10.5 (10.0-15.0), `dlcp` 10.4 (10.2-14.0).")
+    assert line in markdown(new) and machine_speed_line(slim(new)) == line

@@ -115,7 +115,9 @@ def test_loss_below_bound_completes_without_retransmission(endpoints):
 
 def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_records(endpoints):
     """A message that arrives whole is told to its sender by the receiver's data path (a STOP
-    datagram): no STOP record crosses the control connection, and each send ends at it."""
+    datagram): no STOP record crosses the control connection but as the answer to a PROBE (on a
+    busy machine a sender may probe before the datagram is read; then the record may end the
+    send first, and the datagram finds it ended)."""
     a, b = endpoints(2)
     xs = [_grad(n) for n in (1, 5_000, 200_000)]
     sends = [a.send(1, x, message_id=mid, loss_bound=0.0) for mid, x in enumerate(xs)]
@@ -124,8 +126,10 @@ def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_re
     for s in sends:
         assert s.wait(T).lost_fraction == 0.0
     sent, got = b.endpoint_stats(), a.endpoint_stats()
-    assert sent["stops_sent"] == got["stops_received"] == len(xs)
-    assert sent["ctl_records_sent"].get("STOP", 0) == 0 and got["ctl_records_received"].get("STOP", 0) == 0
+    assert sent["stops_sent"] == len(xs)  # the receiver's data path answered every message
+    records = sent["ctl_records_sent"].get("STOP", 0)
+    assert records == got["ctl_records_received"].get("STOP", 0) <= got["ctl_records_sent"].get("PROBE", 0)
+    assert got["stops_received"] + records >= len(xs)  # (a send a record ended ignores its datagram)
 
 
 def test_a_stop_datagram_lost_on_the_way_is_answered_at_the_senders_probe(endpoints):
@@ -137,10 +141,15 @@ def test_a_stop_datagram_lost_on_the_way_is_answered_at_the_senders_probe(endpoi
     s = a.send(1, x, message_id=1, loss_bound=0.0)
     np.testing.assert_array_equal(b.recv(0, 1).wait(T).data, x)
     assert s.wait(T).lost_fraction == 0.0
+    # (the send may end before its sender's data path has read the datagram: wait for its loss)
+    deadline = time.monotonic() + T
+    while a.endpoint_stats()["injected_drops_by_class"].get(0, 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     sent, got = b.endpoint_stats(), a.endpoint_stats()
     assert sent["stops_sent"] == 1 and got["stops_received"] == 0
     assert got["injected_drops_by_class"].get(0, 0) >= 1
-    assert got["ctl_records_sent"].get("PROBE", 0) >= 1 and got["ctl_records_received"].get("STOP", 0) == 1
+    # ended by the STOP records that answer its PROBEs (a busy machine may probe more than once)
+    assert 1 <= got["ctl_records_received"].get("STOP", 0) <= got["ctl_records_sent"].get("PROBE", 0)
 
 
 def test_delay_and_reorder_still_exact(endpoints):

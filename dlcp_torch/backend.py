@@ -883,6 +883,13 @@ class DLCPProcessGroup(dist.ProcessGroup):
             pass
 
 
+def _link_knobs(rate: float, mtu: int) -> dict[str, Any]:
+    """The endpoint's MTU and what follows the link's rate and MTU: its rate, burst and report
+    interval (as the testbed configures its hosts: ``link_rates``, ``link_timers``)."""
+    return {"mtu": mtu, "rate": RateConfig.for_link(rate, mtu),
+            "feedback_interval": link_timers(rate, mtu)["feedback_interval"]}
+
+
 def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str, timeout: float,
                       secret: bytes) -> tuple[TransportConfig, str]:
     """The endpoint's configuration from the options and this host's interface; and a line
@@ -899,10 +906,7 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
             rate, rate_from = iface.speed_bps / 8, f"{iface.name}'s speed"
         else:
             rate, rate_from = UNKNOWN_LINK_RATE, f"{iface.name if iface else 'the interface'} reports no speed"
-    # the rate, burst and report interval follow the link (as the testbed configures its hosts)
-    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, mtu=mtu,
-                          rate=RateConfig.for_link(rate, mtu),
-                          feedback_interval=link_timers(rate, mtu)["feedback_interval"],
+    cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, **_link_knobs(rate, mtu),
                           message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret,
                           encrypt=options.encrypt, authenticate=options.authenticate)
     protection = ("packets encrypted and authenticated" if options.encrypt else
@@ -925,7 +929,8 @@ def _agree_on_mtu(store: dist.Store, rank: int, world_size: int, cfg: TransportC
         return cfg, link
     low = min(mtus)
     by_rank = ", ".join(f"rank {r} {m}" for r, m in enumerate(mtus))
-    return replace(cfg, mtu=low), f"{link}; every rank uses MTU {low}, the smallest of theirs ({by_rank})"
+    return (replace(cfg, **_link_knobs(cfg.rate.line_rate, low)),
+            f"{link}; every rank uses MTU {low}, the smallest of theirs ({by_rank})")
 
 
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:

@@ -11,7 +11,7 @@ parameter server: DDP's all-reduce is a ring.
   PyTorch users run DLCP: the backend's defaults (its MTU read from the host's interface, the
   loss bound on DDP's buckets, priorities from their order), with the run's policy given
   through :func:`dlcp_torch.backend.configure` as a user gives the policy file the switches
-  run, and the line rate a NIC on a link of the fabric's rate would report (``DLCP_LINE_RATE``:
+  run, and the line rate a NIC on a link of the fabric's rate would report (``line_rate``:
   the veth's own 10 Gb/s is an artefact of the emulation). Training workloads only (the
   backend knows gradients by the backward pass).
 * A training workload (digits, MNIST-1D) trains the same model from the same seed, on the same
@@ -100,8 +100,7 @@ def join(spec: dict, rank: int) -> None:
         # The backend's default line rate is the interface's speed: a NIC on a link of the
         # fabric's rate says that rate, and that is what DLCP's own agents are configured for
         # (spec["rate"]); a Mininet host's veth says 10 Gb/s, 1,350 times the testbed's links.
-        os.environ["DLCP_LINE_RATE"] = repr(spec["rate"]["line_rate"] * 8 / 1e9)
-        configure(policy=Policy.from_dict(spec["policy"]))
+        configure(policy=Policy.from_dict(spec["policy"]), line_rate=float(spec["rate"]["line_rate"]))
     else:
         raise ValueError(f"unknown torch.distributed backend {backend!r}; gloo or dlcp")
     timeout = timedelta(seconds=spec["deadline"] + 60)
@@ -124,11 +123,20 @@ class _ExchangeFigures:
             from dlcp_torch.backend import implementation
 
             self.dlcp = implementation(dist.group.WORLD)
+        self.last = self._total()
 
-    def total(self) -> int:
+    def _total(self) -> int:
         if self.dlcp is None:
             return tcp_retransmissions()
         return int(self.dlcp.endpoint.stats.retransmitted_pkts)
+
+    def resent(self) -> int:
+        """What was resent since the last call (since construction, the first time): one read
+        a record, its end the next one's start, so the records add up to the run's total (what
+        came between two iterations counts in the next one, as DLCP's agents count it)."""
+        now = self._total()
+        delta, self.last = now - self.last, now
+        return delta
 
     def dlcp_fields(self, t0: float, ready: float, end: float, mtu: int) -> dict[str, Any]:
         """The breakdown, message and rate traces DLCP's agents record, from the endpoint's logs
@@ -220,7 +228,6 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
         p.register_post_accumulate_grad_hook(stamp)
     with open(out, "w") as f:
         for it, x, y in train.batches():
-            retx0 = figures.total()
             t0 = time.monotonic()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()  # DDP waits for its all-reduces here
@@ -229,7 +236,7 @@ def run_training(spec: dict, rank: int, out: Path) -> None:
                 schedule.step()
             end = time.monotonic()
             record = _record(rank, it, "warmup" if it == 0 else "measured", t0, min(ready[0], end), end,
-                             figures.total() - retx0, 0)
+                             figures.resent(), 0)
             record.update(figures.dlcp_fields(t0, min(ready[0], end), end, spec["mtu"]))
             f.write(json.dumps(record) + "\n")
             train.evaluate(f, it)

@@ -144,3 +144,23 @@ def test_the_endpoint_follows_the_line_rate_its_start_burst_and_report_interval(
     assert reports[0] > reports[1] == reports[2] == TransportConfig.feedback_interval  # fast links: the default
     knobs = link_rates(slow, 1500)  # what the testbed's own agents get for the same link
     assert (knobs["initial_rate"], knobs["burst_bytes"]) == (slow / 2, 16 * 1500)
+
+    # ranks that agree on a smaller MTU burst in datagrams of that MTU
+    from dlcp_torch.backend import _agree_on_mtu
+
+    class Store:  # (the two calls of a torch Store it makes)
+        def __init__(self) -> None:
+            self.kv = {"dlcp/mtu/1": "576"}
+
+        def set(self, k: str, v: str) -> None:
+            self.kv[k] = v
+
+        def get(self, k: str) -> bytes:
+            return self.kv[k].encode()
+
+    store = Store()
+    cfg, _ = _transport_config(0, local_peers(2, 40000), BackendOptions(line_rate=slow, mtu=1500), "127.0.0.1",
+                               30.0, b"s" * 32)
+    agreed, line = _agree_on_mtu(store, 0, 2, cfg, "")  # type: ignore[arg-type]
+    assert (agreed.mtu, agreed.rate.burst_bytes) == (576, 16 * 576) and "every rank uses MTU 576" in line
+    assert agreed.feedback_interval == link_timers(slow, 576)["feedback_interval"]

@@ -117,7 +117,8 @@ def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_re
     """A message that arrives whole is told to its sender by the receiver's data path (a STOP
     datagram): no STOP record crosses the control connection but as the answer to a PROBE (on a
     busy machine a sender may probe before the datagram is read; then the record may end the
-    send first, and the datagram finds it ended)."""
+    send first, and the datagram finds it ended, or the datagram may end it while the record is
+    still on its way)."""
     a, b = endpoints(2)
     xs = [_grad(n) for n in (1, 5_000, 200_000)]
     sends = [a.send(1, x, message_id=mid, loss_bound=0.0) for mid, x in enumerate(xs)]
@@ -125,10 +126,14 @@ def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_re
         np.testing.assert_array_equal(b.recv(0, mid).wait(T).data, x)
     for s in sends:
         assert s.wait(T).lost_fraction == 0.0
-    sent, got = b.endpoint_stats(), a.endpoint_stats()
+    got = a.endpoint_stats()  # (the sender's first: what it received cannot outgrow what was sent)
+    sent = b.endpoint_stats()
     assert sent["stops_sent"] == len(xs)  # the receiver's data path answered every message
     records = sent["ctl_records_sent"].get("STOP", 0)
-    assert records == got["ctl_records_received"].get("STOP", 0) <= got["ctl_records_sent"].get("PROBE", 0)
+    # (a STOP record answering a PROBE may still be on its way when the datagram ended the send:
+    # counted as sent by the receiver, not yet as received by the sender; the sender counts its
+    # PROBE before sending it, so the receiver's answers never outnumber it)
+    assert got["ctl_records_received"].get("STOP", 0) <= records <= got["ctl_records_sent"].get("PROBE", 0)
     assert got["stops_received"] + records >= len(xs)  # (a send a record ended ignores its datagram)
 
 

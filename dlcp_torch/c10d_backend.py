@@ -9,7 +9,7 @@ collectives are :class:`dlcp_torch.backend.DLCPProcessGroup`'s.
 
 Why compiled here, not in the wheel: a torch extension must be built against the very torch that
 loads it (its C++ ABI, its pybind11), and the wheel is built without torch. It is compiled once
-per torch version and source (about a minute, ``torch.utils.cpp_extension``, g++ and ninja) into
+per source, torch installation and Python (about a minute, ``torch.utils.cpp_extension``, g++ and ninja) into
 ``~/.cache/dlcp/c10d`` (``DLCP_C10D_CACHE`` moves it); ranks that start together wait for the
 one compiling. ``make setup`` compiles it ahead. Where it cannot be built, :func:`load` says why
 and the group runs as a Python ``ProcessGroup`` (everything but ``_get_backend`` works).
@@ -29,10 +29,17 @@ _why_not: str | None = None
 
 
 def cache_dir() -> Path:
-    """Where the compiled extension is kept, one directory per torch version and source."""
+    """Where the compiled extension is kept: one directory per source, torch installation and
+    Python. Ninja rebuilds whenever its command line changes (the source's path, torch's and
+    Python's include directories): two checkouts or two venvs with the same torch sharing one
+    directory rebuilt it in turn, about 25 s at every first use (and under each other's feet)."""
+    import sys
+
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    build = "\0".join([str(SOURCE), torch.__version__, str(Path(torch.__file__).resolve().parent),
+                        sys.executable, sys.version])
+    digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + build.encode()).hexdigest()[:16]
     root = Path(os.environ.get("DLCP_C10D_CACHE", Path.home() / ".cache" / "dlcp" / "c10d"))
     return root / digest
 

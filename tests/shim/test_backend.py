@@ -455,3 +455,21 @@ def test_ranks_with_different_mtus_all_use_the_smallest():
         x, mtu = out[rank]
         assert mtu == 1500
         torch.testing.assert_close(_t(x), want)
+
+
+def test_the_compiled_backend_is_kept_apart_per_checkout_and_python(tmp_path, monkeypatch):
+    """Two checkouts (or venvs) with the same torch must not share the extension's build
+    directory: ninja rebuilt it whenever the other had used it last (its command names the
+    source's path and the include directories), about 25 s at every first use."""
+    from dlcp_torch import c10d_backend
+
+    monkeypatch.setenv("DLCP_C10D_CACHE", str(tmp_path / "cache"))
+    here = c10d_backend.cache_dir()
+    assert here == c10d_backend.cache_dir()  # stable for one checkout
+    other = tmp_path / "other-checkout" / "forwarding_backend.cc"
+    other.parent.mkdir()
+    other.write_bytes(c10d_backend.SOURCE.read_bytes())  # the same source, elsewhere
+    monkeypatch.setattr(c10d_backend, "SOURCE", other)
+    assert c10d_backend.cache_dir() != here
+    monkeypatch.setattr("sys.executable", "/another/venv/bin/python")
+    assert len({c10d_backend.cache_dir(), here}) == 2

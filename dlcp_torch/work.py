@@ -75,9 +75,11 @@ class DLCPWork(dist.Work):
     def exception(self) -> BaseException | None:
         return self._error
 
-    def result(self) -> Any:
+    def result(self) -> list[torch.Tensor]:
+        """The collective's output tensors, flattened in order, as gloo's works give them (an
+        all_gather's every output, a barrier's none); raises the collective's error."""
         self.wait()
-        return self._value
+        return _tensors_in(self._value)
 
     def synchronize(self) -> None:
         """CPU tensors (and CUDA ones, copied back in the collective's thread): nothing to order."""
@@ -85,3 +87,12 @@ class DLCPWork(dist.Work):
     def __repr__(self) -> str:
         state = "pending" if not self._done.is_set() else ("failed" if self._error is not None else "done")
         return f"DLCPWork({self.what}, {state})"
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (a tensor, or lists and tuples of them, nested), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []

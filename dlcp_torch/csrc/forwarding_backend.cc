@@ -11,12 +11,14 @@
 //
 // Compiled on first use against the torch that runs it (dlcp_torch/c10d_backend.py): a torch
 // extension must match torch's C++ ABI exactly, which a wheel built without torch cannot.
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,8 +27,11 @@ namespace py = pybind11;
 
 namespace dlcp {
 
-// A Work the Python object made, with that object kept alive for as long as C++ holds the Work
-// (its wait and get_future are Python overrides, called through torch's PyWork trampoline).
+// A Work the Python object made, with that object kept alive for as long as C++ holds the Work.
+// Its wait and get_future are Python overrides, called through torch's PyWork trampoline; the
+// trampoline forwards nothing else, so the state a caller polls (is_completed, is_success,
+// exception, result) is asked of the Python object here. Without it `work.is_completed()` stayed
+// False after the collective had ended (a polling loop never left) and `result()` raised.
 class HeldWork : public c10d::Work {
    public:
     explicit HeldWork(py::object work) : work_(work.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(work)) {}
@@ -36,8 +41,25 @@ class HeldWork : public c10d::Work {
     }
     bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
+    bool isCompleted() override { return ask("is_completed").cast<bool>(); }
+    bool isSuccess() const override { return ask("is_success").cast<bool>(); }
+    std::exception_ptr exception() const override {
+        py::gil_scoped_acquire gil;
+        py::object exc = py_.attr("exception")();
+        if (exc.is_none()) return nullptr;
+        // (as a DistBackendError, what gloo's and NCCL's failures are; another error keeps its name)
+        std::string kind = py::str(exc.get_type().attr("__name__")).cast<std::string>();
+        std::string text = (kind == "DistBackendError" ? "" : kind + ": ") + py::str(exc).cast<std::string>();
+        return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, text));
+    }
+    std::vector<at::Tensor> result() override { return ask("result").cast<std::vector<at::Tensor>>(); }
 
    private:
+    py::object ask(const char* method) const {
+        py::gil_scoped_acquire gil;
+        return py_.attr(method)();
+    }
+
     c10::intrusive_ptr<c10d::Work> work_;
     py::object py_;
 };

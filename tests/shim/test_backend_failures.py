@@ -329,3 +329,61 @@ def test_the_store_hosts_rank_leaves_last():
     C++ stack trace at exit (about one 4-rank run in ten on a busy machine)."""
     res = _spawn(_late_leaver, 2)
     assert res[1] is None, res[1]
+
+
+def _work_states(rank, world):
+    """What a caller that polls its works sees: gloo's answers (is_completed, is_success,
+    exception, result), for works that succeed."""
+    dist.init_process_group("dlcp")
+    x = torch.ones(70_000) * (rank + 1)
+    work = dist.all_reduce(x, async_op=True)
+    t0 = time.monotonic()
+    while not work.is_completed():  # (before the fix this loop never ended)
+        assert time.monotonic() - t0 < 60, "is_completed() stayed False"
+        time.sleep(0.005)
+    seen = {"sum": float(x[0]), "success": work.is_success(), "exception": work.exception(),
+            "result": [tuple(t.shape) for t in work.result()]}
+    outs = [torch.zeros(3) for _ in range(world)]
+    for name, w in (("all_gather", dist.all_gather(outs, torch.ones(3), async_op=True)),
+                    ("barrier", dist.barrier(async_op=True)),
+                    ("broadcast", dist.broadcast(torch.ones(2), 0, async_op=True))):
+        w.wait()
+        seen[name] = (w.is_completed(), [tuple(t.shape) for t in w.result()])
+    return seen
+
+
+def test_a_work_says_it_completed_and_gives_its_result_as_gloos_do():
+    """torch's Work trampoline forwards only wait() and get_future() to a Python work: a
+    c10d backend's works said is_completed() False for ever and result() raised "not
+    implemented"; gloo's give True and their output tensors."""
+    for seen in _spawn(_work_states, 2).values():
+        assert seen == {"sum": 3.0, "success": True, "exception": None, "result": [(70_000,)],
+                        "all_gather": (True, [(3,), (3,)]), "barrier": (True, []), "broadcast": (True, [(2,)])}
+
+
+def _poll_while_a_peer_dies(rank, world):
+    """Rank 1 leaves (without a word) while rank 0's all_reduce is in flight; rank 0 polls."""
+    big = torch.ones(1 << 22)
+    if rank == 1:
+        dist.all_reduce(torch.ones(1))  # (the group is up on both sides)
+        time.sleep(0.5)
+        os._exit(0)
+    dist.all_reduce(torch.ones(1))
+    work = dist.all_reduce(big, async_op=True)
+    t0 = time.monotonic()
+    while not work.is_completed():
+        assert time.monotonic() - t0 < 30, "is_completed() stayed False after the peer died"
+        time.sleep(0.005)
+    assert not work.is_success()
+    exc = work.exception()
+    assert isinstance(exc, dist.DistBackendError) and "rank 1" in str(exc), repr(exc)
+    with pytest.raises(dist.DistBackendError, match="rank 1"):
+        work.wait()
+
+
+def test_a_failed_work_says_so_to_a_caller_that_polls():
+    """is_completed() True, is_success() False and exception() the collective's error, as gloo's
+    works say when a peer's connection closes (before: False, True and None for ever)."""
+    reports, codes = _drill(_poll_while_a_peer_dies, 2, 60.0, 1)
+    assert reports[0][0] == "finished", reports[0]
+    assert codes[0] == 0

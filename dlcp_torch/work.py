@@ -46,10 +46,14 @@ class DLCPWork(dist.Work):
         return self._value
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
-        """The collective ended: with ``value`` (what its future holds), or failed with ``error``."""
+        """The collective ended: with ``value`` (what its future holds), or failed with ``error``.
+
+        The future first (its callbacks run here), then the work, as gloo's works finish: once
+        ``wait()`` returns, ``get_future().done()`` is True (the other order left a window where
+        it was False, in 8 of 50 calls)."""
         self._value, self._error = value, error
-        self._done.set()
         self._source.set_result(None)
+        self._done.set()
 
     # ------------------------------------------------------------------ torch's Work API
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:

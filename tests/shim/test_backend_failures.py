@@ -349,16 +349,21 @@ def _work_states(rank, world):
                     ("broadcast", dist.broadcast(torch.ones(2), 0, async_op=True))):
         w.wait()
         seen[name] = (w.is_completed(), [tuple(t.shape) for t in w.result()])
+    # once wait() returned, the future is done too (it was not yet in about 1 call in 6)
+    works = [dist.all_reduce(torch.ones(1000), async_op=True) for _ in range(50)]
+    seen["futures not done after wait"] = sum(not (w.wait() and w.get_future().done()) for w in works)
     return seen
 
 
 def test_a_work_says_it_completed_and_gives_its_result_as_gloos_do():
     """torch's Work trampoline forwards only wait() and get_future() to a Python work: a
     c10d backend's works said is_completed() False for ever and result() raised "not
-    implemented"; gloo's give True and their output tensors."""
+    implemented"; gloo's give True and their output tensors. And a work's future is done when
+    its wait() returns, as gloo's is."""
     for seen in _spawn(_work_states, 2).values():
         assert seen == {"sum": 3.0, "success": True, "exception": None, "result": [(70_000,)],
-                        "all_gather": (True, [(3,), (3,)]), "barrier": (True, []), "broadcast": (True, [(2,)])}
+                        "all_gather": (True, [(3,), (3,)]), "barrier": (True, []), "broadcast": (True, [(2,)]),
+                        "futures not done after wait": 0}
 
 
 def _poll_while_a_peer_dies(rank, world):

@@ -248,10 +248,12 @@ def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     """The reduce op named ``op`` over ``tensors`` (same shape and dtype), as torch.distributed
     defines it."""
     stacked = torch.stack(tensors)
+    if stacked.dtype == torch.bool and op in ("SUM", "PRODUCT"):
+        return stacked.any(0) if op == "SUM" else stacked.all(0)  # (gloo's: a bool sum saturates at True)
     if op == "SUM":
         return stacked.sum(0, dtype=tensors[0].dtype)
-    if op == "AVG":
-        return stacked.sum(0) / len(tensors) if stacked.is_floating_point() else stacked.sum(0) // len(tensors)
+    if op == "AVG":  # (floating point or complex: checks.reduce_op refuses integers)
+        return stacked.sum(0) / len(tensors)
     if op == "PRODUCT":
         return stacked.prod(0, dtype=tensors[0].dtype)
     if op == "MIN":
@@ -364,6 +366,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
+                if t.is_complex():  # (a SUM or AVG: of the real and imaginary parts, a view in place)
+                    t = torch.view_as_real(t)
                 if t.dtype in RING_DTYPES and op in ("SUM", "AVG") and t.numel() * t.element_size() > DIRECT_SUM_BYTES:
                     self._ring_sum(call, i, t, gradients, priority)
                     if op == "AVG":

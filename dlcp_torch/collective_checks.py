@@ -18,8 +18,11 @@ import torch.distributed as dist
 #: (broadcast, gathers, scatters, all-to-all, send/recv) carries any type's bytes.
 ARITHMETIC_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
                      torch.int16, torch.int32, torch.int64)
-#: Of those, the ones bitwise ops apply to; bool takes the bitwise ops, MIN and MAX only.
+#: Of those, the ones bitwise ops apply to; bool takes the bitwise ops, MIN and MAX, and SUM
+#: (any) and PRODUCT (all), as gloo's do.
 BITWISE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
+#: Complex tensors take SUM and AVG (elementwise on the real and imaginary parts), as gloo's do.
+COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 
 _ARITHMETIC_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 _BITWISE_OPS = ("BAND", "BOR", "BXOR")
@@ -52,14 +55,20 @@ def reduce_op(op: Any, dtypes: Sequence[torch.dtype], what: str) -> None:
         raise ValueError(f"dlcp backend: {what}: reduce op {name} is not supported "
                          f"(supported: {', '.join(_ARITHMETIC_OPS + _BITWISE_OPS)})")
     for dtype in dtypes:
+        why = ""
         if name in _BITWISE_OPS:
             ok = dtype in BITWISE_DTYPES
         elif dtype == torch.bool:
-            ok = name in ("MIN", "MAX")
+            ok = name in ("MIN", "MAX", "SUM", "PRODUCT")
+        elif dtype in COMPLEX_DTYPES:
+            ok = name in ("SUM", "AVG")
+        elif name == "AVG" and dtype in ARITHMETIC_DTYPES and not dtype.is_floating_point:
+            # (gloo raises too; a floor-divided average would differ from the average silently)
+            ok, why = False, " (an average of integers is not an integer: SUM, then divide)"
         else:
             ok = dtype in ARITHMETIC_DTYPES
         if not ok:
-            raise ValueError(f"dlcp backend: {what}: reduce op {name} does not apply to {dtype} tensors")
+            raise ValueError(f"dlcp backend: {what}: reduce op {name} does not apply to {dtype} tensors{why}")
 
 
 def tensors(ts: Sequence[torch.Tensor], what: str) -> None:

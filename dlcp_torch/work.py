@@ -43,7 +43,7 @@ class DLCPWork(dist.Work):
     def _unwrap(self, _: torch.futures.Future) -> Any:
         if self._error is not None:
             raise self._error
-        return self._value
+        return _future_value(self._value)
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         """The collective ended: with ``value`` (what its future holds), or failed with ``error``.
@@ -100,3 +100,11 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors_in(v)]
     return []
+
+
+def _future_value(value: Any) -> Any:
+    """What a work's future holds, by gloo's rule: the output tensors, and a collective of one
+    input's list of outputs (an all_gather's) as that list itself, not inside another."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (list, tuple)):
+        return list(value[0])
+    return value

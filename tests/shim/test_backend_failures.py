@@ -98,6 +98,7 @@ def _bad_calls(rank, world):
         "float8 sum": lambda: dist.all_reduce(torch.zeros(4, dtype=torch.float8_e4m3fn)),
         "premul sum": lambda: dist.all_reduce(torch.ones(4), op=dist._make_nccl_premul_sum(2.0)),
         "band float": lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND),
+        "avg int64": lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64), op=dist.ReduceOp.AVG),  # (gloo: too)
         "all_gather list": lambda: dist.all_gather([torch.zeros(3)], torch.zeros(3)),
         "all_gather size": lambda: dist.all_gather([torch.zeros(3), torch.zeros(4)], torch.zeros(3)),
         "scatter tensor size": lambda: dist.reduce_scatter_tensor(torch.zeros(3), torch.zeros(7)),
@@ -125,6 +126,37 @@ def test_bad_calls_raise_at_the_call_naming_what_and_the_group_goes_on():
             msg, after = got
             assert "dlcp backend" in msg or "dlcp" in msg, (name, msg)
             assert after < 1.0, (name, after)
+
+
+def _bool_and_complex(rank, world):
+    """Reductions gloo gives for bool (SUM any, PRODUCT all) and complex tensors (SUM, AVG of the
+    real and imaginary parts), small (one round) and large (the ring)."""
+    dist.init_process_group("dlcp")
+    out = {}
+    for op in ("SUM", "PRODUCT", "MAX", "MIN"):
+        b = torch.tensor([True, False, rank == 1, rank == 0])
+        dist.all_reduce(b, op=getattr(dist.ReduceOp, op))
+        out[f"bool {op}"] = b.tolist()
+    small = torch.tensor([1 + 1j, 2 - 1j]) * (rank + 1)
+    dist.all_reduce(small)
+    out["complex64 sum"] = small.tolist()
+    big = torch.full((300_000,), 1 + 2j, dtype=torch.complex64) * (rank + 1)
+    dist.all_reduce(big, op=dist.ReduceOp.AVG)
+    out["complex64 avg, large"] = bool((big == (1.5 + 3j)).all())
+    part = torch.empty(1, dtype=torch.complex128)
+    dist.reduce_scatter_tensor(part, torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex128) * (rank + 1))
+    out["complex128 reduce_scatter"] = part.tolist()
+    return out
+
+
+def test_bool_and_complex_tensors_reduce_as_through_gloo():
+    """Refused before ("reduce op SUM does not apply to torch.bool tensors", and to complex64),
+    where gloo reduces them; the values are gloo's (checked against it by hand, 2 ranks)."""
+    for rank, out in _spawn(_bool_and_complex, 2).items():
+        assert out == {"bool SUM": [True, False, True, True], "bool PRODUCT": [True, False, False, False],
+                       "bool MAX": [True, False, True, True], "bool MIN": [True, False, False, False],
+                       "complex64 sum": [3 + 3j, 6 - 3j], "complex64 avg, large": True,
+                       "complex128 reduce_scatter": [[3 + 3j], [6 - 3j]][rank]}, rank
 
 
 def _mismatched(rank, world, case):
@@ -349,6 +381,8 @@ def _work_states(rank, world):
                     ("broadcast", dist.broadcast(torch.ones(2), 0, async_op=True))):
         w.wait()
         seen[name] = (w.is_completed(), [tuple(t.shape) for t in w.result()])
+    got = dist.all_gather([torch.zeros(3) for _ in range(world)], torch.ones(3), async_op=True).get_future().wait()
+    seen["all_gather's future"] = [tuple(t.shape) for t in got]  # (its outputs, not a list inside a list)
     # once wait() returned, the future is done too (it was not yet in about 1 call in 6)
     works = [dist.all_reduce(torch.ones(1000), async_op=True) for _ in range(50)]
     seen["futures not done after wait"] = sum(not (w.wait() and w.get_future().done()) for w in works)
@@ -363,7 +397,7 @@ def test_a_work_says_it_completed_and_gives_its_result_as_gloos_do():
     for seen in _spawn(_work_states, 2).values():
         assert seen == {"sum": 3.0, "success": True, "exception": None, "result": [(70_000,)],
                         "all_gather": (True, [(3,), (3,)]), "barrier": (True, []), "broadcast": (True, [(2,)]),
-                        "futures not done after wait": 0}
+                        "all_gather's future": [(3,), (3,)], "futures not done after wait": 0}
 
 
 def _poll_while_a_peer_dies(rank, world):

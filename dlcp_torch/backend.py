@@ -269,21 +269,21 @@ def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
         elif op == "BXOR":
             out ^= x
         else:
-            raise ValueError(f"dlcp backend: reduce op {op} is not supported")
+            raise checks.InvalidCall(f"dlcp backend: reduce op {op} is not supported")
     return out
 
 
 def _split_rows(t: torch.Tensor, sizes: Sequence[int], world: int, what: str) -> list[torch.Tensor]:
     """``t`` cut along its first dimension into ``sizes`` rows each (equal parts if empty)."""
     if t.dim() == 0:
-        raise ValueError(f"dlcp backend: {what}: a 0-dimensional tensor has no first dimension to split")
+        raise checks.InvalidCall(f"dlcp backend: {what}: a 0-dimensional tensor has no first dimension to split")
     if not sizes:
         if t.shape[0] % world:
-            raise ValueError(f"dlcp backend: {what}: a tensor of shape {tuple(t.shape)} does not split into "
+            raise checks.InvalidCall(f"dlcp backend: {what}: a tensor of shape {tuple(t.shape)} does not split into "
                              f"{world} equal parts along its first dimension")
         sizes = [t.shape[0] // world] * world
     if len(sizes) != world or sum(sizes) != t.shape[0]:
-        raise ValueError(f"dlcp backend: {what}: split sizes {list(sizes)} must be {world} sizes adding up to "
+        raise checks.InvalidCall(f"dlcp backend: {what}: split sizes {list(sizes)} must be {world} sizes adding up to "
                          f"{t.shape[0]}")
     return list(torch.split(t, list(sizes), dim=0))
 
@@ -509,7 +509,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             checks.gather_lists(output_tensors, input_tensors, self._world, "gather")
         elif output_tensors and any(output_tensors):
-            raise ValueError(f"dlcp backend: gather: only the root (rank {root}) passes output tensors")
+            raise checks.InvalidCall(f"dlcp backend: gather: only the root (rank {root}) passes output tensors")
         outs = output_tensors[0] if self._rank == root else []
         self._check([*input_tensors, *outs], "gather")
         call = self._issue("gather")
@@ -540,7 +540,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             checks.gather_lists(input_tensors, output_tensors, self._world, "scatter")
         elif input_tensors and any(input_tensors):
-            raise ValueError(f"dlcp backend: scatter: only the root (rank {root}) passes input tensors")
+            raise checks.InvalidCall(f"dlcp backend: scatter: only the root (rank {root}) passes input tensors")
         ins = input_tensors[0] if self._rank == root else []
         self._check([*output_tensors, *ins], "scatter")
         call = self._issue("scatter")
@@ -563,7 +563,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """``all_to_all``: this rank's ``input_tensors[r]`` into rank r's ``output_tensors[this rank]``."""
         for what, ts in (("output", output_tensors), ("input", input_tensors)):
             if len(ts) != self._world:
-                raise ValueError(f"dlcp backend: all_to_all: {len(ts)} {what} tensors for a group of {self._world}")
+                raise checks.InvalidCall(f"dlcp backend: all_to_all: {len(ts)} {what} tensors for a group of {self._world}")
         self._check([*output_tensors, *input_tensors], "all_to_all")
         call = self._issue("all_to_all")
         outs, ins = list(output_tensors), list(input_tensors)
@@ -579,7 +579,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """``all_to_all_single``: ``input`` cut along its first dimension by ``input_split_sizes``
         (equal parts if empty), part r to rank r; what rank r sent lands in ``output``'s r-th part."""
         if output.dtype != input.dtype:
-            raise ValueError(f"dlcp backend: all_to_all_single: output is {output.dtype}, input {input.dtype}")
+            raise checks.InvalidCall(f"dlcp backend: all_to_all_single: output is {output.dtype}, input {input.dtype}")
         outs = _split_rows(output, output_split_sizes, self._world, "all_to_all_single output")
         ins = _split_rows(input, input_split_sizes, self._world, "all_to_all_single input")
         self._check([output, input], "all_to_all_single")
@@ -840,7 +840,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
     def _p2p_next(self, kind: str, peer: int, tag: int) -> int:
         if not 0 <= peer < self._world or peer == self._rank:
-            raise ValueError(f"dlcp backend: rank {peer} is not another member of this group of {self._world}")
+            raise checks.InvalidCall(f"dlcp backend: rank {peer} is not another member of this group of {self._world}")
         with self._p2p_lock:
             key = (kind, peer, tag)
             self._p2p[key] = self._p2p.get(key, 0) + 1

@@ -25,6 +25,12 @@ BITWISE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64
 COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 
 _ARITHMETIC_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+
+
+class InvalidCall(ValueError, RuntimeError):
+    """A collective refused at the call for its arguments. A ``ValueError`` (what it is) and a
+    ``RuntimeError`` (what gloo raises for the same calls), so code written against gloo
+    (``except RuntimeError``) catches it as well as code that expects ``ValueError``."""
 _BITWISE_OPS = ("BAND", "BOR", "BXOR")
 
 
@@ -52,7 +58,7 @@ def reduce_op(op: Any, dtypes: Sequence[torch.dtype], what: str) -> None:
     """
     name = op_name(op)
     if name not in _ARITHMETIC_OPS and name not in _BITWISE_OPS:
-        raise ValueError(f"dlcp backend: {what}: reduce op {name} is not supported "
+        raise InvalidCall(f"dlcp backend: {what}: reduce op {name} is not supported "
                          f"(supported: {', '.join(_ARITHMETIC_OPS + _BITWISE_OPS)})")
     for dtype in dtypes:
         why = ""
@@ -68,33 +74,33 @@ def reduce_op(op: Any, dtypes: Sequence[torch.dtype], what: str) -> None:
         else:
             ok = dtype in ARITHMETIC_DTYPES
         if not ok:
-            raise ValueError(f"dlcp backend: {what}: reduce op {name} does not apply to {dtype} tensors{why}")
+            raise InvalidCall(f"dlcp backend: {what}: reduce op {name} does not apply to {dtype} tensors{why}")
 
 
 def tensors(ts: Sequence[torch.Tensor], what: str) -> None:
     """Dense tensors on the CPU or a CUDA device (staged through host memory)."""
     for t in ts:
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"dlcp backend: {what}: expected tensors, got {type(t).__name__}")
+            raise InvalidCall(f"dlcp backend: {what}: expected tensors, got {type(t).__name__}")
         if t.is_sparse:
-            raise ValueError(f"dlcp backend: {what}: sparse tensors are not supported")
+            raise InvalidCall(f"dlcp backend: {what}: sparse tensors are not supported")
         if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"dlcp backend: {what}: tensors on {t.device.type} are not supported (cpu, cuda)")
+            raise InvalidCall(f"dlcp backend: {what}: tensors on {t.device.type} are not supported (cpu, cuda)")
 
 
 def root(rank: int, world: int, what: str) -> None:
     if not 0 <= rank < world:
-        raise ValueError(f"dlcp backend: {what}: root rank {rank} is not in this group of {world} (0..{world - 1})")
+        raise InvalidCall(f"dlcp backend: {what}: root rank {rank} is not in this group of {world} (0..{world - 1})")
 
 
 def one_tensor(ts: Sequence[torch.Tensor], what: str, which: str) -> None:
     if len(ts) != 1:
-        raise ValueError(f"dlcp backend: {what}: expects one {which} tensor per call, got {len(ts)}")
+        raise InvalidCall(f"dlcp backend: {what}: expects one {which} tensor per call, got {len(ts)}")
 
 
 def same_numel(a: int, b: int, what: str, name_a: str, name_b: str) -> None:
     if a != b:
-        raise ValueError(f"dlcp backend: {what}: {name_a} has {a} elements, {name_b} {b}")
+        raise InvalidCall(f"dlcp backend: {what}: {name_a} has {a} elements, {name_b} {b}")
 
 
 def gather_lists(lists: Sequence[Sequence[torch.Tensor]], singles: Sequence[torch.Tensor], world: int,
@@ -102,11 +108,11 @@ def gather_lists(lists: Sequence[Sequence[torch.Tensor]], singles: Sequence[torc
     """Each of ``singles`` has a list of ``world`` tensors of its size and type beside it (an
     all-gather's outputs, a reduce-scatter's inputs)."""
     if len(lists) != len(singles):
-        raise ValueError(f"dlcp backend: {what}: {len(lists)} tensor lists for {len(singles)} tensors")
+        raise InvalidCall(f"dlcp backend: {what}: {len(lists)} tensor lists for {len(singles)} tensors")
     for i, (ts, one) in enumerate(zip(lists, singles)):
         if len(ts) != world:
-            raise ValueError(f"dlcp backend: {what}: list {i} has {len(ts)} tensors for a group of {world}")
+            raise InvalidCall(f"dlcp backend: {what}: list {i} has {len(ts)} tensors for a group of {world}")
         for r, t in enumerate(ts):
             if t.dtype != one.dtype or t.numel() != one.numel():
-                raise ValueError(f"dlcp backend: {what}: tensor {r} of list {i} is {t.numel()} x {t.dtype}; "
+                raise InvalidCall(f"dlcp backend: {what}: tensor {r} of list {i} is {t.numel()} x {t.dtype}; "
                                  f"expected {one.numel()} x {one.dtype}")

@@ -677,16 +677,18 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     value = run()
             except BaseException as exc:  # handed to whoever waits on the work
                 self.counts["failed"] += 1
-                work.finish(error=self._failure(what, exc))
+                work.finish(error=self._failure(what, exc, [t for g in groups for t in g]))
             else:
                 work.finish(value=value)
 
         self._pool.submit(task)
         return work
 
-    def _failure(self, what: str, exc: BaseException) -> BaseException:
+    def _failure(self, what: str, exc: BaseException, tensors: Sequence[torch.Tensor] = ()) -> BaseException:
         """The error a failed collective raises: a transport failure as ``DistBackendError``
-        (what gloo raises), which also fails the group; anything else as it is."""
+        (what gloo raises), which also fails the group; anything else as it is. ``tensors``: the
+        call's, named when the ranks' messages differ (the transport counts the wire's elements,
+        2-byte ones for every collective that carries bytes)."""
         if isinstance(exc, dist.DistBackendError):
             return exc
         if isinstance(exc, TransportError):
@@ -694,6 +696,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self._break(str(exc))
             if isinstance(exc, TransportTimeout) and cause == str(exc):
                 cause = f"timed out (the process group's timeout is {self.timeout:g} s): {exc}"
+            if tensors and "differ in size or type" in cause:
+                mine = ", ".join(f"{t.numel():,} {str(t.dtype).removeprefix('torch.')} ({t.numel() * t.element_size():,} bytes)"
+                                 for t in tensors)
+                cause += (f"; this rank's tensors: {mine} (the counts above are of the wire's elements: "
+                          "2 bytes each but in the ring's sums)")
             err = dist.DistBackendError(f"dlcp: {what} failed on rank {self._rank}: {cause}")
             err.__cause__ = exc
             log.error("%s", err)

@@ -183,6 +183,9 @@ def test_tensors_that_differ_across_ranks_make_both_raise_at_once(case):
         kind, after, msg = reports[rank]
         assert kind == "DistBackendError", (rank, kind, msg)
         assert "tensors differ" in msg, msg
+        mine = {"all_reduce": ["1,000 float32", "400 float32"], "dtype": ["100 float32", "100 float64"],
+                "send_recv": ["10 float32", "4 float32"]}[case][rank]
+        assert f"this rank's tensors: {mine}" in msg, msg  # (the wire's 2-byte counts alone misled)
         assert after < 10, (rank, after)
     assert codes == {0: 0, 1: 0}
 

@@ -857,7 +857,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """Stop the endpoint and the pool (``destroy_process_group`` calls it, and the
         interpreter's exit). A healthy group leaves together: each rank says so in the store and
         waits (at most :data:`LEAVE_WAIT` s) for the others before its endpoint closes, rank 0
-        last (its process may host the store). Why: a rank that is done with the last collective
+        last (its process may host the store), and the others return after its last word, so a
+        re-init at once on the same port meets rank 0's new store. Why: a rank that is done with the last collective
         may still be needed by a slower one's (its STOPs, a resend), and a control connection
         that closes fails the group at once (see
         :meth:`_on_peer_lost`). A failed group closes at once; the endpoint closes before the
@@ -878,12 +879,21 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     self._store.wait([f"dlcp/left/{r}" for r in range(1, self._world)], wait)
                 else:
                     self._store.set(f"dlcp/left/{self._rank}", "1")
+                    # ... and the others return only once rank 0 is done: a rank that
+                    # re-initialises at once (init, destroy, init on one MASTER_PORT) otherwise
+                    # reached rank 0's old store, still up, and the new group never formed
+                    # (4 ranks: 3 of 3 re-inits failed after the timeout; gloo's passed)
+                    self._store.wait(["dlcp/bye"], wait)
             except Exception as exc:  # noqa: BLE001 - a peer gone, or the store's host gone first: leave anyway
                 log.info("dlcp: rank %d leaves without every rank's word: %s", self._rank, exc)
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)
         self._pool.shutdown(wait=True)
         with contextlib.suppress(ValueError):  # no cycle left for the collector: the endpoint goes now
             self.endpoint.peer_lost_callbacks.remove(self._on_peer_lost)
+        store, self._store = self._store, None  # (rank 0: nothing of ours keeps its store up)
+        if store is not None and self._rank == 0 and self._broken is None:
+            with contextlib.suppress(Exception):  # the last word: the store goes with rank 0's group
+                store.set("dlcp/bye", "1")
 
     abort = shutdown
 

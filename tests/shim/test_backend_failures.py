@@ -432,3 +432,47 @@ def test_a_failed_work_says_so_to_a_caller_that_polls():
     reports, codes = _drill(_poll_while_a_peer_dies, 2, 60.0, 1)
     assert reports[0][0] == "finished", reports[0]
     assert codes[0] == 0
+
+
+def _reinit_on_one_port(rank, world, port, cycles):
+    """init, all_reduce, destroy, ``cycles`` times, on the same MASTER_PORT (rank 0 hosts the store)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import dlcp_torch.backend  # noqa: F401
+
+    sums = []
+    for _ in range(cycles):
+        dist.init_process_group("dlcp", timeout=datetime.timedelta(seconds=30))
+        x = torch.ones(10) * (rank + 1)
+        dist.all_reduce(x)
+        dist.destroy_process_group()
+        sums.append(float(x[0]))
+    return sums
+
+
+def _reinit_entry(rank, world, port, q, cycles):
+    try:
+        q.put((rank, _reinit_on_one_port(rank, world, port, cycles)))
+    except Exception as exc:  # noqa: BLE001 - what the rank saw is the result
+        q.put((rank, f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+def test_a_group_destroyed_and_made_again_on_the_same_port_forms():
+    """Rank 0 hosts the store and leaves last; the others returned from destroy while its old
+    store was still up, and a re-init at once reached it: with 4 ranks every re-init failed at
+    the timeout (gloo's passed). They now return after rank 0's last word (``dlcp/bye``)."""
+    world, cycles = 4, 3
+    (port,) = free_tcp_ports(1)
+    ctx = rank_context()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_reinit_entry, args=(r, world, port, q, cycles)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=180) for _ in range(world))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert got == {r: [10.0] * cycles for r in range(world)}, got

@@ -563,7 +563,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """``all_to_all``: this rank's ``input_tensors[r]`` into rank r's ``output_tensors[this rank]``."""
         for what, ts in (("output", output_tensors), ("input", input_tensors)):
             if len(ts) != self._world:
-                raise checks.InvalidCall(f"dlcp backend: all_to_all: {len(ts)} {what} tensors for a group of {self._world}")
+                raise checks.InvalidCall(f"dlcp backend: all_to_all: {len(ts)} {what} tensors "
+                                         f"for a group of {self._world}")
         self._check([*output_tensors, *input_tensors], "all_to_all")
         call = self._issue("all_to_all")
         outs, ins = list(output_tensors), list(input_tensors)
@@ -697,8 +698,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if isinstance(exc, TransportTimeout) and cause == str(exc):
                 cause = f"timed out (the process group's timeout is {self.timeout:g} s): {exc}"
             if tensors and "differ in size or type" in cause:
-                mine = ", ".join(f"{t.numel():,} {str(t.dtype).removeprefix('torch.')} ({t.numel() * t.element_size():,} bytes)"
-                                 for t in tensors)
+                mine = ", ".join(f"{t.numel():,} {str(t.dtype).removeprefix('torch.')} "
+                                 f"({t.numel() * t.element_size():,} bytes)" for t in tensors)
                 cause += (f"; this rank's tensors: {mine} (the counts above are of the wire's elements: "
                           "2 bytes each but in the ring's sums)")
             err = dist.DistBackendError(f"dlcp: {what} failed on rank {self._rank}: {cause}")
@@ -884,6 +885,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                     # reached rank 0's old store, still up, and the new group never formed
                     # (4 ranks: 3 of 3 re-inits failed after the timeout; gloo's passed)
                     self._store.wait(["dlcp/bye"], wait)
+                    self._store.set(f"dlcp/gone/{self._rank}", "1")  # (rank 0 keeps its store up till then)
             except Exception as exc:  # noqa: BLE001 - a peer gone, or the store's host gone first: leave anyway
                 log.info("dlcp: rank %d leaves without every rank's word: %s", self._rank, exc)
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)
@@ -892,8 +894,12 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self.endpoint.peer_lost_callbacks.remove(self._on_peer_lost)
         store, self._store = self._store, None  # (rank 0: nothing of ours keeps its store up)
         if store is not None and self._rank == 0 and self._broken is None:
-            with contextlib.suppress(Exception):  # the last word: the store goes with rank 0's group
+            # the last word, and the others' answer to it: the store goes with rank 0's group,
+            # and no rank's wait may be on its way to it then (torch prints a stack trace)
+            with contextlib.suppress(Exception):
                 store.set("dlcp/bye", "1")
+                store.wait([f"dlcp/gone/{r}" for r in range(1, self._world)],
+                           timedelta(seconds=min(self.timeout, LEAVE_WAIT)))
 
     abort = shutdown
 

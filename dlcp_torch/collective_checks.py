@@ -25,13 +25,13 @@ BITWISE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64
 COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 
 _ARITHMETIC_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+_BITWISE_OPS = ("BAND", "BOR", "BXOR")
 
 
 class InvalidCall(ValueError, RuntimeError):
     """A collective refused at the call for its arguments. A ``ValueError`` (what it is) and a
     ``RuntimeError`` (what gloo raises for the same calls), so code written against gloo
     (``except RuntimeError``) catches it as well as code that expects ``ValueError``."""
-_BITWISE_OPS = ("BAND", "BOR", "BXOR")
 
 
 def op_name(op: Any) -> str:

@@ -135,7 +135,7 @@ def _bool_and_complex(rank, world):
     """Reductions gloo gives for bool (SUM any, PRODUCT all) and complex tensors (SUM, AVG of the
     real and imaginary parts), small (one round) and large (the ring)."""
     dist.init_process_group("dlcp")
-    out = {}
+    out: dict[str, object] = {}
     for op in ("SUM", "PRODUCT", "MAX", "MIN"):
         b = torch.tensor([True, False, rank == 1, rank == 0])
         dist.all_reduce(b, op=getattr(dist.ReduceOp, op))

@@ -37,8 +37,9 @@ def cache_dir() -> Path:
 
     import torch
 
+    # (the environment's prefix, not its executable's name: `python` and `python3` of one venv agree)
     build = "\0".join([str(SOURCE), torch.__version__, str(Path(torch.__file__).resolve().parent),
-                        sys.executable, sys.version])
+                        sys.prefix, sys.version])
     digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + build.encode()).hexdigest()[:16]
     root = Path(os.environ.get("DLCP_C10D_CACHE", Path.home() / ".cache" / "dlcp" / "c10d"))
     return root / digest

@@ -471,5 +471,5 @@ def test_the_compiled_backend_is_kept_apart_per_checkout_and_python(tmp_path, mo
     other.write_bytes(c10d_backend.SOURCE.read_bytes())  # the same source, elsewhere
     monkeypatch.setattr(c10d_backend, "SOURCE", other)
     assert c10d_backend.cache_dir() != here
-    monkeypatch.setattr("sys.executable", "/another/venv/bin/python")
+    monkeypatch.setattr("sys.prefix", "/another/venv")
     assert len({c10d_backend.cache_dir(), here}) == 2

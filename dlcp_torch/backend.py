@@ -73,7 +73,7 @@ from dlcp_torch.work import DLCPWork
 from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
 from dlcp.hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
-from dlcp.hostagent.messages import Expect, TransportError, TransportTimeout
+from dlcp.hostagent.messages import Expect, MessageMismatch, TransportError, TransportTimeout
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
@@ -688,8 +688,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _failure(self, what: str, exc: BaseException, tensors: Sequence[torch.Tensor] = ()) -> BaseException:
         """The error a failed collective raises: a transport failure as ``DistBackendError``
         (what gloo raises), which also fails the group; anything else as it is. ``tensors``: the
-        call's, named when the ranks' messages differ (the transport counts the wire's elements,
-        2-byte ones for every collective that carries bytes)."""
+        call's, named when the ranks' messages differ (:class:`MessageMismatch`: the transport
+        counts the wire's elements, 2-byte ones for every collective that carries bytes)."""
         if isinstance(exc, dist.DistBackendError):
             return exc
         if isinstance(exc, TransportError):
@@ -697,7 +697,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self._break(str(exc))
             if isinstance(exc, TransportTimeout) and cause == str(exc):
                 cause = f"timed out (the process group's timeout is {self.timeout:g} s): {exc}"
-            if tensors and "differ in size or type" in cause:
+            if tensors and isinstance(exc, MessageMismatch) and cause == str(exc):
                 mine = ", ".join(f"{t.numel():,} {str(t.dtype).removeprefix('torch.')} "
                                  f"({t.numel() * t.element_size():,} bytes)" for t in tensors)
                 cause += (f"; this rank's tensors: {mine} (the counts above are of the wire's elements: "
@@ -858,10 +858,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """Stop the endpoint and the pool (``destroy_process_group`` calls it, and the
         interpreter's exit). A healthy group leaves together: each rank says so in the store and
         waits (at most :data:`LEAVE_WAIT` s) for the others before its endpoint closes, rank 0
-        last (its process may host the store), and the others return after its last word, so a
-        re-init at once on the same port meets rank 0's new store. Why: a rank that is done with the last collective
-        may still be needed by a slower one's (its STOPs, a resend), and a control connection
-        that closes fails the group at once (see
+        last (its process may host the store); the others return after its last word
+        (``dlcp/bye``), which it says once closed, so a re-init at once on the same port meets
+        rank 0's new store, and rank 0 keeps the store up until each has answered it. Why: a rank
+        that is done with the last collective may still be needed by a slower one's (its STOPs,
+        a resend), and a control connection that closes fails the group at once (see
         :meth:`_on_peer_lost`). A failed group closes at once; the endpoint closes before the
         pool, so a collective still waiting fails now instead of holding the pool."""
         if self._closed:

@@ -961,6 +961,19 @@ def _agree_on_mtu(store: dist.Store, rank: int, world_size: int, cfg: TransportC
             f"{link}; every rank uses MTU {low}, the smallest of theirs ({by_rank})")
 
 
+def _this_groups_keys(store: dist.Store, world_size: int) -> dist.Store:
+    """``store`` under a prefix of this group's own: the n-th group made on one store (every rank
+    adds one to ``dlcp/formed``) keeps its keys under ``dlcp/n/``. Why: torch names a group's keys
+    by the group's name, and a default group made again after ``destroy_process_group`` has the
+    same name; a store that outlives the group (torchrun's agent store, or ``store=`` passed to
+    ``init_process_group``) still holds the last group's addresses, secret and leave keys, and a
+    rank that came later than the others was read at its old address (the group failed; gloo's
+    fails there too). On a store of its own (``MASTER_ADDR``, rank 0 hosting it) this is group 0.
+    Holds while every rank of a group gets this far, as a group that forms does."""
+    formed = store.add("dlcp/formed", 1)  # 1..world for the first group, world+1..2 world for the next
+    return dist.PrefixStore(f"dlcp/{(formed - 1) // world_size}/", store)
+
+
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
     """The backend's constructor (``Backend.register_backend`` calls it): DLCP addresses and the
     job secret go through the process group's own store. Returns the group's collectives as a
@@ -969,6 +982,7 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     from dlcp_torch.launch import _local_address, exchange_addresses
 
     options = _configured or BackendOptions.from_env()
+    store = _this_groups_keys(store, world_size)
     c10d_backend.load()  # before the endpoint: the first use compiles it (every rank waits for one)
     seconds = options.message_deadline or timeout.total_seconds()
     host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))

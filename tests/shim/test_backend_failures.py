@@ -476,3 +476,50 @@ def test_a_group_destroyed_and_made_again_on_the_same_port_forms():
             if p.is_alive():
                 p.kill()
     assert got == {r: [10.0] * cycles for r in range(world)}, got
+
+
+def _reinit_on_a_lasting_store(rank, world, port, q, cycles):
+    """init (``store=`` a store that outlives the groups, as torchrun's agent store), all_reduce,
+    destroy, ``cycles`` times; the last rank comes 1.5 s after the others to every group but the
+    first, so they read the store before it has written its new address."""
+    torch.set_num_threads(1)
+    import dlcp_torch.backend  # noqa: F401
+
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world, False, datetime.timedelta(seconds=60))
+        sums = []
+        for cycle in range(cycles):
+            if cycle and rank == world - 1:
+                time.sleep(1.5)
+            dist.init_process_group("dlcp", store=store, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=30))
+            x = torch.ones(10) * (rank + 1 + cycle)
+            dist.all_reduce(x)
+            dist.destroy_process_group()
+            sums.append(float(x[0]))
+        q.put((rank, sums))
+    except Exception as exc:  # noqa: BLE001 - what the rank saw is the result
+        q.put((rank, f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+def test_a_group_made_again_on_a_store_that_outlives_it_reads_only_its_own_keys():
+    """torch names the keys of a default group made again by the same name; on a store that
+    outlives groups (torchrun's agent store) the others read a late rank's last address and the
+    group failed. Each group's keys are now its own (``_this_groups_keys``)."""
+    world, cycles = 4, 3
+    (port,) = free_tcp_ports(1)
+    host = dist.TCPStore("127.0.0.1", port, world, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    ctx = rank_context()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_reinit_on_a_lasting_store, args=(r, world, port, q, cycles)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=240) for _ in range(world))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        del host
+    assert got == {r: [10.0 + 4 * c for c in range(cycles)] for r in range(world)}, got

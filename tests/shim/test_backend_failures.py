@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -523,3 +527,40 @@ def test_a_group_made_again_on_a_store_that_outlives_it_reads_only_its_own_keys(
                 p.kill()
         del host
     assert got == {r: [10.0 + 4 * c for c in range(cycles)] for r in range(world)}, got
+
+
+ELASTIC_SCRIPT = '''
+import os, signal, torch, torch.distributed as dist
+import dlcp_torch.backend  # noqa: F401
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+torch.set_num_threads(1)
+dist.init_process_group("dlcp")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in range(10):
+    if step == 3 and dist.get_rank() == 1 and attempt == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    ddp(torch.randn(16, 64)).sum().backward()
+print(f"rank {dist.get_rank()} finished attempt {attempt}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_torchrun_restarts_the_workers_after_a_rank_dies_and_the_new_group_trains(tmp_path):
+    """torchrun --max-restarts: rank 1 dies mid-DDP, the agent restarts every worker, and they
+    make the group again on the agent's store, which still held the dead group's keys (it hung
+    until torchrun's own timeout; gloo's fails to connect there)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    script = tmp_path / "train.py"
+    script.write_text(ELASTIC_SCRIPT)
+    (port,) = free_tcp_ports(1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([str(torchrun), "--nproc_per_node", "3", "--max-restarts", "1", "--master_addr",
+                          "127.0.0.1", "--master_port", str(port), str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d) finished attempt (\d)", run.stdout)) == [(str(r), "1") for r in range(3)], \
+        run.stdout[-2000:]

@@ -969,9 +969,12 @@ def _this_groups_keys(store: dist.Store, world_size: int) -> dist.Store:
     ``init_process_group``) still holds the last group's addresses, secret and leave keys, and a
     rank that came later than the others was read at its old address (the group failed; gloo's
     fails there too). On a store of its own (``MASTER_ADDR``, rank 0 hosting it) this is group 0.
-    Holds while every rank of a group gets this far, as a group that forms does."""
-    formed = store.add("dlcp/formed", 1)  # 1..world for the first group, world+1..2 world for the next
-    return dist.PrefixStore(f"dlcp/{(formed - 1) // world_size}/", store)
+    The count holds while every rank of a group gets this far, as a group that forms does; so
+    that a worker torchrun restarted after one died before counting itself in is not out of step
+    for ever, each restart (``TORCHELASTIC_RESTART_COUNT``, the same on every worker) counts apart."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    formed = store.add(f"dlcp/{attempt}/formed", 1)  # 1..world for the first group, world+1..2 world for the next
+    return dist.PrefixStore(f"dlcp/{attempt}/{(formed - 1) // world_size}/", store)
 
 
 def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:

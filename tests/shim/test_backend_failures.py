@@ -530,16 +530,19 @@ def test_a_group_made_again_on_a_store_that_outlives_it_reads_only_its_own_keys(
 
 
 ELASTIC_SCRIPT = '''
-import os, signal, torch, torch.distributed as dist
+import os, signal, sys, time, torch, torch.distributed as dist
 import dlcp_torch.backend  # noqa: F401
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 torch.set_num_threads(1)
+if sys.argv[1] == "before-init" and os.environ["RANK"] == "1" and attempt == 0:
+    time.sleep(1.0)  # the others have counted themselves in and wait for this one
+    os.kill(os.getpid(), signal.SIGKILL)
 dist.init_process_group("dlcp")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
 ddp = torch.nn.parallel.DistributedDataParallel(model)
 for step in range(10):
-    if step == 3 and dist.get_rank() == 1 and attempt == 0:
+    if sys.argv[1] == "mid-ddp" and step == 3 and dist.get_rank() == 1 and attempt == 0:
         os.kill(os.getpid(), signal.SIGKILL)
     ddp(torch.randn(16, 64)).sum().backward()
 print(f"rank {dist.get_rank()} finished attempt {attempt}", flush=True)
@@ -547,10 +550,12 @@ dist.destroy_process_group()
 '''
 
 
-def test_torchrun_restarts_the_workers_after_a_rank_dies_and_the_new_group_trains(tmp_path):
-    """torchrun --max-restarts: rank 1 dies mid-DDP, the agent restarts every worker, and they
-    make the group again on the agent's store, which still held the dead group's keys (it hung
-    until torchrun's own timeout; gloo's fails to connect there)."""
+@pytest.mark.parametrize("when", ["mid-ddp", "before-init"])
+def test_torchrun_restarts_the_workers_after_a_rank_dies_and_the_new_group_trains(tmp_path, when):
+    """torchrun --max-restarts: rank 1 dies (mid-DDP, or before it made the group while the
+    others waited in theirs), the agent restarts every worker, and they make the group again on
+    the agent's store, which still held the dead group's keys (mid-DDP: it hung until torchrun's
+    own timeout, or failed on the old secret; gloo's fails to connect there)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
@@ -559,7 +564,7 @@ def test_torchrun_restarts_the_workers_after_a_rank_dies_and_the_new_group_train
     (port,) = free_tcp_ports(1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([str(torchrun), "--nproc_per_node", "3", "--max-restarts", "1", "--master_addr",
-                          "127.0.0.1", "--master_port", str(port), str(script)], cwd=tmp_path, env=env,
+                          "127.0.0.1", "--master_port", str(port), str(script), when], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d) finished attempt (\d)", run.stdout)) == [(str(r), "1") for r in range(3)], \

@@ -69,6 +69,7 @@ from dlcp_torch import c10d_backend, collective_checks as checks
 from dlcp_torch.bucket_order import BackwardOrder
 from dlcp_torch.staging import HostCopies, Staging
 from dlcp_torch.tensors import as_numpy, torch_dtype
+from dlcp_torch.uncompiled import keep_out_of_compile
 from dlcp_torch.work import DLCPWork
 from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
@@ -909,6 +910,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self.shutdown()
         except Exception:  # interpreter shutdown: nothing left to report to
             pass
+
+
+#: What torch calls on the group: the methods ``dlcp_torch/csrc/forwarding_backend.cc`` forwards
+#: (torch's own Python calls the same where no c10d backend could be compiled). None of them is
+#: traced by ``torch.compile`` (:mod:`dlcp_torch.uncompiled` says why).
+ENTRY_POINTS = ("abort", "all_gather_single", "all_gather_single_coalesced", "all_to_all_single", "allgather",
+                "allreduce", "allreduce_coalesced", "alltoall", "barrier", "broadcast", "gather", "recv",
+                "recv_anysource", "reduce", "reduce_scatter", "reduce_scatter_single",
+                "reduce_scatter_single_coalesced", "scatter", "send", "shutdown")
+keep_out_of_compile(DLCPProcessGroup, ENTRY_POINTS)
 
 
 def _link_knobs(rate: float, mtu: int) -> dict[str, Any]:

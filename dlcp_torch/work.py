@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlcp_torch.uncompiled import keep_out_of_compile
+
 
 class DLCPWork(dist.Work):
     """One collective in flight. :meth:`finish` is called once, from the thread that ran it.
@@ -91,6 +93,12 @@ class DLCPWork(dist.Work):
     def __repr__(self) -> str:
         state = "pending" if not self._done.is_set() else ("failed" if self._error is not None else "done")
         return f"DLCPWork({self.what}, {state})"
+
+
+#: What torch calls on a work (``forwarding_backend.cc``'s ``HeldWork``, torch's Python): none of
+#: it traced by ``torch.compile`` (:mod:`dlcp_torch.uncompiled`).
+ENTRY_POINTS = ("wait", "get_future", "is_completed", "is_success", "exception", "result", "synchronize")
+keep_out_of_compile(DLCPWork, ENTRY_POINTS)
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

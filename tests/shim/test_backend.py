@@ -473,3 +473,48 @@ def test_the_compiled_backend_is_kept_apart_per_checkout_and_python(tmp_path, mo
     assert c10d_backend.cache_dir() != here
     monkeypatch.setattr("sys.prefix", "/another/venv")
     assert len({c10d_backend.cache_dir(), here}) == 2
+
+
+def _compiled_ddp(rank, world, c10d):
+    """Three DDP steps of a torch.compile'd model and of the same model uncompiled (lossless)."""
+    os.environ.update(DLCP_LOSS_BOUND="0", DLCP_C10D_BACKEND="1" if c10d else "0")
+    dist.init_process_group("dlcp")
+    grads = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        run = torch.compile(ddp, backend="eager") if compiled else ddp
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):  # the second step rebuilds DDP's buckets: a broadcast from the reducer
+            run(torch.randn(8, 16, generator=g)).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    return grads
+
+
+@pytest.mark.parametrize("c10d", [True, False], ids=["c10d", "python"])
+def test_a_compiled_ddp_model_trains_as_the_same_model_uncompiled(c10d):
+    """torch.compile ran DDP's bucket rebuild (a broadcast torch's C++ calls back into our
+    Python) eagerly after a graph break, and Dynamo tried to compile the backend's method: the
+    second step failed (``Member '_world' is not registered``). Entry points now run uncompiled."""
+    for compiled, plain in _spawn(_compiled_ddp, 2, c10d).values():
+        assert len(compiled) == len(plain) == 4  # every parameter has its gradient
+        for a, b in zip(compiled, plain):
+            torch.testing.assert_close(_t(a), _t(b), rtol=0, atol=0)
+
+
+def test_every_method_torch_calls_on_a_group_or_work_is_kept_out_of_compile():
+    """The entry points named in forwarding_backend.cc are the ones kept out of torch.compile."""
+    import re
+    from pathlib import Path
+
+    from dlcp_torch import backend, work
+    from dlcp_torch.uncompiled import kept_out
+
+    cc = (Path(backend.__file__).parent / "csrc" / "forwarding_backend.cc").read_text()
+    assert set(re.findall(r'\bcall(?:_void)?\("(\w+)"', cc)) == set(backend.ENTRY_POINTS)
+    asked = {a or b for a, b in re.findall(r'\bask\("(\w+)"\)|py_\.attr\("(\w+)"\)', cc)}
+    assert asked <= set(work.ENTRY_POINTS), asked - set(work.ENTRY_POINTS)
+    for cls, names in ((backend.DLCPProcessGroup, backend.ENTRY_POINTS), (work.DLCPWork, work.ENTRY_POINTS)):
+        for name in names:
+            assert kept_out(getattr(cls, name)), f"{cls.__name__}.{name} would be compiled"

@@ -518,3 +518,34 @@ def test_every_method_torch_calls_on_a_group_or_work_is_kept_out_of_compile():
     for cls, names in ((backend.DLCPProcessGroup, backend.ENTRY_POINTS), (work.DLCPWork, work.ENTRY_POINTS)):
         for name in names:
             assert kept_out(getattr(cls, name)), f"{cls.__name__}.{name} would be compiled"
+
+
+def _zero_with_uneven_inputs(rank, world, backend):
+    """DDP with ZeroRedundancyOptimizer under Join, each rank with its own number of batches."""
+    from torch.distributed.algorithms.join import Join
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    os.environ["DLCP_LOSS_BOUND"] = "0"
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    with Join([ddp, opt]):
+        for _ in range(3 + 2 * rank):
+            opt.zero_grad()
+            ddp(torch.randn(8, 16, generator=g)).sum().backward()
+            opt.step()
+    opt.consolidate_state_dict(to=0)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_zero_with_uneven_inputs_trains_as_through_gloo():
+    """ZeroRedundancyOptimizer's broadcasts and Join's shadow all_reduces for ranks that ran out
+    of batches: the parameters gloo gives, on every rank."""
+    gloo = _spawn(_zero_with_uneven_inputs, 3, "gloo")
+    ours = _spawn(_zero_with_uneven_inputs, 3, "dlcp")
+    for rank in range(3):
+        for a, b in zip(gloo[rank], ours[rank]):
+            torch.testing.assert_close(_t(b), _t(a), rtol=1e-6, atol=1e-6)

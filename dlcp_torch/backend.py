@@ -110,6 +110,13 @@ MAX_DEFAULT_MTU = 65535
 UNKNOWN_LINK_RATE = 100e9 / 8
 #: Longest a rank waits, when its group shuts down, for the others to shut down too (s).
 LEAVE_WAIT = 60.0
+#: How often a leaving rank looks for the others' words in the store (s).
+LEAVE_POLL = 0.02
+
+
+class _LeaveAtOnce(Exception):
+    """A leaving rank cannot expect every rank's word: a peer still sends to it in a collective
+    it never joined, or a peer's connection closed before that peer said it was leaving."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +319,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._staging = Staging(options.copies)
         self._closed = False
         self._broken: str | None = None  # why the group failed (then every call is refused)
+        self._lost_leaving: list[int] = []  # members whose connection closed while this rank left
         self._closer: threading.Thread | None = None
         self._store = store
         self._group_name = ""
@@ -718,7 +726,10 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """A member's control connection closed (the control thread calls this): the group cannot
         finish a collective any more, so every collective in flight fails now, as gloo's do when
         a peer's socket closes, rather than at the timeout."""
-        if self._closed or self._broken is not None:
+        if self._closed:
+            self._lost_leaving.append(rank)  # (the leave's waits look at it)
+            return
+        if self._broken is not None:
             return
         self._break(f"lost rank {rank}: {why}")
         self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
@@ -871,23 +882,27 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = True
         if self._broken is None and self._store is not None:
             self._settle_all(min(self.timeout, LEAVE_WAIT))  # what the last collectives sent arrives first
-            wait = timedelta(seconds=min(self.timeout, LEAVE_WAIT))
+            words, deadline = self._store, time.monotonic() + min(self.timeout, LEAVE_WAIT)
+            probed = self.endpoint.probes_unknown
             try:
-                self._store.set(f"dlcp/leaving/{self._rank}", "1")
-                self._store.wait([f"dlcp/leaving/{r}" for r in range(self._world)], wait)
+                words.set(f"dlcp/leaving/{self._rank}", "1")
+                self._leave_wait(words, [f"dlcp/leaving/{r}" for r in range(self._world)], deadline, probed, True)
                 # Rank 0 leaves last: under MASTER_ADDR its process hosts the store, and a rank
                 # whose wait was still on its way when rank 0's process ended found the store
                 # gone (torch prints a warning with a stack trace for it).
                 if self._rank == 0:
-                    self._store.wait([f"dlcp/left/{r}" for r in range(1, self._world)], wait)
+                    self._leave_wait(words, [f"dlcp/left/{r}" for r in range(1, self._world)], deadline, probed, True)
                 else:
-                    self._store.set(f"dlcp/left/{self._rank}", "1")
+                    words.set(f"dlcp/left/{self._rank}", "1")
                     # ... and the others return only once rank 0 is done: a rank that
                     # re-initialises at once (init, destroy, init on one MASTER_PORT) otherwise
                     # reached rank 0's old store, still up, and the new group never formed
                     # (4 ranks: 3 of 3 re-inits failed after the timeout; gloo's passed)
-                    self._store.wait(["dlcp/bye"], wait)
-                    self._store.set(f"dlcp/gone/{self._rank}", "1")  # (rank 0 keeps its store up till then)
+                    self._leave_wait(words, ["dlcp/bye"], deadline, probed, False)  # (rank 0 closes first)
+                    words.set(f"dlcp/gone/{self._rank}", "1")  # (rank 0 keeps its store up till then)
+            except _LeaveAtOnce as exc:
+                self._break(str(exc))  # (so rank 0 says no last word: nobody waits for it)
+                log.warning("dlcp: %s", exc)
             except Exception as exc:  # noqa: BLE001 - a peer gone, or the store's host gone first: leave anyway
                 log.info("dlcp: rank %d leaves without every rank's word: %s", self._rank, exc)
         self.endpoint.close()  # (waits for a close that _on_peer_lost began)
@@ -904,6 +919,27 @@ class DLCPProcessGroup(dist.ProcessGroup):
                            timedelta(seconds=min(self.timeout, LEAVE_WAIT)))
 
     abort = shutdown
+
+    def _leave_wait(self, store: dist.Store, keys: list[str], deadline: float, probed: int,
+                    peers_stay: bool) -> None:
+        """Wait until ``keys`` are all in ``store`` (the leave's words), by ``deadline``; raise
+        :class:`_LeaveAtOnce` as soon as a peer probes a message this rank has not posted, or
+        (``peers_stay``) a peer's connection closes. Why: a rank leaves after its last
+        collective, so such a peer is in a collective this rank never joined and will not (its
+        script raised, or ended early): waiting for its word waited the whole
+        :data:`LEAVE_WAIT` while it waited for this rank's data, and the survivors raised after
+        60 s where gloo's raise at once (the closing connection tells them). A peer whose
+        connection closed before its word will not say it either (its group failed)."""
+        while not store.check(keys):
+            if self.endpoint.probes_unknown > probed:
+                raise _LeaveAtOnce(f"rank {self._rank} leaves the group at once: a peer is sending to it "
+                                   "in a collective it has not joined")
+            if peers_stay and self._lost_leaving:
+                raise _LeaveAtOnce(f"rank {self._rank} leaves the group at once: rank {self._lost_leaving[0]} "
+                                   "closed its connection before it said it was leaving")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no word from every rank within {LEAVE_WAIT:g} s ({', '.join(keys)})")
+            time.sleep(LEAVE_POLL)
 
     def __del__(self) -> None:
         try:

@@ -364,6 +364,12 @@ class Endpoint(ControlPath):
         return self.core.rate_log if self.core is not None else deque()
 
     @property
+    def probes_unknown(self) -> int:
+        """PROBEs so far of messages not posted here: a peer sending in a collective (or to a
+        receive) that this endpoint's user has not reached, or never will."""
+        return self.core.stats.probes_unknown if self.core is not None else 0
+
+    @property
     def datapath(self) -> str:
         """Which data path runs: ``native`` or ``numpy``."""
         return self.config.datapath

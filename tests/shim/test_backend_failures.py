@@ -74,6 +74,33 @@ def _ddp_then(rank, world, victim, sig):
         ddp(torch.randn(16, 64)).sum().backward()
 
 
+def _ddp_then_a_bug(rank, world, victim):
+    """DDP steps; at step 3 ``victim``'s script raises (a bug, not a failure of the group) and
+    leaves the group while the others wait in the step's all_reduce."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    for step in range(40):
+        if step == 3 and rank == victim:
+            raise ValueError("a bug in the victim's script")
+        ddp(torch.randn(16, 64)).sum().backward()
+
+
+def test_a_rank_whose_script_raises_makes_every_survivor_raise_at_once():
+    """The raising rank leaves (destroy_process_group) while the others wait for its data; it
+    waited for their word the whole leave (60 s) and they raised only then (gloo's: 0.5 s). A
+    peer probing a message it never posted now makes it leave at once."""
+    world, victim, timeout_s = 3, 1, 120.0
+    reports, codes = _drill(_ddp_then_a_bug, world, timeout_s, -1, victim)
+    assert reports[victim][0] == "ValueError", reports[victim]
+    for rank in (0, 2):
+        kind, after, msg = reports[rank]
+        assert kind in ("DistBackendError", "RuntimeError"), (rank, kind, msg)
+        assert "rank 1" in msg, msg
+        assert after < 20, (rank, after)  # (LEAVE_WAIT is 60 s)
+    assert all(code == 0 for code in codes.values()), codes
+
+
 def test_a_killed_rank_makes_every_survivor_raise_at_once_and_none_crash():
     world, victim, timeout_s = 3, 1, 60.0
     reports, codes = _drill(_ddp_then, world, timeout_s, victim, victim, signal.SIGKILL)
@@ -337,14 +364,17 @@ class _LateWaiter:
     def __init__(self, store, delay: float) -> None:
         self.store, self.delay = store, delay
         self.error: str | None = None
+        self.looked: list[tuple[str, ...]] = []  # each wait's keys, in order
 
     def set(self, key, value):
         return self.store.set(key, value)
 
-    def wait(self, keys, timeout):
-        time.sleep(self.delay)
+    def check(self, keys):
+        if tuple(keys) not in self.looked:  # a new wait: it begins late
+            self.looked.append(tuple(keys))
+            time.sleep(self.delay)
         try:
-            return self.store.wait(keys, timeout)
+            return self.store.check(keys)
         except Exception as exc:  # noqa: BLE001 - what the rank saw is the result
             self.error = str(exc)[:200]
             raise
@@ -362,15 +392,16 @@ def _late_leaver(rank, world):
         late = _LateWaiter(pg._store, 2.0)
         pg._store = late  # type: ignore[assignment]  # it has the two methods shutdown calls
     dist.destroy_process_group()
-    return None if late is None else late.error
+    return None if late is None else (late.error, [list(k) for k in late.looked])
 
 
 def test_the_store_hosts_rank_leaves_last():
     """Under MASTER_ADDR rank 0's process hosts the store: a rank whose leave-wait came after
     rank 0 had seen every rank's word found the store gone, and torch printed a warning with a
     C++ stack trace at exit (about one 4-rank run in ten on a busy machine)."""
-    res = _spawn(_late_leaver, 2)
-    assert res[1] is None, res[1]
+    error, looked = _spawn(_late_leaver, 2)[1]
+    assert error is None, error
+    assert looked == [["dlcp/leaving/0", "dlcp/leaving/1"], ["dlcp/bye"]]  # every wait ran, late
 
 
 def _work_states(rank, world):

@@ -114,6 +114,38 @@ LEAVE_WAIT = 60.0
 LEAVE_POLL = 0.02
 
 
+#: Each collective's kind, in the top bits of its messages' tensor field (``message_id``'s 16), so
+#: that ranks calling different collectives at the same point of their programs (a bug: rank 0
+#: in all_reduce #6, rank 1 in broadcast #6) never take each other's messages: before, a
+#: one-round all_reduce's part was received as the broadcast's data, and one rank returned.
+#: (Both now wait for the group's timeout, as gloo's ranks do.)
+COLLECTIVE_KINDS = {"all_reduce": 1, "broadcast": 2, "all_gather": 3, "reduce_scatter": 4, "reduce": 5,
+                    "gather": 6, "scatter": 7, "all_to_all": 8, "all_to_all_single": 8, "barrier": 9}
+KIND_SHIFT = 12
+#: Most tensors in one collective's list (the rest of the tensor field).
+MAX_TENSORS_PER_CALL = 1 << KIND_SHIFT
+
+
+class _Call(int):
+    """A collective's number on this group (every rank counts alike; its messages' iteration),
+    with its kind: :meth:`mid` names its messages."""
+
+    kind: int
+
+    def __new__(cls, number: int, kind: int) -> _Call:
+        call = super().__new__(cls, number)
+        call.kind = kind
+        return call
+
+    def field(self, index: int) -> int:
+        """The tensor field of the ``index``-th tensor's messages (the ring's tensor id)."""
+        return (self.kind << KIND_SHIFT) | index
+
+    def mid(self, index: int, step: int = 0) -> int:
+        """The message id of the ``index``-th tensor's ``step``."""
+        return message_id(self, self.field(index), step)
+
+
 class _LeaveAtOnce(Exception):
     """A leaving rank cannot expect every rank's word: a peer still sends to it in a collective
     it never joined, or a peer's connection closed before that peer said it was leaving."""
@@ -402,7 +434,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                mid = message_id(call, i, 0)
+                mid = call.mid(i)
                 if self._rank == root:
                     data, _ = _bytes_as_wire(t)
                     self._wait([self._send(r, data, mid, call) for r in self._others()])
@@ -489,7 +521,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
-                mid = message_id(call, i, 0)
+                mid = call.mid(i)
                 if self._rank != root:
                     self._wait([self._send(root, _bytes_as_wire(t)[0], mid, call)])
                     continue
@@ -525,7 +557,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[list[torch.Tensor]]:
             t = input_tensors[0]
-            mid = message_id(call, 0, 0)
+            mid = call.mid(0)
             if self._rank != root:
                 self._wait([self._send(root, _bytes_as_wire(t)[0], mid, call)])
                 return output_tensors
@@ -556,7 +588,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
         def run() -> list[torch.Tensor]:
             out = output_tensors[0]
-            mid = message_id(call, 0, 0)
+            mid = call.mid(0)
             if self._rank != root:
                 _store_bytes(out, self._wait([self._recv(root, _wire_elems(out), mid, call)])[0].data)
                 return output_tensors
@@ -648,9 +680,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
         raise NotImplementedError("dlcp backend: recv from any source is not supported; name the source rank")
 
     # ------------------------------------------------------------------ building blocks
-    def _issue(self, name: str) -> int:
+    def _issue(self, name: str) -> _Call:
         self.counts[name] += 1
-        return next(self._calls)
+        return _Call(next(self._calls), COLLECTIVE_KINDS[name])
 
     def _others(self) -> list[int]:
         return [r for r in range(self._world) if r != self._rank]
@@ -742,18 +774,21 @@ class DLCPProcessGroup(dist.ProcessGroup):
             raise dist.DistBackendError(f"dlcp: {what}: the process group failed ({self._broken}); "
                                         "destroy it and start a new one")
         checks.tensors(tensors, what)
+        if len(tensors) > MAX_TENSORS_PER_CALL:
+            raise checks.InvalidCall(f"dlcp backend: {what} of {len(tensors)} tensors; at most "
+                                     f"{MAX_TENSORS_PER_CALL} in one call")
 
-    def _ring_sum(self, call: int, index: int, t: torch.Tensor, gradients: bool, priority: int | None) -> None:
+    def _ring_sum(self, call: _Call, index: int, t: torch.Tensor, gradients: bool, priority: int | None) -> None:
         """Sum ``t`` over the group in place on DLCP's ring (under the gradient policy if
         ``gradients``, else reliably)."""
         ring = self._ring_gradients if gradients else self._ring_reliable
         flat = t.detach().view(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
-        ring.sum_inplace(call, [as_numpy(flat)], [index], None if priority is None else [priority])
+        ring.sum_inplace(call, [as_numpy(flat)], [call.field(index)], None if priority is None else [priority])
         if flat.data_ptr() != t.data_ptr() or not t.is_contiguous():
             with torch.no_grad():
                 t.copy_(flat.view(t.shape))
 
-    def _gather_all(self, call: int, index: int, t: torch.Tensor) -> list[torch.Tensor]:
+    def _gather_all(self, call: _Call, index: int, t: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``t`` (reliable), in rank order. A small ``t`` (at most
         :data:`DIRECT_SUM_BYTES`: one-round sums, small all_gathers, barriers) is sent from a
         copy, and the call returns once every other rank's part is here, without waiting for its
@@ -762,7 +797,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         later = data.nbytes <= DIRECT_SUM_BYTES
         if later:
             data = data.copy()  # the caller may change t as soon as this returns
-        mid = message_id(call, index, 0)
+        mid = call.mid(index)
         sends = [self._send(r, data, mid, call) for r in self._others()]
         got = iter(self._wait([self._recv(r, data.size, mid, call) for r in self._others()]))
         out = []
@@ -814,9 +849,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
             if not self._closed:
                 self._break(f"a send to rank {handle.peer} failed after its collective returned: {exc}")
 
-    def _exchange_parts(self, call: int, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+    def _exchange_parts(self, call: _Call, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         """``ins[r]`` to rank r, and what rank r sent into ``outs[r]`` (reliable)."""
-        mid = message_id(call, 0, 0)
+        mid = call.mid(0)
         sends = [self._send(r, _bytes_as_wire(ins[r])[0], mid, call) for r in self._others()]
         recvs = {r: self._recv(r, _wire_elems(outs[r]), mid, call) for r in self._others()}
         for r, res in zip(recvs, self._wait(list(recvs.values()))):
@@ -825,11 +860,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
             outs[self._rank].copy_(ins[self._rank].reshape(outs[self._rank].shape))
         self._wait(sends)
 
-    def _scatter_parts(self, call: int, index: int, parts: list[torch.Tensor], gradients: bool,
+    def _scatter_parts(self, call: _Call, index: int, parts: list[torch.Tensor], gradients: bool,
                        priority: int | None) -> list[torch.Tensor]:
         """Send ``parts[r]`` to each rank r and return what every rank sent this one, in rank
         order (float32 gradients under the push bound, missing elements zero; else reliable)."""
-        mid = message_id(call, index, 0)
+        mid = call.mid(index)
         bound = self.options.policy.loss_bound_push if gradients else 0.0
         sends, recvs = [], {}
         for r in self._others():

@@ -74,6 +74,27 @@ def _ddp_then(rank, world, victim, sig):
         ddp(torch.randn(16, 64)).sum().backward()
 
 
+def _different_collectives(rank, world):
+    """Rank 0 calls all_reduce where rank 1 calls broadcast from rank 0: the same size, the same
+    point of the program (collective #1), a bug."""
+    if rank == 0:
+        dist.all_reduce(torch.ones(4))
+    else:
+        dist.broadcast(torch.ones(4), src=0)
+
+
+def test_ranks_in_different_collectives_take_none_of_each_others_messages():
+    """Rank 1's broadcast took rank 0's one-round all_reduce part as its data and returned,
+    while rank 0 waited for rank 1's part until the timeout. Each message now names its
+    collective's kind: both ranks raise at the group's timeout, as gloo's do."""
+    timeout_s = 5.0
+    reports, _ = _drill(_different_collectives, 2, timeout_s, -1)
+    for rank in (0, 1):
+        kind, after, msg = reports[rank]
+        assert kind == "DistBackendError", (rank, kind, msg)
+        assert "timed out" in msg and after < timeout_s + 10, (rank, after, msg)
+
+
 def _ddp_then_a_bug(rank, world, victim):
     """DDP steps; at step 3 ``victim``'s script raises (a bug, not a failure of the group) and
     leaves the group while the others wait in the step's all_reduce."""

@@ -352,6 +352,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._broken: str | None = None  # why the group failed (then every call is refused)
         self._lost_leaving: list[int] = []  # members whose connection closed while this rank left
+        self._in_flight = 0  # collectives submitted and not yet finished
+        self._in_flight_cv = threading.Condition()
         self._closer: threading.Thread | None = None
         self._store = store
         self._group_name = ""
@@ -722,8 +724,19 @@ class DLCPProcessGroup(dist.ProcessGroup):
                 work.finish(error=self._failure(what, exc, [t for g in groups for t in g]))
             else:
                 work.finish(value=value)
+            finally:
+                with self._in_flight_cv:
+                    self._in_flight -= 1
+                    self._in_flight_cv.notify_all()
 
-        self._pool.submit(task)
+        with self._in_flight_cv:
+            self._in_flight += 1  # (shutdown lets every collective issued finish first, as gloo's)
+        try:
+            self._pool.submit(task)
+        except BaseException:
+            with self._in_flight_cv:
+                self._in_flight -= 1
+            raise
         return work
 
     def _failure(self, what: str, exc: BaseException, tensors: Sequence[torch.Tensor] = ()) -> BaseException:
@@ -916,10 +929,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         if self._broken is None and self._store is not None:
-            self._settle_all(min(self.timeout, LEAVE_WAIT))  # what the last collectives sent arrives first
-            words, deadline = self._store, time.monotonic() + min(self.timeout, LEAVE_WAIT)
-            probed = self.endpoint.probes_unknown
+            words = self._store
             try:
+                self._finish_in_flight(time.monotonic() + self.timeout)
+                self._settle_all(min(self.timeout, LEAVE_WAIT))  # what the last collectives sent arrives first
+                deadline, probed = time.monotonic() + min(self.timeout, LEAVE_WAIT), self.endpoint.probes_unknown
                 words.set(f"dlcp/leaving/{self._rank}", "1")
                 self._leave_wait(words, [f"dlcp/leaving/{r}" for r in range(self._world)], deadline, probed, True)
                 # Rank 0 leaves last: under MASTER_ADDR its process hosts the store, and a rank
@@ -954,6 +968,22 @@ class DLCPProcessGroup(dist.ProcessGroup):
                            timedelta(seconds=min(self.timeout, LEAVE_WAIT)))
 
     abort = shutdown
+
+    def _finish_in_flight(self, deadline: float) -> None:
+        """Wait until every collective issued has ended (works not waited for: ``async_op=True``),
+        by ``deadline``: gloo's group finishes its queue before it goes, and leaving first failed
+        them (the endpoint closed under them: 12 of 24 all_reduces issued just before
+        ``destroy_process_group()``). Raise :class:`_LeaveAtOnce` if a peer's connection closes
+        meanwhile (they cannot end well then; closing ends them at once)."""
+        with self._in_flight_cv:
+            while self._in_flight:
+                if self._lost_leaving:
+                    raise _LeaveAtOnce(f"rank {self._rank} leaves the group at once: rank {self._lost_leaving[0]} "
+                                       f"closed its connection while {self._in_flight} collectives were in flight")
+                if time.monotonic() >= deadline:
+                    raise _LeaveAtOnce(f"rank {self._rank} leaves the group at once: {self._in_flight} collectives "
+                                       f"still in flight after the group's timeout ({self.timeout:g} s)")
+                self._in_flight_cv.wait(LEAVE_POLL)
 
     def _leave_wait(self, store: dist.Store, keys: list[str], deadline: float, probed: int,
                     peers_stay: bool) -> None:

@@ -86,6 +86,9 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "dlcp"
 #: Point-to-point messages use the last step number, which no collective reaches.
 P2P_STEP = MAX_STEPS - 1
+#: Most ranks in one group: its ring's 2 (n - 1) steps take the message id's step field below
+#: :data:`P2P_STEP` (``exchange.message_id``: 6 bits).
+MAX_GROUP_SIZE = P2P_STEP // 2 + 1
 #: Sums of these take the ring, each in its own type on the wire (:data:`dlcp.hostagent.exchange.RING_DTYPES`,
 #: as torch types); float64 and integers are gathered and reduced exactly.
 RING_DTYPES = tuple(torch_dtype(d) for d in WIRE_RING_DTYPES)
@@ -1096,6 +1099,10 @@ def create_process_group(store: dist.Store, rank: int, world_size: int, timeout:
     or, where that cannot be compiled, the :class:`DLCPProcessGroup` itself."""
     from dlcp_torch.launch import _local_address, exchange_addresses
 
+    if world_size > MAX_GROUP_SIZE:  # (before any rank reserves a port or waits for another)
+        raise checks.InvalidCall(f"dlcp backend: a group of {world_size} ranks; at most {MAX_GROUP_SIZE} (a "
+                                 "ring's 2 (n - 1) steps fit the message id's 6-bit step field): use gloo, or "
+                                 "DLCP's groups of at most that many (dist.new_group)")
     options = _configured or BackendOptions.from_env()
     store = _this_groups_keys(store, world_size)
     c10d_backend.load()  # before the endpoint: the first use compiles it (every rank waits for one)

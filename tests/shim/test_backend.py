@@ -549,3 +549,15 @@ def test_zero_with_uneven_inputs_trains_as_through_gloo():
     for rank in range(3):
         for a, b in zip(gloo[rank], ours[rank]):
             torch.testing.assert_close(_t(b), _t(a), rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_larger_than_the_ring_allows_is_refused_before_any_port_is_taken():
+    import datetime
+
+    from dlcp_torch.backend import MAX_GROUP_SIZE, create_process_group
+
+    assert MAX_GROUP_SIZE == 32  # 2 (n - 1) ring steps below the point-to-point step, 63
+    store = dist.HashStore()
+    with pytest.raises(ValueError, match=r"a group of 33 ranks; at most 32"):
+        create_process_group(store, 0, MAX_GROUP_SIZE + 1, datetime.timedelta(seconds=5))
+    assert not store.check(["dlcp/0/formed"])  # nothing written: it refused first

@@ -545,19 +545,25 @@ def test_a_group_destroyed_and_made_again_on_the_same_port_forms():
     the timeout (gloo's passed). They now return after rank 0's last word (``dlcp/bye``)."""
     world, cycles = 4, 3
     (port,) = free_tcp_ports(1)
+    got = _reports(_reinit_entry, world, port, cycles, 180)
+    assert got == {r: [10.0] * cycles for r in range(world)}, got
+
+
+def _reports(target, world: int, port: int, cycles: int, timeout: float) -> dict:
+    """Run ``target(rank, world, port, queue, cycles)`` in ``world`` processes; what each put
+    in the queue, by rank."""
     ctx = rank_context()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_reinit_entry, args=(r, world, port, q, cycles)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, q, cycles)) for r in range(world)]
     for p in procs:
         p.start()
     try:
-        got = dict(q.get(timeout=180) for _ in range(world))
+        return dict(q.get(timeout=timeout) for _ in range(world))
     finally:
         for p in procs:
             p.join(30)
             if p.is_alive():
                 p.kill()
-    assert got == {r: [10.0] * cycles for r in range(world)}, got
 
 
 def _reinit_on_a_lasting_store(rank, world, port, q, cycles):
@@ -591,18 +597,9 @@ def test_a_group_made_again_on_a_store_that_outlives_it_reads_only_its_own_keys(
     world, cycles = 4, 3
     (port,) = free_tcp_ports(1)
     host = dist.TCPStore("127.0.0.1", port, world, True, datetime.timedelta(seconds=60), wait_for_workers=False)
-    ctx = rank_context()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_reinit_on_a_lasting_store, args=(r, world, port, q, cycles)) for r in range(world)]
-    for p in procs:
-        p.start()
     try:
-        got = dict(q.get(timeout=240) for _ in range(world))
+        got = _reports(_reinit_on_a_lasting_store, world, port, cycles, 240)
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
         del host
     assert got == {r: [10.0 + 4 * c for c in range(cycles)] for r in range(world)}, got
 

@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -73,7 +73,8 @@ from dlcp_torch.uncompiled import keep_out_of_compile
 from dlcp_torch.work import DLCPWork
 from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
-from dlcp.hostagent.exchange import MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id
+from dlcp.hostagent.exchange import (MAX_STEPS, MAX_TENSORS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce,
+                                     message_id, step_of)
 from dlcp.hostagent.messages import Expect, MessageMismatch, TransportError, TransportTimeout
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
@@ -125,6 +126,10 @@ LEAVE_POLL = 0.02
 COLLECTIVE_KINDS = {"all_reduce": 1, "broadcast": 2, "all_gather": 3, "reduce_scatter": 4, "reduce": 5,
                     "gather": 6, "scatter": 7, "all_to_all": 8, "all_to_all_single": 8, "barrier": 9}
 KIND_SHIFT = 12
+KIND_NAMES = {kind: name for name, kind in reversed(COLLECTIVE_KINDS.items())}  # (all_to_all's name first)
+#: How many of the last collectives' kinds a group keeps, to tell a peer in another one (the
+#: message ids' own span: their number wraps at 1,024).
+KINDS_KEPT = 1024
 #: Most tensors in one collective's list (the rest of the tensor field).
 MAX_TENSORS_PER_CALL = 1 << KIND_SHIFT
 
@@ -365,7 +370,11 @@ class DLCPProcessGroup(dist.ProcessGroup):
         """Collectives issued, by name; and ``failed`` (see :meth:`stats`)."""
         self._unsettled: list[tuple[Any, np.ndarray]] = []  # (send handle, the copy it sends from)
         self._unsettled_lock = threading.Lock()
+        self._kind_of_call: OrderedDict[int, int] = OrderedDict()  # the last calls issued: number -> kind
+        self._kinds_probed: dict[int, tuple[int, int]] = {}  # calls a peer probed, not issued here yet
+        self._kinds_lock = threading.Lock()
         endpoint.peer_lost_callbacks.append(self._on_peer_lost)
+        endpoint.unknown_probe_callbacks.append(self._on_unknown_probe)
 
     # ------------------------------------------------------------------ process group facts
     def size(self) -> int:
@@ -687,7 +696,46 @@ class DLCPProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ building blocks
     def _issue(self, name: str) -> _Call:
         self.counts[name] += 1
-        return _Call(next(self._calls), COLLECTIVE_KINDS[name])
+        call = _Call(next(self._calls), COLLECTIVE_KINDS[name])
+        with self._kinds_lock:
+            self._kind_of_call[int(call)] = call.kind
+            while len(self._kind_of_call) > KINDS_KEPT:
+                self._kind_of_call.popitem(last=False)
+            probed = self._kinds_probed.pop(int(call), None)
+        if probed is not None and probed[1] != call.kind:  # a peer is in another collective of this number
+            self._in_different_collectives(probed[0], int(call), probed[1], call.kind)
+        return call
+
+    def _on_unknown_probe(self, src: int, mid: int, iteration: int) -> None:
+        """A peer probed a message this rank has not posted (the control thread calls this). Its
+        id names the collective's kind (:class:`_Call`) and its iteration the collective's
+        number: a peer in another kind of collective under a number this rank issued (or issues
+        later) means the ranks' programs differ, and no message of either will ever come. Both
+        would wait for the group's timeout (gloo's do; torch's default is 30 minutes); this rank
+        fails the group now, saying which collectives, and the peer learns it from the
+        connection closing."""
+        if step_of(mid) == P2P_STEP:
+            return
+        kind = (mid & (MAX_TENSORS - 1)) >> KIND_SHIFT
+        if kind not in KIND_NAMES:
+            return
+        with self._kinds_lock:
+            mine = self._kind_of_call.get(iteration)
+            if mine is None:
+                if len(self._kinds_probed) < KINDS_KEPT:  # (a peer ahead: seen when this rank gets there)
+                    self._kinds_probed.setdefault(iteration, (src, kind))
+                return
+        if mine != kind:
+            self._in_different_collectives(src, iteration, kind, mine)
+
+    def _in_different_collectives(self, src: int, number: int, theirs: int, mine: int) -> None:
+        if self._closed or self._broken is not None:
+            return
+        self._break(f"rank {src} called {KIND_NAMES[theirs]} as collective #{number} where rank {self._rank} "
+                    f"called {KIND_NAMES[mine]}: every rank must call the same collectives in the same order")
+        log.error("dlcp: %s", self._broken)
+        self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
+        self._closer.start()
 
     def _others(self) -> list[int]:
         return [r for r in range(self._world) if r != self._rank]
@@ -961,6 +1009,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._pool.shutdown(wait=True)
         with contextlib.suppress(ValueError):  # no cycle left for the collector: the endpoint goes now
             self.endpoint.peer_lost_callbacks.remove(self._on_peer_lost)
+        with contextlib.suppress(ValueError):
+            self.endpoint.unknown_probe_callbacks.remove(self._on_unknown_probe)
         store, self._store = self._store, None  # (rank 0: nothing of ours keeps its store up)
         if store is not None and self._rank == 0 and self._broken is None:
             # the last word, and the others' answer to it: the store goes with rank 0's group,

@@ -74,6 +74,7 @@ class ControlPath:
     _sel: selectors.BaseSelector | None
     _wake_r: socket.socket
     peer_lost_callbacks: list[Callable[[int, str], None]]
+    unknown_probe_callbacks: list[Callable[[int, int, int], None]]
 
     def _wake(self) -> None:
         raise NotImplementedError  # Endpoint's
@@ -373,12 +374,18 @@ class ControlPath:
                         self._reject(conn, rej.reason, rej.why)
                         return
                     continue
+                unknown = False
                 try:
                     with self._lock:
+                        before = self._core.stats.probes_unknown
                         self._core.on_record(header, body, time.monotonic())
+                        unknown = self._core.stats.probes_unknown > before
                 except Exception:  # a bad frame must not kill the control thread
                     log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
                                   header.sender_rank)
+                if unknown:  # a PROBE of a message not posted here (outside the lock: callbacks may send)
+                    for callback in list(self.unknown_probe_callbacks):
+                        callback(header.sender_rank, header.message_id, header.iteration)
 
     # ------------------------------------------------------------------ handshake
     def _on_hello(self, conn: ControlConn, h: wire.Header, body: bytes) -> None:

@@ -105,6 +105,10 @@ class Endpoint(ControlPath):
         self._wake_w.setblocking(False)  # a full wake pipe already holds a wake: never block on it
         self._wake_pending = False
         self._close_lock = threading.Lock()
+        self.unknown_probe_callbacks: list[Callable[[int, int, int], None]] = []
+        """Called as ``fn(rank, message_id, iteration)`` on the control thread for each PROBE of a
+        message not posted here (a peer ahead, or in a use this endpoint's user never makes):
+        keep it short. The ``torch.distributed`` backend tells ranks in different collectives by it."""
         self.peer_lost_callbacks: list[Callable[[int, str], None]] = []
         """Called as ``fn(rank, why)`` on the control thread when no control connection with a
         peer remains (it closed or failed): keep it short. The ``torch.distributed`` backend

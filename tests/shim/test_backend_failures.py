@@ -100,25 +100,31 @@ def test_collectives_issued_before_destroy_finish_as_gloos_do():
         assert sums == [3.0], (rank, sums)
 
 
-def _different_collectives(rank, world):
-    """Rank 0 calls all_reduce where rank 1 calls broadcast from rank 0: the same size, the same
-    point of the program (collective #1), a bug."""
+def _different_collectives(rank, world, numel):
+    """Rank 0 calls all_reduce where rank 1 calls broadcast from rank 0, or all_gather: the same
+    size, the same point of the program (collective #1), a bug."""
     if rank == 0:
-        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(numel))
+    elif numel <= 16:
+        dist.broadcast(torch.ones(numel), src=0)
     else:
-        dist.broadcast(torch.ones(4), src=0)
+        dist.all_gather([torch.empty(numel) for _ in range(world)], torch.ones(numel))
 
 
-def test_ranks_in_different_collectives_take_none_of_each_others_messages():
+@pytest.mark.parametrize("numel", [4, 1_000_000], ids=["one-round", "ring"])
+def test_ranks_in_different_collectives_raise_at_once_naming_both(numel):
     """Rank 1's broadcast took rank 0's one-round all_reduce part as its data and returned,
-    while rank 0 waited for rank 1's part until the timeout. Each message now names its
-    collective's kind: both ranks raise at the group's timeout, as gloo's do."""
-    timeout_s = 5.0
-    reports, _ = _drill(_different_collectives, 2, timeout_s, -1)
+    while rank 0 waited for rank 1's part until the timeout (gloo's ranks both wait for it).
+    Each message now names its collective's kind, and a rank probed for a collective of
+    another kind under a number it issued fails the group at once, naming both."""
+    timeout_s = 60.0
+    reports, _ = _drill(_different_collectives, 2, timeout_s, -1, numel)
+    other = "broadcast" if numel <= 16 else "all_gather"
     for rank in (0, 1):
         kind, after, msg = reports[rank]
         assert kind == "DistBackendError", (rank, kind, msg)
-        assert "timed out" in msg and after < timeout_s + 10, (rank, after, msg)
+        assert after < 10, (rank, after, msg)  # not the timeout
+    assert f"rank 0 called all_reduce as collective #1 where rank 1 called {other}" in reports[1][2], reports[1]
 
 
 def _ddp_then_a_bug(rank, world, victim):

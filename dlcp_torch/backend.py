@@ -75,7 +75,7 @@ from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
 from dlcp.hostagent.exchange import (MAX_STEPS, MAX_TENSORS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce,
                                      message_id, step_of)
-from dlcp.hostagent.messages import Expect, MessageMismatch, TransportError, TransportTimeout
+from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportError, TransportTimeout
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
@@ -360,6 +360,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._broken: str | None = None  # why the group failed (then every call is refused)
         self._lost_leaving: list[int] = []  # members whose connection closed while this rank left
+        self._lost_after_mismatch = False  # the group failed on a peer lost after a mismatch with it
         self._in_flight = 0  # collectives submitted and not yet finished
         self._in_flight_cv = threading.Condition()
         self._closer: threading.Thread | None = None
@@ -802,7 +803,12 @@ class DLCPProcessGroup(dist.ProcessGroup):
             self._break(str(exc))
             if isinstance(exc, TransportTimeout) and cause == str(exc):
                 cause = f"timed out (the process group's timeout is {self.timeout:g} s): {exc}"
-            if tensors and isinstance(exc, MessageMismatch) and cause == str(exc):
+            # the ranks' tensors differ: this collective found it, or the peer that found it
+            # first left (which reaches this rank first, and whether as this collective's error
+            # or as the group's, is a race)
+            if tensors and ((isinstance(exc, MessageMismatch) and cause == str(exc))
+                            or (isinstance(exc, PeerFailed) and cause == str(exc) and self.endpoint.mismatches)
+                            or (cause == self._broken and self._lost_after_mismatch)):
                 mine = ", ".join(f"{t.numel():,} {str(t.dtype).removeprefix('torch.')} "
                                  f"({t.numel() * t.element_size():,} bytes)" for t in tensors)
                 cause += (f"; this rank's tensors: {mine} (the counts above are of the wire's elements: "
@@ -827,6 +833,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
             return
         if self._broken is not None:
             return
+        self._lost_after_mismatch = rank in self.endpoint.mismatches
         self._break(f"lost rank {rank}: {why}")
         self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
         self._closer.start()

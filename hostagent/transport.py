@@ -368,6 +368,12 @@ class Endpoint(ControlPath):
         return self.core.rate_log if self.core is not None else deque()
 
     @property
+    def mismatches(self) -> dict[int, str]:
+        """Peers this endpoint found its messages to or from mismatched with (sizes or types
+        that differ), with what was found: a copy."""
+        return dict(self.core.mismatch_with) if self.core is not None else {}
+
+    @property
     def probes_unknown(self) -> int:
         """PROBEs so far of messages not posted here: a peer sending in a collective (or to a
         receive) that this endpoint's user has not reached, or never will."""

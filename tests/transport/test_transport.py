@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dlcp.hostagent import wire
+from dlcp.hostagent.loopback import _pick_range
 from dlcp.hostagent.datapath.credits import CREDIT_QUIET, credit_window, max_datagram
 from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.hostagent.policy import Policy
@@ -463,9 +464,13 @@ def test_a_half_precision_message_done_before_its_sum_is_posted_adds_into_float3
 
 
 def _free_udp_range(n: int) -> int:
-    """A base port with ``n`` consecutive UDP ports free on this host right now (below the
-    ephemeral range, where the tests' own sockets do not land)."""
-    for base in range(21000, 32000, 64):
+    """A base port with ``n`` consecutive UDP ports free on this host right now, below the span
+    the endpoints' own ports are picked from (``loopback._pick_range``, itself below the
+    ephemeral range): a base inside it took an endpoint's data port now and then (21008 against
+    21000..21015, one run in a few hundred)."""
+    span = _pick_range()
+    top = span[0] if span is not None else 32768
+    for base in range(10000, top - n, 64):
         socks = []
         try:
             for port in range(base, base + n):

@@ -7,7 +7,7 @@ Python frame that Dynamo tries to compile. It sees the process group as an opaqu
 members are not registered, and a compiled DDP step failed at its second iteration
 (``UnsafeScriptObjectError: Member '_world' is not registered``). A collective is nothing a graph
 can hold; each entry point runs as plain Python instead (``torch.compiler.disable``, recursive:
-whatever it calls too). The cost is one wrapper call per collective, about a microsecond.
+whatever it calls too). The cost is one wrapper call per collective, under a microsecond (0.4 us here).
 """
 
 from __future__ import annotations

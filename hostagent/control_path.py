@@ -385,7 +385,10 @@ class ControlPath:
                                   header.sender_rank)
                 if unknown:  # a PROBE of a message not posted here (outside the lock: callbacks may send)
                     for callback in list(self.unknown_probe_callbacks):
-                        callback(header.sender_rank, header.message_id, header.iteration)
+                        try:
+                            callback(header.sender_rank, header.message_id, header.iteration)
+                        except Exception:  # a user's callback must not kill the control thread either
+                            log.exception("rank %d: unknown-probe callback %r failed", self.rank, callback)
 
     # ------------------------------------------------------------------ handshake
     def _on_hello(self, conn: ControlConn, h: wire.Header, body: bytes) -> None:

@@ -122,7 +122,8 @@ LEAVE_POLL = 0.02
 #: that ranks calling different collectives at the same point of their programs (a bug: rank 0
 #: in all_reduce #6, rank 1 in broadcast #6) never take each other's messages: before, a
 #: one-round all_reduce's part was received as the broadcast's data, and one rank returned.
-#: (Both now wait for the group's timeout, as gloo's ranks do.)
+#: (A rank probed for another kind under a number it issued now fails the group:
+#: :meth:`DLCPProcessGroup._on_unknown_probe`.)
 COLLECTIVE_KINDS = {"all_reduce": 1, "broadcast": 2, "all_gather": 3, "reduce_scatter": 4, "reduce": 5,
                     "gather": 6, "scatter": 7, "all_to_all": 8, "all_to_all_single": 8, "barrier": 9}
 KIND_SHIFT = 12
@@ -130,7 +131,9 @@ KIND_NAMES = {kind: name for name, kind in reversed(COLLECTIVE_KINDS.items())}  
 #: How many of the last collectives' kinds a group keeps, to tell a peer in another one (the
 #: message ids' own span: their number wraps at 1,024).
 KINDS_KEPT = 1024
-#: Most tensors in one collective's list (the rest of the tensor field).
+#: Most tensors one collective's messages name by index (the rest of the tensor field): the
+#: tensors of an all_reduce, broadcast or reduce, the inputs of an all_gather, the outputs of a
+#: reduce_scatter.
 MAX_TENSORS_PER_CALL = 1 << KIND_SHIFT
 
 
@@ -417,7 +420,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         tensors = list(tensor_list)
         checks.reduce_op(op, [t.dtype for t in tensors], "all_reduce")
         self._check(tensors, "all_reduce")
-        call, gradients = self._issue("all_reduce"), in_backward()
+        call, gradients = self._issue("all_reduce", len(tensors)), in_backward()
         priority = self._order.priority(torch._C._current_graph_task_id()) if gradients else None
 
         def run() -> list[torch.Tensor]:
@@ -445,7 +448,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         tensors = list(tensor_list)
         checks.root(root, self._world, "broadcast")
         self._check(tensors, "broadcast")
-        call = self._issue("broadcast")
+        call = self._issue("broadcast", len(tensors))
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
@@ -463,7 +466,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
                   input_tensor: list[torch.Tensor], opts: Any = None) -> Any:
         checks.gather_lists(output_tensors, list(input_tensor), self._world, "all_gather")
         self._check([*input_tensor, *(t for outs in output_tensors for t in outs)], "all_gather")
-        call = self._issue("all_gather")
+        call = self._issue("all_gather", len(input_tensor))
 
         def run() -> list[list[torch.Tensor]]:
             for i, (outs, t) in enumerate(zip(output_tensors, input_tensor)):
@@ -496,7 +499,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         checks.reduce_op(op, [t.dtype for t in output_tensors], "reduce_scatter")
         checks.gather_lists(input_tensors, output_tensors, self._world, "reduce_scatter")
         self._check([*output_tensors, *(t for parts in input_tensors for t in parts)], "reduce_scatter")
-        call, gradients = self._issue("reduce_scatter"), in_backward()
+        call, gradients = self._issue("reduce_scatter", len(output_tensors)), in_backward()
         priority = self._order.priority(torch._C._current_graph_task_id()) if gradients else None
 
         def run() -> list[torch.Tensor]:
@@ -532,7 +535,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         checks.reduce_op(op, [t.dtype for t in tensors], "reduce")
         checks.root(root, self._world, "reduce")
         self._check(tensors, "reduce")
-        call = self._issue("reduce")
+        call = self._issue("reduce", len(tensors))
 
         def run() -> list[torch.Tensor]:
             for i, t in enumerate(tensors):
@@ -695,7 +698,12 @@ class DLCPProcessGroup(dist.ProcessGroup):
         raise NotImplementedError("dlcp backend: recv from any source is not supported; name the source rank")
 
     # ------------------------------------------------------------------ building blocks
-    def _issue(self, name: str) -> _Call:
+    def _issue(self, name: str, indexed: int = 1) -> _Call:
+        """The next collective's number, of kind ``name``, whose messages name ``indexed``
+        tensors each by its index (refused past :data:`MAX_TENSORS_PER_CALL`, before it counts)."""
+        if indexed > MAX_TENSORS_PER_CALL:
+            raise checks.InvalidCall(f"dlcp backend: {name} of {indexed} tensors; at most "
+                                     f"{MAX_TENSORS_PER_CALL} in one call")
         self.counts[name] += 1
         call = _Call(next(self._calls), COLLECTIVE_KINDS[name])
         with self._kinds_lock:
@@ -723,8 +731,9 @@ class DLCPProcessGroup(dist.ProcessGroup):
         with self._kinds_lock:
             mine = self._kind_of_call.get(iteration)
             if mine is None:
-                if len(self._kinds_probed) < KINDS_KEPT:  # (a peer ahead: seen when this rank gets there)
-                    self._kinds_probed.setdefault(iteration, (src, kind))
+                latest = next(reversed(self._kind_of_call), 0)
+                if iteration > latest and len(self._kinds_probed) < KINDS_KEPT:  # a peer ahead: seen when
+                    self._kinds_probed.setdefault(iteration, (src, kind))  # this rank gets there
                 return
         if mine != kind:
             self._in_different_collectives(src, iteration, kind, mine)
@@ -845,9 +854,6 @@ class DLCPProcessGroup(dist.ProcessGroup):
             raise dist.DistBackendError(f"dlcp: {what}: the process group failed ({self._broken}); "
                                         "destroy it and start a new one")
         checks.tensors(tensors, what)
-        if len(tensors) > MAX_TENSORS_PER_CALL:
-            raise checks.InvalidCall(f"dlcp backend: {what} of {len(tensors)} tensors; at most "
-                                     f"{MAX_TENSORS_PER_CALL} in one call")
 
     def _ring_sum(self, call: _Call, index: int, t: torch.Tensor, gradients: bool, priority: int | None) -> None:
         """Sum ``t`` over the group in place on DLCP's ring (under the gradient policy if

@@ -561,3 +561,25 @@ def test_a_group_larger_than_the_ring_allows_is_refused_before_any_port_is_taken
     with pytest.raises(ValueError, match=r"a group of 33 ranks; at most 32"):
         create_process_group(store, 0, MAX_GROUP_SIZE + 1, datetime.timedelta(seconds=5))
     assert not store.check(["dlcp/0/formed"])  # nothing written: it refused first
+
+
+def _many_tensors(rank, world):
+    import warnings
+
+    dist.init_process_group("dlcp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (all_reduce_coalesced is deprecated)
+        try:
+            dist.all_reduce_coalesced([torch.ones(1) for _ in range(4097)])
+            refused = ""
+        except ValueError as exc:
+            refused = str(exc)
+        many = [torch.ones(1) for _ in range(4096)]
+        dist.all_reduce_coalesced(many)
+    return refused, float(many[-1][0])
+
+
+def test_a_call_naming_more_tensors_than_the_tensor_field_holds_is_refused_and_the_group_goes_on():
+    for refused, last in _spawn(_many_tensors, 2).values():
+        assert "all_reduce of 4097 tensors; at most 4096 in one call" in refused, refused
+        assert last == 2.0  # the group goes on: 4,096 is fine

@@ -242,6 +242,7 @@ class ControlPath:
                 if not self._running:
                     return
                 raise
+            timers_due = False
             for key, _ in events:
                 if key.data == "wake":
                     try:
@@ -252,13 +253,16 @@ class ControlPath:
                     # cleared after draining and before the timers run below: a wake that
                     # finds it still set is served by this very run
                     self._wake_pending = False
+                    timers_due = True
                 elif key.data == "datapath":
-                    self._on_datapath_events()
+                    timers_due |= self._on_datapath_events()
                 elif key.data is None:
                     self._accept()
+                    timers_due = True
                 else:
                     self._read(key.data)
-            if events:
+                    timers_due = True
+            if timers_due:
                 next_timer = 0.0  # something came: its answers and deadlines are worked out now
             for conn, error in [(c, c.error) for c in self._all_conns if c.error]:
                 self._drop_conn(conn, error)
@@ -270,19 +274,25 @@ class ControlPath:
                 try:
                     with self._lock:
                         delay = self._core.handle_timer(now)
+                        self._timers_at = now + delay  # (under the lock: see Endpoint._wake_for_new_message)
                 except Exception:  # the control thread must outlive any one bad state
                     log.exception("rank %d: control timers failed", self.rank)
                     delay = IDLE_TICK
+                    self._timers_at = now + delay
                 next_timer = now + delay
             self._flush_all(connect=False)
 
-    def _on_datapath_events(self) -> None:
+    def _on_datapath_events(self) -> bool:
+        """Hand the data path's events to the core; whether they call for a run of the timers
+        (:meth:`~dlcp.hostagent.protocol.core.ProtocolCore.on_events`)."""
         events = self.dp.take_events()
-        if events:
-            with self._lock:
-                self._core.on_events(events, time.monotonic())
-            if any(e[0] == EventKind.FAILED for e in events):
-                self._datapath_failed()
+        if not events:
+            return False
+        with self._lock:
+            timers = self._core.on_events(events, time.monotonic())
+        if any(e[0] == EventKind.FAILED for e in events):
+            self._datapath_failed()
+        return timers
 
     def _datapath_failed(self) -> None:
         """A thread of the data path failed and stopped: everything in flight fails with its

@@ -104,6 +104,7 @@ class Endpoint(ControlPath):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)  # a full wake pipe already holds a wake: never block on it
         self._wake_pending = False
+        self._timers_at = float("inf")  # when the control loop runs its timers next (it sets this)
         self._close_lock = threading.Lock()
         self.unknown_probe_callbacks: list[Callable[[int, int, int], None]] = []
         """Called as ``fn(rank, message_id, iteration)`` on the control thread for each PROBE of a
@@ -238,6 +239,21 @@ class Endpoint(ControlPath):
         except OSError:  # full (a wake is pending anyway) or closed
             pass
 
+    def _wake_for_new_message(self) -> None:
+        """Wake the control loop for a message just posted, unless its timers run within
+        ``bulk_feedback_interval`` anyway, the pace they keep while a message is in flight.
+
+        Why not always: every wake is a run of the control thread, which holds the interpreter
+        lock through it; a ring's call posts a message per step, and those runs took a tenth of a
+        small collective's time. What a new message needs of the timers comes no sooner than that
+        pace (its first look for holes, its clean reports), or with an event that runs them (the
+        end of its sender's pass, a probe). Why it is safe to skip: the loop publishes the time
+        under the lock it holds while the timers run, and the message was added under that lock;
+        a run that began after the message sees it, and one that ended before it published a time
+        this reads."""
+        if self._timers_at > time.monotonic() + self.config.bulk_feedback_interval:
+            self._wake()
+
     def _check_running(self) -> None:
         if not self._running:
             raise TransportClosed(f"endpoint rank {self.rank} is not running")
@@ -305,7 +321,7 @@ class Endpoint(ControlPath):
             self._deferring.__dict__.setdefault("pending", []).append((dest, message_id))
         elif announce:
             self._flush(dest)  # the META leads the data
-        self._wake()  # the control loop ticks fast from now on
+        self._wake_for_new_message()
         return h
 
     def announce(self, dest: int, message_id: int, total_elems: int, dtype: Any = np.float32,
@@ -344,7 +360,7 @@ class Endpoint(ControlPath):
         with self._lock:
             self._check_running()
             h = self._core.recv(src, message_id, time.monotonic(), out, expect, accumulate)
-        self._wake()  # the control loop ticks fast from now on
+        self._wake_for_new_message()
         return h
 
     def announcements(self) -> queue.Queue[tuple[int, int]]:

@@ -728,6 +728,32 @@ def test_the_timers_sleep_until_their_next_deadline():
     assert core.handle_timer(0.003 + core.config.probe_grace) == pytest.approx(URGENT_TICK)
 
 
+
+def test_the_timers_run_after_events_only_for_messages_still_going_on():
+    """The control thread runs the timers after a batch of events only if the core says so: a
+    pass that ended (its probe), a LAST (its answer), a held send that started, congestion, for
+    a message still going on. Not for completions (RX_DONE, TX_STOP), nor for a LAST or a pass
+    end whose message ended in the same batch: those end deadlines, never bring one forward (the
+    next run, at once, sets none earlier than the last one did)."""
+    core, port = make_core(bulk_feedback_interval=0.02)
+    _expect(core, 20, 0.0)  # rank 1's message 9, reliable
+    h = core.recv(2, 4, now=0.0, expect=Expect(PER * 2, np.float32, 0.0))
+    port.deliver(1, 9, range(5), now=0.0)
+    core.send(2, np.zeros(PER, np.float32), 3, now=0.0)
+    assert core.on_events([(EventKind.TX_PASS, 2, 3, 0.001, 0)], now=0.001)  # its probe is due later
+    set_at = 0.001 + core.handle_timer(0.001)
+    port.deliver(2, 4, [0, 1], now=0.002)
+    port.prog[(2, 4)] = port.prog[(2, 4)]._replace(state=1)
+    ending = [(EventKind.RX_LAST, 2, 4, 0.002, 0), (EventKind.RX_DONE, 2, 4, 0.002, 1),
+              (EventKind.TX_STOP, 2, 3, 0.002, PER)]
+    assert not core.on_events(ending, now=0.002) and h.done()
+    assert 0.002 + core.handle_timer(0.002) >= set_at
+    assert not core.on_events([(EventKind.TX_PASS, 2, 3, 0.003, 1)], now=0.003)  # (ended: a stale one)
+    for kind in (EventKind.RX_LAST, EventKind.RX_RETX):  # rank 1's message 9 is still coming
+        assert core.on_events([(kind, 1, 9, 0.004, 0)], now=0.004), kind
+    assert core.on_events([(EventKind.CONGESTION, 1, 0, 0.005, 0)], now=0.005)
+
+
 # ---------------------------------------------------------------- the answer grace
 
 

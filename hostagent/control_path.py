@@ -260,8 +260,7 @@ class ControlPath:
                     self._accept()
                     timers_due = True
                 else:
-                    self._read(key.data)
-                    timers_due = True
+                    timers_due |= self._read(key.data)
             if timers_due:
                 next_timer = 0.0  # something came: its answers and deadlines are worked out now
             for conn, error in [(c, c.error) for c in self._all_conns if c.error]:
@@ -327,15 +326,19 @@ class ControlPath:
             self.ctl_rejected["too_many_pending"] += 1
         self._selector.register(s, selectors.EVENT_READ, conn)
 
-    def _read(self, conn: ControlConn) -> None:
+    def _read(self, conn: ControlConn) -> bool:
+        """Read what ``conn`` sent and hand its records over; whether they call for a run of the
+        timers (a handshake or a connection gone always does; records, as
+        :meth:`~dlcp.hostagent.protocol.core.ProtocolCore.on_record` says)."""
         try:
             chunk = conn.sock.recv(1 << 16)
         except OSError:
             chunk = b""
         if not chunk:
             self._drop_conn(conn, "closed the control connection")
-            return
+            return True
         conn.buf += chunk
+        timers = False
         # Before the handshake, only a HELLO frame is possible: a stranger cannot make us hold more.
         while len(conn.buf) >= wire.FRAME_PREFIX.size and not conn.error:
             # (a sealed frame carries a trailer; the handshake may complete within this loop)
@@ -344,7 +347,7 @@ class ControlPath:
             (size,) = wire.FRAME_PREFIX.unpack_from(conn.buf)
             if not wire.HEADER_SIZE <= size <= largest:
                 self._reject(conn, "malformed", f"sent a control frame of {size} bytes")
-                return
+                return True
             if len(conn.buf) < wire.FRAME_PREFIX.size + size:
                 break
             whole = conn.open_frame(bytes(conn.buf[: wire.FRAME_PREFIX.size + size]))
@@ -352,7 +355,7 @@ class ControlPath:
             if whole is None:
                 self._reject(conn, "bad_mac", "sent a control frame whose tag or index is wrong (changed, replayed, "
                              "dropped or inserted on the way)")
-                return
+                return True
             frame = whole[wire.FRAME_PREFIX.size :]
             self.ctl_stats["frames_received"] += 1
             self.ctl_stats["bytes_received"] += wire.FRAME_PREFIX.size + size
@@ -372,25 +375,27 @@ class ControlPath:
                                                    f"of rank {conn.rank}")
             except ValueError as exc:
                 self._reject(conn, "malformed", f"sent a malformed control frame ({exc})")
-                return
+                return True
             for header, body in records:
                 self.ctl_records_received[header.ptype.name] += 1
                 if header.ptype == wire.PacketType.HELLO or not conn.authenticated:
                     # Nothing but the handshake before it completes: without the secret, a
                     # frame never reaches a message.
+                    timers = True
                     try:
                         self._on_hello(conn, header, body)
                     except _Rejected as rej:
                         self._reject(conn, rej.reason, rej.why)
-                        return
+                        return True
                     continue
                 unknown = False
                 try:
                     with self._lock:
                         before = self._core.stats.probes_unknown
-                        self._core.on_record(header, body, time.monotonic())
+                        timers |= self._core.on_record(header, body, time.monotonic())
                         unknown = self._core.stats.probes_unknown > before
                 except Exception:  # a bad frame must not kill the control thread
+                    timers = True
                     log.exception("rank %d: error handling %s from rank %d", self.rank, header.ptype.name,
                                   header.sender_rank)
                 if unknown:  # a PROBE of a message not posted here (outside the lock: callbacks may send)
@@ -399,6 +404,7 @@ class ControlPath:
                             callback(header.sender_rank, header.message_id, header.iteration)
                         except Exception:  # a user's callback must not kill the control thread either
                             log.exception("rank %d: unknown-probe callback %r failed", self.rank, callback)
+        return timers
 
     # ------------------------------------------------------------------ handshake
     def _on_hello(self, conn: ControlConn, h: wire.Header, body: bytes) -> None:

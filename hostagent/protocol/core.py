@@ -63,9 +63,12 @@ ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long 
 #: :meth:`ProtocolCore.on_events`).
 ENDING_EVENTS = frozenset({EventKind.RX_DONE, EventKind.TX_STOP})
 #: Events about one received (RX_*) or sent (TX_*) message, which matter to the timers only while
-#: that message is still going on.
+#: that message is still going on (a sent one: and not in a pass, whose end comes as TX_PASS).
 RX_EVENTS = frozenset({EventKind.RX_DONE, EventKind.RX_LAST, EventKind.RX_RETX})
 TX_EVENTS = frozenset({EventKind.TX_PASS, EventKind.TX_ACTIVE, EventKind.TX_STOP})
+#: Control records that set no deadline: a FEEDBACK changes rates, a STOP ends a send (see
+#: :meth:`ProtocolCore.on_record`).
+RECORDS_WITHOUT_DEADLINES = frozenset({wire.PacketType.FEEDBACK, wire.PacketType.STOP})
 
 
 class ReaderMark:
@@ -405,8 +408,14 @@ class ProtocolCore:
         # else the data path completed it first: its RX_DONE event finishes it
 
     # ------------------------------------------------------------------ inputs: records
-    def on_record(self, h: wire.Header, body: bytes, now: float) -> None:
-        """A control record from an authenticated peer (META, PROBE, STOP, BITMAP, NACK or FEEDBACK)."""
+    def on_record(self, h: wire.Header, body: bytes, now: float) -> bool:
+        """A control record from an authenticated peer (META, PROBE, STOP, BITMAP, NACK or
+        FEEDBACK). Returns whether the timers should run now: not for a record that sets no
+        deadline (:data:`RECORDS_WITHOUT_DEADLINES`; see :meth:`on_events` for why)."""
+        self._apply_record(h, body, now)
+        return h.ptype not in RECORDS_WITHOUT_DEADLINES
+
+    def _apply_record(self, h: wire.Header, body: bytes, now: float) -> None:
         t, src = h.ptype, h.sender_rank
         key = (src, h.message_id)
         if t == wire.PacketType.META:
@@ -617,11 +626,15 @@ class ProtocolCore:
         for kind, peer, mid, _, _ in events:
             if kind in ENDING_EVENTS:
                 continue
-            if kind in RX_EVENTS and (peer, mid) not in self.inc:
-                continue
-            if kind in TX_EVENTS and (peer, mid) not in self.out:
-                continue
-            return True  # a message still going on (or the peer's or the data path's news)
+            if kind in RX_EVENTS:
+                if (peer, mid) in self.inc:
+                    return True
+            elif kind in TX_EVENTS:
+                m = self.out.get((peer, mid))
+                if m is not None and not m.sending:  # (a held send that started: its pass's end will tell)
+                    return True
+            else:
+                return True  # the peer's or the data path's news
         return False
 
     def _apply_events(self, events: list[Event] | list[tuple], now: float) -> None:

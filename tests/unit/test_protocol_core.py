@@ -730,10 +730,11 @@ def test_the_timers_sleep_until_their_next_deadline():
 
 
 def test_the_timers_run_after_events_only_for_messages_still_going_on():
-    """The control thread runs the timers after a batch of events only if the core says so: a
-    pass that ended (its probe), a LAST (its answer), a held send that started, congestion, for
-    a message still going on. Not for completions (RX_DONE, TX_STOP), nor for a LAST or a pass
-    end whose message ended in the same batch: those end deadlines, never bring one forward (the
+    """The control thread runs the timers after a batch of events, or a frame of records, only
+    if the core says so: a pass that ended (its probe), a LAST (its answer), congestion, a
+    probe, for a message still going on. Not for completions (RX_DONE, TX_STOP, a STOP record),
+    a LAST or a pass end whose message ended in the same batch, a held send that started (its
+    pass's end will come), nor a FEEDBACK (rates only): those set no deadline, or end one (the
     next run, at once, sets none earlier than the last one did)."""
     core, port = make_core(bulk_feedback_interval=0.02)
     _expect(core, 20, 0.0)  # rank 1's message 9, reliable
@@ -752,6 +753,16 @@ def test_the_timers_run_after_events_only_for_messages_still_going_on():
     for kind in (EventKind.RX_LAST, EventKind.RX_RETX):  # rank 1's message 9 is still coming
         assert core.on_events([(kind, 1, 9, 0.004, 0)], now=0.004), kind
     assert core.on_events([(EventKind.CONGESTION, 1, 0, 0.005, 0)], now=0.005)
+    held = core.send(1, np.zeros(PER, np.float32), 7, now=0.005, announce=False, held=True)
+    assert not core.on_events([(EventKind.TX_ACTIVE, 1, 7, 0.006, 0)], now=0.006)  # sending
+    assert core.on_events([(EventKind.TX_PASS, 1, 7, 0.007, 0)], now=0.007)  # its probe is due
+    fb = wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=1, message_id=0, sender_rank=1)
+    assert not core.on_record(fb, wire.FEEDBACK_BODY.pack(1, 0, 0, 0), now=0.008)
+    probe = wire.Header(ptype=wire.PacketType.PROBE, job_id=1, message_id=9, sender_rank=1,
+                        dtype=wire.Dtype.FLOAT32, total_pkts=20, elem_offset=PER * 20, elem_count=PER)
+    assert core.on_record(probe, b"", now=0.009)  # rank 1's message 9: to be answered
+    stop = wire.Header(ptype=wire.PacketType.STOP, job_id=1, message_id=7, sender_rank=1)
+    assert not core.on_record(stop, wire.STOP_BODY.pack(PER), now=0.010) and held.done()
 
 
 # ---------------------------------------------------------------- the answer grace

@@ -619,7 +619,7 @@ class RingAllreduce:
         self.gather = gather
         self.last_stats: ExchangeStats | None = None
         self._planner = _Planner(fusion, self.policy)
-        self._shapes = _Chunking(self.n, self.policy)
+        self._chunking = _Chunking(self.n, self.policy)
         self._spare: dict[tuple[int, str], list[np.ndarray]] = {}  # snapshots by (size, dtype), reused
         self._spare_lock = threading.Lock()
 
@@ -712,11 +712,11 @@ class RingAllreduce:
         if self.n == 1:
             return [none for _ in bufs]
         ids = list(range(len(bufs))) if tensor_ids is None else list(tensor_ids)
-        prio = self._shapes.priorities([b.size for b in bufs]) if priorities is None else priorities
+        prio = self._chunking.priorities([b.size for b in bufs]) if priorities is None else priorities
         _check_lengths(len(bufs), ids, prio)
-        lays = [lay if lay is not None else self._shapes.single(b.size, int(pr), t)
+        lays = [lay if lay is not None else self._chunking.single(b.size, int(pr), t)
                 for t, (b, pr, lay) in enumerate(zip(bufs, prio, _layouts(len(bufs), layouts)))]
-        bounds = [self._shapes.bounds(b.size) for b in bufs]
+        bounds = [self._chunking.bounds(b.size) for b in bufs]
         # a partial sum's chunk is overwritten by the all-gather later: keep what was sent, for
         # the values a loss took (only a bounded push can lose any, and only error feedback asks)
         keep_sent = lost_values and self.policy.loss_bound_push > 0

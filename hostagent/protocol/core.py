@@ -615,13 +615,14 @@ class ProtocolCore:
     # ------------------------------------------------------------------ inputs: data path events
     def on_events(self, events: list[Event] | list[tuple], now: float) -> bool:
         """What the data path reported since the last call. Returns whether the timers should run
-        now (:meth:`handle_timer`): not if every event ended its message, or concerns one that has
+        now (:meth:`handle_timer`): not if every event ended its message, concerns one that has
         ended since (a pass's LAST that completed its message, a pass end whose STOP came with
-        it). An ended message takes its deadlines with it, the records its ending queues leave
-        with the next flush, and the reports and expiries keep the times the last run set. Why
-        it matters: the control thread holds the interpreter lock through a run, so the thread a
-        completion woke waited for a pass over every message and peer (a tenth of a 1 MB
-        all_reduce on 2 ranks) before it could return."""
+        it), or started a held send's pass (whose end comes as an event of its own). An ended
+        message takes its deadlines with it, the records its ending queues leave with the next
+        flush, and the reports and expiries keep the times the last run set. Why it matters: the
+        control thread holds the interpreter lock through a run, so the thread a completion woke
+        waited for a pass over every message and peer (a tenth of a 1 MB all_reduce on 2 ranks)
+        before it could return."""
         self._apply_events(events, now)
         for kind, peer, mid, _, _ in events:
             if kind in ENDING_EVENTS:

@@ -91,6 +91,41 @@ def test_data_before_the_receiver_expects_it_is_parked_then_placed(endpoints):
     s.wait(10)
 
 
+def _until(condition, seconds: float = 2.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert condition()
+
+
+def test_a_posted_message_wakes_the_control_loop_only_when_its_timers_are_far(endpoints):
+    """Posting a message wakes the control thread (a pass of its timers, holding the interpreter
+    lock) only if its next pass is more than ``bulk_feedback_interval`` away: idle, it sleeps
+    IDLE_TICK and is woken; once a message is in, it runs at that pace anyway and a second
+    message posted then wakes nothing. Both messages still arrive."""
+    a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
+    pace = b.config.bulk_feedback_interval
+    wakes: list[float] = []
+    wake = b._wake
+
+    def counted() -> None:
+        wakes.append(time.monotonic())
+        wake()
+
+    b._wake = counted
+    _until(lambda: b._timers_at > time.monotonic() + pace)  # idle: its next pass is far
+    first = b.recv(0, 5, expect=Expect(PER, np.float32, 0.0))
+    assert len(wakes) == 1
+    _until(lambda: b._timers_at <= time.monotonic() + pace)  # the pass the wake asked for ran
+    second = b.recv(0, 6, expect=Expect(PER, np.float32, 0.0))
+    assert len(wakes) == 1
+    x, y = _grad(PER, 1), _grad(PER, 2)
+    a.send(1, x, 5, announce=False)
+    a.send(1, y, 6, announce=False)
+    np.testing.assert_array_equal(first.wait(10).data, x)
+    np.testing.assert_array_equal(second.wait(10).data, y)
+
+
 @pytest.mark.parametrize("case", ["size", "dtype", "mtu"])
 def test_a_message_of_another_shape_fails_both_ends_at_once(endpoints, case):
     """What the receive expects and what the sender sends differ (a collective's tensors that

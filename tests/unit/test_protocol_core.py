@@ -728,7 +728,6 @@ def test_the_timers_sleep_until_their_next_deadline():
     assert core.handle_timer(0.003 + core.config.probe_grace) == pytest.approx(URGENT_TICK)
 
 
-
 def test_the_timers_run_after_events_only_for_messages_still_going_on():
     """The control thread runs the timers after a batch of events, or a frame of records, only
     if the core says so: a pass that ended (its probe), a LAST (its answer), congestion, a

@@ -73,8 +73,8 @@ from dlcp_torch.uncompiled import keep_out_of_compile
 from dlcp_torch.work import DLCPWork
 from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
-from dlcp.hostagent.exchange import (MAX_STEPS, MAX_TENSORS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce,
-                                     message_id, step_of)
+from dlcp.hostagent.exchange import (MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id,
+                                     step_of, tensor_of)
 from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportError, TransportTimeout
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
@@ -725,7 +725,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         connection closing."""
         if step_of(mid) == P2P_STEP:
             return
-        kind = (mid & (MAX_TENSORS - 1)) >> KIND_SHIFT
+        kind = tensor_of(mid) >> KIND_SHIFT  # (the inverse of _Call.field)
         if kind not in KIND_NAMES:
             return
         with self._kinds_lock:
@@ -741,9 +741,16 @@ class DLCPProcessGroup(dist.ProcessGroup):
     def _in_different_collectives(self, src: int, number: int, theirs: int, mine: int) -> None:
         if self._closed or self._broken is not None:
             return
-        self._break(f"rank {src} called {KIND_NAMES[theirs]} as collective #{number} where rank {self._rank} "
-                    f"called {KIND_NAMES[mine]}: every rank must call the same collectives in the same order")
+        self._fail_group(f"rank {src} called {KIND_NAMES[theirs]} as collective #{number} where rank "
+                         f"{self._rank} called {KIND_NAMES[mine]}: every rank must call the same collectives "
+                         "in the same order")
         log.error("dlcp: %s", self._broken)
+
+    def _fail_group(self, why: str) -> None:
+        """The group cannot go on: every later call is refused with ``why``, and the endpoint
+        closes in the background, which fails every collective in flight now and tells the peers
+        (their connections to this rank close)."""
+        self._break(why)
         self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
         self._closer.start()
 
@@ -843,9 +850,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
         if self._broken is not None:
             return
         self._lost_after_mismatch = rank in self.endpoint.mismatches
-        self._break(f"lost rank {rank}: {why}")
-        self._closer = threading.Thread(target=self.endpoint.close, name="dlcp-pg-fail", daemon=True)
-        self._closer.start()
+        self._fail_group(f"lost rank {rank}: {why}")
 
     def _check(self, tensors: list[torch.Tensor], what: str) -> None:
         if self._closed:

@@ -148,63 +148,6 @@ inline float load_elem(const uint8_t* base, size_t i, Kind kind) {
     return kind == Kind::F16 ? half_to_float(h) : bf16_to_float(h);
 }
 
-// Four floats, one SSE register (GCC's and Clang's vector extension, any target): elementwise
-// operations, each rounded as the scalar one is, so results are the scalar loop's bit for bit.
-typedef float F32x4 __attribute__((vector_size(16)));
-
-// dst[i] = dst[i] * scale + src[i] (float32, each operation rounded on its own: no fused
-// multiply-add, see CMakeLists) for i < count; src unaligned bytes, not overlapping dst. Without
-// Scaled, dst[i] += src[i]. With L2, returns the L2 magnitude of dst[0..count) afterwards,
-// computed exactly as packet_magnitudes computes a float32 packet's (8 float lanes, then the
-// tail in double); else 0.
-template <bool Scaled, bool L2>
-inline float add_f32_t(float* dst, const uint8_t* src, uint32_t count, float scale) {
-    F32x4 sa = {0, 0, 0, 0}, sb = {0, 0, 0, 0};
-    const F32x4 sv = {scale, scale, scale, scale};
-    uint32_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-        F32x4 a, b, x, y;
-        std::memcpy(&a, dst + i, 16);
-        std::memcpy(&b, dst + i + 4, 16);
-        std::memcpy(&x, src + 4 * size_t(i), 16);
-        std::memcpy(&y, src + 4 * size_t(i) + 16, 16);
-        if (Scaled) {
-            a *= sv;
-            b *= sv;
-        }
-        a += x;
-        b += y;
-        std::memcpy(dst + i, &a, 16);
-        std::memcpy(dst + i + 4, &b, 16);
-        if (L2) {
-            sa += a * a;
-            sb += b * b;
-        }
-    }
-    double acc = 0.0;
-    if (L2) {
-        float lane[8];
-        std::memcpy(lane, &sa, 16);
-        std::memcpy(lane + 4, &sb, 16);
-        for (int k = 0; k < 8; ++k) acc += lane[k];
-    }
-    for (; i < count; ++i) {
-        float x;
-        std::memcpy(&x, src + 4 * size_t(i), 4);
-        float r = dst[i];
-        if (Scaled) r *= scale;
-        r += x;
-        dst[i] = r;
-        if (L2) acc += double(r) * r;
-    }
-    return L2 ? float(std::sqrt(acc)) : 0.0f;
-}
-
-inline void add_f32(float* dst, const uint8_t* src, uint32_t count) { add_f32_t<false, false>(dst, src, count, 1.0f); }
-inline float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
-    return add_f32_t<false, true>(dst, src, count, 1.0f);
-}
-
 inline int kind_size(Kind k) { return k == Kind::F32 ? 4 : 2; }
 
 // float32 to IEEE half, rounded to nearest even, exactly as numpy converts (npy_floatbits_to_halfbits):

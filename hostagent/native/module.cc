@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "datapath.h"
+#include "f32_loops.h"
 #include "tags.h"
 #include "seal.h"
 
@@ -135,6 +136,7 @@ NB_MODULE(_datapath, m) {
     m.attr("TRAILER_BYTES") = TRAILER_BYTES;
     m.attr("EPOCH_BITS") = Sealer::EPOCH_BITS;
     m.attr("SEAL_LIBRARY") = SEAL_LIBRARY;
+    m.attr("LOOPS_TARGET") = loops_target();
     m.def("epoch_key",
           [](nb::bytes key, uint8_t ptype, uint64_t epoch) {
               if (key.size() != KEY_BYTES) throw std::invalid_argument("a direction key has 16 bytes");

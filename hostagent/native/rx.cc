@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "datapath.h"
+#include "f32_loops.h"
 
 #ifndef SOL_UDP
 #define SOL_UDP 17
@@ -516,10 +517,10 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
                 if (m->kind == Kind::F32) {
                     bool scaled = s.scale != 1.0f;
                     if (!m->mags.empty())
-                        m->mags[seq] = scaled ? add_f32_t<true, true>(dst, payload, count, s.scale)
-                                              : add_f32_t<false, true>(dst, payload, count, 1.0f);
+                        m->mags[seq] = scaled ? add_f32_scaled_l2(dst, payload, count, s.scale)
+                                              : add_f32_l2(dst, payload, count);
                     else if (scaled)
-                        add_f32_t<true, false>(dst, payload, count, s.scale);
+                        add_f32_scaled(dst, payload, count, s.scale);
                     else
                         add_f32(dst, payload, count);
                 } else {

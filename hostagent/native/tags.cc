@@ -1,5 +1,7 @@
 #include "tags.h"
 
+#include "f32_loops.h"
+
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
@@ -14,50 +16,9 @@ void packet_magnitudes(const uint8_t* data, size_t n_elems, Kind kind, uint32_t 
         if (how == Magnitude::L2) {
             double acc = 0.0;
             if (kind == Kind::F32) {
-                // float32 products summed in 8 lanes (lane k takes elements k, k + 8, ...), two
-                // 4-wide vectors: the compiler left the plain loop scalar, through the stack
-                F32x4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
-                size_t i = lo;
-                for (; i + 8 <= hi; i += 8) {
-                    F32x4 x, y;
-                    std::memcpy(&x, data + 4 * i, 16);
-                    std::memcpy(&y, data + 4 * i + 16, 16);
-                    a += x * x;
-                    b += y * y;
-                }
-                float lane[8];
-                std::memcpy(lane, &a, 16);
-                std::memcpy(lane + 4, &b, 16);
-                for (int k = 0; k < 8; ++k) acc += lane[k];
-                for (; i < hi; ++i) {
-                    float x = load_elem(data, i, kind);
-                    acc += double(x) * x;
-                }
+                acc = sumsq_f32(data + 4 * lo, hi - lo);  // (8 float lanes: f32_loops.h)
             } else if (kind == Kind::BF16) {
-                // bfloat16 is float32's top half: widened 8 at a time, then the float32 lanes
-                // above (the element kind tested per element kept this loop scalar: a quarter
-                // of a bfloat16 ring's send-side CPU)
-                F32x4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
-                size_t i = lo;
-                for (; i + 8 <= hi; i += 8) {
-                    uint16_t h[8];
-                    uint32_t w[8];
-                    std::memcpy(h, data + 2 * i, 16);
-                    for (int k = 0; k < 8; ++k) w[k] = uint32_t(h[k]) << 16;
-                    F32x4 x, y;
-                    std::memcpy(&x, w, 16);
-                    std::memcpy(&y, w + 4, 16);
-                    a += x * x;
-                    b += y * y;
-                }
-                float lane[8];
-                std::memcpy(lane, &a, 16);
-                std::memcpy(lane + 4, &b, 16);
-                for (int k = 0; k < 8; ++k) acc += lane[k];
-                for (; i < hi; ++i) {
-                    float x = load_elem(data, i, kind);
-                    acc += double(x) * x;
-                }
+                acc = sumsq_bf16(data + 2 * lo, hi - lo);
             } else {
                 for (size_t i = lo; i < hi; ++i) {
                     float x = load_elem(data, i, kind);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import select
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -675,6 +676,45 @@ def test_the_compiled_tags_equal_the_policys():
             out = np.empty(len(m), np.uint8)
             _datapath.drop_classes(m, list(policy.shares()), SAMPLED_CLASSES_PACKETS, CLASS_SAMPLE, out)
             np.testing.assert_array_equal(out, drop_classes(m, policy))
+
+
+def _eight_lane_l2(x: np.ndarray, per: int) -> np.ndarray:
+    """Each ``per``-element packet's L2 magnitude by the compiled loops' rule (f32_loops.h):
+    float32 squares summed in 8 lanes (lane k: elements k, k + 8, ...), the lanes added in
+    double from lane 0, then the elements past the last whole 8, then the square root."""
+    out = []
+    for lo in range(0, x.size, per):
+        p = x[lo:lo + per].astype(np.float32)
+        whole = p.size // 8 * 8
+        lanes = np.zeros(8, np.float32)
+        for row in p[:whole].reshape(-1, 8):  # one float32 rounding per square and per sum
+            lanes = lanes + row * row
+        acc = 0.0
+        for v in lanes:
+            acc += float(v)
+        for v in p[whole:]:
+            acc += float(v) * float(v)
+        out.append(np.float32(np.sqrt(acc)))
+    return np.array(out, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bfloat16"])
+def test_the_compiled_magnitudes_follow_the_eight_lane_rule_bit_for_bit(dtype):
+    """Whichever build of the loops this CPU runs (AVX2 or the baseline's SSE; ``LOOPS_TARGET``),
+    a packet's magnitude is the 8-lane rule's to the bit: the builds differ in vector width,
+    never in result, so every host of a job tags the same packets alike."""
+    from dlcp.hostagent import _datapath
+
+    flags = open("/proc/cpuinfo").read().split() if sys.platform == "linux" else []
+    assert _datapath.LOOPS_TARGET == ("avx2" if "avx2" in flags else "baseline" if "sse2" in flags else "portable")
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(2_000) * 10.0 ** rng.integers(-3, 4, 2_000)).astype(dtype)
+    kind = 0 if dtype is np.float32 else 2  # (the compiled path's element kinds: float32 0, bfloat16 2)
+    for per in (1, 7, 8, 9, 64, 357, 2_000):  # shorter than the lanes, whole 8s, tails
+        native = np.empty((x.size + per - 1) // per, np.float32)
+        _datapath.packet_magnitudes(x.view(np.uint8), kind, per, "l2", native)
+        np.testing.assert_array_equal(native.view(np.uint32), _eight_lane_l2(x, per).view(np.uint32),
+                                      err_msg=f"per={per}")
 
 
 def _unaligned(n: int, dtype) -> np.ndarray:

@@ -1,0 +1,122 @@
+// The float32 loops of f32_loops.h: one body each (a template, inlined into every build of the
+// function that calls it), written with GCC's and Clang's vector extension in 8 float lanes.
+#include "f32_loops.h"
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// two builds of each function below; the loader picks the first this CPU runs (an ifunc)
+#define DLCP_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DLCP_CLONES
+#endif
+
+namespace dlcp {
+namespace {
+
+typedef float F32x8 __attribute__((vector_size(32)));
+typedef uint16_t U16x8 __attribute__((vector_size(16)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
+
+// The lanes' sum, in double, lane 0 first.
+[[gnu::always_inline]] inline double lane_sum(F32x8 s) {
+    double acc = 0.0;
+    for (int k = 0; k < 8; ++k) acc += s[k];
+    return acc;
+}
+
+template <bool Scaled, bool L2>
+[[gnu::always_inline]] inline float add_body(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    F32x8 s = {0, 0, 0, 0, 0, 0, 0, 0};
+    const F32x8 sv = {scale, scale, scale, scale, scale, scale, scale, scale};
+    uint32_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        F32x8 a, x;
+        std::memcpy(&a, dst + i, 32);
+        std::memcpy(&x, src + 4 * size_t(i), 32);
+        if (Scaled) a *= sv;
+        a += x;
+        std::memcpy(dst + i, &a, 32);
+        if (L2) s += a * a;
+    }
+    double acc = L2 ? lane_sum(s) : 0.0;
+    for (; i < count; ++i) {
+        float x;
+        std::memcpy(&x, src + 4 * size_t(i), 4);
+        float r = dst[i];
+        if (Scaled) r *= scale;
+        r += x;
+        dst[i] = r;
+        if (L2) acc += double(r) * r;
+    }
+    return L2 ? float(std::sqrt(acc)) : 0.0f;
+}
+
+}  // namespace
+
+DLCP_CLONES void add_f32(float* dst, const uint8_t* src, uint32_t count) {
+    add_body<false, false>(dst, src, count, 1.0f);
+}
+
+DLCP_CLONES float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
+    return add_body<false, true>(dst, src, count, 1.0f);
+}
+
+DLCP_CLONES void add_f32_scaled(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    add_body<true, false>(dst, src, count, scale);
+}
+
+DLCP_CLONES float add_f32_scaled_l2(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    return add_body<true, true>(dst, src, count, scale);
+}
+
+DLCP_CLONES double sumsq_f32(const uint8_t* data, size_t n) {
+    F32x8 s = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        F32x8 x;
+        std::memcpy(&x, data + 4 * i, 32);
+        s += x * x;
+    }
+    double acc = lane_sum(s);
+    for (; i < n; ++i) {
+        float x;
+        std::memcpy(&x, data + 4 * i, 4);
+        acc += double(x) * x;
+    }
+    return acc;
+}
+
+DLCP_CLONES double sumsq_bf16(const uint8_t* data, size_t n) {
+    F32x8 s = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {  // (a bfloat16 is the top half of the float32 it stands for)
+        U16x8 h;
+        std::memcpy(&h, data + 2 * i, 16);
+        U32x8 w = __builtin_convertvector(h, U32x8) << 16;
+        F32x8 x;
+        std::memcpy(&x, &w, 32);
+        s += x * x;
+    }
+    double acc = lane_sum(s);
+    for (; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data + 2 * i, 2);
+        uint32_t w = uint32_t(h) << 16;
+        float x;
+        std::memcpy(&x, &w, 4);
+        acc += double(x) * x;
+    }
+    return acc;
+}
+
+const char* loops_target() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return __builtin_cpu_supports("avx2") ? "avx2" : "baseline";
+#else
+    return "portable";
+#endif
+}
+
+}  // namespace dlcp

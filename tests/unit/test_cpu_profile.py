@@ -1,0 +1,63 @@
+"""bench/cpu_profile.py's categories: each kind of work ``perf report`` names lands where its
+table says, whatever other pattern its symbol also matches."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cpu_profile import category, shares
+
+REPORT = """\
+# Samples: 15K of event 'cpu-clock'
+#
+    18.24%  libIPSec_MB.so.1.3.0                     [.] imb_aes_gmac_update_128_vaes_avx512
+    16.61%  [kernel.kallsyms]                        [k] _copy_from_iter
+    10.93%  [kernel.kallsyms]                        [k] _copy_to_iter
+     7.43%  libc.so.6                                [.] __memmove_avx512_unaligned_erms
+     5.00%  [kernel.kallsyms]                        [k] pv_native_safe_halt
+     3.66%  libpython3.11.so.1.0                     [.] _PyEval_EvalFrameDefault
+     2.52%  _datapath.cpython-311-x86_64-linux-gnu.so  [.] 0x000000000002ad61
+     2.00%  libtorch_cpu.so                          [.] gloo::sum<float>
+     1.42%  [kernel.kallsyms]                        [k] _raw_spin_unlock_irqrestore
+     0.50%  [kernel.kallsyms]                        [k] __ip_append_data
+     0.40%  [kernel.kallsyms]                        [k] __free_frozen_pages
+     0.38%  [kernel.kallsyms]                        [k] do_syscall_64
+     0.30%  [kernel.kallsyms]                        [k] something_else
+     0.20%  libc.so.6                                [.] malloc
+"""
+
+
+@pytest.mark.parametrize("line, want", [
+    ("libIPSec_MB.so.1.3.0 [.] imb_aes_gmac_update_128_vaes_avx512", "tag (AES-GCM)"),
+    ("libcrypto.so.3 [.] aesni_gcm_encrypt", "tag (AES-GCM)"),
+    ("[kernel.kallsyms] [k] _copy_from_iter", "kernel copies"),
+    ("[kernel.kallsyms] [k] _copy_to_iter", "kernel copies"),
+    ("libc.so.6 [.] __memmove_avx512_unaligned_erms", "memcpy (libc)"),
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] 0x000000000002ad61", "DLCP compiled path"),
+    ("libtorch_cpu.so [.] gloo::sum<float>", "gloo / torch"),
+    ("libpython3.11.so.1.0 [.] _PyEval_EvalFrameDefault", "Python"),
+    ("[kernel.kallsyms] [k] udp_recvmsg", "network stack"),
+    ("[kernel.kallsyms] [k] __ip_append_data", "network stack"),  # (not "memory": no "page" in it)
+    ("[kernel.kallsyms] [k] skb_release_data", "network stack"),
+    ("[kernel.kallsyms] [k] sk_page_frag_refill", "network stack"),
+    ("[kernel.kallsyms] [k] finish_task_switch.isra.0", "scheduling, wake-ups"),  # ("sk" only as a whole part)
+    ("[kernel.kallsyms] [k] _raw_spin_unlock_irqrestore", "scheduling, wake-ups"),
+    ("[kernel.kallsyms] [k] do_epoll_wait", "scheduling, wake-ups"),
+    ("[kernel.kallsyms] [k] __free_frozen_pages", "memory (pages)"),
+    ("[kernel.kallsyms] [k] do_syscall_64", "system calls"),
+    ("[kernel.kallsyms] [k] pv_native_safe_halt", "idle"),
+    ("[kernel.kallsyms] [k] something_else", "other kernel"),
+    ("[kernel.kallsyms] [k] __list_del_entry_valid_or_report", "other kernel"),
+    ("libc.so.6 [.] malloc", "other user"),
+])
+def test_each_kind_of_work_lands_in_its_category(line, want):
+    assert category(line) == want
+
+
+def test_shares_add_up_per_category_and_skip_the_header():
+    got = shares(REPORT)
+    assert got["tag (AES-GCM)"] == pytest.approx(0.1824)
+    assert got["kernel copies"] == pytest.approx(0.1661 + 0.1093)
+    assert got["idle"] == pytest.approx(0.05)
+    assert got["other user"] == pytest.approx(0.002)
+    assert sum(got.values()) == pytest.approx(sum(float(x.split("%")[0]) for x in REPORT.splitlines()[2:]) / 100)

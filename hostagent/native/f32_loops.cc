@@ -1,15 +1,13 @@
-// The float32 loops of f32_loops.h: one body each (a template, inlined into every build of the
-// function that calls it), written with GCC's and Clang's vector extension in 8 float lanes.
+// The float32 loops of f32_loops.h: one body each, written with GCC's and Clang's vector
+// extension in 8 float lanes, inlined into a build for AVX2 and one for the baseline.
 #include "f32_loops.h"
 
 #include <cmath>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// two builds of each function below; the loader picks the first this CPU runs (an ifunc)
-#define DLCP_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define DLCP_CLONES
+#define DLCP_X86 1
+#define DLCP_AVX2 __attribute__((target("avx2")))
 #endif
 
 namespace dlcp {
@@ -53,25 +51,7 @@ template <bool Scaled, bool L2>
     return L2 ? float(std::sqrt(acc)) : 0.0f;
 }
 
-}  // namespace
-
-DLCP_CLONES void add_f32(float* dst, const uint8_t* src, uint32_t count) {
-    add_body<false, false>(dst, src, count, 1.0f);
-}
-
-DLCP_CLONES float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
-    return add_body<false, true>(dst, src, count, 1.0f);
-}
-
-DLCP_CLONES void add_f32_scaled(float* dst, const uint8_t* src, uint32_t count, float scale) {
-    add_body<true, false>(dst, src, count, scale);
-}
-
-DLCP_CLONES float add_f32_scaled_l2(float* dst, const uint8_t* src, uint32_t count, float scale) {
-    return add_body<true, true>(dst, src, count, scale);
-}
-
-DLCP_CLONES double sumsq_f32(const uint8_t* data, size_t n) {
+[[gnu::always_inline]] inline double sumsq_f32_body(const uint8_t* data, size_t n) {
     F32x8 s = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -88,7 +68,7 @@ DLCP_CLONES double sumsq_f32(const uint8_t* data, size_t n) {
     return acc;
 }
 
-DLCP_CLONES double sumsq_bf16(const uint8_t* data, size_t n) {
+[[gnu::always_inline]] inline double sumsq_bf16_body(const uint8_t* data, size_t n) {
     F32x8 s = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {  // (a bfloat16 is the top half of the float32 it stands for)
@@ -111,9 +91,68 @@ DLCP_CLONES double sumsq_bf16(const uint8_t* data, size_t n) {
     return acc;
 }
 
+// Each loop's two builds: the body inlined into a function compiled for AVX2, and into one for
+// the baseline; `avx2()` picks. Why not target_clones (an ifunc the loader resolves): its
+// resolver runs before the sanitizers' runtime is up, and the ThreadSanitizer build crashed at
+// load (make sanitize); a branch per packet costs nothing beside the packet's loop.
+#ifdef DLCP_X86
+bool avx2() {
+    static const bool yes = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") != 0;
+    }();
+    return yes;
+}
+
+template <bool Scaled, bool L2>
+DLCP_AVX2 float add_avx2(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    return add_body<Scaled, L2>(dst, src, count, scale);
+}
+DLCP_AVX2 double sumsq_f32_avx2(const uint8_t* data, size_t n) { return sumsq_f32_body(data, n); }
+DLCP_AVX2 double sumsq_bf16_avx2(const uint8_t* data, size_t n) { return sumsq_bf16_body(data, n); }
+#endif
+
+template <bool Scaled, bool L2>
+float add_any(float* dst, const uint8_t* src, uint32_t count, float scale) {
+#ifdef DLCP_X86
+    if (avx2()) return add_avx2<Scaled, L2>(dst, src, count, scale);
+#endif
+    return add_body<Scaled, L2>(dst, src, count, scale);
+}
+
+}  // namespace
+
+void add_f32(float* dst, const uint8_t* src, uint32_t count) { add_any<false, false>(dst, src, count, 1.0f); }
+
+float add_f32_l2(float* dst, const uint8_t* src, uint32_t count) {
+    return add_any<false, true>(dst, src, count, 1.0f);
+}
+
+void add_f32_scaled(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    add_any<true, false>(dst, src, count, scale);
+}
+
+float add_f32_scaled_l2(float* dst, const uint8_t* src, uint32_t count, float scale) {
+    return add_any<true, true>(dst, src, count, scale);
+}
+
+double sumsq_f32(const uint8_t* data, size_t n) {
+#ifdef DLCP_X86
+    if (avx2()) return sumsq_f32_avx2(data, n);
+#endif
+    return sumsq_f32_body(data, n);
+}
+
+double sumsq_bf16(const uint8_t* data, size_t n) {
+#ifdef DLCP_X86
+    if (avx2()) return sumsq_bf16_avx2(data, n);
+#endif
+    return sumsq_bf16_body(data, n);
+}
+
 const char* loops_target() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    return __builtin_cpu_supports("avx2") ? "avx2" : "baseline";
+#ifdef DLCP_X86
+    return avx2() ? "avx2" : "baseline";
 #else
     return "portable";
 #endif

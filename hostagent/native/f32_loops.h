@@ -5,10 +5,10 @@
 // Each sums in 8 float lanes (lane k takes elements k, k + 8, ...; the lanes are then added in
 // double, lane 0 first, and the elements past the last whole 8 after them), every operation
 // rounded on its own (no fused multiply-add: CMakeLists). That fixes the result bit for bit
-// whatever the vector width, so each loop is built twice (target_clones): for AVX2, where the 8
-// lanes are one 256-bit register, and for the baseline x86-64, where they are two SSE ones; the
-// loader picks the first this CPU runs (loops_target() says which). Elsewhere (not x86-64) the
-// one portable build.
+// whatever the vector width, so each loop is built twice: for AVX2, where the 8 lanes are one
+// 256-bit register, and for the baseline x86-64, where they are two SSE ones; the first call
+// picks the one this CPU runs (loops_target() says which). Elsewhere (not x86-64) the one
+// portable build.
 //
 // Why: the baseline build alone ran these loops 4 floats per instruction; in a 4-rank 57 MB
 // all_reduce they took ~6 ms of each rank's ~50 ms of CPU per call, after the kernel's copies

@@ -75,7 +75,7 @@ from dlcp.hostagent import sealing
 from dlcp.hostagent.auth import parse_secret
 from dlcp.hostagent.exchange import (MAX_STEPS, RING_DTYPES as WIRE_RING_DTYPES, RingAllreduce, message_id,
                                      step_of, tensor_of)
-from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportError, TransportTimeout
+from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportError, TransportTimeout, wait_all
 from dlcp.hostagent.netif import interface_for
 from dlcp.hostagent.policy import Policy
 from dlcp.hostagent.ratecontrol import RateConfig
@@ -766,9 +766,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         return self.endpoint.recv(src, mid, expect=Expect(elems, np.float16, 0.0, iteration=call))
 
     def _wait(self, handles: list[Any]) -> list[Any]:
-        """Every handle's result, by the group's timeout from now."""
-        deadline = time.monotonic() + self.timeout
-        return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
+        """Every handle's result, by the group's timeout from now (one wake-up: ``wait_all``)."""
+        return wait_all(handles, time.monotonic() + self.timeout)
 
     def _submit(self, what: str, run: Callable[[], Any], *groups: list[torch.Tensor]) -> DLCPWork:
         """A :class:`DLCPWork` running ``run`` in the pool, with the device tensors of ``groups``

@@ -43,7 +43,8 @@ import numpy as np
 
 from dlcp.hostagent import wire
 from dlcp.hostagent.fusion import Bucket, FusionConfig, Layout, plan_buckets
-from dlcp.hostagent.messages import Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout
+from dlcp.hostagent.messages import (Expect, MessageStats, RecvHandle, RecvResult, SendHandle, TransportTimeout,
+                                     wait_all)
 from dlcp.hostagent.packetizer import elems_per_packet
 from dlcp.hostagent.policy import Policy, layer_priorities, payload_drop_classes
 from dlcp.hostagent.transport import Endpoint
@@ -171,10 +172,6 @@ def _check_pull_buffers(flats: Sequence[np.ndarray], out: Sequence[np.ndarray] |
         if any(np.shares_memory(o, other) for other in out[i + 1:]):
             raise ValueError(f"pull buffer {i} overlaps another pull buffer")
     return list(out)
-
-
-def _wait_all(handles: Sequence[SendHandle | RecvHandle], deadline: float) -> list:
-    return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
 def _check_inplace(buffers: Sequence[np.ndarray], what: str) -> None:
@@ -375,8 +372,8 @@ class PSWorker:
                                announce=not announced)
                   for t, f, pr, lay in zip(ids, flats, prio, lays)]
         deadline = t0 + self.timeout
-        results = _wait_all(pulls, deadline)
-        sent = _wait_all(pushes, deadline)
+        results = wait_all(pulls, deadline)
+        sent = wait_all(pushes, deadline)
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), results, sent)
         return [(r.data.reshape(np.shape(g)), s) for r, g, s in zip(results, grads, sent)]
 
@@ -464,7 +461,7 @@ class PSServer:
                                             drop_classes=classes))
         if next_tensors is not None:  # (its bank's aggregates were sent in the previous iteration)
             self._posted[iteration + 1] = self._post(iteration + 1, next_tensors)
-        sent = _wait_all(replies, deadline)  # (the aggregates must outlive their sends: zero-copy)
+        sent = wait_all(replies, deadline)  # (the aggregates must outlive their sends: zero-copy)
         stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), received, sent)
         self.history.append(stats)
         return stats
@@ -783,8 +780,8 @@ class RingAllreduce:
                 for s in range(n - 1):
                     then = ((self.right, message_id(iteration, tid, rs_steps + s + 1)),) if s + 1 < n - 1 else ()
                     recv(t, self.left, (i - s) % n, rs_steps + s, gather=True, then=then)
-        received = _wait_all(recvs, deadline)
-        sent_stats = _wait_all([h for _, h, _, _ in sends], deadline)
+        done = wait_all([*recvs, *(h for _, h, _, _ in sends)], deadline)  # (one wake-up: wait_all)
+        received, sent_stats = done[:len(recvs)], done[len(recvs):]
         lost: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in bufs]
         for (t, _, snap, lo), st in zip(sends, sent_stats):
             if t >= 0 and st.lost_packets is not None:  # a partial sum went missing: what it held

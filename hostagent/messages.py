@@ -8,8 +8,9 @@ there is no way to wait forever.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, fields
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,6 +154,36 @@ class _Handle:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+def wait_all(handles: Sequence[_Handle], deadline: float) -> list[Any]:
+    """Every handle's result, in order, by ``deadline`` (``time.monotonic()``); raises as
+    waiting on each in turn would: the first error in order, or :class:`TransportTimeout` for
+    the first handle still open at the deadline.
+
+    Why not simply wait on each in turn: each handle whose wait had begun woke this thread as
+    it resolved, and the thread went back to sleep on the next one; a 4-rank ring call's 12
+    messages cost the control thread 12 wake-ups of another thread (a futex wake and, on a
+    virtual machine, an interrupt to the other vCPU), a sixth of its Python time at 4 MB. Here
+    one event wakes the waiter: the last handle to settle sets it, or the first to fail (a
+    peer lost fails its messages at once while the others' stay open; the waiter then goes
+    through the handles in turn, as before)."""
+    open_ = [h for h in handles if not h.done()]
+    if len(open_) > 1:
+        settled = threading.Event()
+        left = [len(open_)]
+        count = threading.Lock()
+
+        def one_settled(h: _Handle) -> None:  # (on the transport's thread)
+            with count:
+                left[0] -= 1
+                last = left[0] == 0
+            if last or h._error is not None:  # (a failure: the handles before it may be done)
+                settled.set()
+        for h in open_:
+            h.add_done_callback(one_settled)
+        settled.wait(max(0.0, deadline - time.monotonic()))
+    return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
 class SendHandle(_Handle):

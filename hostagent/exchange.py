@@ -183,7 +183,7 @@ def _check_inplace(buffers: Sequence[np.ndarray], what: str) -> None:
 def _summarise(stats: ExchangeStats, recv_results: Sequence[RecvResult], sent: Sequence) -> ExchangeStats:
     lost = [r.stats.lost_fraction for r in recv_results]
     stats.lost_fraction_max = max(lost, default=0.0)
-    stats.lost_fraction_mean = float(np.mean(lost)) if lost else 0.0
+    stats.lost_fraction_mean = sum(lost) / len(lost) if lost else 0.0  # (not np.mean: 15 us for a few floats)
     stats.retransmissions = sum(s.retransmissions for s in sent)
     stats.bytes_sent = sum(s.bytes for s in sent)
     stats.per_message = [r.stats for r in recv_results]

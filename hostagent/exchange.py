@@ -372,8 +372,8 @@ class PSWorker:
                                announce=not announced)
                   for t, f, pr, lay in zip(ids, flats, prio, lays)]
         deadline = t0 + self.timeout
-        results = wait_all(pulls, deadline)
-        sent = wait_all(pushes, deadline)
+        done = wait_all([*pulls, *pushes], deadline)  # (one wake-up, as the ring's)
+        results, sent = done[:len(pulls)], done[len(pulls):]
         self.last_stats = _summarise(ExchangeStats(iteration, time.monotonic() - t0), results, sent)
         return [(r.data.reshape(np.shape(g)), s) for r, g, s in zip(results, grads, sent)]
 

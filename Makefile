@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 
 # The compiled data path: `make setup` builds it again when its sources change.
-NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h) hostagent/native/CMakeLists.txt
+NATIVE     := $(wildcard hostagent/native/*.cc) $(wildcard hostagent/native/*.h) $(wildcard hostagent/native/*.inc) hostagent/native/CMakeLists.txt
 
 P4C        ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4) $(wildcard p4/include/*.p4) $(wildcard p4/include/control/*.p4)

@@ -8,7 +8,7 @@ column reads 3 %), so a call's time is the CPU its ranks spend on it, halved; a 
 gloo is then a ratio of CPU, and the question it raises is which work one backend does that the
 other does not. The categories answer it in the terms of the work: the kernel's copies between
 user and kernel memory (both backends make the same two per byte sent), the packet tag
-(AES-GCM), the network stack, Python, the compiled data path's loops, gloo's own sums.
+(AEGISMAC-128X4; AES-GCM when encrypted), the network stack, Python, the compiled data path's loops, gloo's own sums.
 
 Needs ``perf`` (Debian's ``linux-perf``) and the right to sample the whole machine (root, or
 ``kernel.perf_event_paranoid`` <= 0); without them it says which is missing and exits 2. The
@@ -54,7 +54,7 @@ def _kernel(*words: str) -> str:
 #: are exact names; the kernel's families after them, the network stack's first.
 CATEGORIES: list[tuple[str, str]] = [
     ("idle", _kernel("pv_native_safe_halt", "default_idle", "acpi_idle", "cpuidle", "poll_idle", "mwait_idle")),
-    ("tag (AES-GCM)", r"IPSec_MB|libcrypto|aes_gcm|gmac|ghash"),
+    ("tag (MAC, AES-GCM)", r"IPSec_MB|libcrypto|aes_gcm|gmac|ghash|aegis|::(?:vaes512|aesni|portable)::mac\b"),
     ("kernel copies", _kernel("copy_from_iter", "copy_to_iter", "rep_movs_alternative", "copy_user_generic",
                               "copy_from_user", "copy_to_user", "csum_and_copy_from_iter", "simple_copy_to_iter")),
     ("memcpy (libc)", r"libc\.so\S* +\[\.\] \S*(memmove|memcpy|memset)"),

@@ -1122,8 +1122,10 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
     protection = ("packets encrypted and authenticated" if options.encrypt else
                   "packets authenticated (DLCP_ENCRYPT=1 to encrypt)" if options.authenticate else
                   "packets NOT authenticated (DLCP_AUTHENTICATE=0)")
-    if options.encrypt or options.authenticate:
+    if options.encrypt:
         protection += f", AES-GCM by {sealing.library()}"
+    elif options.authenticate:
+        protection += f", AEGISMAC-128X4 ({sealing.mac_build()} build)"
     return cfg, f"MTU {mtu} ({mtu_from}), line rate {rate * 8 / 1e9:g} Gb/s ({rate_from}); {protection}"
 
 

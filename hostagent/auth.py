@@ -35,7 +35,7 @@ handshake: they stop blind forgery (an off-path host or process that never saw t
 guesses a 128-bit tag), nothing more. Whoever can read the control connection can compute them.
 
 **Control frames.** After its handshake, every frame of a control connection ends in the same
-trailer as a datagram (:data:`dlcp.hostagent.wire.TRAILER_SIZE`): a GMAC under a key of that
+trailer as a datagram (:data:`dlcp.hostagent.wire.TRAILER_SIZE`): a MAC under a key of that
 connection and direction (:func:`control_key`) over the frame's length prefix and content, its
 packet number the frame's index on the connection, which the reader checks. A frame changed,
 dropped, replayed or inserted on the way drops the connection (``ctl_rejected["bad_mac"]``).

@@ -65,8 +65,8 @@ def cmd_wire(args: argparse.Namespace) -> int:
     for f in wire.FIELDS:
         print(f"{offset:>6}  {f.bits:>4}  {f.name:<12} {f.doc}")
         offset += f.bits // 8
-    print(f"then the payload, then a {wire.TRAILER_SIZE}-byte trailer: packet number (8) and AES-GCM tag (16) "
-          "over header and payload (docs/design/security.md)")
+    print(f"then the payload, then a {wire.TRAILER_SIZE}-byte trailer: packet number (8) and tag (16: "
+          "AEGISMAC-128X4, AES-GCM's when encrypted) over header and payload (docs/design/security.md)")
     return 0
 
 

@@ -2,12 +2,12 @@
 behind the control connections, tests, tools and the tests' numpy reference model.
 
 A datagram on the data path is ``header | payload | pn | tag`` (:data:`dlcp.hostagent.wire.TRAILER_SIZE`):
-AES-128-GCM under a key derived, per epoch of packet numbers, from its direction's
-(:func:`dlcp.hostagent.auth.direction_key`), with a nonce made of the packet type and the
-sender's packet number. Why one compiled implementation for the data path and all else: the rule of what
-a tag covers must be written once (issue 44, item 7), and a compiled AES-GCM (intel-ipsec-mb's,
-else OpenSSL's: :func:`library`) is what runs at line rate; Python only groups the rows and
-calls it.
+the tag AEGISMAC-128X4's (AES-128-GCM's when the payload is encrypted) under a key derived, per
+epoch of packet numbers, from its direction's (:func:`dlcp.hostagent.auth.direction_key`), with
+a nonce made of the packet type and the sender's packet number. Why one compiled implementation
+for the data path and all else: the rule of what a tag covers must be written once (issue 44,
+item 7), and compiled code (:func:`mac_build`; AES-GCM intel-ipsec-mb's, else OpenSSL's:
+:func:`library`) is what runs at line rate; Python only groups the rows and calls it.
 
 Example::
 
@@ -58,9 +58,15 @@ def new_sealer(key: bytes, protection: int, epoch_bits: int | None = None) -> An
 
 
 def library() -> str:
-    """The library that computes the tags in this build: ``"intel-ipsec-mb 1.3.0"`` where the
-    build found it, else OpenSSL's version text (``hostagent/native/seal.h``)."""
+    """The library that computes AES-GCM (encrypted datagrams) in this build: ``"intel-ipsec-mb
+    1.3.0"`` where the build found it, else OpenSSL's version text (``hostagent/native/seal.h``)."""
     return str(_native().SEAL_LIBRARY)
+
+
+def mac_build() -> str:
+    """Which build of AEGISMAC-128X4 (the MAC of every datagram not encrypted) this CPU runs:
+    ``"vaes512"``, ``"aesni"`` or ``"portable"`` (``hostagent/native/aegis_mac.h``)."""
+    return str(_native().MAC_TARGET)
 
 
 def epoch_key(key: bytes, ptype: int, epoch: int) -> bytes:

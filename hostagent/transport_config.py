@@ -186,7 +186,7 @@ class TransportConfig:
     encrypt: bool = False
     """Encrypt every data packet's payload (AES-128-GCM with the header as additional data), for
     jobs on networks others can read. Off, every datagram is still authenticated (a 128-bit
-    GMAC over header and payload, :data:`dlcp.hostagent.wire.TRAILER_SIZE`), but gradients travel in
+    AEGISMAC-128X4 tag over header and payload, :data:`dlcp.hostagent.wire.TRAILER_SIZE`), but gradients travel in
     the clear. Every rank of the job needs the same setting. See docs/design/security.md."""
 
     authenticate: bool = True

@@ -12,7 +12,7 @@ spraying); ``priority`` and ``drop_class`` are what the switch queues and drops 
 ``total_pkts``/``seq`` let the receiver keep a per-packet bitmap for bounded-loss
 completion and selective retransmission. What a receiver checks before a payload touches a
 tensor is not in the header: every datagram of the data path ends in a trailer
-(:data:`TRAILER_SIZE`), a packet number and a 128-bit AES-GCM tag over the header and payload
+(:data:`TRAILER_SIZE`), a packet number and a 128-bit tag (AEGISMAC-128X4) over the header and payload
 under the sender's direction key (:mod:`dlcp.hostagent.auth`), so no field and no bit of the payload
 can be forged or changed. ``token`` is left from version 2 (0 on data; a credit's keyed hash).
 
@@ -65,8 +65,10 @@ def dlcp_ports() -> list[int]:
 #: Header version carried in every packet; a receiver rejects any other value.
 #: 2: the ``token`` field (version 1 had none). 3: every data-path datagram ends in a trailer
 #: (:data:`TRAILER_SIZE`). 4: keys renewed by epoch of packet numbers (``hostagent/native/seal.h``);
-#: a credit's ``token`` is 0 (its trailer's tag authenticates it).
-VERSION = 4
+#: a credit's ``token`` is 0 (its trailer's tag authenticates it). 5: a MAC trailer's tag is
+#: AEGISMAC-128X4 (``hostagent/native/aegis_mac.h``), where 4's was AES-GMAC: a peer of version 4
+#: would find every datagram forged, so the versions refuse each other.
+VERSION = 5
 
 
 class PacketType(enum.IntEnum):
@@ -225,7 +227,8 @@ _NAMES = tuple(f.name for f in FIELDS)
 IP_UDP_OVERHEAD = 20 + 8
 
 #: Bytes after the payload of every datagram on the data path (DATA and CREDIT): an 8-byte
-#: packet number and a 16-byte AES-GCM tag over the header and the payload, under the key of
+#: packet number and a 16-byte tag over the header and the payload (AEGISMAC-128X4; AES-GCM's
+#: when the payload is encrypted too), under the key of
 #: the sender's direction (:mod:`dlcp.hostagent.auth`, ``hostagent/native/seal.h``). A trailer, not
 #: a header field, as QUIC and other AEAD protocols put it: the switch parses the header only,
 #: so the P4 header is unchanged; and the tag is computed after every header field is final.

@@ -12,6 +12,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+
+#include "aegis_mac.h"
 #include "datapath.h"
 #include "f32_loops.h"
 #include "tags.h"
@@ -137,6 +140,29 @@ NB_MODULE(_datapath, m) {
     m.attr("EPOCH_BITS") = Sealer::EPOCH_BITS;
     m.attr("SEAL_LIBRARY") = SEAL_LIBRARY;
     m.attr("LOOPS_TARGET") = loops_target();
+    m.attr("MAC_TARGET") = aegis_target();
+    // AEGISMAC-128X4 (aegis_mac.h) of `data` with a named build ("" for this CPU's best), for
+    // the known-answer tests and bench/seal_rate.py: given as two parts, data[:split] and the
+    // rest (as a datagram's header and payload are); `repeat` times over from one Init (a rate's
+    // loop, GIL released). ValueError when this CPU cannot run the build.
+    m.def("aegis_mac",
+          [](nb::bytes key, nb::bytes nonce, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> data,
+             std::string target, size_t repeat, size_t split) {
+              if (key.size() != AEGIS_KEY_BYTES || nonce.size() != AEGIS_NONCE_BYTES)
+                  throw std::invalid_argument("AEGISMAC-128X4 takes a 16-byte key and a 16-byte nonce");
+              const uint8_t* k = reinterpret_cast<const uint8_t*>(key.c_str());
+              const uint8_t* n = reinterpret_cast<const uint8_t*>(nonce.c_str());
+              const size_t a = split < data.size() ? split : data.size();
+              MacPart parts[2] = {{data.data(), a}, {data.data() + a, data.size() - a}};
+              AegisMacKey mk(k, n, target.empty() ? nullptr : target.c_str());  // (invalid_argument: ValueError)
+              uint8_t tag[AEGIS_TAG_BYTES];
+              {
+                  nb::gil_scoped_release quiet;
+                  for (size_t i = 0; i < (repeat ? repeat : 1); ++i) mk.mac(parts, 2, tag);
+              }
+              return nb::bytes(reinterpret_cast<const char*>(tag), AEGIS_TAG_BYTES);
+          },
+          "key"_a, "nonce"_a, "data"_a, "target"_a = "", "repeat"_a = 1, "split"_a = SIZE_MAX);
     m.def("epoch_key",
           [](nb::bytes key, uint8_t ptype, uint64_t epoch) {
               if (key.size() != KEY_BYTES) throw std::invalid_argument("a direction key has 16 bytes");

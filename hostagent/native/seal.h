@@ -2,22 +2,22 @@
 //
 //     header | payload | pn (8 bytes, big-endian) | tag (16 bytes)
 //
-// AES-128-GCM under a key derived from its direction's (sender -> receiver,
-// hostagent.auth.direction_keys: derived in the handshake, never sent; renewed by epoch, below),
-// nonce = ptype (1 byte) | 3 zero bytes | pn, where pn counts the datagrams of that type the
-// sender sealed under the key: no nonce is ever used twice under one key (a resend is sealed afresh with the next pn, so its changed header never
-// meets an old tag's nonce). Three modes:
-//   * MAC (the default): the whole datagram (header and payload) is GCM's additional data, the
-//     tag a 128-bit GMAC over it: any bit changed anywhere fails the check;
-//   * ENCRYPT: the header is the additional data and the payload is encrypted (AEAD);
+// under a key derived from its direction's (sender -> receiver, hostagent.auth.direction_keys:
+// derived in the handshake, never sent; renewed by epoch, below), nonce = ptype (1 byte) | 3 zero
+// bytes | pn (| 4 zero bytes for AEGIS's 16), where pn counts the datagrams of that type the
+// sender sealed under the key: no nonce is ever used twice under one key (a resend is sealed
+// afresh with the next pn, so its changed header never meets an old tag's nonce). Three modes:
+//   * MAC (the default): the tag is AEGISMAC-128X4 (aegis_mac.h) of the whole datagram (header
+//     and payload): any bit changed anywhere fails the check;
+//   * ENCRYPT: AES-128-GCM, the header the additional data and the payload encrypted (AEAD);
 //   * NONE: the trailer is sent zero and not checked (only to measure what protection costs).
 // The check comes before a byte of the payload is used: a receiver opens a datagram in its own
 // read buffer (decrypting in place) and only then reads its fields as trustworthy.
 //
-// Key renewal: a direction's key is never an AES key itself. Each packet type's numbers are cut
-// into epochs of 2^EPOCH_BITS, and epoch e of type t is sealed under
+// Key renewal: a direction's key is never a MAC or AES key itself. Each packet type's numbers
+// are cut into epochs of 2^EPOCH_BITS, and epoch e of type t is sealed under
 //     K(t, e) = HKDF-SHA256(ikm = direction key, info = "dlcp epoch" | t | e (8 bytes, big-endian))
-// (RFC 5869, OpenSSL's), so no AES key seals more than 2^22 datagrams: far below AES-GCM's
+// (RFC 5869, OpenSSL's), so no key seals more than 2^22 datagrams: far below AES-GCM's
 // limits (RFC 9001 section 6.6: 2^23 encrypted packets for confidentiality) however long a
 // job runs, and without a message to agree on it: both sides read the epoch from the packet
 // number. A receiver holds the keys of the previous, current and next epoch of each type; a
@@ -26,14 +26,15 @@
 // at the first datagram claiming it, and becomes current when one authenticates under it. The
 // 64-bit packet numbers do not wrap in any job's life (2^64 datagrams).
 //
-// Why AES-GCM: the CPUs this runs on have AES-NI and carry-less multiply (this one VAES and
-// VPCLMULQDQ too), it gives a MAC and the AEAD from one primitive and one key, with 128-bit
-// tags, and it is what QUIC and TLS 1.3 seal each packet with. Which library computes it:
-// Intel's intel-ipsec-mb where the build finds it (Debian's libipsec-mb-dev; x86-64), whose
-// AES-GCM and GMAC use VAES and VPCLMULQDQ on 512-bit registers: 3-4x faster per datagram
-// here than OpenSSL 3.0's (docs/design/security.md); OpenSSL 3 otherwise (every distribution's
-// libssl-dev, which also gives HKDF). Both compute the same standard tags (a known-answer test
-// pins them); SEAL_LIBRARY says which a build uses. A key's working state (key schedule and
+// Why two algorithms: the MAC runs over every byte of every collective (twice: the sender's tag,
+// the receiver's check), so it is the fastest sound one these CPUs offer: AEGISMAC-128X4 with
+// VAES, ~49 GB/s per core here against AES-GMAC's ~18 (aegis_mac.h says why it is sound to
+// use). Encryption, an option for shared networks, stays AES-GCM, what QUIC and TLS 1.3 seal each
+// packet with: Intel's intel-ipsec-mb where the build finds it (Debian's libipsec-mb-dev; x86-64;
+// VAES and VPCLMULQDQ on 512-bit registers: 3-4x faster per datagram here than OpenSSL 3.0's,
+// docs/design/security.md), OpenSSL 3 otherwise (every distribution's libssl-dev, which also
+// gives HKDF). Known-answer tests pin both (SEAL_LIBRARY says which AES-GCM a build uses,
+// aegis_target() which MAC build runs). An AES-GCM key's working state (key schedule and
 // hash-key powers) is computed once per key (GcmKey); per datagram only the nonce changes.
 #pragma once
 
@@ -43,9 +44,9 @@
 
 namespace dlcp {
 
-class GcmKey;  // one AES-128-GCM key, ready to use (seal.cc)
+class EpochKey;  // one epoch's key, ready to use (seal.cc)
 
-// The library behind the AES-GCM, and its version ("intel-ipsec-mb 1.3.0" or "OpenSSL 3.0.x").
+// The library behind the AES-GCM of ENCRYPT, and its version ("intel-ipsec-mb 1.3.0" or "OpenSSL 3.0.x").
 extern const char* const SEAL_LIBRARY;
 
 constexpr size_t PN_BYTES = 8, TAG_BYTES = 16, TRAILER_BYTES = PN_BYTES + TAG_BYTES;
@@ -116,15 +117,15 @@ class Sealer {
     struct Lane {
         uint64_t next_pn = 0;
         uint64_t tx_epoch = 0;
-        std::unique_ptr<GcmKey> tx;  // epoch tx_epoch's, made at the type's first seal
+        std::unique_ptr<EpochKey> tx;  // epoch tx_epoch's, made at the type's first seal
         uint64_t rx_epoch = 0;       // the current epoch: rx[1]; rx[0] the one before, rx[2] after
-        std::unique_ptr<GcmKey> rx[3];
+        std::unique_ptr<EpochKey> rx[3];
         ReplayWindow seen;
         Lane();
         ~Lane();
     };
     Lane& lane(uint8_t ptype);
-    std::unique_ptr<GcmKey> derive(uint8_t ptype, uint64_t epoch);
+    std::unique_ptr<EpochKey> derive(uint8_t ptype, uint64_t epoch);
 
     uint8_t key_[KEY_BYTES];
     Protect mode_;

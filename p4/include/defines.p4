@@ -12,7 +12,7 @@
 #define DLCP_UDP_PORT 17649
 #define DLCP_UDP_PORT_BLOCK 17648
 #define DLCP_UDP_PORT_MASK 0xFFF0
-#define DLCP_VERSION 4
+#define DLCP_VERSION 5
 #define DLCP_PTYPE_DATA 1
 
 /* v1model priority is 3 bits: 8 queues, 7 served first. */

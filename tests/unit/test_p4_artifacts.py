@@ -57,6 +57,7 @@ def test_controller_constants_match_p4_defines():
     assert define("VQ_FRAC_BITS") == priority_queue.VQ_FRAC_BITS
     assert define("NUM_QUEUES") == priority_queue.NUM_QUEUES
     assert define("DLCP_UDP_PORT") == wire.DLCP_UDP_PORT
+    assert define("DLCP_VERSION") == wire.VERSION
     assert (define("DLCP_UDP_PORT_BLOCK"), define("DLCP_UDP_PORT_MASK")) == (wire.DLCP_UDP_PORT_BLOCK,
                                                                             wire.DLCP_UDP_PORT_MASK)
     assert {define("LB_ROUND_ROBIN"), define("LB_RANDOM"), define("LB_FLOW")} == set(spray.LB_MODES.values())

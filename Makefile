@@ -77,7 +77,7 @@ test-unit: setup
 # preloaded, with libstdc++ (ASan intercepts C++ throws only if it is there from the start);
 # ASan's leak check is off (the interpreter does not free everything at exit).
 SANITIZE_TESTS ?= tests/transport/test_datapath.py tests/transport/test_sealing.py tests/transport/test_hostile.py \
-                  tests/transport/test_core_rules.py
+                  tests/transport/test_core_rules.py tests/transport/test_aegis_mac.py
 sanitize: setup
 	@set -e; for s in thread address,undefined; do \
 	  d=build/sanitize-$$(echo $$s | tr , -); rm -rf $$d/wheel; \

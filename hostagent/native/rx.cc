@@ -18,6 +18,10 @@
 #include "datapath.h"
 #include "f32_loops.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
@@ -32,6 +36,46 @@
 #endif
 
 namespace dlcp {
+
+namespace {
+
+// A payload placed into its message's buffer (a message that is not a sum: an all-gather's, a
+// broadcast's). With `stream`, from 4 KB up on x86-64, with streaming stores (SSE2, every x86-64
+// has them): they write whole lines to memory without first reading what the destination held,
+// where a plain copy reads each line of the destination before writing it. Why: the destination
+// is a tensor of tens of MB, not in cache, so the plain copy (libc's memcpy) read as many bytes
+// as it wrote: 4.2 of a rank's 46 CPU ms in a 4-rank 57 MB all_reduce. Not for a message a
+// chained send reads next (its triggers: the ring's all-gather forwards all but its last
+// chunk): that send tags the bytes as it reads them, at memory's pace if streaming left them
+// out of cache (measured: streaming everything 44.8 ms per rank and call, only messages
+// without triggers 43.9, never 46.2; bench/cpu_profile.py, docs/results/backend.md). The
+// sfence orders the streamed lines before whatever tells another thread the slot is filled
+// (the receive lock's release).
+void place_payload(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
+#if defined(__x86_64__)
+    if (stream && n >= 4096) {
+        size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+        std::memcpy(dst, src, head);
+        size_t i = head;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+            __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+            __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+            __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+        }
+        std::memcpy(dst + i, src + i, n - i);
+        _mm_sfence();
+        return;
+    }
+#endif
+    std::memcpy(dst, src, n);
+}
+
+}  // namespace
 
 namespace {
 // Datagram reads per recvmmsg. Each batch is opened, checked and placed under rx_mu_ while it is
@@ -505,7 +549,8 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             const uint8_t* payload = d + H_;
             uint64_t first = uint64_t(seq) * s.per;
             if (!s.accumulate) {
-                std::memcpy(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize);
+                place_payload(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize,
+                              s.triggers.empty());
                 if (!m->mags.empty())  // (from the datagram, still in cache: the same values)
                     packet_magnitudes(payload, count, Kind::F32, count, Magnitude::L2, &m->mags[seq]);
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half

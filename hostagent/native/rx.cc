@@ -75,9 +75,6 @@ void place_payload(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
     std::memcpy(dst, src, n);
 }
 
-}  // namespace
-
-namespace {
 // Datagram reads per recvmmsg. Each batch is opened, checked and placed under rx_mu_ while it is
 // still in cache: 8 reads of up to a GRO super-datagram each (512 KB) fit a core's L2, where 64
 // (4 MB) did not, and the lock is held an eighth as long (the control thread waits on it).

@@ -215,13 +215,14 @@ class EpochKey {
     EpochKey(const EpochKey&) = delete;
     EpochKey& operator=(const EpochKey&) = delete;
 
-    // The MAC of a datagram: AEGISMAC-128X4 under a fixed nonce of `iv` (the datagram's type and
-    // packet number, zero-padded to 16 bytes) followed by header and payload. Why the nonce
-    // inside the data and not as AEGIS's nonce: every datagram of an epoch then starts from one
-    // Init (10 of the 26 state updates a MAC spends besides its data: a 1,428-byte datagram's
-    // MAC 25 % faster), and the MAC is the one AEGIS function that allows a (key, nonce) pair to
-    // be reused with different inputs (draft-irtf-cfrg-aegis-aead-18, "AEGIS as a MAC"); the
-    // inputs differ, as each begins with its own type and packet number.
+    // The MAC of a datagram: AEGISMAC-128X4 under the epoch's key and a fixed (zero) nonce, of
+    // `iv` (the datagram's type and packet number) zero-padded to 16 bytes, then header, then
+    // payload. Why the nonce inside the data and not as AEGIS's nonce: every datagram of an
+    // epoch then starts from one Init (10 of the 26 state updates a MAC spends besides its data:
+    // a 1,428-byte datagram's MAC went from 11.4 to 16.5 GB/s), and the MAC is the one AEGIS
+    // function that allows a (key, nonce) pair to be reused with different inputs
+    // (draft-irtf-cfrg-aegis-aead-18, "AEGIS as a MAC"); the inputs differ, as each begins with
+    // its own type and packet number.
     void mac(const uint8_t iv[12], const uint8_t* a, size_t alen, const uint8_t* b, size_t blen, uint8_t tag[16]) const {
         uint8_t first[16] = {};
         std::memcpy(first, iv, 12);

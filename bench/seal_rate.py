@@ -21,7 +21,7 @@ import numpy as np
 from dlcp.hostagent import _datapath, sealing, wire
 
 SIZES = {"1,428 B (MTU 1500)": 1428, "8,972 B (MTU 9000)": 8972, "65,507 B (loopback)": 65_507}
-BUILDS = ("vaes512", "aesni", "portable")
+BUILDS = ("vaes512", "vaes256", "aesni", "portable")
 
 
 def mac_rate(build: str, size: int, total: int, repeats: int) -> float | None:

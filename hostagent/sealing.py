@@ -65,7 +65,7 @@ def library() -> str:
 
 def mac_build() -> str:
     """Which build of AEGISMAC-128X4 (the MAC of every datagram not encrypted) this CPU runs:
-    ``"vaes512"``, ``"aesni"`` or ``"portable"`` (``hostagent/native/aegis_mac.h``)."""
+    ``"vaes512"``, ``"vaes256"``, ``"aesni"`` or ``"portable"`` (``hostagent/native/aegis_mac.h``)."""
     return str(_native().MAC_TARGET)
 
 

@@ -14,10 +14,11 @@
 // datagram of an epoch the same one and the packet type and number as the first 16 bytes of
 // the data: one Init per key (AegisMacKey), and no input ever MACed twice under a key.
 //
-// Three builds of the one algorithm (aegis_body.inc), the first call picking the fastest this
-// CPU runs: "vaes512" (the four lanes in one 512-bit register; AVX-512F and VAES), "aesni" (four
+// Four builds of the one algorithm (aegis_body.inc), the first call picking the fastest this
+// CPU runs: "vaes512" (the four lanes in one 512-bit register; AVX-512F and VAES), "vaes256"
+// (two 256-bit registers; AVX2 and VAES: AMD Zen 3, Intel without AVX-512), "aesni" (four
 // 128-bit registers; any x86-64 with AES-NI), and "portable" (AES rounds in C++, table lookups:
-// not constant-time, for CPUs without AES instructions only). All three give the same tags (the
+// not constant-time, for CPUs without AES instructions only). All give the same tags (the
 // draft's known answer and an independent model pin them: tests/transport/test_aegis_mac.py).
 #pragma once
 
@@ -40,7 +41,7 @@ struct AegisBuild;  // one build's functions (aegis_mac.cc)
 // a MAC spends besides its data's), for the build this CPU runs or a named one.
 class AegisMacKey {
   public:
-    // `target`: "vaes512", "aesni" or "portable"; null for the fastest this CPU runs. Throws
+    // `target`: "vaes512", "vaes256", "aesni" or "portable"; null for the fastest this CPU runs. Throws
     // std::invalid_argument when this CPU cannot run the named build.
     AegisMacKey(const uint8_t key[AEGIS_KEY_BYTES], const uint8_t nonce[AEGIS_NONCE_BYTES],
                 const char* target = nullptr);
@@ -59,7 +60,7 @@ class AegisMacKey {
     const AegisBuild* build_;
 };
 
-// Which build this CPU runs fastest: "vaes512", "aesni" or "portable".
+// Which build this CPU runs fastest: "vaes512", "vaes256", "aesni" or "portable".
 const char* aegis_target();
 
 }  // namespace dlcp

@@ -138,12 +138,12 @@ DLCP_TARGET_BEGIN("aes,sse4.1")
 namespace aesni {
 
 struct V {
-    __m128i l[LANES];
+    __m128i r[LANES];
 };
 
 DLCP_INLINE V load(const uint8_t* p) {
     V v;
-    for (size_t i = 0; i < LANES; ++i) v.l[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
+    for (size_t i = 0; i < LANES; ++i) v.r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
     return v;
 }
 DLCP_INLINE V bcast(const uint8_t* p) {
@@ -155,43 +155,25 @@ DLCP_INLINE V lane0(const uint8_t* p) {
     return V{{_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), z, z, z}};
 }
 DLCP_INLINE void store(uint8_t* p, V v) {
-    for (size_t i = 0; i < LANES; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16 * i), v.l[i]);
+    for (size_t i = 0; i < LANES; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16 * i), v.r[i]);
 }
 DLCP_INLINE V x(V a, V b) {
-    for (size_t i = 0; i < LANES; ++i) a.l[i] = _mm_xor_si128(a.l[i], b.l[i]);
+    for (size_t i = 0; i < LANES; ++i) a.r[i] = _mm_xor_si128(a.r[i], b.r[i]);
     return a;
 }
 DLCP_INLINE V aes(V in, V rk) {
-    for (size_t i = 0; i < LANES; ++i) in.l[i] = _mm_aesenc_si128(in.l[i], rk.l[i]);
+    for (size_t i = 0; i < LANES; ++i) in.r[i] = _mm_aesenc_si128(in.r[i], rk.r[i]);
     return in;
 }
 
-// A run of whole blocks lane by lane: the four lanes' states are independent, and one lane's
-// eight blocks fit the 16 xmm registers where all four lanes' 32 do not (spilled, the run took
-// twice as long).
-DLCP_INLINE void absorb_lanes(V* st, const uint8_t* p, size_t nblocks) {
-    for (size_t i = 0; i < LANES; ++i) {
-        __m128i s0 = st[0].l[i], s1 = st[1].l[i], s2 = st[2].l[i], s3 = st[3].l[i];
-        __m128i s4 = st[4].l[i], s5 = st[5].l[i], s6 = st[6].l[i], s7 = st[7].l[i];
-        for (size_t k = 0; k < nblocks; ++k) {
-            const uint8_t* b = p + RATE * k + 16 * i;
-            __m128i m0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-            __m128i m1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + HALF));
-            __m128i old7 = s7;
-            s7 = _mm_aesenc_si128(s6, s7);
-            s6 = _mm_aesenc_si128(s5, s6);
-            s5 = _mm_aesenc_si128(s4, s5);
-            s4 = _mm_aesenc_si128(s3, _mm_xor_si128(s4, m1));
-            s3 = _mm_aesenc_si128(s2, s3);
-            s2 = _mm_aesenc_si128(s1, s2);
-            s1 = _mm_aesenc_si128(s0, s1);
-            s0 = _mm_aesenc_si128(old7, _mm_xor_si128(s0, m0));
-        }
-        st[0].l[i] = s0, st[1].l[i] = s1, st[2].l[i] = s2, st[3].l[i] = s3;
-        st[4].l[i] = s4, st[5].l[i] = s5, st[6].l[i] = s6, st[7].l[i] = s7;
-    }
-}
-#define DLCP_AEGIS_ABSORB_RUN absorb_lanes
+// A run of whole blocks one lane at a time (aegis_run.inc): one lane's eight blocks fit the 16
+// xmm registers where all four lanes' 32 do not (spilled, the run took twice as long).
+using R = __m128i;
+DLCP_INLINE R r_ld(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+DLCP_INLINE R r_xor(R a, R b) { return _mm_xor_si128(a, b); }
+DLCP_INLINE R r_aes(R a, R k) { return _mm_aesenc_si128(a, k); }
+#include "aegis_run.inc"
+#define DLCP_AEGIS_ABSORB_RUN absorb_run
 
 #include "aegis_body.inc"
 
@@ -205,7 +187,7 @@ DLCP_TARGET_BEGIN("avx2,vaes")
 namespace vaes256 {
 
 struct V {
-    __m256i h[2];  // lanes 0-1, lanes 2-3
+    __m256i r[2];  // lanes 0-1, lanes 2-3
 };
 
 DLCP_INLINE __m256i ld(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -218,38 +200,22 @@ DLCP_INLINE V lane0(const uint8_t* p) {
     return V{{_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), _mm256_setzero_si256()}};
 }
 DLCP_INLINE void store(uint8_t* p, V v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v.h[0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 32), v.h[1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v.r[0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 32), v.r[1]);
 }
-DLCP_INLINE V x(V a, V b) { return V{{_mm256_xor_si256(a.h[0], b.h[0]), _mm256_xor_si256(a.h[1], b.h[1])}}; }
+DLCP_INLINE V x(V a, V b) { return V{{_mm256_xor_si256(a.r[0], b.r[0]), _mm256_xor_si256(a.r[1], b.r[1])}}; }
 DLCP_INLINE V aes(V in, V rk) {
-    return V{{_mm256_aesenc_epi128(in.h[0], rk.h[0]), _mm256_aesenc_epi128(in.h[1], rk.h[1])}};
+    return V{{_mm256_aesenc_epi128(in.r[0], rk.r[0]), _mm256_aesenc_epi128(in.r[1], rk.r[1])}};
 }
 
-// A run of whole blocks two lanes at a time, for the reason aesni's goes one at a time: one
-// pair's eight registers leave room in the 16 ymm ones; both pairs' 16 do not.
-DLCP_INLINE void absorb_pairs(V* st, const uint8_t* p, size_t nblocks) {
-    for (size_t j = 0; j < 2; ++j) {
-        __m256i s0 = st[0].h[j], s1 = st[1].h[j], s2 = st[2].h[j], s3 = st[3].h[j];
-        __m256i s4 = st[4].h[j], s5 = st[5].h[j], s6 = st[6].h[j], s7 = st[7].h[j];
-        for (size_t k = 0; k < nblocks; ++k) {
-            const uint8_t* b = p + RATE * k + 32 * j;
-            __m256i m0 = ld(b), m1 = ld(b + HALF);
-            __m256i old7 = s7;
-            s7 = _mm256_aesenc_epi128(s6, s7);
-            s6 = _mm256_aesenc_epi128(s5, s6);
-            s5 = _mm256_aesenc_epi128(s4, s5);
-            s4 = _mm256_aesenc_epi128(s3, _mm256_xor_si256(s4, m1));
-            s3 = _mm256_aesenc_epi128(s2, s3);
-            s2 = _mm256_aesenc_epi128(s1, s2);
-            s1 = _mm256_aesenc_epi128(s0, s1);
-            s0 = _mm256_aesenc_epi128(old7, _mm256_xor_si256(s0, m0));
-        }
-        st[0].h[j] = s0, st[1].h[j] = s1, st[2].h[j] = s2, st[3].h[j] = s3;
-        st[4].h[j] = s4, st[5].h[j] = s5, st[6].h[j] = s6, st[7].h[j] = s7;
-    }
-}
-#define DLCP_AEGIS_ABSORB_RUN absorb_pairs
+// A run of whole blocks two lanes at a time (aegis_run.inc), for the reason aesni's goes one at
+// a time: one pair's eight registers leave room in the 16 ymm ones; both pairs' 16 do not.
+using R = __m256i;
+DLCP_INLINE R r_ld(const uint8_t* p) { return ld(p); }
+DLCP_INLINE R r_xor(R a, R b) { return _mm256_xor_si256(a, b); }
+DLCP_INLINE R r_aes(R a, R k) { return _mm256_aesenc_epi128(a, k); }
+#include "aegis_run.inc"
+#define DLCP_AEGIS_ABSORB_RUN absorb_run
 
 #include "aegis_body.inc"
 

@@ -54,7 +54,8 @@ def _kernel(*words: str) -> str:
 #: are exact names; the kernel's families after them, the network stack's first.
 CATEGORIES: list[tuple[str, str]] = [
     ("idle", _kernel("pv_native_safe_halt", "default_idle", "acpi_idle", "cpuidle", "poll_idle", "mwait_idle")),
-    ("tag (MAC, AES-GCM)", r"IPSec_MB|libcrypto|aes_gcm|gmac|ghash|aegis|::(?:vaes512|aesni|portable)::mac\b"),
+    ("tag (MAC, AES-GCM)", r"IPSec_MB|libcrypto|aes_gcm|gmac|ghash|aegis"
+                           r"|::(?:vaes512|vaes256|aesni|portable)::(?:mac_from|init_state)\b"),
     ("kernel copies", _kernel("copy_from_iter", "copy_to_iter", "rep_movs_alternative", "copy_user_generic",
                               "copy_from_user", "copy_to_user", "csum_and_copy_from_iter", "simple_copy_to_iter")),
     ("memcpy (libc)", r"libc\.so\S* +\[\.\] \S*(memmove|memcpy|memset)"),

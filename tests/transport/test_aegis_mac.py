@@ -52,9 +52,8 @@ def test_every_build_agrees_with_the_model_at_block_edges_and_any_cut(build):
     for n in (0, 1, 15, 16, 40, 63, 64, 65, 127, 128, 129, 191, 255, 256, 300, 1000):
         data = rng.randbytes(n)
         want = aegismac_128x4(key, nonce, data)
-        for cut in sorted({0, 1, 40, n // 2, max(0, n - 1), n}):
-            if cut <= n:
-                assert _mac(key, nonce, data, build, split=cut) == want, (n, cut)
+        for cut in sorted({0, min(1, n), min(40, n), n // 2, max(0, n - 1), n}):
+            assert _mac(key, nonce, data, build, split=cut) == want, (n, cut)
         if n:
             flipped = bytearray(data)
             flipped[rng.randrange(n)] ^= 1 << rng.randrange(8)

@@ -353,7 +353,8 @@ class DLCPProcessGroup(dist.ProcessGroup):
         ranks = list(range(world_size))
         reliable = replace(options.policy, loss_bound_push=0.0, loss_bound_pull=0.0)
         self._ring_gradients = RingAllreduce(endpoint, ranks, policy=options.policy, timeout=timeout)
-        self._ring_reliable = RingAllreduce(endpoint, ranks, policy=reliable, timeout=timeout)
+        # (not gradients: no packet of theirs is less important than another, none is dropped first)
+        self._ring_reliable = RingAllreduce(endpoint, ranks, policy=reliable, timeout=timeout, classify=False)
         self._order = BackwardOrder(options.policy)
         self._calls = itertools.count(1)  # numbered as issued: the same order on every rank
         self._p2p: dict[tuple[str, int, int], int] = {}
@@ -759,7 +760,7 @@ class DLCPProcessGroup(dist.ProcessGroup):
 
     def _send(self, dest: int, data: np.ndarray, mid: int, call: int) -> Any:
         """A reliable send of wire elements (``call`` goes in every header, bound by the token)."""
-        return self.endpoint.send(dest, data, mid, loss_bound=0.0, iteration=call, announce=False)
+        return self.endpoint.send(dest, data, mid, loss_bound=0.0, iteration=call, announce=False, classify=False)
 
     def _recv(self, src: int, elems: int, mid: int, call: int) -> Any:
         """A reliable receive of ``elems`` wire elements."""

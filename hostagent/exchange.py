@@ -590,12 +590,15 @@ class RingAllreduce:
     reliable all-gather recovers its losses: around the ring each step waits for the previous
     one's recovery (up to n-1 recovery rounds in a row), direct sends recover side by side.
 
+    ``classify``: packets take their drop classes from the gradients' magnitudes (the policy's
+    rule); ``False`` for data that is not a gradient: every packet in class 0, none computed.
+
     Example: ``avg = RingAllreduce(ep, ranks=[0, 1, 2, 3]).allreduce(it, grads)``
     """
 
     def __init__(self, endpoint: Endpoint, ranks: Sequence[int], policy: Policy | None = None,
                  timeout: float | None = None, fusion: FusionConfig = FusionConfig(),
-                 gather: GatherMode = "ring") -> None:
+                 gather: GatherMode = "ring", classify: bool = True) -> None:
         if gather not in ("direct", "ring"):
             raise ValueError(f"gather must be 'direct' or 'ring', not {gather!r}")
         ranks = list(ranks)
@@ -614,6 +617,7 @@ class RingAllreduce:
         self.policy = policy or endpoint.policy
         self.timeout = endpoint.config.message_deadline if timeout is None else timeout
         self.gather = gather
+        self.classify = classify
         self.last_stats: ExchangeStats | None = None
         self._planner = _Planner(fusion, self.policy)
         self._chunking = _Chunking(self.n, self.policy)
@@ -737,7 +741,7 @@ class RingAllreduce:
                              priority=lays[t].top_priority,  # (a chunk's rank among messages: its bucket's)
                              loss_bound=pull if gather else push, iteration=iteration, tensor_id=ids[t],
                              layer=chunk.first_layer % 65536, layout=chunk, announce=False, held=held,
-                             snapshot=snap)
+                             snapshot=snap, classify=self.classify)
             sends.append((-1 if gather else t, h, snap, lo))
 
         def recv(t: int, src: int, c: int, step: int, gather: bool, then: tuple[tuple[int, int], ...]) -> None:
@@ -745,7 +749,7 @@ class RingAllreduce:
             recvs.append(self.ep.recv(src, message_id(iteration, ids[t], step), out=bufs[t][lo:hi],
                                       expect=Expect(hi - lo, bufs[t].dtype, pull if gather else push,
                                                     iteration=iteration, accumulate=not gather, then_send=then,
-                                                    scale=1.0 if gather else scale)))
+                                                    scale=1.0 if gather else scale, classify=self.classify)))
 
         others = [self.ranks[(i + k) % n] for k in range(1, n)]  # from the right neighbour on
         for t in range(len(bufs)):

@@ -221,6 +221,10 @@ class Expect:
     multiplied by ``scale`` (in float32) before its packet is added, and the elements no packet
     came for are multiplied when the message completes: ``out = out * scale + message`` without
     a pass of its own over ``out``; the data path adds so, each operation rounded in float32."""
+    classify: bool = True
+    """Whether the held sends ``then_send`` starts take their drop classes from the magnitudes of
+    what they forward, which this receive then computes as it places each packet. False where
+    they were sent with ``classify=False`` (``Endpoint.send``): nothing to compute."""
 
     def __post_init__(self) -> None:
         if self.scale != 1.0 and not self.accumulate:

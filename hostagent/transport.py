@@ -282,7 +282,8 @@ class Endpoint(ControlPath):
     def send(self, dest: int, data: np.ndarray, message_id: int, priority: int | None = None,
              loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
              layout: Layout | None = None, announce: bool = True, held: bool = False,
-             snapshot: np.ndarray | None = None, drop_classes: np.ndarray | None = None) -> SendHandle:
+             snapshot: np.ndarray | None = None, drop_classes: np.ndarray | None = None,
+             classify: bool = True) -> SendHandle:
         """Send ``data`` to rank ``dest`` as message ``message_id``; returns at once.
 
         Args:
@@ -301,6 +302,9 @@ class Endpoint(ControlPath):
                 when the message starts, and sends from (``data`` may change afterwards).
             drop_classes: each packet's drop class, computed by the caller by the policy's rule
                 (a server sending one array to many workers computes them once).
+            classify: ``False`` puts every packet in drop class 0, the one a switch drops last, and
+                computes no magnitude: for data that is not a gradient, none of which matters
+                less than the rest (the backend's collectives outside a backward pass).
 
         The array is not copied (unless ``snapshot``): it must not change until the handle resolves.
 
@@ -316,7 +320,8 @@ class Endpoint(ControlPath):
         with self._lock:
             self._check_running()
             h = self._core.send(dest, data, message_id, time.monotonic(), priority, loss_bound, iteration, tensor_id,
-                               layer, layout, announce, held, snapshot, defer=defer, drop_classes=drop_classes)
+                               layer, layout, announce, held, snapshot, defer=defer, drop_classes=drop_classes,
+                               classify=classify)
         if defer:
             self._deferring.__dict__.setdefault("pending", []).append((dest, message_id))
         elif announce:

@@ -115,7 +115,8 @@ class NativeDatapath:
         self._dp.expect(spec.src, spec.message_id, spec.token, spec.dtype, spec.total_elems, spec.elems_per_packet,
                         _raw(b.out.reshape(-1)), spec.accumulate, int(wire.dtype_code(b.out.dtype)), b.received,
                         b.pkt_priority, b.pkt_layer,
-                        spec.required_elems, list(spec.triggers), float(spec.scale), spec.iteration)
+                        spec.required_elems, list(spec.triggers), float(spec.scale), spec.iteration,
+                        spec.classify)
         self._rx_refs[(spec.src, spec.message_id)] = spec
 
     def progress(self, src: int, message_id: int) -> Progress | None:

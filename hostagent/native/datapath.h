@@ -165,6 +165,7 @@ struct RxSpec {
     std::vector<std::pair<uint16_t, uint32_t>> triggers;  // held sends to start at completion
     float scale = 1.0f;  // accumulate (float32 into float32): out = out * scale + payload, and
                          // out * scale where no packet came, at completion
+    bool classify = true;  // the triggers classify by magnitude: each placed packet's is computed for them
 };
 
 struct TxSpec {

@@ -314,9 +314,11 @@ NB_MODULE(_datapath, m) {
         .def("expect",
              [](Datapath& d, uint16_t src, uint32_t mid, uint32_t token, uint8_t dtype, uint64_t total, uint32_t per,
                 Bytes1D out, bool accumulate, uint8_t out_dtype, U8 received, U8 prio, I64 layer, uint64_t required,
-                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale, uint32_t iteration) {
+                std::vector<std::pair<uint16_t, uint32_t>> triggers, double scale, uint32_t iteration,
+                bool classify) {
                  RxSpec s;
                  s.iteration = iteration;
+                 s.classify = classify;
                  s.src = src;
                  s.message_id = mid;
                  s.token = token;
@@ -342,7 +344,7 @@ NB_MODULE(_datapath, m) {
              },
              "src"_a, "message_id"_a, "token"_a, "dtype"_a, "total_elems"_a, "per"_a, "out"_a, "accumulate"_a,
              "out_dtype"_a, "received"_a, "pkt_priority"_a, "pkt_layer"_a, "required_elems"_a, "triggers"_a,
-             "scale"_a = 1.0, "iteration"_a = 0)
+             "scale"_a = 1.0, "iteration"_a = 0, "classify"_a = true)
         .def("progress",
              [](Datapath& d, uint16_t src, uint32_t mid) -> nb::object {
                  Progress p;

@@ -231,7 +231,8 @@ void Datapath::expect(const RxSpec& spec) {
     m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
-    if (!spec.triggers.empty() && cfg_.magnitude == Magnitude::L2 && m->kind == Kind::F32 && m->out_kind == Kind::F32)
+    if (!spec.triggers.empty() && spec.classify && cfg_.magnitude == Magnitude::L2 && m->kind == Kind::F32 &&
+        m->out_kind == Kind::F32)
         m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)

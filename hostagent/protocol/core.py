@@ -199,7 +199,7 @@ class ProtocolCore:
              loss_bound: float | None = None, iteration: int = 0, tensor_id: int = 0, layer: int = 0,
              layout: Layout | None = None, announce: bool = True, held: bool = False,
              snapshot: np.ndarray | None = None, defer: bool = False,
-             drop_classes: np.ndarray | None = None) -> SendHandle:
+             drop_classes: np.ndarray | None = None, classify: bool = True) -> SendHandle:
         """Start sending ``data`` (see :meth:`dlcp.hostagent.transport.Endpoint.send`); with ``defer``
         the data path gets it only at :meth:`release`, once its META has left."""
         if dest == self.rank:
@@ -222,6 +222,8 @@ class ProtocolCore:
                              f"{wire.FIELD_MAX['elem_offset']} elements")
         per = elems_per_packet(self.config.mtu, data.dtype)
         n = -(-flat.size // per)
+        if not classify and drop_classes is None:
+            drop_classes = np.zeros(n, np.uint8)  # (given classes: the data path computes no magnitude)
         pkt_prio = pkt_layer = None
         if layout is not None and layout.total != flat.size:
             raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
@@ -324,13 +326,13 @@ class ProtocolCore:
         h = RecvHandle(src, message_id, out, expect.accumulate)
         self._setup_in(src, message_id, expect.total_elems, int(code), per, expect.loss_bound,
                        self.policy.top_priority, expect.iteration, h, out, expect.accumulate, expect.then_send, now,
-                       scale=expect.scale)
+                       scale=expect.scale, classify=expect.classify)
         return h
 
     def _setup_in(self, src: int, message_id: int, total: int, code: int, per: int, loss_bound: float,
                   priority: int, iteration: int, handle: RecvHandle | None, out: np.ndarray | None,
                   accumulate: bool, triggers: tuple[tuple[int, int], ...], now: float,
-                  scale: float = 1.0) -> Incoming:
+                  scale: float = 1.0, classify: bool = True) -> Incoming:
         """Set a message up for receiving (from a META or an expect); raises ValueError for bad sizes."""
         if scale != 1.0 and (not accumulate or out is None or out.dtype != np.float32
                              or code != int(wire.Dtype.FLOAT32)):
@@ -355,7 +357,7 @@ class ProtocolCore:
         self.recent_done.pop(key, None)
         self.port.expect(RxSpec(src, message_id, self.rx_token(src, message_id, iteration), code, total, per,
                                 buffers, accumulate, required_elements(total, loss_bound), tuple(triggers), scale,
-                                iteration))
+                                iteration, classify))
         return msg
 
     def announcements(self) -> Queue[tuple[int, int]]:
@@ -780,10 +782,9 @@ class ProtocolCore:
         for rank in sorted(self.authed):
             if rank == self.rank:
                 continue
-            rec = self.feedback_record(rank, now, force=False)
+            rec, report_due = self._feedback(rank, now, force=False)
             if rec is not None:
                 self.outbox[rank].append(rec)
-            report_due = self.feedback_due(rank, now)
             if report_due is not None:
                 wake = min(wake, report_due)
         if self.inc:  # data streams in without events: its clean reports are due every bulk interval
@@ -924,27 +925,26 @@ class ProtocolCore:
             return self.config.bulk_feedback_interval, share
         return self.config.clean_feedback_interval, share
 
-    def feedback_due(self, rank: int, now: float) -> float | None:
-        """When the next report to ``rank`` is due (None: nothing to report)."""
-        counts = self.fb.get(rank)
-        if not counts:
-            return None
-        sent_at = self.fb_sent_at.get(rank)
-        return now if sent_at is None else sent_at + self._feedback_interval(counts, rank, now)[0]
-
     def feedback_record(self, rank: int, now: float, force: bool) -> bytes | None:
         """A FEEDBACK record for sender ``rank`` if one is due (see :meth:`_feedback_interval`),
         resetting its counters; with ``force`` at once (another record is leaving for that peer
         anyway, so it rides along for free)."""
+        return self._feedback(rank, now, force)[0]
+
+    def _feedback(self, rank: int, now: float, force: bool) -> tuple[bytes | None, float | None]:
+        """:meth:`feedback_record`, and when the next report to ``rank`` is due if none leaves now
+        (None: nothing to report). One pass for both: the interval asks the data path for the
+        drain share (two calls into it, each a hand-over of the interpreter lock), and the
+        timers run this for every peer on every run."""
         if rank in self.authed:
             self.fb[rank].add(self.port.take_feedback(rank))
         counts = self.fb.get(rank)
         if not counts:
-            return None
+            return None, None
         sent_at = self.fb_sent_at.get(rank)
         interval, share = self._feedback_interval(counts, rank, now)
         if not force and sent_at is not None and now - sent_at < interval:
-            return None
+            return None, sent_at + interval
         del self.fb[rank]
         self.fb_sent_at[rank] = now
         self.drain_sent[rank] = share
@@ -953,7 +953,7 @@ class ProtocolCore:
         return wire.pack_record(wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=self.config.job_id, message_id=0,
                                             sender_rank=self.rank, flags=flags, priority=self.policy.top_priority),
                                 wire.FEEDBACK_BODY.pack(*(min(c, 0xFFFFFFFF) for c in
-                                                          (counts.received, counts.marked, counts.lost)), share))
+                                                          (counts.received, counts.marked, counts.lost)), share)), None
 
     def hello_feedback(self, now: float) -> bytes:
         """The FEEDBACK that opens a connection: what we can drain, before any data."""

@@ -140,6 +140,9 @@ class RxSpec:
     """The iteration its packets carry (a packet of another is an earlier use of the id: stale);
     the data path keeps the newest per sender and the last per message id, so datagrams recorded
     earlier are stale (:func:`dlcp.hostagent.protocol.incoming.stale`)."""
+    classify: bool = True
+    """The ``triggers`` classify their packets by magnitude (:attr:`dlcp.hostagent.messages.Expect.classify`):
+    the receive computes each placed packet's magnitude for them, from the bytes still in cache."""
 
 
 @dataclass(frozen=True)

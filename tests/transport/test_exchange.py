@@ -122,6 +122,30 @@ def test_ring_allreduce_error_with_loss_is_bounded(endpoints, gather):
             np.testing.assert_array_equal(out[w][t], out[0][t])
 
 
+@pytest.mark.parametrize("classify", [True, False])
+def test_a_ring_of_data_that_is_not_gradients_puts_every_packet_in_the_class_dropped_last(endpoints, classify):
+    """``classify=False`` (the backend's collectives outside a backward pass): every packet of
+    every step, the forwarded ones too, goes in drop class 0, so a receiver that drops classes
+    1-3 drops none of them; a classifying ring's packets spread over the classes (and lose
+    some, which the lossless ring recovers). Both sum exactly."""
+    n = 3
+    loss = LossInjection(drop_probabilities=(0, 0.3, 0.3, 0.3), seed=2)
+    eps = endpoints(n, policy=Policy(loss_bound_push=0.0), loss=loss)
+    rings = [RingAllreduce(ep, list(range(n)), classify=classify) for ep in eps]
+    grads = _grads(n, 4)
+    out = _run_threads({w: (lambda w=w: rings[w].allreduce(0, grads[w])) for w in range(n)})
+    for t in range(len(SHAPES)):
+        mean = np.mean([grads[w][t] for w in range(n)], axis=0)
+        for w in range(n):
+            np.testing.assert_allclose(out[w][t], mean, rtol=1e-5, atol=1e-6)
+    dropped = sum(sum(ep.stats.injected_drops.values()) for ep in eps)
+    resent = sum(ep.stats.retransmitted_pkts for ep in eps)
+    if classify:
+        assert dropped > 0 and resent > 0
+    else:
+        assert dropped == 0 and resent == 0
+
+
 def test_ring_refuses_an_unknown_gather(endpoints):
     ep, _ = endpoints(2)
     with pytest.raises(ValueError, match="gather must be"):

@@ -757,9 +757,24 @@ class RingAllreduce:
             if scale != 1.0:  # the chunk sent at step 0 (the receives scale the others)
                 lo, hi, _ = chunk_of(t, i)
                 bufs[t][lo:hi] *= np.float32(scale)
-            # sends first: each but the first is held until the receive that names it completes.
             # Reduce-scatter step s sends chunk (i - s) and receives chunk (i - s - 1), which it
             # adds to and forwards at step s + 1; after n - 1 steps chunk (i + 1) is whole here.
+            # Every send but the first is held until the receive that names it completes (one
+            # that completes before its send is handed over starts it at once).
+            def rs_recv(step: int) -> None:
+                if step + 1 < rs_steps:
+                    then: tuple[tuple[int, int], ...] = ((self.right, message_id(iteration, tid, step + 1)),)
+                elif self.gather == "direct":
+                    then = tuple((d, message_id(iteration, tid, rs_steps)) for d in others)
+                else:
+                    then = ((self.right, message_id(iteration, tid, rs_steps)),)
+                recv(t, self.left, (i - step - 1) % n, step, gather=False, then=then)
+
+            # The first receive before any send: the left neighbour's first chunk is on its way
+            # as soon as that rank starts, and what comes before its receive is set up is parked
+            # (copied aside, placed later): 5 % of a 4-rank 57 MB all_reduce's packets when the
+            # receives followed the six sends.
+            rs_recv(0)
             for step in range(rs_steps):
                 send(t, self.right, (i - step) % n, step, gather=False, held=step > 0)
             if self.gather == "direct":
@@ -768,15 +783,8 @@ class RingAllreduce:
             else:
                 for s in range(n - 1):
                     send(t, self.right, (i + 1 - s) % n, rs_steps + s, gather=True, held=True)
-            for step in range(rs_steps):
-                last = step + 1 == rs_steps
-                if not last:
-                    then: tuple[tuple[int, int], ...] = ((self.right, message_id(iteration, tid, step + 1)),)
-                elif self.gather == "direct":
-                    then = tuple((d, message_id(iteration, tid, rs_steps)) for d in others)
-                else:
-                    then = ((self.right, message_id(iteration, tid, rs_steps)),)
-                recv(t, self.left, (i - step - 1) % n, step, gather=False, then=then)
+            for step in range(1, rs_steps):
+                rs_recv(step)
             if self.gather == "direct":
                 for k, src in enumerate(others):  # the owner of chunk (pos + 1) sends it
                     recv(t, src, (i + k + 2) % n, rs_steps, gather=True, then=())

@@ -30,6 +30,11 @@ void add_f32_scaled(float* dst, const uint8_t* src, uint32_t count, float scale)
 // The same, and the L2 magnitude of dst[0..count) afterwards.
 float add_f32_scaled_l2(float* dst, const uint8_t* src, uint32_t count, float scale);
 
+// dst[i] = bfloat16(float(dst[i]) + float(src[i])): layout.h's add_bf16, bit for bit, 16
+// elements at a time where the CPU has AVX2 (the SSE2 build alone added a bfloat16 ring's chunks
+// at half float32's elements per instruction).
+void add_bf16_sum(uint16_t* dst, const uint8_t* src, uint32_t count);
+
 // The sum of squares of `n` elements (float32, or bfloat16: float32's top half), in the lanes
 // above, then in double: what packet_magnitudes takes the square root of.
 double sumsq_f32(const uint8_t* data, size_t n);

@@ -554,7 +554,7 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
                 add_rounded<half_to_float, float_to_half>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
-                add_bf16(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
+                add_bf16_sum(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {

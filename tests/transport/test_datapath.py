@@ -354,16 +354,20 @@ def test_a_bfloat16_sum_stays_bfloat16_and_both_paths_round_alike():
     big = float(ml_dtypes.finfo(bf16).max)
     base[:4] = np.array([1.0, big, -2.0, np.nan], np.float32).astype(bf16)
     x[:4] = np.array([2 ** -8, big, 2 ** -7, 1.0], np.float32).astype(bf16)  # a tie to even, an overflow
-    # the same cases again in the second packet, in groups of eight with no NaN (the native path
-    # sums those eight at a time), ties both ways, both signs; a NaN in the middle of the third
+    # the same cases again in the second packet, in a group of sixteen with no NaN (the native
+    # path sums those sixteen or eight at a time), ties both ways, both signs; a NaN at the start
+    # of the third packet, and one in the fourth after whole groups (the rest of that packet goes
+    # the narrower way)
     per = elems_per_packet(1500, bf16)
     base[per + 8:per + 14] = np.array([1.0, 1 + 2 ** -7, -1.0, big, -big, 3.0], np.float32).astype(bf16)
     x[per + 8:per + 14] = np.array([2 ** -8, 2 ** -8, -2 ** -8, big, -big, -3.0], np.float32).astype(bf16)
     base[2 * per + 13] = np.nan
+    x[3 * per + 101] = np.nan
     want = base + x  # ml_dtypes: each pair added in float32 and rounded to bfloat16
     assert want[0] == 1.0 and np.isinf(want[1]) and np.isnan(want[3])
     assert want[per + 8] == 1.0 and want[per + 9] == 1 + 2 ** -6 and want[per + 10] == -1.0  # to even
     assert np.isinf(want[per + 11]) and np.isinf(want[per + 12]) and np.isnan(want[2 * per + 13])
+    assert np.isnan(want[3 * per + 101]) and per > 140  # (whole groups of sixteen before it)
     for got in _sums_on_both_paths(base, x, rng):
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 

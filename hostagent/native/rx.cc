@@ -231,8 +231,8 @@ void Datapath::expect(const RxSpec& spec) {
     m->total_pkts = uint32_t((spec.total_elems + spec.per - 1) / spec.per);
     m->n_full = uint32_t(spec.total_elems / spec.per);
     m->tail = uint32_t(spec.total_elems % spec.per);
-    if (!spec.triggers.empty() && spec.classify && cfg_.magnitude == Magnitude::L2 && m->kind == Kind::F32 &&
-        m->out_kind == Kind::F32)
+    if (!spec.triggers.empty() && spec.classify && cfg_.magnitude == Magnitude::L2 &&
+        ((m->kind == Kind::F32 && m->out_kind == Kind::F32) || (m->kind == Kind::BF16 && m->out_kind == Kind::BF16)))
         m->mags.assign(m->total_pkts, 0.0f);
     rx_[key] = m;
     done_.erase(key);  // a message id used again (a later iteration)
@@ -550,11 +550,15 @@ uint8_t Datapath::ingest_one(const uint8_t* d, uint32_t len, bool ce, double now
                 place_payload(s.out + first * m->itemsize, payload, size_t(count) * m->itemsize,
                               s.triggers.empty());
                 if (!m->mags.empty())  // (from the datagram, still in cache: the same values)
-                    packet_magnitudes(payload, count, Kind::F32, count, Magnitude::L2, &m->mags[seq]);
+                    packet_magnitudes(payload, count, m->kind, count, Magnitude::L2, &m->mags[seq]);
             } else if (m->out_kind == Kind::F16) {  // a float16 sum: each addition rounded to half
                 add_rounded<half_to_float, float_to_half>(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
             } else if (m->out_kind == Kind::BF16) {  // a bfloat16 sum: each addition rounded to it
-                add_bf16_sum(reinterpret_cast<uint16_t*>(s.out) + first, payload, count);
+                uint16_t* dst = reinterpret_cast<uint16_t*>(s.out) + first;
+                add_bf16_sum(dst, payload, count);
+                if (!m->mags.empty())  // (the sum a held send forwards, still in cache)
+                    packet_magnitudes(reinterpret_cast<const uint8_t*>(dst), count, Kind::BF16, count, Magnitude::L2,
+                                      &m->mags[seq]);
             } else {
                 float* dst = reinterpret_cast<float*>(s.out) + first;
                 if (m->kind == Kind::F32) {

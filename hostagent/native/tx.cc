@@ -492,7 +492,7 @@ void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& t
         if (!m->held) continue;
         m->held = false;
         // it forwards what the receive placed (a ring step): the magnitudes come with it
-        if (from && !from->mags.empty() && !m->prepared && m->kind == Kind::F32 &&
+        if (from && !from->mags.empty() && !m->prepared && m->kind == from->kind &&
             m->spec.payload == from->spec.out && m->spec.total_elems == from->spec.total_elems &&
             m->spec.per == from->spec.per) {
             m->given_mags = from->mags;

@@ -12,7 +12,8 @@ import pytest
 from dlcp.hostagent import wire
 from dlcp.hostagent.exchange import PSServer, PSWorker, RingAllreduce, aggregate, message_id
 from dlcp.hostagent.messages import Expect, MessageStats, RecvResult
-from dlcp.hostagent.policy import Policy
+from dlcp.hostagent.packetizer import elems_per_packet
+from dlcp.hostagent.policy import Policy, payload_drop_classes
 from dlcp.hostagent.transport import LossInjection
 
 SHAPES = [(3, 5), (1000,), (64, 33), (1,), (7, 7, 7), (120_000,)]
@@ -144,6 +145,44 @@ def test_a_ring_of_data_that_is_not_gradients_puts_every_packet_in_the_class_dro
         assert dropped > 0 and resent > 0
     else:
         assert dropped == 0 and resent == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, wire.NUMPY_DTYPES[wire.Dtype.BFLOAT16]], ids=["float32", "bfloat16"])
+def test_a_forwarded_sum_leaves_with_the_drop_classes_of_what_it_carries(endpoints, dtype):
+    """A ring's forwarding send takes its packets' magnitudes from the receive that made its
+    data (computed as each packet was added or placed, float32 and bfloat16 alike), not from a
+    pass of its own; each packet's class is still the policy's rule applied to what is sent.
+    The classes are read where the data path writes them for the sender (``TxSpec.drop_class``)."""
+    n, size = 2, 40_000
+    eps = endpoints(n, policy=Policy(loss_bound_push=0.0))
+    specs: list[list] = [[] for _ in range(n)]
+    for w, ep in enumerate(eps):
+        submit = ep.dp.submit
+
+        def spy(spec, submit=submit, w=w):  # (records each send the core hands the real data path)
+            specs[w].append(spec)
+            submit(spec)
+
+        ep.dp.submit = spy
+    rings = [RingAllreduce(ep, list(range(n))) for ep in eps]
+    rng = np.random.default_rng(8)
+    data = [(rng.standard_normal(size) * 10.0 ** rng.integers(-2, 3, size)).astype(dtype) for _ in range(n)]
+    bufs = [d.copy() for d in data]
+    _run_threads({w: (lambda w=w: rings[w].sum_inplace(0, [bufs[w]])) for w in range(n)})
+    want = (data[0].astype(np.float32) + data[1].astype(np.float32)).astype(dtype)  # (one rounded addition)
+    bits = np.uint32 if dtype == np.float32 else np.uint16
+    for w in range(n):
+        np.testing.assert_array_equal(bufs[w].view(bits), want.view(bits))
+    per = elems_per_packet(eps[0].config.mtu, np.dtype(dtype))
+    bounds = rings[0]._chunking.bounds(size)
+    for r in range(n):  # rank r sends its own chunk r, then the sum of chunk r + 1 it completed
+        c = (r + 1) % n
+        first, forwarded = sorted(specs[r], key=lambda spec: spec.message_id)
+        np.testing.assert_array_equal(first.drop_class,
+                                      payload_drop_classes(data[r][bounds[r]:bounds[r + 1]], per, Policy()))
+        np.testing.assert_array_equal(forwarded.drop_class,
+                                      payload_drop_classes(want[bounds[c]:bounds[c + 1]], per, Policy()))
+        assert len(set(forwarded.drop_class.tolist())) > 1
 
 
 def test_ring_refuses_an_unknown_gather(endpoints):

@@ -752,6 +752,18 @@ class RingAllreduce:
                                                     scale=1.0 if gather else scale, classify=self.classify)))
 
         others = [self.ranks[(i + k) % n] for k in range(1, n)]  # from the right neighbour on
+
+        def rs_recv(t: int, step: int) -> None:
+            """Reduce-scatter step ``step``'s receive, which starts the send that forwards its chunk."""
+            tid = ids[t]
+            if step + 1 < rs_steps:
+                then: tuple[tuple[int, int], ...] = ((self.right, message_id(iteration, tid, step + 1)),)
+            elif self.gather == "direct":
+                then = tuple((d, message_id(iteration, tid, rs_steps)) for d in others)
+            else:
+                then = ((self.right, message_id(iteration, tid, rs_steps)),)
+            recv(t, self.left, (i - step - 1) % n, step, gather=False, then=then)
+
         for t in range(len(bufs)):
             tid = ids[t]
             if scale != 1.0:  # the chunk sent at step 0 (the receives scale the others)
@@ -761,20 +773,11 @@ class RingAllreduce:
             # adds to and forwards at step s + 1; after n - 1 steps chunk (i + 1) is whole here.
             # Every send but the first is held until the receive that names it completes (one
             # that completes before its send is handed over starts it at once).
-            def rs_recv(step: int) -> None:
-                if step + 1 < rs_steps:
-                    then: tuple[tuple[int, int], ...] = ((self.right, message_id(iteration, tid, step + 1)),)
-                elif self.gather == "direct":
-                    then = tuple((d, message_id(iteration, tid, rs_steps)) for d in others)
-                else:
-                    then = ((self.right, message_id(iteration, tid, rs_steps)),)
-                recv(t, self.left, (i - step - 1) % n, step, gather=False, then=then)
-
             # The first receive before any send: the left neighbour's first chunk is on its way
             # as soon as that rank starts, and what comes before its receive is set up is parked
             # (copied aside, placed later): 5 % of a 4-rank 57 MB all_reduce's packets when the
             # receives followed the six sends.
-            rs_recv(0)
+            rs_recv(t, 0)
             for step in range(rs_steps):
                 send(t, self.right, (i - step) % n, step, gather=False, held=step > 0)
             if self.gather == "direct":
@@ -784,7 +787,7 @@ class RingAllreduce:
                 for s in range(n - 1):
                     send(t, self.right, (i + 1 - s) % n, rs_steps + s, gather=True, held=True)
             for step in range(1, rs_steps):
-                rs_recv(step)
+                rs_recv(t, step)
             if self.gather == "direct":
                 for k, src in enumerate(others):  # the owner of chunk (pos + 1) sends it
                     recv(t, src, (i + k + 2) % n, rs_steps, gather=True, then=())

@@ -222,8 +222,6 @@ class ProtocolCore:
                              f"{wire.FIELD_MAX['elem_offset']} elements")
         per = elems_per_packet(self.config.mtu, data.dtype)
         n = -(-flat.size // per)
-        if not classify and drop_classes is None:
-            drop_classes = np.zeros(n, np.uint8)  # (given classes: the data path computes no magnitude)
         pkt_prio = pkt_layer = None
         if layout is not None and layout.total != flat.size:
             raise ValueError(f"layout covers {layout.total} elements; the message has {flat.size}")
@@ -259,7 +257,8 @@ class ProtocolCore:
         if announce:
             self.queue_meta(dest, message_id, flat.size, data.dtype, p, priority, iteration, tensor_id, layer)
         spec = TxSpec(dest, message_id, flat, int(code), per, token, iteration, tensor_id, layer % 65536, priority,
-                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order, drop_classes is not None)
+                      pkt_prio, pkt_layer, msg.drop_class, snapshot, held, self._order,
+                      drop_classes is not None or not classify)  # (given: class 0 unless the caller's)
         if defer and not held:
             self._deferred[key] = spec  # submitted when the batch's METAs have left
         else:

@@ -102,6 +102,10 @@ class Flags(enum.IntFlag):
     #: on a STOP: the receiver refuses the message, whose shape (element type, count, elements
     #: per packet) differs from what it expects; the header carries its expectation, as a PROBE's
     MISMATCH = 0x10
+    #: on a FEEDBACK of id ``LINE_RATE`` (dlcp.hostagent.protocol.core), from a sender to its
+    #: receiver: set, its rate towards it is at its line rate, so reports without congestion
+    #: would grow nothing; clear, it is below again (a cut), so they matter again
+    AT_LINE_RATE = 0x20
 
 
 #: How many of a sending pass's final packets carry LAST (fewer when its last priority level has

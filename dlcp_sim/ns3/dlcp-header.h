@@ -12,8 +12,11 @@ namespace ns3 {
 enum DlcpType : uint8_t { DATA = 0, PROBE = 1, BITMAP = 2, STOP = 3, FEEDBACK = 4 };
 //! `flags` bits: LAST on the last data packets of a pass (wire.Flags.LAST); RIDING on a STOP or
 //! BITMAP that carries a congestion report (seq: packets received, aux2: marked), as the agent's
-//! report rides in the same control frame as the record it goes with.
-enum DlcpFlag : uint8_t { FLAG_LAST = 1, FLAG_RIDING = 2 };
+//! report rides in the same control frame as the record it goes with. AT_LINE on a FEEDBACK of msg
+//! LINE_RATE_MSG from a sender to its receiver: its rate is at its line rate (clear: below again),
+//! as wire.Flags.AT_LINE_RATE on the agent's FEEDBACK of id LINE_RATE.
+enum DlcpFlag : uint8_t { FLAG_LAST = 1, FLAG_RIDING = 2, FLAG_AT_LINE = 4 };
+constexpr uint32_t LINE_RATE_MSG = 3;  // dlcp.hostagent.protocol.core.LINE_RATE
 
 class DlcpHeader : public Header {
  public:

@@ -81,8 +81,10 @@ struct TransportParams {
   uint32_t feedbackEvery = 16;   // data packets per FEEDBACK from a receiver to a sender
   // The host agent's report timers instead (when feedbackInterval is not zero; control_path's
   // _take_feedback): congestion is reported at most every feedbackInterval, a clean report
-  // waits bulkFeedbackInterval once bulkFeedbackPackets arrived, else cleanFeedbackInterval,
-  // and rides along free whenever a STOP or BITMAP leaves for that sender.
+  // waits bulkFeedbackInterval once bulkFeedbackPackets arrived, else cleanFeedbackInterval
+  // (that too for a sender that said it is at its line rate: a FEEDBACK of msg LINE_RATE_MSG,
+  // FLAG_AT_LINE set or clear, as the agent's LINE_RATE), and rides along free whenever a STOP
+  // or BITMAP leaves for that sender.
   Time feedbackInterval, bulkFeedbackInterval, cleanFeedbackInterval;
   uint32_t bulkFeedbackPackets = 64;
   uint8_t topPriority = 7;       // priority of control packets
@@ -156,6 +158,7 @@ class DlcpHost : public GradientHost {
     double tokens = 0;                                   // the pacer's bucket (burstBytes)
     Time tokensAt;
     double answerS = -1, answerVar = 0;                  // smoothed answer time and deviation, s (-1: none yet)
+    bool toldAtLine = false;                             // we told the receiver we are at our line rate
     std::vector<std::shared_ptr<TxMsg>> active;
   };
   struct RxMsg {
@@ -168,6 +171,7 @@ class DlcpHost : public GradientHost {
   };
   struct RxCounters {
     uint32_t received = 0, marked = 0;
+    bool senderAtLine = false;  // the sender said it is at its line rate (LINE_RATE_MSG)
     Time lastSent;  // when the last report left for this sender
   };
 
@@ -232,9 +236,11 @@ class DlcpHost : public GradientHost {
   //! `riding`: a congestion report for `dst` rides along if one has anything to say (the
   //! agent's timers; feedbackInterval not zero).
   void Control(uint16_t dst, DlcpType type, uint32_t msg, uint32_t npkts, uint32_t aux, uint32_t aux2,
-               uint32_t extraBytes = 0, uint8_t priority = 255, uint32_t bytes = 0, bool riding = false) {
+               uint32_t extraBytes = 0, uint8_t priority = 255, uint32_t bytes = 0, bool riding = false,
+               uint8_t flags = 0) {
     DlcpHeader h;
     h.type = type;
+    h.flags = flags;
     h.priority = priority == 255 ? tp.topPriority : priority;
     h.dropClass = 0;
     h.src = rank;
@@ -409,7 +415,8 @@ class DlcpHost : public GradientHost {
 
   //! A report of `fraction` of `count` packets marked (or lost); `timed` false for a BITMAP's
   //! losses, which the agent neither counts towards a window nor holds back.
-  void Congestion(Flow& f, double fraction, uint32_t count = 0, bool timed = true) {
+  void Congestion(uint16_t dst, double fraction, uint32_t count = 0, bool timed = true) {
+    Flow& f = FlowTo(dst);
     f.alpha = (1 - tp.gain) * f.alpha + tp.gain * fraction;
     Time now = Simulator::Now();
     if (timed) f.reportedPkts += count;
@@ -436,6 +443,17 @@ class DlcpHost : public GradientHost {
     }
     f.lastReport = now;
     f.reported = true;
+    TellLineRate(dst, f);
+  }
+
+  //! Tell `dst` when our rate towards it reached our line rate or left it, once per change (the
+  //! agent's ProtocolCore._tell_line_rate): it then sends us reports without congestion only
+  //! every cleanFeedbackInterval, since they cannot grow the rate.
+  void TellLineRate(uint16_t dst, Flow& f) {
+    bool atLine = f.rate >= tp.lineRate;
+    if (tp.feedbackInterval.IsZero() || atLine == f.toldAtLine) return;
+    f.toldAtLine = atLine;
+    Control(dst, FEEDBACK, LINE_RATE_MSG, 0, 0, 0, 0, 255, 0, false, atLine ? FLAG_AT_LINE : 0);
   }
 
   //! The answer to a pass of `msg` (STOP or BITMAP) came: sample the answer time as the agent's
@@ -476,7 +494,7 @@ class DlcpHost : public GradientHost {
         missing.push_back(s);
     }
     bitmaps->bits.erase(snap);
-    Congestion(FlowTo(dst), double(missing.size()) / n, 0, false);
+    Congestion(dst, double(missing.size()) / n, 0, false);
     uint32_t required = n - uint32_t(double(m->ppm) / 1e6 * n + 1e-9);
     if (have + unsent >= required) return;  // its STOP is on the way, or will be
     required -= unsent;
@@ -504,8 +522,12 @@ class DlcpHost : public GradientHost {
         case BITMAP: Riding(h); OnBitmap(h.src, h); break;
         case STOP: Riding(h); stats.stops++; Answered(h.src, h.msg); Finish(h.src, h.msg); Pump(); break;
         case FEEDBACK:
+          if (h.msg == LINE_RATE_MSG) {  // from a sender of ours
+            m_fb[h.src].senderAtLine = h.flags & FLAG_AT_LINE;
+            break;
+          }
           stats.feedbacks++;
-          if (h.aux > 0) Congestion(FlowTo(h.src), double(h.aux2) / h.aux, h.aux);
+          if (h.aux > 0) Congestion(h.src, double(h.aux2) / h.aux, h.aux);
           break;
       }
     }
@@ -515,7 +537,7 @@ class DlcpHost : public GradientHost {
   void Riding(const DlcpHeader& h) {
     if (!(h.flags & FLAG_RIDING) || h.seq == 0) return;
     stats.feedbacks++;
-    Congestion(FlowTo(h.src), double(h.aux2) / h.seq, h.seq);
+    Congestion(h.src, double(h.aux2) / h.seq, h.seq);
   }
 
   RxMsg& RxFor(const DlcpHeader& h) {
@@ -539,8 +561,8 @@ class DlcpHost : public GradientHost {
     } else {  // the host agent's timers
       if (c.received == 0) return;
       Time due = c.marked ? tp.feedbackInterval
-                 : c.received >= tp.bulkFeedbackPackets ? tp.bulkFeedbackInterval
-                                                        : tp.cleanFeedbackInterval;
+                 : c.received >= tp.bulkFeedbackPackets && !c.senderAtLine ? tp.bulkFeedbackInterval
+                                                                            : tp.cleanFeedbackInterval;
       if (now - c.lastSent < due) return;
     }
     Control(src, FEEDBACK, 0, 0, c.received, c.marked);

@@ -56,6 +56,9 @@ RECENT_DONE = 4096  # finished messages remembered, to answer a repeated PROBE
 IDLE_TICK = 0.05  # the longest the timers wait between runs (s)
 URGENT_TICK = 0.001  # how soon an answer held for a reader that is behind is looked at again (s)
 HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer
+#: Message id of the FEEDBACK a sender sends its receiver when its rate towards it reaches its line
+#: rate (flag AT_LINE_RATE) or leaves it (flag clear): see :meth:`ProtocolCore._feedback_interval`.
+LINE_RATE = 3
 ACTIVE_WINDOW = 0.05  # a sender counts as active for the drain share this long after its last packet
 
 
@@ -135,6 +138,10 @@ class ProtocolCore:
         self.fb: dict[int, FeedbackCounts] = defaultdict(FeedbackCounts)
         self.fb_sent_at: dict[int, float] = {}
         self.drain_sent: dict[int, int] = {}
+        # receiver side: the senders that said their rate towards us is at their line rate;
+        # sender side: the destinations we told so (LINE_RATE)
+        self.sender_at_line: set[int] = set()
+        self.told_at_line: set[int] = set()
         self.outbox: dict[int, list[bytes]] = defaultdict(list)
         # peer rank -> the last mismatch between us (either side refused): a peer that refused a
         # message usually fails and closes next, and the other messages with it then fail for
@@ -166,6 +173,11 @@ class ProtocolCore:
         self.tx_keys[rank] = tx_key
         self.authed.add(rank)
         self.port.set_keys(rank, self.rx_key(rank), tx_key)
+        # a new connection (a peer that restarted knows nothing of what we told its predecessor)
+        self.sender_at_line.discard(rank)
+        self.told_at_line.discard(rank)
+        if rank in self.rate:
+            self._tell_line_rate(rank)
 
     def rx_token(self, src: int, message_id: int, iteration: int) -> int:
         """The ``token`` field a data packet of this message carries: :data:`dlcp.hostagent.auth.DATA_TOKEN`
@@ -600,6 +612,12 @@ class ProtocolCore:
     def _on_feedback(self, h: wire.Header, body: bytes, now: float) -> None:
         received, marked, lost, share_kBps = wire.FEEDBACK_BODY.unpack_from(body)
         src = h.sender_rank
+        if h.message_id == LINE_RATE:  # from a sender of ours: no report on what we sent it
+            if h.flags & wire.Flags.AT_LINE_RATE:
+                self.sender_at_line.add(src)
+            else:
+                self.sender_at_line.discard(src)
+            return
         if h.message_id == HELLO:
             # A peer that just connected: tell it at once what we can drain, so its first data
             # already goes no faster than that.
@@ -786,7 +804,8 @@ class ProtocolCore:
                 self.outbox[rank].append(rec)
             if report_due is not None:
                 wake = min(wake, report_due)
-        if self.inc:  # data streams in without events: its clean reports are due every bulk interval
+        if any(src not in self.sender_at_line for src, _ in self.inc):
+            # data streams in without events: its clean reports are due every bulk interval
             wake = min(wake, now + self.config.bulk_feedback_interval)
         self.port.expire_parked(now - self.config.message_deadline)
         return max(0.0, wake - now)
@@ -898,6 +917,17 @@ class ProtocolCore:
             self._last_rate[dest] = rate
             self.rate_log.append(RateChange(now, dest, rate, cause))
             self.port.set_rate(dest, rate)
+            self._tell_line_rate(dest)
+
+    def _tell_line_rate(self, dest: int) -> None:
+        """Tell ``dest`` (a LINE_RATE FEEDBACK) when our rate towards it reached the line rate or
+        fell below it, once per change: a receiver sends a sender at its line rate no reports
+        without congestion every ``bulk_feedback_interval`` (see :meth:`_feedback_interval`)."""
+        at_line = self.rate[dest].effective_rate >= self.config.rate.line_rate
+        if at_line != (dest in self.told_at_line) and dest in self.authed:
+            (self.told_at_line.add if at_line else self.told_at_line.discard)(dest)
+            self.queue(dest, wire.PacketType.FEEDBACK, LINE_RATE, wire.FEEDBACK_BODY.pack(0, 0, 0, 0),
+                       flags=wire.Flags.AT_LINE_RATE if at_line else wire.Flags.NONE)
 
     def drain_share_kBps(self, now: float, new_sender: bool = False) -> int:
         """The drain ceiling for each current sender, KB/s, as FEEDBACK carries it (0 = none):
@@ -915,12 +945,16 @@ class ProtocolCore:
         carries: congestion (CE marks, socket overruns, a new or much lower drain share, which
         the sender must heed) every ``feedback_interval``; a clean report every
         ``bulk_feedback_interval`` once ``bulk_feedback_packets`` arrived (a long transfer, whose
-        sender grows its rate on these reports), else every ``clean_feedback_interval``."""
+        sender grows its rate on these reports), else every ``clean_feedback_interval``; and that
+        too for a sender that said it is at its line rate (LINE_RATE), which clean reports cannot
+        grow. Why: on loopback every sender is at its line rate (a 57 MB all_reduce was 6 report
+        frames per call and rank, each a wake-up and a frame at both ends) and a backend's
+        collective is paced by its receivers' credits, not by rates."""
         share = self.drain_share_kBps(now)
         last = self.drain_sent.get(rank, 0)
         if counts.marked or counts.lost or (share and (not last or share < 0.8 * last)):
             return self.config.feedback_interval, share
-        if counts.received >= self.config.bulk_feedback_packets:
+        if counts.received >= self.config.bulk_feedback_packets and rank not in self.sender_at_line:
             return self.config.bulk_feedback_interval, share
         return self.config.clean_feedback_interval, share
 

@@ -16,9 +16,10 @@ import pytest
 from dlcp.hostagent import auth, wire
 from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportTimeout
 from dlcp.hostagent.policy import Policy, required_elements
-from dlcp.hostagent.protocol.core import IDLE_TICK, URGENT_TICK, ProtocolCore
+from dlcp.hostagent.protocol.core import IDLE_TICK, LINE_RATE, URGENT_TICK, ProtocolCore
 from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_due, answer_grace
 from dlcp.hostagent.protocol.port import STOP_SENT, EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
+from dlcp.hostagent.ratecontrol import RateConfig
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = 351  # elements per packet at MTU 1500 (float32; the trailer takes 24 bytes)
@@ -662,6 +663,76 @@ def test_congestion_is_reported_every_feedback_interval_and_a_clean_transfer_rar
     core.handle_timer(0.103)
     (fb, body), = records(core, 1)
     assert fb.flags & wire.Flags.ECN_ECHO and wire.FEEDBACK_BODY.unpack_from(body)[:3] == (20, 3, 0)
+
+
+def _line_rate_notices(core: ProtocolCore, rank: int) -> list[bool]:
+    """The LINE_RATE notices queued for ``rank``: whether each says "at the line rate"."""
+    return [bool(h.flags & wire.Flags.AT_LINE_RATE) for h, _ in records(core, rank)
+            if h.ptype == wire.PacketType.FEEDBACK and h.message_id == LINE_RATE]
+
+
+def test_a_sender_tells_its_receiver_once_when_its_rate_reaches_the_line_rate_and_when_it_falls_below():
+    """Clean reports grow the rate to the line rate: the sender says so once (a FEEDBACK of id
+    LINE_RATE, flag AT_LINE_RATE); a cut takes it below: it says so once (flag clear); a new
+    connection with the receiver (a restarted peer) is told again where the rate stands."""
+    core, port = make_core(rate=RateConfig.for_link(1e9))
+    core.send(1, np.zeros(PER, np.float32), 1, now=0.0)
+    assert core.rate[1].rate < core.config.rate.line_rate and _line_rate_notices(core, 1) == []
+    fb = wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=1, message_id=0, sender_rank=1)
+    t = 0.0
+    while port.rates[1] < core.config.rate.line_rate:
+        t += 0.05
+        core.on_record(fb, wire.FEEDBACK_BODY.pack(100, 0, 0, 0), now=t)
+    assert _line_rate_notices(core, 1) == [True]
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(100, 0, 0, 0), now=t + 0.05)  # still there: nothing more
+    assert _line_rate_notices(core, 1) == []
+    port.sent[1] = 10_000
+    core.on_record(fb, wire.FEEDBACK_BODY.pack(100, 50, 0, 0), now=t + 0.1)  # marks: a cut
+    assert port.rates[1] < core.config.rate.line_rate and _line_rate_notices(core, 1) == [False]
+    while port.rates[1] < core.config.rate.line_rate:
+        t += 0.05
+        core.on_record(fb, wire.FEEDBACK_BODY.pack(100, 0, 0, 0), now=t + 0.1)
+    assert _line_rate_notices(core, 1) == [True]
+    core.peer_authenticated(1, TX_KEY)  # a new connection: its receiver knows nothing yet
+    assert _line_rate_notices(core, 1) == [True]
+    core.peer_authenticated(2, TX_KEY)  # nothing sent to rank 2: nothing to tell
+    assert _line_rate_notices(core, 2) == []
+
+
+def test_a_receiver_reports_a_clean_transfer_from_a_sender_at_its_line_rate_only_every_clean_interval():
+    """A long clean transfer is reported every bulk interval (its sender grows on the reports),
+    unless the sender said it is at its line rate: then every clean interval, and the timers
+    do not wake for it; congestion still goes out every feedback interval; once the sender says
+    it is below again (a cut), every bulk interval again. A notice is no report: it changes
+    none of our own rates towards that peer."""
+    core, port = make_core(bulk_feedback_interval=0.02, clean_feedback_interval=0.2, feedback_interval=0.002)
+    _expect(core, 1000, 0.0)  # rank 1's message 9 is coming
+
+    def reports(now: float, received: int = 100, marked: int = 0) -> list[tuple[int, ...]]:
+        port.feedback[1] = (received, marked, 0)
+        core.handle_timer(now)
+        return [wire.FEEDBACK_BODY.unpack_from(b)[:3] for h, b in records(core, 1)
+                if h.ptype == wire.PacketType.FEEDBACK]
+
+    def notice(at_line: bool, now: float) -> None:
+        h = wire.Header(ptype=wire.PacketType.FEEDBACK, job_id=1, message_id=LINE_RATE, sender_rank=1,
+                        flags=wire.Flags.AT_LINE_RATE if at_line else wire.Flags.NONE)
+        assert not core.on_record(h, wire.FEEDBACK_BODY.pack(0, 0, 0, 0), now=now)
+
+    assert reports(0.0) == [(100, 0, 0)]
+    assert reports(0.021) == [(100, 0, 0)]  # bulk: every 20 ms
+    rates = dict(port.rates)
+    notice(True, 0.022)
+    assert port.rates == rates and 1 not in core.rate  # (no report on what we send rank 1)
+    assert reports(0.042) == [] and reports(0.1) == []
+    assert core.handle_timer(0.1) == pytest.approx(IDLE_TICK)  # (its longest sleep), not the bulk interval
+    assert reports(0.103, marked=5) == [(300, 5, 0)]  # congestion: at once
+    assert reports(0.110) == [] and reports(0.304) == [(200, 0, 0)]  # clean again: every 200 ms
+    notice(False, 0.31)
+    assert reports(0.325) == [(100, 0, 0)]  # below its line rate: every bulk interval again
+    notice(True, 0.33)
+    core.peer_authenticated(1, TX_KEY)  # a new connection: its sender starts below its line rate
+    assert reports(0.346) == [(100, 0, 0)]
 
 
 def test_a_report_rides_along_with_any_record_leaving_for_that_peer():

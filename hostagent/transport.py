@@ -179,6 +179,9 @@ class Endpoint(ControlPath):
         self._sel.register(lst, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._sel.register(self.dp.event_fd(), selectors.EVENT_READ, "datapath")
+        deferred = getattr(self.dp, "deferred_event_fd", None)  # (the reference model in the tests has none)
+        if deferred is not None:
+            self._sel.register(deferred(), selectors.EVENT_READ, "datapath")
         self._running = True
         try:
             self.dp.start()

@@ -54,6 +54,8 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "line_rate": config.rate.line_rate, "burst_bytes": float(config.rate.burst_bytes),
         "pacing_slack": config.rate.pacing_slack,
         "max_inline_wait": MAX_INLINE_WAIT,
+        # a pass's end wakes the control thread no later than its earliest deadline, a probe
+        "event_defer": config.probe_delay_min,
         "drop_p": [float(p) for p in loss.drop_probabilities], "delay": loss.delay, "delay_p": loss.delay_probability,
         "reorder": loss.reorder, "seed": loss.seed,
         "drain_stretch": DRAIN_STRETCH, "drain_min_bytes": float(DRAIN_MIN_BYTES), "drain_fresh": DRAIN_FRESH,

@@ -70,6 +70,13 @@ class NativeDatapath:
     def event_fd(self) -> int:
         return self._dp.event_fd()
 
+    def deferred_event_fd(self) -> int:
+        """A second fd that becomes readable when events the data path holds back are due: a
+        pass's end when its PROBE is (:meth:`set_probe_delay`), a held send that started
+        ``probe_delay_min`` after it, unless another event woke :meth:`event_fd` first.
+        :meth:`take_events` takes both."""
+        return self._dp.deferred_event_fd()
+
     def take_events(self) -> list[Event]:
         return self._dp.take_events()
 
@@ -178,6 +185,9 @@ class NativeDatapath:
 
     def set_rate(self, dest: int, rate: float) -> None:
         self._dp.set_rate(dest, rate)
+
+    def set_probe_delay(self, dest: int, seconds: float) -> None:
+        self._dp.set_probe_delay(dest, seconds)
 
     def sent_packets(self, dest: int) -> int:
         return self._dp.sent_packets(dest)

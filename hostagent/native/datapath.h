@@ -119,6 +119,14 @@ struct Config {
     double burst_bytes = 256 * 1024;
     double pacing_slack = 0;  // a deficit up to rate x this leaves on credit (RateConfig.pacing_slack)
     double max_inline_wait = 0.0005;
+    // Events that only set later deadlines (EV_TX_PASS, EV_TX_ACTIVE) wake the control thread
+    // this long after they happen, with whatever came meanwhile, rather than at once
+    // (TransportConfig.probe_delay_min: no deadline they set is sooner); a pass's end to a
+    // destination whose probe delay the control thread gave (set_probe_delay) that long after it,
+    // when its PROBE is due. Why: a pass's end is usually followed within a round trip by its
+    // receiver's STOP, which wakes the thread anyway; on loopback a 57 MB all_reduce woke it
+    // five times a call for a pass end alone.
+    double event_defer = 0.001;
     // loss injection (receiver side)
     std::vector<double> drop_p;
     double delay = 0, delay_p = 0;
@@ -227,6 +235,8 @@ class Datapath {
     void stop();
     void close();  // stop, then close the event fd: nothing of this object is usable afterwards
     int event_fd() const { return event_fd_; }
+    int deferred_event_fd() const { return defer_fd_; }  // a timerfd: deferred events are due (see event_defer)
+    void emit_for_test(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a) { emit(kind, peer, mid, t, a); }
     std::vector<Event> take_events();
 
     // peers
@@ -265,6 +275,7 @@ class Datapath {
     bool tx_info(uint16_t dest, uint32_t mid, TxInfo& out);
     void retire(uint16_t dest, uint32_t mid);  // stop sending; returns once no thread reads its buffers
     void set_rate(uint16_t dest, double rate);
+    void set_probe_delay(uint16_t dest, double s);  // see Config::event_defer
     uint64_t sent_packets(uint16_t dest);
     // set an option on the data socket to `dest` for `priority` (made now if need be): a real
     // fault for tests (SO_NO_CHECK makes the kernel refuse GSO), a knob for experiments
@@ -542,6 +553,11 @@ class Datapath {
 
     std::mutex ev_mu_;
     std::vector<Event> events_;
+    int defer_fd_ = -1;           // timerfd armed by the first deferred event (event_defer)
+    bool ev_signalled_ = false;   // (ev_mu_) event_fd_ written since the last take_events
+    bool defer_armed_ = false;    // (ev_mu_) defer_fd_ armed since the last take_events
+    double defer_due_ = 0;        // (ev_mu_) when it fires (monotonic s), while armed
+    std::unordered_map<uint16_t, double> probe_delay_;  // (ev_mu_) set_probe_delay's
 
     // receive
     std::mutex rx_mu_;

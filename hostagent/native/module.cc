@@ -85,6 +85,7 @@ Config make_config(const nb::dict& d) {
     c.burst_bytes = get<double>(d, "burst_bytes");
     c.pacing_slack = get<double>(d, "pacing_slack");
     c.max_inline_wait = get<double>(d, "max_inline_wait");
+    c.event_defer = get<double>(d, "event_defer");
     c.drop_p = get<std::vector<double>>(d, "drop_p");
     c.delay = get<double>(d, "delay");
     c.delay_p = get<double>(d, "delay_p");
@@ -289,6 +290,7 @@ NB_MODULE(_datapath, m) {
         .def("stop", &Datapath::stop, nb::call_guard<nb::gil_scoped_release>())
         .def("close", &Datapath::close, nb::call_guard<nb::gil_scoped_release>())
         .def("event_fd", &Datapath::event_fd)
+        .def("deferred_event_fd", &Datapath::deferred_event_fd)
         .def("take_events",
              [](Datapath& d) {
                  std::vector<Event> evs;
@@ -456,6 +458,7 @@ NB_MODULE(_datapath, m) {
              })
         .def("retire", &Datapath::retire, nb::call_guard<nb::gil_scoped_release>())
         .def("set_rate", &Datapath::set_rate, nb::call_guard<nb::gil_scoped_release>())
+        .def("set_probe_delay", &Datapath::set_probe_delay, nb::call_guard<nb::gil_scoped_release>())
         .def("sent_packets", &Datapath::sent_packets, nb::call_guard<nb::gil_scoped_release>())
         .def("set_sockopt", &Datapath::set_sockopt, "dest"_a, "priority"_a, "level"_a, "name"_a, "value"_a,
              nb::call_guard<nb::gil_scoped_release>())
@@ -471,6 +474,7 @@ NB_MODULE(_datapath, m) {
         .def("release_lock_for_test", &Datapath::release_lock_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("failure", &Datapath::failure, nb::call_guard<nb::gil_scoped_release>())
         .def("fault_for_test", &Datapath::fault_for_test, nb::call_guard<nb::gil_scoped_release>())
+        .def("emit_for_test", &Datapath::emit_for_test, nb::call_guard<nb::gil_scoped_release>())
         .def("end_passes_for_test",
              [](Datapath& d, double now, double seen_until) { return d.end_passes_for_test(now, seen_until); },
              nb::call_guard<nb::gil_scoped_release>())

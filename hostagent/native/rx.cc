@@ -12,6 +12,7 @@
 #include <netinet/ip.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -111,27 +112,56 @@ void add_rounded(uint16_t* dst, const uint8_t* payload, uint32_t count) {
 }
 }  // namespace
 
+void Datapath::set_probe_delay(uint16_t dest, double s) {
+    std::lock_guard<std::mutex> g(ev_mu_);
+    probe_delay_[dest] = std::max(cfg_.event_defer, s);
+}
+
+// Wakes the control thread through event_fd_ once per batch; an event that only sets a later
+// deadline (a pass's end, a held send that started) arms defer_fd_ instead, for when that
+// deadline is due (Config::event_defer), so that it usually leaves with the event that follows
+// it (its receiver's STOP).
 void Datapath::emit(uint8_t kind, uint16_t peer, uint32_t mid, double t, int64_t a) {
-    bool was_empty;
-    {
-        std::lock_guard<std::mutex> g(ev_mu_);
-        was_empty = events_.empty();
-        events_.push_back(Event{kind, peer, mid, t, a});
+    std::lock_guard<std::mutex> g(ev_mu_);
+    events_.push_back(Event{kind, peer, mid, t, a});
+    if (ev_signalled_) return;
+    bool deferred = (kind == EV_TX_PASS || kind == EV_TX_ACTIVE) && cfg_.event_defer > 0 && defer_fd_ >= 0;
+    if (deferred) {
+        auto it = kind == EV_TX_PASS ? probe_delay_.find(peer) : probe_delay_.end();
+        double due_at = t + (it != probe_delay_.end() ? it->second : cfg_.event_defer);
+        if (defer_armed_ && defer_due_ <= due_at) return;
+        itimerspec due{};  // (absolute, on CLOCK_MONOTONIC: the clock of t)
+        due.it_value.tv_sec = time_t(due_at);
+        due.it_value.tv_nsec = long((due_at - double(due.it_value.tv_sec)) * 1e9);
+        if (due.it_value.tv_sec == 0 && due.it_value.tv_nsec == 0) due.it_value.tv_nsec = 1;
+        if (::timerfd_settime(defer_fd_, TFD_TIMER_ABSTIME, &due, nullptr) == 0) {
+            defer_armed_ = true;
+            defer_due_ = due_at;
+            return;
+        }  // (else: signal at once)
     }
-    if (was_empty && event_fd_ >= 0) {
+    if (event_fd_ >= 0) {
         uint64_t one = 1;
         ssize_t r = ::write(event_fd_, &one, sizeof one);
         (void)r;
+        ev_signalled_ = true;
     }
 }
 
 std::vector<Event> Datapath::take_events() {
+    std::lock_guard<std::mutex> g(ev_mu_);
     uint64_t v;
-    if (event_fd_ >= 0) {
+    if (ev_signalled_ && event_fd_ >= 0) {
         ssize_t r = ::read(event_fd_, &v, sizeof v);  // reset the eventfd (nonblocking)
         (void)r;
     }
-    std::lock_guard<std::mutex> g(ev_mu_);
+    if (defer_armed_ && defer_fd_ >= 0) {  // disarm, and clear an expiry not yet read
+        itimerspec off{};
+        ::timerfd_settime(defer_fd_, 0, &off, nullptr);
+        ssize_t r = ::read(defer_fd_, &v, sizeof v);
+        (void)r;
+    }
+    ev_signalled_ = defer_armed_ = false;
     std::vector<Event> out;
     out.swap(events_);
     return out;

@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,8 +55,15 @@ Datapath::Datapath(Config cfg) : cfg_(std::move(cfg)), H_(cfg_.layout.size), rng
     if (cfg_.dscp.empty()) throw std::invalid_argument("dscp table is empty");
     if (cfg_.line_rate <= 0 || cfg_.burst_bytes <= 0) throw std::invalid_argument("line_rate and burst must be > 0");
     if (cfg_.pacing_slack < 0) throw std::invalid_argument("pacing_slack must be >= 0");
+    if (!(cfg_.event_defer >= 0 && cfg_.event_defer < 1e6)) throw std::invalid_argument("event_defer must be >= 0 s");
     event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    defer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (defer_fd_ < 0) {
+        int err = errno;
+        ::close(event_fd_);
+        throw std::runtime_error(std::string("timerfd_create: ") + std::strerror(err));
+    }
 }
 
 Datapath::~Datapath() {
@@ -69,6 +77,7 @@ Datapath::~Datapath() {
     for (auto& kv : tx_) delete kv.second;
     for (auto& kv : rx_) delete kv.second;
     if (event_fd_ >= 0) ::close(event_fd_);
+    if (defer_fd_ >= 0) ::close(defer_fd_);
 }
 
 void Datapath::start() {
@@ -188,9 +197,14 @@ void Datapath::stop() {
 
 void Datapath::close() {
     stop();
+    std::lock_guard<std::mutex> g(ev_mu_);  // (emit and take_events use the fds under it)
     if (event_fd_ >= 0) {
         ::close(event_fd_);
         event_fd_ = -1;
+    }
+    if (defer_fd_ >= 0) {
+        ::close(defer_fd_);
+        defer_fd_ = -1;
     }
 }
 

@@ -893,6 +893,7 @@ class ProtocolCore:
         if timer is None:
             cfg = self.config
             timer = self.answer[dest] = AnswerTimer(cfg.probe_delay, cfg.probe_delay_min, cfg.probe_delay_max)
+            self.port.set_probe_delay(dest, timer.probe_delay())
         return timer
 
     def _rtt_sample(self, dest: int, m: Outgoing, now: float) -> None:
@@ -900,7 +901,9 @@ class ProtocolCore:
         since = m.probe_sent_at if m.probe_sent_at is not None else m.pass_done_at
         if since is None or since <= 0:
             return
-        self.answer_timer(dest).sample(now - since)
+        timer = self.answer_timer(dest)
+        timer.sample(now - since)
+        self.port.set_probe_delay(dest, timer.probe_delay())  # (a pass's end is held back until then)
 
     def _cut_hold(self, dest: int) -> float:
         """Longest a rate cut towards ``dest`` waits for its window to be reported

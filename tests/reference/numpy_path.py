@@ -1173,6 +1173,9 @@ class NumpyDatapath:
             if d is not None and not any(k[0] == dest for k in self._tx):
                 d.acked, d.held_since = d.sent, -1.0  # nothing in flight to it: what was never credited was lost
 
+    def set_probe_delay(self, dest: int, seconds: float) -> None:
+        pass  # (this model wakes the control thread for every event at once)
+
     def set_rate(self, dest: int, rate: float) -> None:
         with self._tx_cv:
             self._dests[dest].rate = max(1.0, rate)

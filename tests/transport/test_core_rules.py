@@ -328,3 +328,65 @@ def test_pacer_allowance_is_what_may_leave_within_a_horizon():
     p.consume(1400)  # sent past the bucket: 400 bytes of debt
     assert p.allowance(rate=100.0, now=0.0, horizon=0.5) == pytest.approx(-350.0)
     assert p.allowance(rate=100.0, now=6.0, horizon=0.5) == pytest.approx(250.0)
+
+
+def test_a_pass_end_wakes_the_control_thread_when_its_probe_is_due_and_a_stop_at_once():
+    """An event that only sets a later deadline makes the deferred fd readable when that deadline
+    is due, not the event fd: a pass's end when its PROBE is (``set_probe_delay``), a held send
+    that started ``probe_delay_min`` after it; any other event (a STOP datagram's end of a send)
+    makes the event fd readable at once, and one take_events hands over both in order and
+    disarms the deferred fd. (Why: the control thread woke once for a pass's end and again for
+    the STOP that usually follows within a round trip.)"""
+    import select
+
+    from dlcp.hostagent.datapath.native import NativeDatapath
+
+    cfg = TransportConfig(rank=0, peers=local_peers(2, 41100), probe_delay_min=0.5)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dp = NativeDatapath(cfg, sock, False)
+    raw = dp._dp
+    try:
+        def ready(timeout: float) -> set[str]:
+            fds = {dp.event_fd(): "now", dp.deferred_event_fd(): "deferred"}
+            r, _, _ = select.select(list(fds), [], [], timeout)
+            return {fds[f] for f in r}
+
+        def woken() -> float:
+            """Seconds until the deferred fd is readable (at most 10)."""
+            t0 = time.monotonic()
+            assert ready(10.0) == {"deferred"}
+            return time.monotonic() - t0
+
+        t = time.monotonic()
+        raw.emit_for_test(int(EventKind.TX_ACTIVE), 1, 8, t, 0)
+        raw.emit_for_test(int(EventKind.TX_PASS), 1, 7, t, 0)
+        assert ready(0.0) == set()  # held back ...
+        assert 0.5 - 0.1 <= time.monotonic() - t + woken()  # ... until probe_delay_min after them
+        assert [e[:3] for e in dp.take_events()] == [(EventKind.TX_ACTIVE, 1, 8), (EventKind.TX_PASS, 1, 7)]
+        assert ready(0.0) == set()
+
+        dp.set_probe_delay(1, 1.5)  # a pass's end to rank 1: when its probe is due
+        t = time.monotonic()
+        raw.emit_for_test(int(EventKind.TX_PASS), 1, 9, t, 0)
+        assert ready(0.7) == set()
+        assert 1.5 - 0.1 <= time.monotonic() - t + woken()
+        dp.take_events()
+        dp.set_probe_delay(1, 0.0)  # (never sooner than probe_delay_min)
+        t = time.monotonic()
+        raw.emit_for_test(int(EventKind.TX_PASS), 1, 9, t, 0)
+        assert 0.5 - 0.1 <= time.monotonic() - t + woken()
+        dp.take_events()
+
+        raw.emit_for_test(int(EventKind.TX_PASS), 1, 9, time.monotonic(), 0)
+        raw.emit_for_test(int(EventKind.TX_STOP), 1, 9, time.monotonic(), PER)
+        assert ready(0.0) == {"now"}  # the STOP wakes it at once, and takes the pass's end along
+        assert [e[:3] for e in dp.take_events()] == [(EventKind.TX_PASS, 1, 9), (EventKind.TX_STOP, 1, 9)]
+        assert ready(0.7) == set()  # the deferred fd was disarmed: no empty wake later
+
+        raw.emit_for_test(int(EventKind.RX_DONE), 1, 10, time.monotonic(), 1)
+        raw.emit_for_test(int(EventKind.TX_PASS), 1, 11, time.monotonic(), 0)  # after one not taken: no timer
+        assert ready(0.0) == {"now"}
+        assert len(dp.take_events()) == 2 and ready(0.7) == set()
+    finally:
+        dp.stop()
+        sock.close()

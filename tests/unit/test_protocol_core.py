@@ -40,6 +40,7 @@ class FakePort:
         self.reorder = 0.002  # every sender's reordering window (the grace's floor)
         self.sent: dict[int, int] = defaultdict(int)
         self.rates: dict[int, float] = {}
+        self.probe_delays: dict[int, float] = {}
         self.keys: dict[int, bytes | None] = {}
 
     # DataPort
@@ -94,6 +95,7 @@ class FakePort:
         self.calls.append(("retire", dest, mid))
         self.tx.pop((dest, mid), None)
     def set_rate(self, dest, rate): self.rates[dest] = rate
+    def set_probe_delay(self, dest, seconds): self.probe_delays[dest] = seconds
     def sent_packets(self, dest): return self.sent[dest]
     def failure(self): return None
 
@@ -157,6 +159,9 @@ def test_a_pass_end_is_followed_by_a_probe_only_after_the_answer_time():
     assert h.done() and h.wait(0).how == "stopped" and h.wait(0).lost_fraction == 0.0
     assert ("retire", 1, 7) in port.calls
     assert h.wait(0).started == 0.0 and h.wait(0).activated == 0.0 and h.wait(0).first_pass_ended == 0.010
+    # the data path holds a pass's end to rank 1 back until its probe would be due: the delay
+    # as the answers measured it, told after each (and the initial one before any)
+    assert port.probe_delays[1] == core.answer_timer(1).probe_delay() != delay
 
 
 def test_a_bitmap_resends_just_enough_most_important_first_and_a_stale_pass_end_is_ignored():

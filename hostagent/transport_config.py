@@ -156,6 +156,8 @@ class TransportConfig:
 
     probe_delay_min: float = 0.001
     probe_delay_max: float = 0.5
+    """(The data path holds a pass's end back from the control thread until its probe is due, and
+    a held send's start ``probe_delay_min``: neither sets an earlier deadline.)"""
 
     rx_batch: int = 2048
     """Most datagrams received per reassembly batch (a batch also ends when the socket runs dry)."""

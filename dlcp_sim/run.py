@@ -115,6 +115,8 @@ class HostStats:
     late: int = 0
     """Data packets that arrived after their message had completed (the sender had not yet
     heard STOP); ``duplicates`` are those that arrived twice before it did."""
+    reports: int = 0
+    """FEEDBACK packets this host received as a sender on their own, not riding a STOP or BITMAP."""
 
 
 @dataclass
@@ -178,7 +180,7 @@ def parse_report(scheme: str, text: str) -> SchemeResult:
             r.ports.append(PortStats(f[0], int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]),
                                      tuple(map(int, f[6:14]))))
         elif kind == "host":
-            r.hosts.append(HostStats(*map(int, f[:11])))
+            r.hosts.append(HostStats(*map(int, f[:12])))
         elif kind == "flow":
             r.flows.append(FlowRecord(int(f[0]), int(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5])))
         elif kind == "unfinished":

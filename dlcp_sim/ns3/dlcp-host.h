@@ -527,6 +527,7 @@ class DlcpHost : public GradientHost {
             break;
           }
           stats.feedbacks++;
+          stats.reports++;
           if (h.aux > 0) Congestion(h.src, double(h.aux2) / h.aux, h.aux);
           break;
       }

@@ -47,6 +47,7 @@ struct HostStats {
            messagesSent = 0, messagesReceived = 0, missingAtCompletion = 0, packetsAtCompletion = 0;
   uint64_t duplicates = 0;  // data packets that arrived a second time while their message was incomplete
   uint64_t late = 0;        // data packets that arrived after their message had completed
+  uint64_t reports = 0;     // FEEDBACK packets received on their own (not riding a STOP or BITMAP)
 };
 
 class GradientHost : public Application {

@@ -6,7 +6,7 @@
 //   iter <job> <worker> <iteration> <start_s> <compute_end_s> <end_s>
 //   port <switch> <port> <enqueued> <tail_drops> <marks> <max_depth> <selective drops by class 0..7>
 //   host <rank> <data_sent> <retransmitted> <duplicates> <probes> <bitmaps> <control_sent>
-//        <messages_received> <packets_at_completion> <missing_at_completion> <late>
+//        <messages_received> <packets_at_completion> <missing_at_completion> <late> <reports>
 //        (transport tcp: data segments and retransmitted segments; the rest 0)
 //   done <receiver> <sender> <message> <time_s> <packets> <missing>   (a message completed)
 //   flow <id> <src> <dst> <bytes> <start_s> <end_s>          (a background flow completed)
@@ -668,7 +668,7 @@ int main(int argc, char** argv) {
     const HostStats& s = apps[h]->stats;
     std::cout << "host " << h << " " << s.dataSent << " " << s.retransmitted << " " << s.duplicates << " " << s.probes
               << " " << s.bitmaps << " " << s.controlSent << " " << s.messagesReceived << " " << s.packetsAtCompletion
-              << " " << s.missingAtCompletion << " " << s.late << "\n";
+              << " " << s.missingAtCompletion << " " << s.late << " " << s.reports << "\n";
   }
   g_background.ReportUnfinished(std::cout);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();

@@ -411,3 +411,19 @@ def test_the_model_resends_nothing_it_need_not_where_no_port_dropped(pattern):
     sent = sum(h.data_sent for h in r.hosts)
     limit = 0 if pattern == "ps" else RING_RESEND_SHARE * sent
     assert s["retransmitted"] <= limit, (s["retransmitted"], sent)
+
+
+def test_the_agent_model_reports_rarely_to_a_sender_at_its_line_rate():
+    """The agent's LINE_RATE notice, modelled: a ring of 2 on an uncongested 100 Mb/s link for
+    over a second, the hosts' own rate loop. Each sender reaches its line rate within about a
+    tenth of a second and says so; its receiver then reports a clean transfer every
+    ``clean_feedback_interval`` instead of every ``bulk_feedback_interval`` (63 reports a host
+    in this run without the notice, 7 with it)."""
+    from dlcp.hostagent.transport_config import TransportConfig
+
+    opts = SimOptions(pattern="ring", leaves=1, spines=1, hosts_per_leaf=2, workers=2, jobs_placement="packed",
+                      link_gbps=0.1, host_model="agent", scale=0.15, iterations=1, schemes=("dlcp",), loss_bound=0.0)
+    r = simulate(opts, "dlcp")
+    assert r.simulated_s > 1.0  # (the premise: long enough for the intervals to tell)
+    bulk_pace = r.simulated_s / TransportConfig.bulk_feedback_interval
+    assert all(1 <= h.reports <= 0.25 * bulk_pace for h in r.hosts), [h.reports for h in r.hosts]

@@ -376,6 +376,11 @@ class ControlPath:
             except ValueError as exc:
                 self._reject(conn, "malformed", f"sent a malformed control frame ({exc})")
                 return True
+            if conn.authenticated:
+                # What the data path holds back (a pass's end, until its probe is due) happened
+                # before this frame came: the core takes it first, so that a STOP or BITMAP
+                # answering that pass finds its end (its answer time, the pass's figures)
+                timers |= self._on_datapath_events()
             for header, body in records:
                 self.ctl_records_received[header.ptype.name] += 1
                 if header.ptype == wire.PacketType.HELLO or not conn.authenticated:

@@ -114,6 +114,24 @@ def test_loss_below_bound_completes_without_retransmission(endpoints):
     assert np.abs(x[lost]).mean() < np.abs(x[~lost]).mean()
 
 
+def test_a_stop_record_finds_the_pass_end_the_data_path_held_back(endpoints):
+    """The data path holds a pass's end back until its probe is due (here half a second); a
+    bounded message's STOP record comes sooner, and the control thread hands the core the held
+    events before the record: the send has its pass's end and the answer time its sample."""
+    from dlcp.hostagent.ratecontrol import RateConfig
+
+    loss = LossInjection(drop_probabilities=(0, 0, 0, 0.2), seed=2)
+    slow_probe = {"probe_delay": 0.5, "probe_delay_min": 0.5, "probe_delay_max": 0.5,
+                  "rate": RateConfig(initial_rate=100e6, line_rate=100e6)}
+    a, b = endpoints(2, per_rank={0: slow_probe, 1: {"loss": loss}})
+    s = a.send(1, _grad(200_000), message_id=1, loss_bound=0.1)
+    res = b.recv(0, 1).wait(T)
+    st = s.wait(T)
+    assert res.stats.how in ("bounded", "idle") and st.how == "stopped"
+    assert st.first_pass_ended is not None
+    assert a.core is not None and a.core.answer[1].srtt is not None and a.core.answer[1].srtt < 0.5
+
+
 def test_exact_messages_are_stopped_by_the_receivers_data_path_not_by_control_records(endpoints):
     """A message that arrives whole is told to its sender by the receiver's data path (a STOP
     datagram): no STOP record crosses the control connection but as the answer to a PROBE (on a

@@ -11,8 +11,14 @@ user and kernel memory (both backends make the same two per byte sent), the pack
 (AEGISMAC-128X4; AES-GCM when encrypted), the network stack, Python, the compiled data path's loops, gloo's own sums.
 
 Needs ``perf`` (Debian's ``linux-perf``) and the right to sample the whole machine (root, or
-``kernel.perf_event_paranoid`` <= 0); without them it says which is missing and exits 2. The
-compiled data path's symbols are stripped, so its loops count as one category.
+``kernel.perf_event_paranoid`` <= 0); without them it says which is missing and exits 2.
+
+The compiled data path as installed is stripped (nanobind strips Release builds), so its loops
+count as one category and its tag (AEGISMAC-128X4, compiled in) counts there too. With its
+symbols the path splits into the tag, the sums it adds received packets with, and the rest:
+rebuild it with ``pip install --no-deps -e . -C cmake.build-type=RelWithDebInfo`` (the same
+``-O3`` code, ``-g`` added and not stripped; ``make setup`` restores the stripped build). The
+table's notes say which build was sampled.
 
 Run: python bench/cpu_profile.py [--world 4] [--bytes 57000000] [--calls 60] [--rounds 2]
 [--schemes gloo dlcp untagged] [--out FILE]
@@ -59,6 +65,7 @@ CATEGORIES: list[tuple[str, str]] = [
     ("kernel copies", _kernel("copy_from_iter", "copy_to_iter", "rep_movs_alternative", "copy_user_generic",
                               "copy_from_user", "copy_to_user", "csum_and_copy_from_iter", "simple_copy_to_iter")),
     ("memcpy (libc)", r"libc\.so\S* +\[\.\] \S*(memmove|memcpy|memset)"),
+    ("DLCP sums (compiled)", r"_datapath\.\S* +\[\.\] dlcp::.*\b(?:add|sumsq)_\w+"),
     ("DLCP compiled path", r"_datapath\."),
     ("gloo / torch", r"libtorch|libc10|libgloo|gloo::"),
     ("Python", r"libpython|python3\.\d+ "),
@@ -95,6 +102,19 @@ def shares(report: str) -> dict[str, float]:
             name = category(m.group(2))
             out[name] = out.get(name, 0.0) + float(m.group(1)) / 100
     return out
+
+
+def datapath_symbols() -> bool:
+    """Whether the compiled data path this interpreter imports keeps its symbols (a
+    RelWithDebInfo build, see the module's docstring): then its tag and sums are categories of
+    their own."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("dlcp.hostagent._datapath")
+    if spec is None or spec.origin is None or shutil.which("nm") is None:
+        return False
+    out = subprocess.run(["nm", "--defined-only", spec.origin], capture_output=True, text=True)
+    return out.returncode == 0 and "mac_from" in out.stdout
 
 
 def missing() -> str | None:
@@ -188,13 +208,16 @@ def table(args: argparse.Namespace) -> Table:
             busy = sum(v for k, v in out["cpu"].items() if k != "idle")
             print(f"   round {r + 1}/{args.rounds} {scheme:<9} {out['ms']:7.1f} ms/call  busy {busy:6.1f} ms "
                   f"per rank and call", flush=True)
+    symbols = datapath_symbols()
     names = [n for n, _ in CATEGORIES if n != "idle"] + ["other kernel", "other user"]
     t = Table(title, [Column("category"), *(Column(s, "{:.2f}") for s in args.schemes)],
               notes=["CPU ms per rank and call: each category's share of the samples of every CPU over the timed "
                      "calls (and the barriers around them), divided by calls and ranks; medians over rounds",
                      "busy: every category but idle; ms per call: the slowest rank's mean",
-                     "kernel copies: between user and kernel memory; the compiled path's symbols are stripped, "
-                     "so its loops are one category"])
+                     "kernel copies: between user and kernel memory; "
+                     + ("the compiled path with its symbols: its tag and its sums are rows of their own"
+                        if symbols else
+                        "the compiled path stripped (as installed): its loops, the tag and the sums, are one row")])
 
     def med(scheme: str, key: str) -> float:
         return statistics.median(x["cpu"].get(key, 0.0) for x in runs[scheme])

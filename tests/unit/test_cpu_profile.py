@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cpu_profile import category, shares
+from bench.cpu_profile import category, datapath_symbols, shares
 
 REPORT = """\
 # Samples: 15K of event 'cpu-clock'
@@ -38,6 +38,13 @@ REPORT = """\
     ("[kernel.kallsyms] [k] _copy_to_iter", "kernel copies"),
     ("libc.so.6 [.] __memmove_avx512_unaligned_erms", "memcpy (libc)"),
     ("_datapath.cpython-311-x86_64-linux-gnu.so [.] 0x000000000002ad61", "DLCP compiled path"),
+    # with its symbols (a RelWithDebInfo build) the compiled path's sums are a row of their own
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::(anonymous namespace)::add_avx2<false, false>",
+     "DLCP sums (compiled)"),
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::add_bf16_sum(unsigned short*, unsigned char const*, "
+     "unsigned int)", "DLCP sums (compiled)"),
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::Datapath::ingest_one", "DLCP compiled path"),
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::Datapath::send_credits", "DLCP compiled path"),
     ("libtorch_cpu.so [.] gloo::sum<float>", "gloo / torch"),
     ("libpython3.11.so.1.0 [.] _PyEval_EvalFrameDefault", "Python"),
     ("[kernel.kallsyms] [k] udp_recvmsg", "network stack"),
@@ -65,3 +72,18 @@ def test_shares_add_up_per_category_and_skip_the_header():
     assert got["idle"] == pytest.approx(0.05)
     assert got["other user"] == pytest.approx(0.002)
     assert sum(got.values()) == pytest.approx(sum(float(x.split("%")[0]) for x in REPORT.splitlines()[2:]) / 100)
+
+
+def test_it_tells_whether_the_compiled_path_kept_its_symbols():
+    """(Installed stripped by make setup; a RelWithDebInfo build keeps them: either is a bool,
+    never an error, and a stripped module has no tag symbol to find.)"""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    got = datapath_symbols()
+    assert isinstance(got, bool)
+    origin = importlib.util.find_spec("dlcp.hostagent._datapath").origin
+    if shutil.which("nm"):
+        listed = subprocess.run(["nm", "--defined-only", origin], capture_output=True, text=True).stdout
+        assert got == ("mac_from" in listed)

@@ -11,6 +11,10 @@ machine has 2 cores for up to 4 processes):
 * ``DDP step``: stock ``DistributedDataParallel`` (no hook) over a 4-layer MLP, batch 32: forward,
   backward (DDP's bucketed all_reduce overlapping it), SGD step; the slowest rank's time.
   ``12M``: 1024-2048-2048-2048-1024 (12.6 M parameters); ``1M``: 512 x 4 (1.05 M).
+* ``all_reduce x5`` (only when ``--cases`` names it): the same 57 MB all_reduce five times back to
+  back, timed together. Why: a barrier before each call lines the ranks up, so a call's set-up
+  and its ring's tail are its own; in a loop of collectives (DDP's buckets, an optimizer's) each
+  rank starts the next call while the slowest ends the last, as here.
 
 Schemes run interleaved (gloo, dlcp, gloo, dlcp, ...) for ``--rounds`` rounds; a figure is the
 median over rounds of each round's median; ``x gloo`` the median of the per-round ratios, with
@@ -79,6 +83,10 @@ BATCH = 32
 #: The rows (what, dtype) of a run without ``--small``, in order.
 CASES = [("all_reduce", "float32"), ("all_reduce", "bfloat16"), ("12M", "float32"), ("12M", "bfloat16"),
          ("1M", "float32")]
+#: Rows run only when ``--cases`` names them: ``all_reduce x5``, the 57 MB all_reduce five times
+#: back to back per timed step (no barrier between them).
+EXTRA_CASES = [("all_reduce x5", "float32")]
+BACK_TO_BACK = 5
 #: Second settings, each a named row beside the defaults on the float32 cases: its environment.
 SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "encrypted": {"DLCP_ENCRYPT": "1"},
             "mtu 9000": {"DLCP_MTU": "9000"}}
@@ -93,6 +101,14 @@ def _step(case: str, dtype_name: str, rank: int, group: Any = None) -> Callable[
     dtype = getattr(torch, dtype_name)
     if case == "barrier":
         return lambda: dist.barrier(group=group)
+    if case == "all_reduce x5":  # back to back: each rank starts the next call when its last ends
+
+        y = torch.randn(ALLREDUCE_BYTES // 4).to(dtype)
+
+        def calls() -> None:
+            for _ in range(BACK_TO_BACK):
+                dist.all_reduce(y, group=group)
+        return calls
     if case.startswith("all_reduce"):  # "all_reduce" (57 MB) or "all_reduce:<bytes>"
         x = torch.randn(int(case.partition(":")[2] or ALLREDUCE_BYTES) // 4).to(dtype)
         return lambda: dist.all_reduce(x, group=group)
@@ -235,7 +251,8 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """The rows (what, dtype, processes) a run measures."""
     if args.small:
         return [(c, "float32", w) for w in args.world for c in [*(f"all_reduce:{b}" for b in SMALL_BYTES), "barrier"]]
-    return [(c, d, w) for w in args.world for c, d in CASES if args.cases is None or f"{c}:{d}" in args.cases]
+    return [(c, d, w) for w in args.world for c, d in CASES + EXTRA_CASES
+            if (args.cases is None and (c, d) in CASES) or (args.cases is not None and f"{c}:{d}" in args.cases)]
 
 
 def paired_table(args: argparse.Namespace) -> Table:
@@ -262,7 +279,8 @@ def paired_table(args: argparse.Namespace) -> Table:
                       Column("rounds"), Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
                       *(c for n in settings for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
-                     "4-layer MLP, batch 32; barrier: dist.barrier()",
+                     "4-layer MLP, batch 32; barrier: dist.barrier(); all_reduce x5: the 57 MB one five times back to "
+                     "back (ms for the five)",
                      "x gloo: median over every turn of every round of (dlcp's call / gloo's call of the same "
                      "turn), each the slowest rank's; quartiles: of those ratios; rounds: the range of the "
                      "rounds' median ratios",
@@ -314,7 +332,8 @@ def table(args: argparse.Namespace) -> Table:
                       Column("gloo cpu ms", "{:.0f}"), Column("dlcp cpu ms", "{:.0f}"),
                       *(c for n in settings for c in (Column(f"{n} ms"), Column(f"{n} x gloo"))), *LOAD_COLUMNS],
               notes=["all_reduce: one 57 MB tensor (or of the size named); 12M / 1M: a stock DDP step of a "
-                     "4-layer MLP, batch 32; barrier: dist.barrier()",
+                     "4-layer MLP, batch 32; barrier: dist.barrier(); all_reduce x5: the 57 MB one five times back to "
+                     "back (ms for the five)",
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
@@ -343,7 +362,7 @@ def _label(case: str) -> str:
     if case.startswith("all_reduce:"):
         size = int(case.partition(":")[2])
         return f"all_reduce {size >> 20} MB" if size >= 1 << 20 else f"all_reduce {size >> 10} KB"
-    return case if case in ("all_reduce", "barrier") else f"DDP step {case}"
+    return case if case in ("all_reduce", "all_reduce x5", "barrier") else f"DDP step {case}"
 
 
 def main() -> None:
@@ -353,8 +372,8 @@ def main() -> None:
                     help="timed calls or DDP steps per run (default 20; 200 with --small)")
     ap.add_argument("--world", type=int, nargs="+", default=[4, 2], help="process counts (default 4 2)")
     ap.add_argument("--cases", nargs="+", default=None, metavar="WHAT:DTYPE",
-                    choices=[f"{c}:{d}" for c, d in CASES],
-                    help="only these rows (default: all; e.g. all_reduce:float32 12M:float32)")
+                    choices=[f"{c}:{d}" for c, d in CASES + EXTRA_CASES],
+                    help="only these rows (default: all but 'all_reduce x5'; e.g. all_reduce:float32 12M:float32)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
     ap.add_argument("--paired", action="store_true",
                     help="each scheme a group in the same processes, one call of each in turn (see above)")

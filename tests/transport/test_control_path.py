@@ -101,7 +101,7 @@ def _until(condition, seconds: float = 2.0) -> None:
 def test_a_posted_message_wakes_the_control_loop_only_when_its_timers_are_far(endpoints):
     """Posting a message wakes the control thread (a pass of its timers, holding the interpreter
     lock) only if its next pass is more than ``bulk_feedback_interval`` away: idle, it sleeps
-    IDLE_TICK and is woken; once a message is in, it runs at that pace anyway and a second
+    IDLE_SLEEP and is woken; once a message is in, it runs at IDLE_TICK or faster anyway and a second
     message posted then wakes nothing. Both messages still arrive."""
     a, b = endpoints(2, policy=Policy(loss_bound_push=0.0))
     pace = b.config.bulk_feedback_interval

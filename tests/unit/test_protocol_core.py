@@ -16,7 +16,7 @@ import pytest
 from dlcp.hostagent import auth, wire
 from dlcp.hostagent.messages import Expect, MessageMismatch, PeerFailed, TransportTimeout
 from dlcp.hostagent.policy import Policy, required_elements
-from dlcp.hostagent.protocol.core import IDLE_TICK, LINE_RATE, URGENT_TICK, ProtocolCore
+from dlcp.hostagent.protocol.core import IDLE_SLEEP, IDLE_TICK, LINE_RATE, URGENT_TICK, ProtocolCore
 from dlcp.hostagent.protocol.incoming import MAX_ANSWER_GRACE, MAX_BUSY_DEFER, Incoming, answer_due, answer_grace
 from dlcp.hostagent.protocol.port import STOP_SENT, EventKind, Progress, RxBuffers, RxSpec, TxInfo, TxSpec
 from dlcp.hostagent.ratecontrol import RateConfig
@@ -786,12 +786,12 @@ def test_marks_after_a_bitmaps_loss_cut_wait_for_its_window():
 
 
 def test_the_timers_sleep_until_their_next_deadline():
-    """Idle: IDLE_TICK; data streaming in: the next clean report; a pass ended: the probe; an
+    """Idle: IDLE_SLEEP; data streaming in: the next clean report; a pass ended: the probe; an
     answer due: the end of its grace; a reader behind when an answer is due: a millisecond. (The
     control thread sleeps this long, so a bulk transfer costs the application nothing, and the
     end of a pass is still answered when its grace is over.)"""
     core, port = make_core(bulk_feedback_interval=0.02)
-    assert core.handle_timer(0.0) == IDLE_TICK
+    assert core.handle_timer(0.0) == IDLE_SLEEP
     _expect(core, 20, 0.0)
     port.deliver(1, 9, range(5), now=0.0)
     assert core.handle_timer(0.001) == pytest.approx(0.02)
@@ -802,6 +802,26 @@ def test_the_timers_sleep_until_their_next_deadline():
     assert core.handle_timer(0.003) == pytest.approx(core.config.probe_grace)
     port.seen_until = 0.003  # the reader is behind
     assert core.handle_timer(0.003 + core.config.probe_grace) == pytest.approx(URGENT_TICK)
+
+
+def test_with_nothing_in_flight_the_timers_sleep_long_and_a_message_brings_back_the_tick():
+    """No message in flight and nothing to report: IDLE_SLEEP, not IDLE_TICK (an idle group's
+    control thread ran its timers 20 times a second, 4-5 ms of CPU a second per process). Data
+    arriving with no message set up (early packets) is reported at its pace; a message in
+    flight caps the sleep at IDLE_TICK again, and once it is done the sleep is long again."""
+    core, port = make_core(bulk_feedback_interval=0.02)
+    assert IDLE_SLEEP > IDLE_TICK
+    assert core.handle_timer(0.0) == IDLE_SLEEP
+    port.feedback[1] = (100, 0, 0)  # rank 1's packets, parked before their receive
+    assert core.handle_timer(0.5) == IDLE_SLEEP  # (reported at once: nothing more owed)
+    assert [h.ptype for h, _ in records(core, 1)] == [wire.PacketType.FEEDBACK]
+    port.feedback[1] = (100, 0, 0)
+    assert core.handle_timer(0.505) == pytest.approx(0.015)  # the next report, a bulk interval on
+    h = core.send(2, np.zeros(PER, np.float32), 3, now=0.51)
+    assert core.handle_timer(0.52) <= IDLE_TICK + 1e-9
+    core.on_events([(EventKind.TX_STOP, 2, 3, 0.53, PER)], now=0.53)
+    assert h.done()
+    assert core.handle_timer(0.54) == IDLE_SLEEP
 
 
 def test_the_timers_run_after_events_only_for_messages_still_going_on():

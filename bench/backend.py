@@ -53,8 +53,11 @@ ones (docs/results/backend.md). With ``--small``, the small collectives' rows.
 per run: where a collective's time is its round trips, not its bytes (the backend gathers sums
 of up to ``DIRECT_SUM_BYTES`` in one round instead of the ring's steps).
 
+``--idle``: instead, what holding groups costs while nothing is communicated (a forward pass, the
+data loader): the CPU per second of a process holding 1 and 4 groups of each backend, idle.
+
 Run: python bench/backend.py [--rounds 3] [--steps 20] [--world 4 2] [--cases WHAT:DTYPE ...] [--quick]
-[--paired] [--small] [--out FILE]
+[--paired] [--small] [--idle] [--out FILE]
 """
 
 from __future__ import annotations
@@ -365,6 +368,55 @@ def _label(case: str) -> str:
     return case if case in ("all_reduce", "all_reduce x5", "barrier") else f"DDP step {case}"
 
 
+IDLE_SECONDS = 10.0
+
+
+def _idle_worker(rank: int, world: int, port: int, backend: str, groups: int, q: Any) -> None:
+    """``--idle``: a rank that holds ``groups`` groups of ``backend`` (the default one among them),
+    has run one small collective on each, and then does nothing for IDLE_SECONDS: its CPU."""
+    _user_env(port, rank, world)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    more = [dist.new_group(backend=backend) for _ in range(groups - 1)]
+    x = torch.ones(256)
+    for g in [None, *more]:
+        dist.all_reduce(x, group=g)
+    dist.barrier()
+    time.sleep(1.0)  # (the last call's reports and timers settle)
+    c0 = time.process_time()
+    time.sleep(IDLE_SECONDS)
+    q.put((rank, (time.process_time() - c0) / IDLE_SECONDS))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def idle_table(args: argparse.Namespace) -> Table:
+    """What a group costs while nothing is communicated (a forward pass, the data loader): the CPU
+    a rank's process spends per second holding 1 and 4 groups, gloo's and DLCP's."""
+    title = (f"backend, idle: CPU of a process holding process groups and doing nothing for {IDLE_SECONDS:g} s, "
+             f"{args.world[0]} processes, {args.rounds} interleaved rounds")
+    print(title, flush=True)
+    world = args.world[0]
+    res: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.rounds):
+        for groups in (1, 4):
+            for backend in ("gloo", "dlcp"):
+                rows = _spawn(_idle_worker, world, backend, groups)
+                per = statistics.median(c for _, c in rows) * 1e3
+                res.setdefault((backend, groups), []).append(per)
+                print(f"   round {r + 1}/{args.rounds} {backend:<5} {groups} groups: {per:.2f} CPU ms/s per process",
+                      flush=True)
+    t = Table(title, [Column("groups"), Column("gloo cpu ms/s", "{:.2f}"), Column("dlcp cpu ms/s", "{:.2f}")],
+              notes=["cpu ms/s: CPU time (every thread) of a rank's process per second of doing nothing, the "
+                     "median rank's, medians over rounds; 1,000 would be a whole core"])
+    for groups in (1, 4):
+        t.add(groups, statistics.median(res[("gloo", groups)]), statistics.median(res[("dlcp", groups)]))
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -379,6 +431,9 @@ def main() -> None:
                     help="each scheme a group in the same processes, one call of each in turn (see above)")
     ap.add_argument("--small", action="store_true",
                     help="small collectives instead (all_reduce of 1 KB to 1 MB, barrier)")
+    ap.add_argument("--idle", action="store_true",
+                    help="instead, the CPU a process spends per second holding 1 and 4 groups and doing nothing "
+                         "(the first --world only)")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE",
                     help="also keep the table with the command and commit as JSON (dlcp report FILE prints it)")
     args = ap.parse_args()
@@ -388,7 +443,7 @@ def main() -> None:
         args.rounds, args.steps = 1, 5
     record = Record.start("python bench/backend.py")
     print(record.header())
-    done = [paired_table(args) if args.paired else table(args)]
+    done = [idle_table(args) if args.idle else paired_table(args) if args.paired else table(args)]
     print(done[0].text())
     record.keep(args.out, done)
 

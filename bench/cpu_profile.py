@@ -17,8 +17,8 @@ The compiled data path as installed is stripped (nanobind strips Release builds)
 count as one category and its tag (AEGISMAC-128X4, compiled in) counts there too. With its
 symbols the path splits into the tag, the sums it adds received packets with, and the rest:
 rebuild it with ``pip install --no-deps -e . -C cmake.build-type=RelWithDebInfo`` (the same
-``-O3`` code, ``-g`` added and not stripped; ``make setup`` restores the stripped build). The
-table's notes say which build was sampled.
+``-O3`` code, ``-g`` added and not stripped; the same command without ``-C ...`` restores the
+stripped build). The table's notes say which build was sampled.
 
 Run: python bench/cpu_profile.py [--world 4] [--bytes 57000000] [--calls 60] [--rounds 2]
 [--schemes gloo dlcp untagged] [--out FILE]

@@ -83,7 +83,9 @@ def test_it_tells_whether_the_compiled_path_kept_its_symbols():
 
     got = datapath_symbols()
     assert isinstance(got, bool)
-    origin = importlib.util.find_spec("dlcp.hostagent._datapath").origin
+    spec = importlib.util.find_spec("dlcp.hostagent._datapath")
+    assert spec is not None and spec.origin is not None
+    origin = spec.origin
     if shutil.which("nm"):
         listed = subprocess.run(["nm", "--defined-only", origin], capture_output=True, text=True).stdout
         assert got == ("mac_from" in listed)

@@ -105,7 +105,6 @@ def _step(case: str, dtype_name: str, rank: int, group: Any = None) -> Callable[
     if case == "barrier":
         return lambda: dist.barrier(group=group)
     if case == "all_reduce x5":  # back to back: each rank starts the next call when its last ends
-
         y = torch.randn(ALLREDUCE_BYTES // 4).to(dtype)
 
         def calls() -> None:

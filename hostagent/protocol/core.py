@@ -58,7 +58,8 @@ IDLE_TICK = 0.05  # the longest the timers wait between runs while a message is 
 #: each run costs the process ~0.2 ms of CPU (every peer's feedback asked of the data path),
 #: 4-5 ms a second per idle group, taken from the training it shares the cores with; and
 #: whatever needs the timers sooner wakes them: a message posted (Endpoint._wake_for_new_message),
-#: a control record, a data-path event.
+#: a control record, a data-path event. (Early packets of a message not posted yet are reported
+#: at the next run, within IDLE_SLEEP, or sooner when the message is posted.)
 IDLE_SLEEP = 1.0
 URGENT_TICK = 0.001  # how soon an answer held for a reader that is behind is looked at again (s)
 HELLO, HELLO_REPLY = 1, 2  # message ids of the FEEDBACK that opens a control connection, and its answer

@@ -20,7 +20,7 @@ PAGES: dict[str, list[list[str]]] = {
                       ["20261127-1615-bench-goodput-100g.json"], ["20261126-bench-hostile.json"],
                       ["20261128-bench-forgeries.json"], ["20261130-bench-protection-mtu1500-9054deb.json"],
                       ["20261130-bench-protection-mtu9000-9054deb.json"], ["20261130-bench-collective-5ddfac1.json"]],
-    "backend.md": [["20261202-bench-backend-paired-9b6e8b6.json"], ["20261202-bench-cpu-profile-4p-61865a2.json"],
+    "backend.md": [["20261202-bench-backend-paired-b013d2e.json"], ["20261202-bench-backend-paired-9b6e8b6.json"], ["20261202-bench-cpu-profile-4p-61865a2.json"],
                    ["20261202-bench-backend-idle-015a79f.json"], ["20261202-bench-backend-idle-oldcore-015a79f.json"],
                    ["20261202-bench-backend-paired-4db1da2.json"], ["20261202-bench-backend-4db1da2.json"],
                    ["20261202-bench-backend-bf16-39197dd.json"], ["20261202-bench-backend-paired-700df9a.json"],

@@ -65,7 +65,7 @@ CATEGORIES: list[tuple[str, str]] = [
     ("kernel copies", _kernel("copy_from_iter", "copy_to_iter", "rep_movs_alternative", "copy_user_generic",
                               "copy_from_user", "copy_to_user", "csum_and_copy_from_iter", "simple_copy_to_iter")),
     ("memcpy (libc)", r"libc\.so\S* +\[\.\] \S*(memmove|memcpy|memset)"),
-    ("DLCP sums (compiled)", r"_datapath\.\S* +\[\.\] dlcp::.*\b(?:add|sumsq)_\w+"),
+    ("DLCP sums (compiled)", r"_datapath\.\S* +\[\.\] dlcp::.*\b(?:add|sumsq)_(?:any|avx2|body|bf16|f32|rounded)\w*"),
     ("DLCP compiled path", r"_datapath\."),
     ("gloo / torch", r"libtorch|libc10|libgloo|gloo::"),
     ("Python", r"libpython|python3\.\d+ "),

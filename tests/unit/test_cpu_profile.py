@@ -45,6 +45,8 @@ REPORT = """\
      "unsigned int)", "DLCP sums (compiled)"),
     ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::Datapath::ingest_one", "DLCP compiled path"),
     ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::Datapath::send_credits", "DLCP compiled path"),
+    ("_datapath.cpython-311-x86_64-linux-gnu.so [.] dlcp::Datapath::add_peer(unsigned short, std::string const&, "
+     "unsigned short)", "DLCP compiled path"),  # (an add_ that is no sum)
     ("libtorch_cpu.so [.] gloo::sum<float>", "gloo / torch"),
     ("libpython3.11.so.1.0 [.] _PyEval_EvalFrameDefault", "Python"),
     ("[kernel.kallsyms] [k] udp_recvmsg", "network stack"),
@@ -74,18 +76,29 @@ def test_shares_add_up_per_category_and_skip_the_header():
     assert sum(got.values()) == pytest.approx(sum(float(x.split("%")[0]) for x in REPORT.splitlines()[2:]) / 100)
 
 
-def test_it_tells_whether_the_compiled_path_kept_its_symbols():
-    """(Installed stripped by make setup; a RelWithDebInfo build keeps them: either is a bool,
-    never an error, and a stripped module has no tag symbol to find.)"""
+def test_it_tells_whether_the_compiled_path_kept_its_symbols(tmp_path, monkeypatch):
+    """A module whose symbols name the tag's function counts as a build with symbols; one
+    without them (stripped, or not an object file at all) does not."""
+    import importlib.machinery
     import importlib.util
     import shutil
     import subprocess
 
-    got = datapath_symbols()
-    assert isinstance(got, bool)
-    spec = importlib.util.find_spec("dlcp.hostagent._datapath")
-    assert spec is not None and spec.origin is not None
-    origin = spec.origin
-    if shutil.which("nm"):
-        listed = subprocess.run(["nm", "--defined-only", origin], capture_output=True, text=True).stdout
-        assert got == ("mac_from" in listed)
+    if not (shutil.which("nm") and shutil.which("cc")):
+        pytest.skip("needs nm and cc (binutils, a C compiler)")
+    src = tmp_path / "m.c"
+    src.write_text("void mac_from(void) {}\n")
+    with_symbols = tmp_path / "with.o"
+    subprocess.run(["cc", "-c", str(src), "-o", str(with_symbols)], check=True)
+    stripped = tmp_path / "stripped.o"
+    src.write_text("static int unused;\n")
+    subprocess.run(["cc", "-c", str(src), "-o", str(stripped)], check=True)
+    not_object = tmp_path / "text.so"
+    not_object.write_text("mac_from")
+
+    def module_at(path):
+        return lambda name: importlib.machinery.ModuleSpec(name, None, origin=str(path))
+
+    for path, want in [(with_symbols, True), (stripped, False), (not_object, False)]:
+        monkeypatch.setattr(importlib.util, "find_spec", module_at(path))
+        assert datapath_symbols() is want, path

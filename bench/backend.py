@@ -29,9 +29,7 @@ Second, named settings run interleaved on the float32 rows (``SETTINGS``): ``unt
 backend with ``DLCP_AUTHENTICATE=0`` (every packet's tag neither made nor checked: what the tag
 costs); ``encrypted``, with ``DLCP_ENCRYPT=1`` (payloads encrypted too, issue 44's option for
 shared networks); and ``mtu 9000``, with ``DLCP_MTU=9000`` (a jumbo frame, a real network's
-largest, where the default on loopback is 65,535: what the per-packet work costs). Named with
-``--settings``: ``store+forward``, ``DLCP_CUT_THROUGH=0`` (each ring step waits for its whole chunk
-before forwarding it: what cut-through gains).
+largest, where the default on loopback is 65,535: what the per-packet work costs).
 
 Targets (issue 44, the lossless ring of 57 MB with 4 processes, which a 57 MB all_reduce outside
 a backward pass is): with the tag <= 0.8x gloo, encrypted <= 1.0x gloo.
@@ -94,19 +92,7 @@ EXTRA_CASES = [("all_reduce x5", "float32")]
 BACK_TO_BACK = 5
 #: Second settings, each a named row beside the defaults on the float32 cases: its environment.
 SETTINGS = {"untagged": {"DLCP_AUTHENTICATE": "0"}, "encrypted": {"DLCP_ENCRYPT": "1"},
-            "mtu 9000": {"DLCP_MTU": "9000"}, "store+forward": {"DLCP_CUT_THROUGH": "0"}}
-#: ... those a run takes unless ``--settings`` names others (``store+forward``, the ring's steps
-#: each waiting for its whole chunk, only when named)
-DEFAULT_SETTINGS = ["untagged", "encrypted", "mtu 9000"]
-
-
-def settings_note(settings: list[str]) -> list[str]:
-    """The table note that says what each second setting is (none: no note)."""
-    if not settings:
-        return []
-    return ["second settings, float32 rows only, each a dlcp group of its own in the same processes (paired) "
-            "or runs of their own: " + "; ".join(f"{n}, " + " ".join(f"{k}={v}" for k, v in SETTINGS[n].items())
-                                                  for n in settings)]
+            "mtu 9000": {"DLCP_MTU": "9000"}}
 
 
 def _step(case: str, dtype_name: str, rank: int, group: Any = None) -> Callable[[], None]:
@@ -276,7 +262,7 @@ def paired_table(args: argparse.Namespace) -> Table:
              f"of each in turn, defaults, loopback, {args.rounds} rounds of {args.steps} turns")
     print(title, flush=True)
     cases = _cases(args)
-    settings = [] if args.small else args.settings
+    settings = [] if args.small else list(SETTINGS)
     res: dict[tuple, list[dict[str, dict]]] = {k: [] for k in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -302,7 +288,9 @@ def paired_table(args: argparse.Namespace) -> Table:
                      "rounds' median ratios",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds), the other "
                      "groups' idle threads included; 2 cores give at most 2 CPU ms per ms",
-                     *settings_note(settings)])
+                     *(["second settings, float32 rows only, each a dlcp group of its own in the same processes: "
+                        "untagged, DLCP_AUTHENTICATE=0; encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000"]
+                       if settings else [])])
     def ratios(runs: list[dict[str, dict]], name: str) -> list[float]:
         return [x / g for run in runs for x, g in zip(run[name]["per_call"], run["gloo"]["per_call"])]
 
@@ -330,7 +318,7 @@ def table(args: argparse.Namespace) -> Table:
              f"interleaved rounds, {args.steps} timed calls per run")
     print(title, flush=True)
     cases = _cases(args)
-    settings = [] if args.small else args.settings  # (float32 rows only: below)
+    settings = [] if args.small else list(SETTINGS)  # (float32 rows only: below)
     res: dict[tuple, dict[str, list[dict]]] = {k: {"gloo": [], "dlcp": [], **{n: [] for n in settings}} for k in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -351,7 +339,9 @@ def table(args: argparse.Namespace) -> Table:
                      "x gloo: median of the per-round ratios, range: their min-max over rounds",
                      "cpu ms: CPU time of every thread of every rank per call (medians over rounds); "
                      "2 cores give at most 2 CPU ms per ms",
-                     *settings_note(settings)])
+                     *(["second settings, float32 rows only: untagged, DLCP_AUTHENTICATE=0 (no packet tag); "
+                        "encrypted, DLCP_ENCRYPT=1; mtu 9000, DLCP_MTU=9000 (the default on loopback is 65535)"]
+                       if settings else [])])
     for (case, dtype, world), by in res.items():
         ratios = [d["ms"] / g["ms"] for d, g in zip(by["dlcp"], by["gloo"])]
         gms = statistics.median(x["ms"] for x in by["gloo"])
@@ -435,9 +425,6 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=None, metavar="WHAT:DTYPE",
                     choices=[f"{c}:{d}" for c, d in CASES + EXTRA_CASES],
                     help="only these rows (default: all but 'all_reduce x5'; e.g. all_reduce:float32 12M:float32)")
-    ap.add_argument("--settings", nargs="*", default=DEFAULT_SETTINGS, metavar="NAME", choices=list(SETTINGS),
-                    help=f"second settings beside the defaults (default: {', '.join(DEFAULT_SETTINGS)}; "
-                         f"all: {', '.join(SETTINGS)}; none: --settings with no name)")
     ap.add_argument("--quick", action="store_true", help="1 round, 5 steps: a smoke run")
     ap.add_argument("--paired", action="store_true",
                     help="each scheme a group in the same processes, one call of each in turn (see above)")

@@ -198,11 +198,6 @@ class BackendOptions:
     the job can reach the ranks' ports, to save what the tag costs (docs/results/benchmarks.md):
     any process that can reach a data port could then write into a collective."""
 
-    cut_through: bool = True
-    """A ring step forwards each packet as soon as it and those before it are placed
-    (``TransportConfig.cut_through``); False waits for the whole chunk (store and forward), for
-    comparison (``bench/backend.py``'s ``store+forward`` row)."""
-
     def __post_init__(self) -> None:
         if self.mtu is not None and not 576 <= self.mtu <= 65535:
             raise ValueError(f"BackendOptions.mtu={self.mtu} must be in 576..65535")
@@ -218,7 +213,7 @@ class BackendOptions:
     @staticmethod
     def from_env() -> BackendOptions:
         """Defaults, with ``DLCP_LOSS_BOUND``, ``DLCP_MTU``, ``DLCP_LINE_RATE`` (Gb/s),
-        ``DLCP_ENCRYPT``, ``DLCP_AUTHENTICATE`` and ``DLCP_CUT_THROUGH`` (1 or 0) applied."""
+        ``DLCP_ENCRYPT`` and ``DLCP_AUTHENTICATE`` (1 or 0) applied."""
         opts = BackendOptions()
 
         def flag(name: str) -> bool | None:
@@ -255,9 +250,6 @@ class BackendOptions:
             opts = replace(opts, encrypt=encrypt)
         if authenticate is not None:
             opts = replace(opts, authenticate=authenticate)
-        cut_through = flag("DLCP_CUT_THROUGH")
-        if cut_through is not None:
-            opts = replace(opts, cut_through=cut_through)
         return opts
 
 
@@ -1127,8 +1119,7 @@ def _transport_config(rank: int, peers: Any, options: BackendOptions, host: str,
             rate, rate_from = UNKNOWN_LINK_RATE, f"{iface.name if iface else 'the interface'} reports no speed"
     cfg = TransportConfig(rank=rank, peers=peers, policy=options.policy, **_link_knobs(rate, mtu),
                           message_deadline=timeout, connect_timeout=max(10.0, min(timeout, 300.0)), secret=secret,
-                          encrypt=options.encrypt, authenticate=options.authenticate,
-                          cut_through=options.cut_through)
+                          encrypt=options.encrypt, authenticate=options.authenticate)
     protection = ("packets encrypted and authenticated" if options.encrypt else
                   "packets authenticated (DLCP_ENCRYPT=1 to encrypt)" if options.authenticate else
                   "packets NOT authenticated (DLCP_AUTHENTICATE=0)")

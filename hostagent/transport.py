@@ -431,8 +431,7 @@ class Endpoint(ControlPath):
             ctl_records_received=Counter(self.ctl_records_received), probes_unknown=c.probes_unknown,
             records_of_another_use=c.records_of_another_use, messages_refused=c.messages_refused,
             holes_reported=c.holes_reported, holes_resent=c.holes_resent, ctl_rejected=Counter(self.ctl_rejected),
-            gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0),
-            cut_through_sends=d.get("cut_through_sends", 0))
+            gso_calls=d.get("gso_calls", 0), gro_reads=d.get("gro_reads", 0))
 
     def endpoint_stats(self) -> dict[str, Any]:
         """Totals as a JSON-ready dict (the data path's rejections by reason included)."""
@@ -477,7 +476,6 @@ class Endpoint(ControlPath):
             "holes_reported": s.holes_reported, "holes_resent": s.holes_resent,
             "authenticated_peers": authed, "drain_bytes_per_s": self.dp.drain_rate(time.monotonic()),
             "gso_calls": s.gso_calls, "gro_reads": s.gro_reads, "gro": self.dp.gro,
-            "cut_through_sends": s.cut_through_sends,
             "gso_off": sorted(d.get("gso_off", [])) if self.config.offload else [],
             "injected_drops_by_class": dict(s.injected_drops), "injected_delays": s.injected_delays,
             "reassembly": {"accepted": d.get("accepted", 0), "duplicates": d.get("duplicates", 0),

@@ -181,14 +181,6 @@ class TransportConfig:
     packet of its own but would be handed a GSO super-packet, such as a software switch
     reading a veth with a packet socket (the testbed turns it off)."""
 
-    cut_through: bool = True
-    """A held send that forwards what its trigger receives into the same buffer (a ring step
-    with ``classify=False``, no snapshot) starts with the receive's first packets and sends each
-    once every packet before it is placed, rather than after the whole message: a ring's steps
-    overlap, and each packet is read while the receive's write still has it in cache. Its last
-    packets (those that mark the pass's end) still wait for the whole message. Off: every held
-    send waits for its trigger to complete (store and forward), for comparison."""
-
     secret: bytes | None = field(default=None, repr=False)
     """The job secret (at least 16 bytes; hex text is accepted): control connections must prove
     it (:mod:`dlcp.hostagent.auth`). Every rank of the job needs the same one. Never printed."""
@@ -307,9 +299,6 @@ class EndpointStats:
     """Control connections refused or dropped, by reason (wrong_address, bad_proof, ...)."""
     gso_calls: int = 0
     gro_reads: int = 0
-    cut_through_sends: int = 0
-    """Held sends that started before their trigger completed, forwarding its packets as they
-    were placed (:attr:`TransportConfig.cut_through`)."""
 
 
 def local_peers(n: int, base_port: int, host: str = "127.0.0.1") -> tuple[Peer, ...]:

@@ -66,5 +66,4 @@ def native_config(config: TransportConfig, fd: int, gro: bool) -> dict[str, Any]
         "reorder_persist": REORDER_PERSIST,
         "fresh_window": FRESH_WINDOW, "fresh_kept": FRESH_KEPT,
         "source_port_base": config.source_port_base or 0,
-        "cut_through": config.cut_through,
     }

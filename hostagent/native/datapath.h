@@ -148,11 +148,6 @@ struct Config {
     uint32_t fresh_window = 512, fresh_kept = 1 << 16;
     // drain meter (drain_batch; settings and why: hostagent.ratecontrol.DRAIN_*)
     double drain_stretch = 0.005, drain_min_bytes = 256 * 1024, drain_fresh = 0.5, behind_backlog = 0.5;
-    // Cut-through: a held send that forwards what its trigger receives (same buffer, same
-    // packets, tags that need no pass over the whole chunk) starts with the receive's first
-    // packets and sends each once it and all before it are placed, instead of waiting for the
-    // whole message (TransportConfig.cut_through; feed_streams)
-    bool cut_through = true;
     // data to rank r at priority q leaves from source_port_base + 8 r + q (0: an ephemeral port),
     // so flow-hashing switches give every run with one base the same paths
     uint16_t source_port_base = 0;
@@ -368,7 +363,6 @@ class Datapath {
         // the L2 magnitude of each packet as placed (float32 messages that start sends): the
         // send that forwards the same elements takes them instead of reading them back
         std::vector<float> mags;
-        uint32_t placed = 0;  // packets 0 .. placed - 1 are all placed (feed_streams; with triggers only)
     };
     struct Parked {
         double time;
@@ -433,11 +427,6 @@ class Datapath {
         std::vector<uint32_t> position;  // of each packet in send_order (made by the first resend)
         std::vector<uint8_t> prio_in_order;  // empty when every packet has one priority
         uint32_t next_pos = 0;
-        // first-pass packets (positions in send_order) it may send now: n_pkts, or while it
-        // streams (cut-through: feed_streams) those its trigger has placed, short of the LAST ones
-        uint32_t avail = 0;
-        bool streaming = false;
-        bool in_seq_order = true;  // every packet has one priority: send_order is 0, 1, 2, ...
         std::vector<uint32_t> retx;
         size_t retx_pos = 0;
         uint32_t retransmissions = 0;
@@ -455,8 +444,7 @@ class Datapath {
         int sending_priority() const;
         int lowest_priority() const;  // of the first pass's last packet
         int queue_priority() const;  // its place among messages (reorder_locked)
-        bool pass_left() const { return next_pos < n_pkts || retx_pos < retx.size(); }  // (sendable now or not)
-        bool has_packets() const { return !stopped && !held && (next_pos < avail || retx_pos < retx.size()); }
+        bool has_packets() const { return !stopped && !held && (next_pos < n_pkts || retx_pos < retx.size()); }
     };
 
     void rx_loop();
@@ -526,14 +514,6 @@ class Datapath {
     void drop_parked(uint16_t src);  // every datagram parked for src (rx_mu_ held)
     void fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& triggers, double now,
                        const RxMsg* from = nullptr);
-    // Cut-through (rx_mu_ held; takes tx_mu_): m's held sends that forward its buffer as it is
-    // placed start streaming with its first packets, and may send every packet up to the first
-    // one m still lacks; the pass's LAST packets wait for m's completion (fire_triggers), so a
-    // pass still ends once, after the whole message. Why: a ring step otherwise waits for the
-    // whole chunk (14 MB in a 4-rank 57 MB all_reduce) and reads it back from memory, where
-    // cut-through reads each packet while the receive's write still has it in cache.
-    void feed_streams(RxMsg* m, double now);
-    bool streams_from(const TxMsg* x, const RxMsg* m) const;  // x forwards m's buffer, packet for packet
     void drain_batch(double started, uint64_t nbytes, bool behind, double now);
     // send helpers
     // What preparing a message makes (headers, order, classes): computed by the send thread
@@ -620,7 +600,6 @@ class Datapath {
     // counters
     std::atomic<int64_t> data_pkts_sent_{0}, data_bytes_sent_{0}, retransmitted_pkts_{0}, send_errors_{0},
         gso_calls_{0};
-    int64_t cut_through_sends_ = 0;  // (tx_mu_) held sends that started streaming (feed_streams)
     // (rx_mu_ held)
     int64_t data_pkts_received_ = 0, data_bytes_received_ = 0, ce_marked_ = 0, parked_total_ = 0, late_ = 0,
             rx_overflows_ = 0, rx_dropped_estimate_ = 0, rx_dropped_reads_ = 0,

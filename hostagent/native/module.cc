@@ -106,7 +106,6 @@ Config make_config(const nb::dict& d) {
     c.drain_fresh = get<double>(d, "drain_fresh");
     c.behind_backlog = get<double>(d, "behind_backlog");
     c.source_port_base = get<uint16_t>(d, "source_port_base");
-    c.cut_through = get<bool>(d, "cut_through");
     return c;
 }
 

@@ -931,7 +931,6 @@ void Datapath::end_batch(std::vector<RxMsg*>& touched, double now) {
             m->watched_at = now;
             ends_.push_back(key_of(m->spec.src, m->spec.message_id));
         }
-        if (m->prog.state == 0 && !m->spec.triggers.empty() && cfg_.cut_through) feed_streams(m, now);
     }
     touched.clear();
 }

@@ -330,10 +330,6 @@ void Datapath::submit(const TxSpec& spec) {
     m->tail = uint32_t(spec.total_elems % spec.per);
     m->datagram_bytes = uint32_t(H_) + spec.per * uint32_t(m->itemsize) + uint32_t(TRAILER_BYTES);
     m->held = spec.held;
-    m->avail = m->n_pkts;
-    if (spec.pkt_priority)
-        for (uint32_t i = 1; i < m->n_pkts; ++i)
-            if (spec.pkt_priority[i] != spec.pkt_priority[0]) m->in_seq_order = false;
     uint64_t key = key_of(spec.dest, spec.message_id);
     std::lock_guard<std::mutex> g(tx_mu_);  // the send thread prepares it (tags from the payload) when it picks it
     if (!dests_.count(spec.dest)) {
@@ -507,12 +503,6 @@ void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& t
             continue;
         }
         TxMsg* m = it->second;
-        if (m->streaming) {  // it started with the receive's first packets: the rest may go now
-            m->streaming = false;
-            m->avail = m->n_pkts;
-            activate_locked(m);
-            continue;
-        }
         if (!m->held) continue;
         m->held = false;
         // it forwards what the receive placed (a ring step): the magnitudes come with it
@@ -527,49 +517,6 @@ void Datapath::fire_triggers(const std::vector<std::pair<uint16_t, uint32_t>>& t
         // that had already ended (no probe, no completion: barriers hung until the deadline)
         emit(EV_TX_ACTIVE, t.first, t.second, now, 0);
         activate_locked(m);
-    }
-}
-
-bool Datapath::streams_from(const TxMsg* x, const RxMsg* m) const {
-    // Its packets are m's packets read back from m's buffer, in sequence order, and nothing
-    // about a packet needs the rest of the message first: no drop classes from magnitudes
-    // (quantiles over the whole chunk), no snapshot (a copy of the whole chunk at its start).
-    const TxSpec& s = x->spec;
-    return cfg_.cut_through && x->in_seq_order && !s.snapshot && (s.tags_given || cfg_.shares.size() <= 1) &&
-           x->kind == m->kind && m->out_kind == m->kind && s.payload == m->spec.out &&
-           s.total_elems == m->spec.total_elems && s.per == m->spec.per;
-}
-
-void Datapath::feed_streams(RxMsg* m, double now) {
-    const uint8_t* got = m->spec.received;
-    uint32_t k = m->placed;
-    while (k < m->total_pkts && got[k]) ++k;
-    if (k == m->placed) return;
-    m->placed = k;
-    // (the packets' bytes were written by this thread before it takes tx_mu_; the send thread
-    // reads them after taking it and seeing avail: the mutex orders the two)
-    std::lock_guard<std::mutex> g(tx_mu_);
-    // the pass's LAST packets leave only once the whole message is here (fire_triggers): its
-    // end is still one, after every packet, as its receiver's end-of-pass rule expects
-    for (auto& t : m->spec.triggers) {
-        auto it = tx_.find(key_of(t.first, t.second));
-        if (it == tx_.end()) continue;  // submitted later: the next batch, or the completion, starts it
-        TxMsg* x = it->second;
-        if (x->held) {
-            if (!streams_from(x, m)) continue;
-            x->held = false;
-            x->streaming = true;
-            x->avail = 0;
-            cut_through_sends_ += 1;
-            emit(EV_TX_ACTIVE, t.first, t.second, now, 0);
-        } else if (!x->streaming) {
-            continue;
-        }
-        uint32_t reach = x->n_pkts > cfg_.last_packets ? std::min(k, x->n_pkts - cfg_.last_packets) : 0;
-        if (reach > x->avail) {
-            x->avail = reach;
-            activate_locked(x);
-        }
     }
 }
 
@@ -632,7 +579,7 @@ bool Datapath::tx_info(uint16_t dest, uint32_t mid, TxInfo& out) {
     out.retransmissions = m->retransmissions;
     out.pass_no = m->pass_no;
     out.held = m->held;
-    out.active = !m->stopped && !m->held && m->pass_left();
+    out.active = m->has_packets();
     return true;
 }
 
@@ -773,9 +720,8 @@ void Datapath::tx_loop() {
             after = uint32_t(m->retx.size() - stop) + rest;
             lower_after = rest > 0 && m->lowest_priority() < int(cfg_.top_priority);
         } else {
-            uint32_t stop = std::min(m->avail, m->next_pos + chunk);  // (avail: n_pkts unless it streams)
-            if (m->avail == m->n_pkts && m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room)
-                stop = m->n_pkts;
+            uint32_t stop = std::min(m->n_pkts, m->next_pos + chunk);
+            if (m->n_pkts - stop < cfg_.last_packets && m->n_pkts - m->next_pos <= room) stop = m->n_pkts;
             if (!m->prio_in_order.empty()) {  // one priority per run
                 uint8_t p0 = m->prio_in_order[m->next_pos];
                 uint32_t j = m->next_pos;
@@ -787,7 +733,7 @@ void Datapath::tx_loop() {
             m->next_pos = stop;
             after = m->n_pkts - stop;
         }
-        bool finished_pass = m->stopped || !m->pass_left();  // (a stream waiting for data is not done)
+        bool finished_pass = !m->has_packets();
         if (!finished_pass && m->queue_priority() != before) reorder_locked();  // (its resends are done)
         uint32_t pass_no = m->pass_no;
         Sock* sk = nullptr;
@@ -998,10 +944,6 @@ std::map<std::string, int64_t> Datapath::stats() {
     out["retransmitted_pkts"] = retransmitted_pkts_;
     out["send_errors"] = send_errors_;
     out["gso_calls"] = gso_calls_;
-    {
-        std::lock_guard<std::mutex> t(tx_mu_);
-        out["cut_through_sends"] = cut_through_sends_;
-    }
     std::lock_guard<std::mutex> g(rx_mu_);
     out["credit_waits"] = credit_waits_;
     out["credit_timeouts"] = credit_timeouts_;

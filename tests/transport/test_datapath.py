@@ -23,7 +23,7 @@ from dlcp.hostagent.packetizer import MessageMeta, elems_per_packet, packetize
 from dlcp.hostagent.policy import CLASS_SAMPLE, SAMPLED_CLASSES_PACKETS, Policy, drop_classes, packet_magnitudes
 from dlcp.hostagent.protocol.port import RxBuffers, RxSpec, TxSpec
 from dlcp.hostagent.protocol.incoming import MAX_BUSY_DEFER
-from dlcp.hostagent.protocol.port import REASONS, EventKind
+from dlcp.hostagent.protocol.port import REASONS
 from dlcp.hostagent.transport_config import TransportConfig, local_peers
 
 PER = elems_per_packet(1500, np.float32)
@@ -891,125 +891,6 @@ def test_a_bounded_message_completes_in_the_data_path_after_its_grace():
     np.testing.assert_array_equal(np.delete(outs[5], np.r_[hole]), np.delete(x, np.r_[hole]))
     dp.stop()
     sock.close()
-
-
-KEY2 = bytes(range(16, 32))
-
-
-@pytest.mark.parametrize("cut_through", [True, False])
-def test_a_forwarding_send_streams_what_its_receive_has_placed_and_ends_its_pass_after_it(cut_through):
-    """Cut-through: a held send that forwards its trigger's buffer (a ring step, tags given) goes
-    out packet by packet as the receive places them, each once every packet before it is placed;
-    its LAST packets wait for the whole message, so its pass ends once, after it. Off
-    (``cut_through=False``), nothing leaves before the receive completes. The bytes are the same."""
-    from dlcp.hostagent.datapath.native import NativeDatapath
-
-    n = 40
-    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), offload=False, cut_through=cut_through)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # rank 2, the next in the ring
-    rx2.bind(("127.0.0.1", 0))
-    dp = NativeDatapath(cfg, sock, False)
-    dp.add_peer(2, "127.0.0.1", rx2.getsockname()[1])
-    dp.set_keys(1, KEY1, KEY1)
-    dp.set_keys(2, KEY2, KEY2)
-    dp.set_rate(2, 1e9)
-    opener = sealing.new_sealer(KEY2, sealing.MAC)
-    x = np.arange(1, PER * n + 1, dtype=np.float32)
-    dgs = _datagrams(x, 5)
-    out = np.zeros(x.size, np.float32)
-    dp.expect(RxSpec(1, 5, auth.DATA_TOKEN, int(wire.Dtype.FLOAT32), x.size, PER, RxBuffers.allocate(out, n, 0),
-                     False, x.size, triggers=((2, 9),), classify=False))
-    dp.submit(TxSpec(2, 9, out, int(wire.Dtype.FLOAT32), PER, auth.DATA_TOKEN, 0, 0, 0, 3, None, None,
-                     np.zeros(n, np.uint8), held=True, tags_given=True))
-    dp.start()
-
-    def arrive(count: int, quiet: float = 0.3) -> list[wire.Header]:
-        """The next ``count`` datagrams at rank 2 (their payloads checked against x), then none for ``quiet`` s."""
-        got = []
-        rx2.settimeout(10)
-        for _ in range(count):
-            d = sealing.open_datagram(opener, rx2.recv(65536))
-            assert d is not None
-            h = wire.unpack_header(d)
-            np.testing.assert_array_equal(np.frombuffer(d[wire.HEADER_SIZE:], np.float32),
-                                          x[h.elem_offset: h.elem_offset + h.elem_count])
-            got.append(h)
-        rx2.settimeout(quiet)
-        with pytest.raises(TimeoutError):
-            rx2.recv(65536)
-        return got
-
-    try:
-        for i in [*range(10), *range(11, 20)]:  # packet 10 late
-            _one(dp, dgs[i], now=1.0)
-        first = arrive(10 if cut_through else 0)
-        assert [h.seq for h in first] == list(range(len(first)))  # up to the first packet not placed
-        _one(dp, dgs[10], now=1.0)
-        second = arrive(10 if cut_through else 0)
-        for i in range(20, n):
-            _one(dp, dgs[i], now=1.0)
-        rest = arrive(n - len(first) - len(second))
-        sent = first + second + rest
-        assert [h.seq for h in sent] == list(range(n))
-        marked = [h.seq for h in sent if h.flags & wire.Flags.LAST]
-        assert marked == list(range(n - wire.LAST_PACKETS, n))  # the pass's end: once, after the whole message
-        kinds: list[int] = []
-        deadline = time.monotonic() + 10
-        while EventKind.TX_PASS not in kinds and time.monotonic() < deadline:  # (emitted after the send call)
-            kinds += [e[0] for e in dp.take_events() if e[1] == 2]
-            time.sleep(0.01)
-        assert kinds == [EventKind.TX_ACTIVE, EventKind.TX_PASS]
-    finally:
-        dp.stop()
-        sock.close()
-        rx2.close()
-
-
-def test_a_send_that_needs_the_whole_message_does_not_stream():
-    """A forwarding send whose drop classes come from magnitudes (quantiles over the whole chunk)
-    or that sends from a snapshot waits for its trigger's completion, cut-through or not."""
-    from dlcp.hostagent.datapath.native import NativeDatapath
-
-    n = 20
-    cfg = TransportConfig(rank=0, peers=local_peers(3, 41000), offload=False, policy=Policy(loss_bound_push=0.0))
-    assert len(cfg.policy.shares()) > 1
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx2 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx2.bind(("127.0.0.1", 0))
-    dp = NativeDatapath(cfg, sock, False)
-    dp.add_peer(2, "127.0.0.1", rx2.getsockname()[1])
-    dp.set_keys(1, KEY1, KEY1)
-    dp.set_keys(2, KEY2, KEY2)
-    dp.set_rate(2, 1e9)
-    x = np.arange(1, PER * n + 1, dtype=np.float32)
-    outs = []
-    for mid, tags_given, snapshot in ((5, False, None), (6, True, np.zeros(x.size, np.float32))):
-        out = np.zeros(x.size, np.float32)
-        outs.append((out, snapshot))
-        dp.expect(RxSpec(1, mid, auth.DATA_TOKEN, int(wire.Dtype.FLOAT32), x.size, PER,
-                         RxBuffers.allocate(out, n, 0), False, x.size, triggers=((2, mid + 10),), classify=False))
-        dp.submit(TxSpec(2, mid + 10, out, int(wire.Dtype.FLOAT32), PER, auth.DATA_TOKEN, 0, 0, 0, 3, None, None,
-                         np.zeros(n, np.uint8), snapshot=snapshot, held=True, tags_given=tags_given))
-    dp.start()
-    try:
-        for mid in (5, 6):
-            dgs = _datagrams(x, mid)
-            for d in dgs[:-1]:
-                _one(dp, d, now=1.0)
-        rx2.settimeout(0.3)
-        with pytest.raises(TimeoutError):
-            rx2.recv(65536)
-        assert dp.stats()["data_pkts_sent"] == 0
-        for mid in (5, 6):
-            _one(dp, _datagrams(x, mid)[-1], now=1.0)
-        rx2.settimeout(10)
-        for _ in range(2 * n):
-            rx2.recv(65536)
-    finally:
-        dp.stop()
-        sock.close()
-        rx2.close()
 
 
 @pytest.mark.parametrize("which", ["native", "numpy"])
